@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// Exit codes. Scripts and CI gates rely on them.
+const (
+	exitOK          = 0   // success
+	exitFailure     = 1   // the run failed, or its results failed a check
+	exitUsage       = 2   // bad flags, config file or input
+	exitInterrupted = 130 // stopped by Ctrl-C (results so far were printed)
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// ioStreams is where a command reads and writes; tests swap in buffers.
+type ioStreams struct {
+	In        io.Reader
+	Out       io.Writer
+	ErrOut    io.Writer
+	StdoutTTY bool
+}
+
+func systemStreams() *ioStreams {
+	return &ioStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr, StdoutTTY: term.IsTerminal(int(os.Stdout.Fd()))}
+}
+
+// app carries what every command needs once the global flags are resolved.
+type app struct {
+	io     *ioStreams
+	format report.Format
+	log    *slog.Logger
+}
+
+// Main runs nixlctl with os.Args and returns the exit code.
+func Main() int {
+	ctx, stop := interruptContext()
+	defer stop()
+	return run(ctx, systemStreams(), os.Args[1:])
+}
+
+// interruptContext cancels on the first SIGINT/SIGTERM so that commands can
+// stop and still print what they measured; a second signal exits at once.
+func interruptContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(errInterrupted{s})
+		case <-done:
+			return
+		}
+		select {
+		case <-sigs:
+			fmt.Fprintln(os.Stderr, "nixlctl: interrupted twice, exiting")
+			os.Exit(exitInterrupted)
+		case <-done:
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); close(done); cancel(nil) }
+}
+
+type errInterrupted struct{ sig os.Signal }
+
+func (e errInterrupted) Error() string { return "interrupted by " + e.sig.String() }
+
+func run(ctx context.Context, ios *ioStreams, args []string) int {
+	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(ios.ErrOut, nil))}
+	root := newRootCmd(a)
+	root.SetArgs(args)
+	root.SetIn(ios.In)
+	root.SetOut(ios.Out)
+	root.SetErr(ios.ErrOut)
+	cmd, err := root.ExecuteContextC(ctx)
+	return exitCode(ctx, ios.ErrOut, cmd, err)
+}
+
+// exitCode is the one place errors become exit codes and messages.
+func exitCode(ctx context.Context, errOut io.Writer, cmd interface{ CommandPath() string }, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var intr errInterrupted
+	if errors.As(context.Cause(ctx), &intr) && (errors.Is(err, context.Canceled) || errors.As(err, &intr)) {
+		fmt.Fprintf(errOut, "nixlctl: %v\n", context.Cause(ctx))
+		return exitInterrupted
+	}
+	switch {
+	case errkind.IsBadInput(err) || isCobraUsageError(err):
+		fmt.Fprintf(errOut, "error: %v\n", oneLine(err))
+		if cmd != nil {
+			fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return exitUsage
+	case errkind.IsCheckFailed(err):
+		fmt.Fprintf(errOut, "FAIL: %v\n", err)
+		return exitFailure
+	}
+	fmt.Fprintf(errOut, "error: %v\n", err)
+	return exitFailure
+}
+
+// oneLine joins a multi-error (errors.Join) onto one line.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
+func isCobraUsageError(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag", "accepts ", "requires at least", "invalid argument"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}

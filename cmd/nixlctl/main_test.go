@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/rogpeppe/go-internal/testscript"
+)
+
+func TestMain(m *testing.M) {
+	testscript.Main(m, map[string]func(){"nixlctl": func() { os.Exit(Main()) }})
+}
+
+// TestScripts runs the whole-CLI scenarios in testdata/script/*.txtar.
+func TestScripts(t *testing.T) {
+	testscript.Run(t, testscript.Params{Dir: "testdata/script"})
+}
+
+// runCLI runs nixlctl in-process with buffers for its streams.
+func runCLI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), &ioStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, args)
+	return code, out.String(), errOut.String()
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Chdir(t.TempDir())
+	tests := []struct {
+		args   []string
+		code   int
+		stderr string
+	}{
+		{[]string{"kv", "layout", "--model", "llama-3.1-8b"}, exitOK, ""},
+		{[]string{"kv", "layout", "--model", "nope"}, exitUsage, `unknown model "nope"; presets: deepseek-r1`},
+		{[]string{"kv", "layout", "--tokens", "0"}, exitUsage, "tokens must be between 1"},
+		{[]string{"kv", "layout", "--tokens", "12x"}, exitUsage, `"12x" is not a whole number`},
+		{[]string{"kv", "layout", "--tp", "3"}, exitUsage, "tp 3 does not divide num_attention_heads 32"},
+		{[]string{"kv", "layout", "--kv-dtype", "fp4"}, exitUsage, "--kv-dtype: unknown dtype"},
+		{[]string{"kv", "layout", "--layout", "paged"}, exitUsage, "--layout: unknown layout"},
+		{[]string{"kv", "layout", "--block-size", "0"}, exitUsage, "--block-size must be > 0"},
+		{[]string{"kv", "layout", "--prefill-tp", "2"}, exitUsage, "--prefill-tp and --decode-tp go together"},
+		{[]string{"kv", "layout", "--prefill-tp", "2", "--decode-tp", "3"}, exitUsage, "tp 3 does not divide"},
+		{[]string{"kv", "layout", "--model", "x", "--model-config", "y"}, exitUsage, "not both"},
+		{[]string{"kv", "layout", "--model-config", "missing.json"}, exitUsage, "--model-config: open missing.json"},
+		{[]string{"kv", "layout", "--no-such-flag"}, exitUsage, "unknown flag: --no-such-flag"},
+		{[]string{"kv", "layout", "-o", "xml"}, exitUsage, `unknown output format "xml"`},
+		{[]string{"kv", "layout", "--log-level", "loud"}, exitUsage, "--log-level"},
+		{[]string{"nosuch"}, exitUsage, "unknown command"},
+	}
+	for _, tc := range tests {
+		code, _, stderr := runCLI(t, nil, tc.args...)
+		if code != tc.code {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", tc.args, code, tc.code, stderr)
+		}
+		if tc.stderr != "" && !strings.Contains(stderr, tc.stderr) {
+			t.Errorf("%v: stderr %q does not contain %q", tc.args, stderr, tc.stderr)
+		}
+		if tc.code == exitUsage && strings.Count(strings.TrimSpace(stderr), "\n") > 1 {
+			t.Errorf("%v: usage errors should be one line plus a hint, got %q", tc.args, stderr)
+		}
+		if strings.Contains(stderr, "panic") || strings.Contains(stderr, "goroutine ") {
+			t.Errorf("%v: panicked: %s", tc.args, stderr)
+		}
+	}
+}
+
+// Precedence: flag > NIXLCTL_* environment > config file > default.
+func TestOptionPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	get := func(env map[string]string, args ...string) string {
+		t.Helper()
+		code, out, errOut := runCLI(t, env, append([]string{"kv", "layout", "-o", "csv"}, args...)...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		head, row := strings.Split(lines[0], ","), strings.Split(lines[1], ",")
+		for i, h := range head {
+			if h == "block_size" {
+				return row[i]
+			}
+		}
+		t.Fatal("no block_size column")
+		return ""
+	}
+	if got := get(nil); got != "16" {
+		t.Errorf("default: %s", got)
+	}
+	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    tokens: 1024\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(nil); got != "32" {
+		t.Errorf("config file top-level key: %s", got)
+	}
+	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    block-size: 48\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(nil); got != "48" {
+		t.Errorf("command section beats top level: %s", got)
+	}
+	if got := get(map[string]string{"NIXLCTL_BLOCK_SIZE": "64"}); got != "64" {
+		t.Errorf("env beats file: %s", got)
+	}
+	if got := get(map[string]string{"NIXLCTL_BLOCK_SIZE": "64"}, "--block-size", "128"); got != "128" {
+		t.Errorf("flag beats env: %s", got)
+	}
+	if err := os.WriteFile("nixlctl.yaml", []byte("kv:\n  layout:\n    blocksize: 48\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI(t, nil, "kv", "layout")
+	if code != exitUsage || !strings.Contains(errOut, "kv.layout.blocksize is not an option") {
+		t.Errorf("typo in config section: exit %d, %q", code, errOut)
+	}
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+const rootLong = `nixlctl benchmarks and diagnoses KV-cache transfers between the prefill and
+decode (and encoder) workers of disaggregated LLM serving (vLLM, SGLang,
+Dynamo, llm-d) over NIXL and UCX.
+
+Every option can come from a flag, an environment variable or a config file,
+in that order of precedence:
+  flag            --block-size 64
+  environment     NIXLCTL_BLOCK_SIZE=64
+  config file     nixlctl.yaml in the current directory (or --config PATH,
+                  or $NIXLCTL_CONFIG), with top-level keys for every command
+                  and sections per command:
+                      output: json
+                      kv:
+                        layout:
+                          model: llama-3.1-70b
+                          tokens: 4096,32768
+
+Exit codes: 0 success, 1 failure (or a failed check), 2 bad input, 130 interrupted.`
+
+func newRootCmd(a *app) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nixlctl",
+		Short:         "Benchmark and diagnose KV-cache transfers in disaggregated LLM serving",
+		Long:          rootLong,
+		Version:       version,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// Resolve the global options once for every command.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			var g globalOptions
+			if err := bindOptions(cmd, &g); err != nil {
+				return err
+			}
+			return a.applyGlobals(g)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return errkind.BadInput(err) })
+	pf := root.PersistentFlags()
+	pf.StringP("output", "o", "", "output format: table, json or csv (default: table on a terminal, json otherwise)")
+	pf.String("log-level", "warn", "log level on stderr: debug, info, warn or error")
+	pf.String("config", "", "config file (default: ./nixlctl.yaml if present, or $NIXLCTL_CONFIG)")
+
+	root.AddCommand(newKVCmd(a), newVersionCmd(a))
+	return root
+}
+
+// globalOptions are the persistent flags of the root command.
+type globalOptions struct {
+	Output   string `mapstructure:"output"`
+	LogLevel string `mapstructure:"log-level"`
+}
+
+func (a *app) applyGlobals(g globalOptions) error {
+	switch {
+	case g.Output != "":
+		f, err := report.ParseFormat(g.Output)
+		if err != nil {
+			return errkind.BadInput(err)
+		}
+		a.format = f
+	case a.io.StdoutTTY:
+		a.format = report.FormatTable
+	default:
+		a.format = report.FormatJSON
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.LogLevel)); err != nil {
+		return errkind.BadInputf("--log-level %q: want debug, info, warn or error", g.LogLevel)
+	}
+	a.log = slog.New(slog.NewTextHandler(a.io.ErrOut, &slog.HandlerOptions{Level: level}))
+	return nil
+}
+
+// bindOptions resolves every flag of cmd (its own and inherited) with the
+// precedence flag > NIXLCTL_* environment > config file > flag default, and
+// decodes the result into opts, whose fields carry mapstructure tags named
+// after the flags. Flag variables themselves are never read: viper does
+// not update them from the environment or the file.
+func bindOptions(cmd *cobra.Command, opts any) error {
+	v := viper.New()
+	v.SetEnvPrefix("NIXLCTL")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	flags := pflag.NewFlagSet(cmd.Name(), pflag.ContinueOnError)
+	flags.AddFlagSet(cmd.Flags())
+	flags.AddFlagSet(cmd.InheritedFlags())
+	if err := v.BindPFlags(flags); err != nil {
+		return err
+	}
+	if err := mergeConfigFile(v, cmd, flags); err != nil {
+		return errkind.BadInput(err)
+	}
+	if err := v.Unmarshal(opts); err != nil {
+		return errkind.BadInput(fmt.Errorf("options: %w", err))
+	}
+	return nil
+}
+
+// configPath finds the config file: --config, $NIXLCTL_CONFIG, then
+// ./nixlctl.yaml. An explicitly named file must exist.
+func configPath(flags *pflag.FlagSet) (string, bool, error) {
+	explicit, _ := flags.GetString("config")
+	if explicit == "" {
+		explicit = os.Getenv("NIXLCTL_CONFIG")
+	}
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", false, fmt.Errorf("config file: %w", err)
+		}
+		return explicit, true, nil
+	}
+	if _, err := os.Stat("nixlctl.yaml"); err == nil {
+		return "nixlctl.yaml", true, nil
+	}
+	return "", false, nil
+}
+
+// mergeConfigFile applies the config file's top-level scalar keys that
+// name one of the command's flags, then the keys of the command's own
+// section (`kv: layout: ...` for `nixlctl kv layout`), which must all name
+// flags: a typo there is an error, not a silent no-op.
+func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) error {
+	path, ok, err := configPath(flags)
+	if err != nil || !ok {
+		return err
+	}
+	file := viper.New()
+	file.SetConfigFile(path)
+	if filepath.Ext(path) == "" {
+		file.SetConfigType("yaml")
+	}
+	if err := file.ReadInConfig(); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	all := file.AllSettings()
+	eff := map[string]any{}
+	for k, val := range all {
+		if _, isMap := val.(map[string]any); !isMap && flags.Lookup(k) != nil {
+			eff[k] = val
+		}
+	}
+	section := all
+	var sectionPath []string
+	for _, seg := range commandSegments(cmd) {
+		next, ok := section[seg].(map[string]any)
+		if !ok {
+			section = nil
+			break
+		}
+		section, sectionPath = next, append(sectionPath, seg)
+	}
+	var unknown []error
+	for k, val := range section {
+		if _, isMap := val.(map[string]any); isMap {
+			continue // a deeper command's section
+		}
+		if flags.Lookup(k) == nil {
+			unknown = append(unknown, fmt.Errorf("%s: %s.%s is not an option of %q", path, strings.Join(sectionPath, "."), k, cmd.CommandPath()))
+			continue
+		}
+		eff[k] = val
+	}
+	if len(unknown) > 0 {
+		return errors.Join(unknown...)
+	}
+	return v.MergeConfigMap(eff)
+}
+
+// commandSegments is the command path below the root: ["kv", "layout"].
+func commandSegments(cmd *cobra.Command) []string {
+	var segs []string
+	for c := cmd; c != nil && c.HasParent(); c = c.Parent() {
+		segs = append([]string{c.Name()}, segs...)
+	}
+	return segs
+}

@@ -1,0 +1,28 @@
+package errkind
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestKinds(t *testing.T) {
+	base := errors.New("boom")
+	if BadInput(nil) != nil {
+		t.Error("BadInput(nil) must stay nil")
+	}
+	wrapped := fmt.Errorf("context: %w", BadInput(base))
+	if !IsBadInput(wrapped) || !errors.Is(wrapped, base) || IsCheckFailed(wrapped) {
+		t.Errorf("bad input lost through wrapping: %v", wrapped)
+	}
+	if !IsBadInput(BadInputf("x %d", 1)) || BadInputf("x %d", 1).Error() != "x 1" {
+		t.Error("BadInputf")
+	}
+	cf := fmt.Errorf("run: %w", CheckFailedf("%d corrupt blocks", 3))
+	if !IsCheckFailed(cf) || IsBadInput(cf) || cf.Error() != "run: 3 corrupt blocks" {
+		t.Errorf("check failed: %v", cf)
+	}
+	if IsBadInput(base) || IsCheckFailed(base) {
+		t.Error("plain errors have no kind")
+	}
+}

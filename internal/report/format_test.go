@@ -1,0 +1,46 @@
+package report
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+func TestFormatting(t *testing.T) {
+	tests := []struct{ got, want string }{
+		{Int(0), "0"}, {Int(999), "999"}, {Int(1000), "1,000"}, {Int(327680), "327,680"}, {Int(-1234567), "-1,234,567"},
+		{Bytes(999), "999 B"}, {Bytes(1024), "1 KiB"}, {Bytes(327680), "320 KiB"}, {Bytes(1342177280), "1.25 GiB"},
+		{GBps(18.04e9), "18.0 GB/s"}, {GBps(512e6), "0.512 GB/s"}, {GBps(123.4e9), "123 GB/s"},
+		{Duration(13416 * time.Microsecond), "13.4 ms"}, {Duration(850 * time.Microsecond), "850 µs"},
+		{Duration(1640 * time.Millisecond), "1.64 s"}, {Duration(0), "0"}, {Duration(12), "12.0 ns"},
+		{Seconds(0.0537), "53.7 ms"},
+	}
+	for _, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+	if _, err := ParseFormat("yaml"); err == nil {
+		t.Error("yaml is not a format")
+	}
+}
+
+func TestTableRenderings(t *testing.T) {
+	tb := &Table{Title: "T", Columns: []Column{{"name", Left}, {"value", Right}}, Notes: []string{"note"}}
+	tb.AddRow("a|b", "1")
+	tb.AddRow("long name", "12,345")
+	tb.AddRow("short")
+	var txt, csv, md bytes.Buffer
+	if err := tb.WriteText(&txt); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "table.txt", txt.Bytes())
+	golden(t, "table.csv", csv.Bytes())
+	golden(t, "table.md", md.Bytes())
+}
