@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// TargetClient drives an xfer target over its control channel.
+type TargetClient struct {
+	mu    sync.Mutex
+	w     io.WriteCloser
+	dec   *json.Decoder
+	cmd   *exec.Cmd // nil for an in-process target
+	done  chan error
+	close func()
+}
+
+// Call sends one request and waits for its reply; a reply carrying an
+// error becomes the returned error.
+func (c *TargetClient) Call(req TargetRequest) (TargetReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, err := json.Marshal(req)
+	if err != nil {
+		return TargetReply{}, err
+	}
+	if _, err := c.w.Write(append(b, '\n')); err != nil {
+		return TargetReply{}, fmt.Errorf("target %s: %w", req.Op, err)
+	}
+	var rep TargetReply
+	if err := c.dec.Decode(&rep); err != nil {
+		return TargetReply{}, fmt.Errorf("target %s: no reply: %w", req.Op, err)
+	}
+	if rep.Error != "" {
+		return rep, fmt.Errorf("target %s: %s", req.Op, rep.Error)
+	}
+	return rep, nil
+}
+
+// PID is the target process's pid (0 in process).
+func (c *TargetClient) PID() int {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Kill sends the target process a signal (tests and chaos use it).
+func (c *TargetClient) Kill(sig syscall.Signal) error {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return errors.New("target runs in this process")
+	}
+	return c.cmd.Process.Signal(sig)
+}
+
+// Close asks the target to exit and waits for it (killing it after a
+// grace period).
+func (c *TargetClient) Close() error {
+	c.mu.Lock()
+	if c.w != nil {
+		b, _ := json.Marshal(TargetRequest{Op: "close"})
+		_, _ = c.w.Write(append(b, '\n'))
+		c.w.Close()
+		c.w = nil
+	}
+	c.mu.Unlock()
+	var err error
+	select {
+	case err = <-c.done:
+	case <-time.After(10 * time.Second):
+		if c.cmd != nil && c.cmd.Process != nil {
+			_ = c.cmd.Process.Kill()
+		}
+		err = <-c.done
+	}
+	if c.close != nil {
+		c.close()
+	}
+	return err
+}
+
+// StartTargetProcess runs `exe args...` as a child whose stdin/stdout are
+// the control channel (`nixlctl serve target --stdio`, or a test binary).
+// The child's stderr goes to errOut.
+func StartTargetProcess(ctx context.Context, exe string, args []string, env []string, errOut io.Writer) (*TargetClient, error) {
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = errOut
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	// Die with the parent even if it is killed (Linux).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start target: %w", err)
+	}
+	c := &TargetClient{w: stdin, dec: json.NewDecoder(bufio.NewReader(stdout)), cmd: cmd, done: make(chan error, 1)}
+	go func() { c.done <- cmd.Wait() }()
+	stop := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	c.close = func() { stop() }
+	return c, nil
+}
+
+// StartTargetInProcess serves a target on a goroutine of this process.
+func StartTargetInProcess(ctx context.Context, log *slog.Logger) *TargetClient {
+	reqR, reqW := io.Pipe()
+	repR, repW := io.Pipe()
+	c := &TargetClient{w: reqW, dec: json.NewDecoder(repR), done: make(chan error, 1)}
+	go func() {
+		err := ServeXferTarget(ctx, reqR, repW, log)
+		repW.CloseWithError(io.EOF)
+		reqR.Close()
+		c.done <- err
+	}()
+	return c
+}

@@ -1,0 +1,273 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// The xfer target is the passive side of `bench xfer`: it owns a
+// registered buffer that the initiator READs from or WRITEs into, and it
+// answers a small control protocol (JSON lines, one request and one reply
+// at a time) so the initiator can set it up, have it fill or verify tags,
+// and collect notifications. The bytes themselves never cross the control
+// channel.
+
+// TargetRequest is one control request.
+type TargetRequest struct {
+	Op string `json:"op"` // setup, load_md, fill, verify, notifs, await, info, close
+
+	// setup
+	Backend   string `json:"backend,omitempty"`
+	Name      string `json:"name,omitempty"`
+	Size      int    `json:"size,omitempty"`
+	Alloc     string `json:"alloc,omitempty"` // mmap or ucx
+	HugePages bool   `json:"huge_pages,omitempty"`
+
+	// load_md
+	MD []byte `json:"md,omitempty"`
+
+	// fill / verify: descriptors of DescLen bytes at Offsets, tagged
+	// TagKey(Seed, i) for the i-th.
+	Seed    uint64  `json:"seed,omitempty"`
+	DescLen int     `json:"desc_len,omitempty"`
+	Offsets []int64 `json:"offsets,omitempty"`
+
+	// notifs: wait up to WaitMS for at least Count notifications.
+	// await: the same, then verify the descriptors' tags at once, so the
+	// reply says whether the data was there when the notification was.
+	Count  int `json:"count,omitempty"`
+	WaitMS int `json:"wait_ms,omitempty"`
+
+	// info: transports towards this remote agent.
+	Remote string `json:"remote,omitempty"`
+}
+
+// TargetReply answers one request.
+type TargetReply struct {
+	Error string `json:"error,omitempty"`
+
+	MD      []byte    `json:"md,omitempty"`
+	Addr    uint64    `json:"addr,omitempty"`
+	Len     int       `json:"len,omitempty"`
+	Alloc   string    `json:"alloc,omitempty"`
+	Info    nixl.Info `json:"info,omitempty"`
+	Name    string    `json:"name,omitempty"`
+	Remote  string    `json:"remote,omitempty"`
+	Corrupt int       `json:"corrupt,omitempty"`
+	First   string    `json:"first,omitempty"`
+
+	Notifs map[string][]string `json:"notifs,omitempty"`
+}
+
+// XferTarget is the state of one target endpoint.
+type XferTarget struct {
+	log    *slog.Logger
+	agent  nixl.Agent
+	buf    *nixl.Buffer
+	notifs map[string][]string
+}
+
+// ServeXferTarget answers control requests from r on w until "close", EOF
+// or ctx ends, then releases everything.
+func ServeXferTarget(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
+	t := &XferTarget{log: log, notifs: map[string][]string{}}
+	defer t.close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 256<<20)
+	enc := json.NewEncoder(w)
+	lines := make(chan []byte)
+	scanErr := make(chan error, 1)
+	go func() {
+		defer close(lines)
+		for sc.Scan() {
+			select {
+			case lines <- append([]byte(nil), sc.Bytes()...):
+			case <-ctx.Done():
+				return
+			}
+		}
+		scanErr <- sc.Err()
+	}()
+	for {
+		var line []byte
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case line, ok = <-lines:
+		}
+		if !ok {
+			select {
+			case err := <-scanErr:
+				return err
+			default:
+				return nil
+			}
+		}
+		var req TargetRequest
+		var rep TargetReply
+		if err := json.Unmarshal(line, &req); err != nil {
+			rep.Error = fmt.Sprintf("malformed request: %v", err)
+		} else {
+			if req.Op == "close" {
+				_ = enc.Encode(TargetReply{})
+				return nil
+			}
+			rep = t.handle(ctx, req)
+		}
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	}
+}
+
+func (t *XferTarget) handle(ctx context.Context, req TargetRequest) TargetReply {
+	rep, err := t.do(ctx, req)
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep
+}
+
+func (t *XferTarget) do(ctx context.Context, req TargetRequest) (TargetReply, error) {
+	if req.Op != "setup" && t.agent == nil {
+		return TargetReply{}, errors.New("setup first")
+	}
+	switch req.Op {
+	case "setup":
+		return t.setup(req)
+	case "load_md":
+		name, err := t.agent.LoadRemoteMD(req.MD)
+		return TargetReply{Remote: name}, err
+	case "fill", "verify":
+		return t.tags(req)
+	case "notifs":
+		return t.collect(ctx, req)
+	case "await":
+		rep, err := t.collect(ctx, req)
+		if err != nil {
+			return rep, err
+		}
+		req.Op = "verify"
+		v, err := t.tags(req)
+		v.Notifs = rep.Notifs
+		return v, err
+	case "info":
+		return TargetReply{Info: t.agent.Info()}, nil
+	}
+	return TargetReply{}, fmt.Errorf("unknown op %q", req.Op)
+}
+
+func (t *XferTarget) setup(req TargetRequest) (TargetReply, error) {
+	if t.agent != nil {
+		return TargetReply{}, errors.New("already set up")
+	}
+	a, err := nixl.Open(req.Backend, nixl.Config{Name: req.Name})
+	if err != nil {
+		return TargetReply{}, err
+	}
+	buf, err := AllocBuffer(a, req.Size, req.Alloc, req.HugePages)
+	if err != nil {
+		a.Close()
+		return TargetReply{}, err
+	}
+	if err := a.RegisterMem(buf); err != nil {
+		buf.Free()
+		a.Close()
+		return TargetReply{}, err
+	}
+	md, err := a.LocalMD()
+	if err != nil {
+		buf.Free()
+		a.Close()
+		return TargetReply{}, err
+	}
+	t.agent, t.buf = a, buf
+	return TargetReply{MD: md, Addr: buf.Addr, Len: buf.Len, Alloc: buf.Alloc, Info: a.Info(), Name: a.Name()}, nil
+}
+
+// AllocBuffer allocates a DRAM buffer the way --dram-alloc asks: plain
+// mmap (like an engine's own pool) or by the backend itself.
+func AllocBuffer(a nixl.Agent, size int, alloc string, huge bool) (*nixl.Buffer, error) {
+	switch alloc {
+	case "", "mmap":
+		return nixl.AllocDRAM(size, huge)
+	case "ucx":
+		al, ok := a.(nixl.Allocator)
+		if !ok {
+			return nil, fmt.Errorf("--dram-alloc ucx needs the ucx backend (agent %s cannot allocate)", a.Info().Backend)
+		}
+		return al.AllocMem(size, nixl.DRAM)
+	}
+	return nil, fmt.Errorf("unknown --dram-alloc %q (want mmap or ucx)", alloc)
+}
+
+func (t *XferTarget) tags(req TargetRequest) (TargetReply, error) {
+	data := t.buf.Bytes()
+	var rep TargetReply
+	for i, off := range req.Offsets {
+		if off < 0 || req.DescLen < 0 || off+int64(req.DescLen) > int64(len(data)) {
+			return rep, fmt.Errorf("descriptor %d (%d+%d) outside the %d-byte buffer", i, off, req.DescLen, len(data))
+		}
+		b := data[off : off+int64(req.DescLen)]
+		key := TagKey(req.Seed, uint64(i))
+		if req.Op == "fill" {
+			FillTags(b, key)
+			continue
+		}
+		if m := CheckTags(b, key); m != nil {
+			if rep.Corrupt == 0 {
+				rep.First = fmt.Sprintf("descriptor %d at offset %d: %v", i, off, m)
+			}
+			rep.Corrupt++
+		}
+	}
+	return rep, nil
+}
+
+func (t *XferTarget) collect(ctx context.Context, req TargetRequest) (TargetReply, error) {
+	deadline := time.Now().Add(time.Duration(req.WaitMS) * time.Millisecond)
+	for {
+		n, err := t.agent.GetNotifs()
+		if err != nil {
+			return TargetReply{}, err
+		}
+		for s, msgs := range n {
+			for _, m := range msgs {
+				t.notifs[s] = append(t.notifs[s], string(m))
+			}
+		}
+		total := 0
+		for _, m := range t.notifs {
+			total += len(m)
+		}
+		if total >= req.Count || !time.Now().Before(deadline) {
+			out := t.notifs
+			t.notifs = map[string][]string{}
+			return TargetReply{Notifs: out}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return TargetReply{}, ctx.Err()
+		case <-t.agent.NotifReady():
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+}
+
+func (t *XferTarget) close() {
+	if t.agent == nil {
+		return
+	}
+	t.agent.Close()
+	t.buf.Free()
+	t.agent = nil
+}

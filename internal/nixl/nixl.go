@@ -1,0 +1,269 @@
+package nixl
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// MemType is the kind of memory a descriptor points to.
+type MemType uint8
+
+// Memory types.
+const (
+	DRAM MemType = iota
+	VRAM
+)
+
+func (m MemType) String() string {
+	switch m {
+	case DRAM:
+		return "DRAM"
+	case VRAM:
+		return "VRAM"
+	}
+	return fmt.Sprintf("MemType(%d)", uint8(m))
+}
+
+// ParseMemType accepts DRAM and VRAM (any case).
+func ParseMemType(s string) (MemType, error) {
+	switch strings.ToUpper(strings.TrimSpace(s)) {
+	case "DRAM", "CPU", "HOST":
+		return DRAM, nil
+	case "VRAM", "GPU", "CUDA":
+		return VRAM, nil
+	}
+	return 0, fmt.Errorf("unknown memory type %q (want DRAM or VRAM)", s)
+}
+
+// Op is a transfer direction, seen from the initiator.
+type Op uint8
+
+// Operations: READ pulls remote memory into local memory, WRITE pushes
+// local memory into remote memory.
+const (
+	Read Op = iota
+	Write
+)
+
+func (o Op) String() string {
+	if o == Write {
+		return "WRITE"
+	}
+	return "READ"
+}
+
+// ParseOp accepts READ and WRITE (any case).
+func ParseOp(s string) (Op, error) {
+	switch strings.ToUpper(strings.TrimSpace(s)) {
+	case "READ":
+		return Read, nil
+	case "WRITE":
+		return Write, nil
+	}
+	return 0, fmt.Errorf("unknown op %q (want READ or WRITE)", s)
+}
+
+// Status is the state of a transfer request.
+type Status uint8
+
+// Request states.
+const (
+	InProgress Status = iota
+	Done
+	Failed
+)
+
+func (s Status) String() string {
+	switch s {
+	case InProgress:
+		return "IN_PROGRESS"
+	case Done:
+		return "DONE"
+	}
+	return "ERROR"
+}
+
+// Desc is one contiguous piece of memory: (address, length, device).
+type Desc struct {
+	Addr uint64
+	Len  uint64
+	Dev  uint32
+}
+
+// Telemetry is what an agent measured for one posting of a request, as
+// NIXL's per-request telemetry does.
+type Telemetry struct {
+	PostDuration time.Duration // inside PostXferReq
+	XferDuration time.Duration // end of post to completion
+	Bytes        int64
+	Descs        int
+}
+
+// Total is post plus transfer time.
+func (t Telemetry) Total() time.Duration { return t.PostDuration + t.XferDuration }
+
+// XferReq is a prepared transfer request; it may be posted again once it
+// completed.
+type XferReq interface {
+	// Op, Bytes and Descs describe the request.
+	Op() Op
+	Bytes() int64
+	Descs() int
+	Remote() string
+}
+
+// Dlist is a prepared descriptor list, local or for one remote agent.
+type Dlist interface {
+	Len() int
+	Remote() string // "" for a local list
+}
+
+// Notifs are received notifications grouped by sender agent name, in
+// arrival order per sender.
+type Notifs map[string][][]byte
+
+// Info describes an agent for results: what really moves the bytes.
+type Info struct {
+	Backend string            `json:"backend"`
+	Version string            `json:"version,omitempty"`
+	Details map[string]string `json:"details,omitempty"`
+}
+
+// Agent is one transfer endpoint (one per TP rank in an engine).
+type Agent interface {
+	Name() string
+	Info() Info
+
+	// RegisterMem registers a buffer for transfers; DeregisterMem undoes
+	// it. Descriptors must lie inside registered buffers.
+	RegisterMem(b *Buffer) error
+	DeregisterMem(b *Buffer) error
+
+	// LocalMD is this agent's metadata for peers; LoadRemoteMD loads a
+	// peer's and returns its name; InvalidateRemoteMD forgets it.
+	LocalMD() ([]byte, error)
+	LoadRemoteMD(md []byte) (string, error)
+	InvalidateRemoteMD(name string) error
+
+	// PrepXferDlist prepares descriptors of local memory (remote == "")
+	// or of a loaded remote agent's memory.
+	PrepXferDlist(remote string, mem MemType, descs []Desc) (Dlist, error)
+	ReleaseDlist(d Dlist) error
+	// MakeXferReq builds a request from prepared lists by index, the path
+	// vLLM uses for paged KV; localIdx[i] moves to/from remoteIdx[i].
+	MakeXferReq(op Op, local Dlist, localIdx []int, remote Dlist, remoteIdx []int, notif []byte) (XferReq, error)
+	// CreateXferReq builds a request from plain descriptor lists.
+	CreateXferReq(op Op, mem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteName string, notif []byte) (XferReq, error)
+	PostXferReq(r XferReq) (Status, error)
+	XferStatus(r XferReq) (Status, error)
+	ReleaseXferReq(r XferReq) error
+	Telemetry(r XferReq) Telemetry
+
+	SendNotif(remote string, msg []byte) error
+	GetNotifs() (Notifs, error)
+	// NotifReady is signalled (level, coalesced) when notifications may be
+	// waiting, so consumers need not poll.
+	NotifReady() <-chan struct{}
+
+	Close() error
+}
+
+// Allocator is implemented by backends that can allocate memory that
+// their own transports move best (UCX's ucp_mem_map with ALLOCATE).
+type Allocator interface {
+	AllocMem(size int, mem MemType) (*Buffer, error)
+}
+
+// Errors callers can test for.
+var (
+	ErrUnknownAgent   = errors.New("unknown remote agent")
+	ErrNotRegistered  = errors.New("descriptor outside any registered region")
+	ErrInFlight       = errors.New("request still in progress")
+	ErrClosed         = errors.New("agent closed")
+	ErrBadMetadata    = errors.New("corrupt or truncated agent metadata")
+	ErrUnavailable    = errors.New("backend unavailable")
+	ErrLengthMismatch = errors.New("local and remote descriptor lengths differ")
+	ErrPeerFailed     = errors.New("remote agent failed")
+)
+
+// Config are the options of a new agent.
+type Config struct {
+	Name string
+}
+
+// Backend describes a registered backend.
+type Backend struct {
+	Name string
+	// New creates an agent.
+	New func(cfg Config) (Agent, error)
+	// Available reports whether the backend can run here, and why not.
+	Available func() (bool, string)
+	// Version of the library behind it, when available.
+	Version func() string
+}
+
+var (
+	backendsMu sync.Mutex
+	backends   = map[string]Backend{}
+)
+
+// Register makes a backend openable by name; backends call it from init.
+func Register(b Backend) {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	backends[b.Name] = b
+}
+
+// Backends lists the registered backend names, sorted.
+func Backends() []string {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	var names []string
+	for n := range backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Lookup returns a registered backend.
+func Lookup(name string) (Backend, bool) {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	b, ok := backends[name]
+	return b, ok
+}
+
+// Resolve turns "auto" into nixl when NIXL is usable and ucx otherwise,
+// and checks that the named backend can run here.
+func Resolve(name string) (Backend, error) {
+	if name == "" || name == "auto" {
+		if b, ok := Lookup("nixl"); ok {
+			if ok, _ := b.Available(); ok {
+				return b, nil
+			}
+		}
+		name = "ucx"
+	}
+	b, ok := Lookup(name)
+	if !ok {
+		return Backend{}, fmt.Errorf("unknown backend %q (available: %s)", name, strings.Join(Backends(), ", "))
+	}
+	if ok, why := b.Available(); !ok {
+		return Backend{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, name, why)
+	}
+	return b, nil
+}
+
+// Open resolves a backend and creates an agent.
+func Open(backend string, cfg Config) (Agent, error) {
+	b, err := Resolve(backend)
+	if err != nil {
+		return nil, err
+	}
+	return b.New(cfg)
+}

@@ -1,0 +1,23 @@
+package nixltest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("NIXLTEST_TARGET") == "1" {
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		if err := engine.ServeXferTarget(context.Background(), os.Stdin, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "target:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}

@@ -1,0 +1,533 @@
+package nixltest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+)
+
+// The same tests run against every backend; a backend that cannot run here
+// is skipped with its reason.
+func backends(t *testing.T, f func(t *testing.T, backend string)) {
+	for _, name := range []string{"ucx", "nixl"} {
+		t.Run(name, func(t *testing.T) {
+			b, ok := nixl.Lookup(name)
+			if !ok {
+				t.Skipf("backend %s is not built in", name)
+			}
+			if ok, why := b.Available(); !ok {
+				t.Skipf("backend %s unavailable: %s", name, why)
+			}
+			f(t, name)
+		})
+	}
+}
+
+type pair struct {
+	init, target nixl.Agent
+	ib, tb       *nixl.Buffer
+	remote       string
+}
+
+// localPair makes two agents in this process, each with a registered
+// buffer, the initiator holding the target's metadata.
+func localPair(t *testing.T, backend string, size int) *pair {
+	t.Helper()
+	p := &pair{}
+	var err error
+	if p.init, err = nixl.Open(backend, nixl.Config{Name: "initiator"}); err != nil {
+		t.Fatal(err)
+	}
+	if p.target, err = nixl.Open(backend, nixl.Config{Name: "target"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.init.Close()
+		p.target.Close()
+		p.ib.Free()
+		p.tb.Free()
+	})
+	if p.ib, err = nixl.AllocDRAM(size, false); err != nil {
+		t.Fatal(err)
+	}
+	if p.tb, err = nixl.AllocDRAM(size, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		a nixl.Agent
+		b *nixl.Buffer
+	}{{p.init, p.ib}, {p.target, p.tb}} {
+		if err := x.a.RegisterMem(x.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md, err := p.target.LocalMD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.remote, err = p.init.LoadRemoteMD(md); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// wait polls a request to completion, failing the test after 20 s.
+func wait(t *testing.T, a nixl.Agent, r nixl.XferReq) (nixl.Status, error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := a.XferStatus(r)
+		if st != nixl.InProgress {
+			return st, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("request still in progress after 20 s")
+		}
+	}
+}
+
+func post(t *testing.T, a nixl.Agent, r nixl.XferReq) {
+	t.Helper()
+	st, err := a.PostXferReq(r)
+	if err != nil {
+		t.Fatalf("post: %v", err)
+	}
+	if st == nixl.InProgress {
+		st, err = wait(t, a, r)
+	}
+	if st != nixl.Done {
+		t.Fatalf("transfer ended %v: %v", st, err)
+	}
+}
+
+// scattered returns n descriptor offsets of `blk` bytes spread over size
+// bytes in a shuffled order, like a fragmented block table.
+func scattered(n, blk, size int, seed int) []int {
+	slots := size / blk
+	offs := make([]int, n)
+	for i := range offs {
+		offs[i] = ((i*7919 + seed*104729) % slots) * blk
+	}
+	// distinct slots: 7919 is prime and slots is a power of two here
+	return offs
+}
+
+func TestDataIntegrityInProcess(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		const size, blk, n = 8 << 20, 4096, 512
+		p := localPair(t, backend, size)
+		for _, op := range []nixl.Op{nixl.Write, nixl.Read} {
+			src, dst := p.ib, p.tb // WRITE moves initiator -> target
+			if op == nixl.Read {
+				src, dst = p.tb, p.ib
+			}
+			lo, ro := scattered(n, blk, size, 1), scattered(n, blk, size, 2)
+			srcOff, dstOff := lo, ro
+			if op == nixl.Read {
+				srcOff, dstOff = ro, lo
+			}
+			for i := range srcOff {
+				engine.FillTags(src.Bytes()[srcOff[i]:srcOff[i]+blk], engine.TagKey(uint64(op), uint64(i)))
+			}
+			var ld, rd []nixl.Desc
+			for i := range lo {
+				ld = append(ld, p.ib.Desc(lo[i], blk))
+				rd = append(rd, p.tb.Desc(ro[i], blk))
+			}
+			r, err := p.init.CreateXferReq(op, nixl.DRAM, ld, nixl.DRAM, rd, p.remote, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			post(t, p.init, r)
+			for i := range dstOff {
+				if m := engine.CheckTags(dst.Bytes()[dstOff[i]:dstOff[i]+blk], engine.TagKey(uint64(op), uint64(i))); m != nil {
+					t.Fatalf("%v descriptor %d: %v", op, i, m)
+				}
+			}
+			tel := p.init.Telemetry(r)
+			if tel.Bytes != n*blk || tel.Descs != n {
+				t.Errorf("telemetry %+v", tel)
+			}
+			if err := p.init.ReleaseXferReq(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// A notification attached to a WRITE must only arrive once the data is
+// there: the target checks the tags the moment it sees the notification.
+func TestNotificationAfterData(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		const size, blk, n = 16 << 20, 64 << 10, 64
+		p := localPair(t, backend, size)
+		ld, rd := make([]nixl.Desc, n), make([]nixl.Desc, n)
+		for i := 0; i < n; i++ {
+			ld[i] = p.ib.Desc(i*blk, blk)
+			rd[i] = p.tb.Desc(size-(i+1)*blk, blk)
+		}
+		for iter := 0; iter < 50; iter++ {
+			for i := 0; i < n; i++ {
+				engine.FillTags(p.ib.Bytes()[i*blk:(i+1)*blk], engine.TagKey(uint64(iter), uint64(i)))
+			}
+			msg := []byte(fmt.Sprintf("req-%d:1", iter))
+			r, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, p.remote, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.init.PostXferReq(r); err != nil {
+				t.Fatal(err)
+			}
+			got := false
+			deadline := time.Now().Add(20 * time.Second)
+			for !got {
+				notifs, err := p.target.GetNotifs()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range notifs["initiator"] {
+					if string(m) != string(msg) {
+						t.Fatalf("notification %q, want %q", m, msg)
+					}
+					got = true
+				}
+				if got {
+					for i := 0; i < n; i++ {
+						off := size - (i+1)*blk
+						if m := engine.CheckTags(p.tb.Bytes()[off:off+blk], engine.TagKey(uint64(iter), uint64(i))); m != nil {
+							t.Fatalf("iteration %d: notification arrived before descriptor %d's data: %v", iter, i, m)
+						}
+					}
+				}
+				st, err := p.init.XferStatus(r) // progress the initiator too
+				if st == nixl.Failed {
+					t.Fatal(err)
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no notification after 20 s")
+				}
+			}
+			if _, err := wait(t, p.init, r); err != nil {
+				t.Fatal(err)
+			}
+			p.init.ReleaseXferReq(r)
+		}
+	})
+}
+
+func TestThousandsInFlight(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		const size, blk, reqs, per = 32 << 20, 1024, 4000, 4
+		p := localPair(t, backend, size)
+		lidx := make([]nixl.Desc, 0, size/blk)
+		ridx := make([]nixl.Desc, 0, size/blk)
+		for off := 0; off < size; off += blk {
+			lidx = append(lidx, p.ib.Desc(off, blk))
+			ridx = append(ridx, p.tb.Desc(off, blk))
+		}
+		ld, err := p.init.PrepXferDlist("", nixl.DRAM, lidx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd, err := p.init.PrepXferDlist(p.remote, nixl.DRAM, ridx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots := size / blk
+		var all []nixl.XferReq
+		for q := 0; q < reqs; q++ {
+			li, ri := make([]int, per), make([]int, per)
+			for j := range li {
+				s := (q*per + j) % slots
+				li[j], ri[j] = s, (s*5+3)%slots // a bijection: no two writes share a slot
+				engine.FillTags(p.ib.Bytes()[s*blk:(s+1)*blk], engine.TagKey(uint64(s)))
+			}
+			r, err := p.init.MakeXferReq(nixl.Write, ld, li, rd, ri, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, r)
+		}
+		// Post everything before polling anything.
+		for _, r := range all {
+			if _, err := p.init.PostXferReq(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, r := range all {
+			if st, err := wait(t, p.init, r); st != nixl.Done {
+				t.Fatalf("%v: %v", st, err)
+			}
+		}
+		for q := 0; q < reqs; q++ {
+			for j := 0; j < per; j++ {
+				s := (q*per + j) % slots
+				d := (s*5 + 3) % slots
+				if m := engine.CheckTags(p.tb.Bytes()[d*blk:(d+1)*blk], engine.TagKey(uint64(s))); m != nil {
+					t.Fatalf("request %d descriptor %d: %v", q, j, m)
+				}
+			}
+		}
+		for _, r := range all {
+			if err := p.init.ReleaseXferReq(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func TestErrors(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		p := localPair(t, backend, 1<<20)
+		outside := nixl.Desc{Addr: p.ib.Addr + 1<<20 - 10, Len: 20}
+		if _, err := p.init.PrepXferDlist("", nixl.DRAM, []nixl.Desc{outside}); !errors.Is(err, nixl.ErrNotRegistered) {
+			t.Errorf("local descriptor past the end: %v", err)
+		}
+		if _, err := p.init.PrepXferDlist(p.remote, nixl.DRAM, []nixl.Desc{{Addr: p.tb.Addr - 4096, Len: 8}}); !errors.Is(err, nixl.ErrNotRegistered) {
+			t.Errorf("remote descriptor before the region: %v", err)
+		}
+		if _, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{p.ib.Desc(0, 64)}, nixl.DRAM, []nixl.Desc{p.tb.Desc(0, 64)}, "nobody", nil); !errors.Is(err, nixl.ErrUnknownAgent) {
+			t.Errorf("unknown agent: %v", err)
+		}
+		if err := p.init.SendNotif("nobody", []byte("x")); !errors.Is(err, nixl.ErrUnknownAgent) {
+			t.Errorf("notify unknown agent: %v", err)
+		}
+		if _, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{p.ib.Desc(0, 64)}, nixl.DRAM, []nixl.Desc{p.tb.Desc(0, 32)}, p.remote, nil); !errors.Is(err, nixl.ErrLengthMismatch) {
+			t.Errorf("length mismatch: %v", err)
+		}
+		md, _ := p.target.LocalMD()
+		for _, bad := range [][]byte{nil, md[:len(md)/2], append(append([]byte(nil), md[:20]...), 0xff), []byte("garbage")} {
+			if _, err := p.init.LoadRemoteMD(bad); err == nil {
+				t.Errorf("corrupt metadata of %d bytes accepted", len(bad))
+			}
+		}
+		flipped := append([]byte(nil), md...)
+		flipped[len(flipped)/2] ^= 0xff
+		if _, err := p.init.LoadRemoteMD(flipped); err == nil {
+			t.Error("bit-flipped metadata accepted")
+		}
+
+		// Release while in flight: a large transfer, released at once.
+		big := localPair(t, backend, 64<<20)
+		r, err := big.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{big.ib.Desc(0, 64<<20)}, nixl.DRAM, []nixl.Desc{big.tb.Desc(0, 64<<20)}, big.remote, []byte("n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := big.init.PostXferReq(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st == nixl.InProgress {
+			if err := big.init.ReleaseXferReq(r); !errors.Is(err, nixl.ErrInFlight) {
+				t.Errorf("release in flight: %v", err)
+			}
+		}
+		// Close with requests in flight: no hang, handles report closed.
+		if _, err := big.init.PostXferReq(r); err != nil && !errors.Is(err, nixl.ErrInFlight) {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- big.init.Close() }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Close hung with a request in flight")
+		}
+		if _, err := big.init.XferStatus(r); err == nil {
+			t.Error("status after close should fail")
+		}
+		if _, err := big.init.LocalMD(); !errors.Is(err, nixl.ErrClosed) {
+			t.Errorf("LocalMD after close: %v", err)
+		}
+	})
+}
+
+// Cross-process: the target is a child process (this test binary again).
+func startTarget(t *testing.T, backend, alloc string, size int) (*engine.TargetClient, engine.TargetReply) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := engine.StartTargetProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLTEST_TARGET=1"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.Close() })
+	rep, err := tc.Call(engine.TargetRequest{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: alloc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tc, rep
+}
+
+func TestAcrossProcesses(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		allocs := []string{"mmap"}
+		if backend == "ucx" {
+			allocs = append(allocs, "ucx")
+		}
+		for _, alloc := range allocs {
+			t.Run(alloc, func(t *testing.T) {
+				const size, blk, n = 16 << 20, 8192, 1024
+				tc, rep := startTarget(t, backend, alloc, size)
+				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer a.Close()
+				buf, err := engine.AllocBuffer(a, size, alloc, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer buf.Free()
+				if err := a.RegisterMem(buf); err != nil {
+					t.Fatal(err)
+				}
+				remote, err := a.LoadRemoteMD(rep.MD)
+				if err != nil {
+					t.Fatal(err)
+				}
+				own, _ := a.LocalMD()
+				if _, err := tc.Call(engine.TargetRequest{Op: "load_md", MD: own}); err != nil {
+					t.Fatal(err)
+				}
+				offs := scattered(n, blk, size, 3)
+				offs64 := make([]int64, n)
+				var ld, rd []nixl.Desc
+				for i, o := range offs {
+					offs64[i] = int64(o)
+					ld = append(ld, buf.Desc(i*blk, blk))
+					rd = append(rd, nixl.Desc{Addr: rep.Addr + uint64(o), Len: blk})
+				}
+				// WRITE with a notification; the target checks on arrival.
+				for i := 0; i < n; i++ {
+					engine.FillTags(buf.Bytes()[i*blk:(i+1)*blk], engine.TagKey(11, uint64(i)))
+				}
+				w, err := a.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, remote, []byte("written"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				post(t, a, w)
+				got, err := tc.Call(engine.TargetRequest{Op: "await", Count: 1, WaitMS: 20000, Seed: 11, DescLen: blk, Offsets: offs64})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got.Notifs["initiator"]) != 1 || got.Notifs["initiator"][0] != "written" || got.Corrupt != 0 {
+					t.Fatalf("target saw notifs %v, %d corrupt (%s)", got.Notifs, got.Corrupt, got.First)
+				}
+				// READ back what the target tags.
+				if _, err := tc.Call(engine.TargetRequest{Op: "fill", Seed: 12, DescLen: blk, Offsets: offs64}); err != nil {
+					t.Fatal(err)
+				}
+				r, err := a.CreateXferReq(nixl.Read, nixl.DRAM, ld, nixl.DRAM, rd, remote, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				post(t, a, r)
+				for i := 0; i < n; i++ {
+					if m := engine.CheckTags(buf.Bytes()[i*blk:(i+1)*blk], engine.TagKey(12, uint64(i))); m != nil {
+						t.Fatalf("READ descriptor %d: %v", i, m)
+					}
+				}
+				// Target -> initiator notification.
+				if err := a.SendNotif(remote, []byte("ping")); err != nil {
+					t.Fatal(err)
+				}
+				info, _ := tc.Call(engine.TargetRequest{Op: "info"})
+				t.Logf("%s/%s: initiator %v; target %v", backend, alloc, a.Info().Details, info.Info.Details)
+			})
+		}
+	})
+}
+
+// Killing the target mid-transfer gives the initiator an error status in
+// bounded time; nothing hangs.
+func TestPeerKilledMidTransfer(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		allocs := []string{"mmap"}
+		if backend == "ucx" {
+			allocs = append(allocs, "ucx")
+		}
+		for _, alloc := range allocs {
+			t.Run(alloc, func(t *testing.T) {
+				const size = 64 << 20
+				tc, rep := startTarget(t, backend, alloc, size)
+				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer a.Close()
+				buf, err := engine.AllocBuffer(a, size, alloc, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer buf.Free()
+				a.RegisterMem(buf)
+				remote, err := a.LoadRemoteMD(rep.MD)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := a.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{buf.Desc(0, size)}, nixl.DRAM, []nixl.Desc{{Addr: rep.Addr, Len: size}}, remote, []byte("n"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				post(t, a, r)
+				if _, err := a.PostXferReq(r); err != nil {
+					t.Fatal(err)
+				}
+				if err := tc.Kill(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				killed := time.Now()
+				for {
+					st, err := a.XferStatus(r)
+					if st == nixl.InProgress {
+						if time.Since(killed) > 15*time.Second {
+							t.Fatal("still in progress 15 s after the peer died")
+						}
+						continue
+					}
+					if st == nixl.Failed {
+						if !errors.Is(err, nixl.ErrPeerFailed) {
+							t.Errorf("error does not say the peer failed: %v", err)
+						}
+						t.Logf("error after %v: %v", time.Since(killed).Round(time.Millisecond), err)
+						break
+					}
+					// Completed before the death was noticed (data went into
+					// the dead peer's memory): post again.
+					if _, err := a.PostXferReq(r); err != nil {
+						if !errors.Is(err, nixl.ErrPeerFailed) && !strings.Contains(err.Error(), "failed") {
+							t.Fatalf("post after death: %v", err)
+						}
+						t.Logf("post refused after %v: %v", time.Since(killed).Round(time.Millisecond), err)
+						break
+					}
+				}
+				if err := a.ReleaseXferReq(r); err != nil {
+					t.Errorf("release after failure: %v", err)
+				}
+			})
+		}
+	})
+}
+
+func TestNoGoroutineLeak(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	backends(t, func(t *testing.T, backend string) {
+		p := localPair(t, backend, 1<<20)
+		_ = p
+	})
+}

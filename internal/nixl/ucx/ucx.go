@@ -1,0 +1,915 @@
+// Package ucx is nixlctl's own transfer backend: a thin cgo layer over
+// UCX's UCP API (Debian's libucx-dev). One UCP context per process with RMA
+// and active messages, one worker per agent with a progress thread that
+// sleeps on the worker's event fd when idle, memory registered once with
+// ucp_mem_map, packed rkeys and the worker address in the agent metadata,
+// descriptor lists turned into ucp_put_nbx / ucp_get_nbx, notifications as
+// active messages queued by sender name.
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#cgo CFLAGS: -O2 -Wall
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"bytes"
+
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+const backendName = "ucx"
+
+func init() {
+	nixl.Register(nixl.Backend{
+		Name:      backendName,
+		New:       func(cfg nixl.Config) (nixl.Agent, error) { return New(cfg) },
+		Available: Available,
+		Version:   Version,
+	})
+}
+
+var initErr = sync.OnceValue(func() error {
+	var buf [256]C.char
+	if C.nx_global_init(&buf[0], C.size_t(len(buf))) != 0 {
+		return fmt.Errorf("%w: ucx: %s", nixl.ErrUnavailable, C.GoString(&buf[0]))
+	}
+	return nil
+})
+
+// Available reports whether UCX initialises here.
+func Available() (bool, string) {
+	if err := initErr(); err != nil {
+		return false, err.Error()
+	}
+	return true, ""
+}
+
+// Version is the UCX library version in use.
+func Version() string { return C.GoString(C.nx_ucx_version()) }
+
+func cerr(buf []C.char) string { return C.GoString(&buf[0]) }
+
+type agent struct {
+	name string
+	c    *C.nx_ctx_t
+
+	mu     sync.Mutex
+	closed bool
+	regs   []*registration
+	peers  map[string]*peer
+	reqs   map[*request]struct{}
+
+	notifyCh   chan struct{}
+	notifyFile *os.File
+	notifyDone chan struct{}
+
+	stopWatch chan struct{}
+	watchDone chan struct{}
+}
+
+type registration struct {
+	buf  *nixl.Buffer
+	mem  *C.nx_mem_t
+	rkey []byte
+	own  bool // allocated by UCX: unmapping frees it
+}
+
+type peer struct {
+	name    string
+	md      []byte
+	p       *C.nx_peer_t
+	regions []remoteRegion
+	invalid bool
+	proc    nixl.Process
+	mode    string // UCX error handling: "peer", or "none" with our own liveness check
+	dead    bool
+}
+
+type remoteRegion struct {
+	nixl.RegionMD
+	rkey unsafe.Pointer
+}
+
+// New creates a UCX agent.
+func New(cfg nixl.Config) (nixl.Agent, error) {
+	if err := initErr(); err != nil {
+		return nil, err
+	}
+	if cfg.Name == "" || len(cfg.Name) > 255 {
+		return nil, fmt.Errorf("agent name must be 1..255 bytes")
+	}
+	name := C.CString(cfg.Name)
+	defer C.free(unsafe.Pointer(name))
+	var buf [256]C.char
+	c := C.nx_ctx_create(name, &buf[0], C.size_t(len(buf)))
+	if c == nil {
+		return nil, fmt.Errorf("ucx agent %s: %s", cfg.Name, cerr(buf[:]))
+	}
+	fd, err := syscall.Dup(int(C.nx_ctx_notify_fd(c)))
+	if err != nil {
+		C.nx_ctx_destroy(c)
+		return nil, fmt.Errorf("dup notify fd: %w", err)
+	}
+	a := &agent{name: cfg.Name, c: c, peers: map[string]*peer{}, reqs: map[*request]struct{}{},
+		notifyCh: make(chan struct{}, 1), notifyFile: os.NewFile(uintptr(fd), "ucx-notify"), notifyDone: make(chan struct{}),
+		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+	go a.watchNotifs()
+	go a.watchPeers()
+	return a, nil
+}
+
+// errMode picks UCX's error handling towards a peer. Debian's UCX 1.13
+// cannot use its shared-memory transports (sysv, posix, cma) with peer
+// error handling, so a peer on this host gets none, and this agent checks
+// the peer's process itself; a peer elsewhere gets UCX's peer mode.
+// NIXLCTL_UCX_ERR_MODE=peer|none overrides.
+func errMode(p nixl.Process) string {
+	switch m := os.Getenv("NIXLCTL_UCX_ERR_MODE"); m {
+	case "peer", "none":
+		return m
+	}
+	if nixl.SameHost(p) {
+		return "none"
+	}
+	return "peer"
+}
+
+// watchPeers fails the transfers of same-host peers whose process died,
+// within about 100 ms, where the transport itself would never notice.
+func (a *agent) watchPeers() {
+	defer close(a.watchDone)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stopWatch:
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		for _, p := range a.peers {
+			if p.mode == "none" && !p.dead && !p.invalid && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
+				p.dead = true
+				C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
+			}
+		}
+		a.mu.Unlock()
+	}
+}
+
+// watchNotifs turns the C side's eventfd into a coalescing channel signal.
+func (a *agent) watchNotifs() {
+	defer close(a.notifyDone)
+	var b [8]byte
+	for {
+		if _, err := a.notifyFile.Read(b[:]); err != nil {
+			return
+		}
+		select {
+		case a.notifyCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (a *agent) Name() string { return a.name }
+
+func (a *agent) Info() nixl.Info {
+	info := nixl.Info{Backend: backendName, Version: Version(), Details: map[string]string{}}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, p := range a.peers {
+		if !p.invalid && !a.closed {
+			info.Details["transport:"+name] = a.transportsLocked(p)
+		}
+	}
+	return info
+}
+
+// Transports describes the UCX lanes used towards a loaded peer, parsed
+// from ucp_ep_print_info, e.g. "rma_bw=posix/memory am=posix/memory".
+func Transports(a nixl.Agent, remote string) (string, error) {
+	ua, ok := unwrap(a).(*agent)
+	if !ok {
+		return "", fmt.Errorf("not a ucx agent")
+	}
+	ua.mu.Lock()
+	defer ua.mu.Unlock()
+	p, ok := ua.peers[remote]
+	if !ok || p.invalid {
+		return "", fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	}
+	return ua.transportsLocked(p), nil
+}
+
+func unwrap(a nixl.Agent) nixl.Agent {
+	for {
+		u, ok := a.(interface{ Unwrap() nixl.Agent })
+		if !ok {
+			return a
+		}
+		a = u.Unwrap()
+	}
+}
+
+func (a *agent) transportsLocked(p *peer) string {
+	buf := make([]C.char, 1<<16)
+	n := C.nx_peer_info(a.c, p.p, &buf[0], C.size_t(len(buf)))
+	if n < 0 {
+		return "unknown"
+	}
+	lanes := ParseLanes(C.GoString(&buf[0]))
+	rma := "none"
+	if len(p.regions) > 0 {
+		r := p.regions[0]
+		switch {
+		case C.nx_rkey_mapped(a.c, r.rkey, C.uint64_t(r.Addr)) != 0:
+			rma = "shared-memory mapping (sysv/posix: a memcpy into the peer's segment)"
+		case strings.Contains(lanes, "rma_bw="):
+			rma = laneOf(lanes, "rma_bw") + " (zero-copy)"
+		default:
+			rma = "emulated over active messages on " + laneOf(lanes, "am")
+		}
+	}
+	return fmt.Sprintf("rma: %s; lanes: %s; error handling: %s", rma, lanes, p.mode)
+}
+
+func laneOf(lanes, use string) string {
+	for _, f := range strings.Fields(lanes) {
+		if v, ok := strings.CutPrefix(f, use+"="); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+// ParseLanes summarises ucp_ep_print_info output as "usage=transport/device"
+// pairs, e.g. "am=posix/memory rma_bw=posix/memory".
+func ParseLanes(info string) string {
+	uses := map[string][]string{}
+	var order []string
+	for _, line := range strings.Split(info, "\n") {
+		// "#   lane[0]:  3:posix/memory.0 md[2]  -> md[2]/posix/sysdev[255] rma_bw#0 am am_bw#0"
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "#"))
+		if !strings.HasPrefix(line, "lane[") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 3 {
+			continue
+		}
+		tl := fields[1]
+		if i := strings.Index(tl, ":"); i >= 0 {
+			tl = tl[i+1:]
+		}
+		if i := strings.LastIndex(tl, "."); i >= 0 {
+			tl = tl[:i]
+		}
+		arrow := false
+		for _, f := range fields[2:] {
+			if f == "->" {
+				arrow = true
+				continue
+			}
+			if !arrow || strings.Contains(f, "/") || strings.HasPrefix(f, "md[") {
+				continue
+			}
+			use := f
+			if i := strings.Index(use, "#"); i >= 0 {
+				use = use[:i]
+			}
+			if _, seen := uses[use]; !seen {
+				order = append(order, use)
+			}
+			if !contains(uses[use], tl) {
+				uses[use] = append(uses[use], tl)
+			}
+		}
+	}
+	var parts []string
+	for _, u := range order {
+		parts = append(parts, u+"="+strings.Join(uses[u], ","))
+	}
+	if len(parts) == 0 {
+		return "unknown"
+	}
+	return strings.Join(parts, " ")
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// AllocMem lets UCX allocate (and register) the memory itself, which lets
+// its shared-memory transports map it into peers.
+func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
+	if mem != nixl.DRAM {
+		return nil, fmt.Errorf("ucx backend cannot allocate %s: Debian's UCX has no CUDA support (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", mem)
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("buffer size must be > 0")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, nixl.ErrClosed
+	}
+	var m *C.nx_mem_t
+	var ebuf [256]C.char
+	if C.nx_mem_map(a.c, 0, C.size_t(size), 1, &m, &ebuf[0], C.size_t(len(ebuf))) != 0 {
+		return nil, fmt.Errorf("ucx allocate %d bytes: %s", size, cerr(ebuf[:]))
+	}
+	addr := uint64(uintptr(C.nx_mem_addr(m)))
+	reg := &registration{mem: m, own: true}
+	b := nixl.NewBuffer(addr, size, nixl.DRAM, 0, "ucx", nixl.HostSlice(addr, size), func() error { return a.freeOwned(reg) })
+	reg.buf = b
+	if err := a.packLocked(reg); err != nil {
+		C.nx_mem_unmap(a.c, m)
+		return nil, err
+	}
+	a.regs = append(a.regs, reg)
+	return b, nil
+}
+
+func (a *agent) freeOwned(reg *registration) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil // unmapped at Close
+	}
+	a.dropRegLocked(reg)
+	return nil
+}
+
+func (a *agent) packLocked(reg *registration) error {
+	var kb unsafe.Pointer
+	var kl C.size_t
+	if st := C.nx_mem_rkey(a.c, reg.mem, &kb, &kl); st != 0 {
+		return fmt.Errorf("ucp_rkey_pack: %s", C.GoString(C.nx_status_string(st)))
+	}
+	reg.rkey = C.GoBytes(kb, C.int(kl))
+	C.nx_free(kb)
+	return nil
+}
+
+func (a *agent) RegisterMem(b *nixl.Buffer) error {
+	if b == nil || b.Len <= 0 {
+		return fmt.Errorf("register: empty buffer")
+	}
+	if b.Mem != nixl.DRAM {
+		return fmt.Errorf("ucx backend cannot register %s: Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", b.Mem)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nixl.ErrClosed
+	}
+	for _, r := range a.regs {
+		if r.buf == b {
+			return nil // UCX-allocated buffers are registered already
+		}
+	}
+	var m *C.nx_mem_t
+	var ebuf [256]C.char
+	if C.nx_mem_map(a.c, C.uint64_t(b.Addr), C.size_t(b.Len), 0, &m, &ebuf[0], C.size_t(len(ebuf))) != 0 {
+		return fmt.Errorf("register %d bytes: %s", b.Len, cerr(ebuf[:]))
+	}
+	reg := &registration{buf: b, mem: m}
+	if err := a.packLocked(reg); err != nil {
+		C.nx_mem_unmap(a.c, m)
+		return err
+	}
+	a.regs = append(a.regs, reg)
+	return nil
+}
+
+func (a *agent) DeregisterMem(b *nixl.Buffer) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nixl.ErrClosed
+	}
+	for _, r := range a.regs {
+		if r.buf == b {
+			if r.own {
+				return nil // freed with the buffer
+			}
+			a.dropRegLocked(r)
+			return nil
+		}
+	}
+	return fmt.Errorf("deregister: buffer at %#x is not registered", b.Addr)
+}
+
+func (a *agent) dropRegLocked(reg *registration) {
+	for i, r := range a.regs {
+		if r == reg {
+			a.regs = append(a.regs[:i], a.regs[i+1:]...)
+			C.nx_mem_unmap(a.c, r.mem)
+			return
+		}
+	}
+}
+
+func (a *agent) LocalMD() ([]byte, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, nixl.ErrClosed
+	}
+	var addr unsafe.Pointer
+	var n C.size_t
+	if st := C.nx_ctx_address(a.c, &addr, &n); st != 0 {
+		return nil, fmt.Errorf("worker address: %s", C.GoString(C.nx_status_string(st)))
+	}
+	md := nixl.Metadata{Backend: backendName, Name: a.name, Conn: C.GoBytes(addr, C.int(n)), Proc: nixl.Self()}
+	C.nx_free(addr)
+	for _, r := range a.regs {
+		md.Regions = append(md.Regions, nixl.RegionMD{Addr: r.buf.Addr, Len: uint64(r.buf.Len), Mem: r.buf.Mem, Dev: r.buf.Dev, Key: r.rkey})
+	}
+	return md.Encode()
+}
+
+func (a *agent) LoadRemoteMD(data []byte) (string, error) {
+	md, err := nixl.DecodeMetadata(data)
+	if err != nil {
+		return "", err
+	}
+	if md.Backend != backendName {
+		return "", fmt.Errorf("%w: metadata of a %q agent cannot be loaded by a ucx agent", nixl.ErrBadMetadata, md.Backend)
+	}
+	if len(md.Conn) == 0 {
+		return "", fmt.Errorf("%w: no worker address", nixl.ErrBadMetadata)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return "", nixl.ErrClosed
+	}
+	if old, ok := a.peers[md.Name]; ok {
+		if bytes.Equal(old.md, data) {
+			return md.Name, nil
+		}
+		// A restarted peer: replace it unless transfers to it are in flight.
+		if err := a.invalidateLocked(old); err != nil {
+			return "", err
+		}
+	}
+	addr := C.CBytes(md.Conn)
+	defer C.free(addr)
+	var ebuf [256]C.char
+	mode := errMode(md.Proc)
+	peerMode := C.int(0)
+	if mode == "peer" {
+		peerMode = 1
+	}
+	p := C.nx_peer_create(a.c, addr, C.size_t(len(md.Conn)), peerMode, &ebuf[0], C.size_t(len(ebuf)))
+	if p == nil {
+		return "", fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, md.Name, cerr(ebuf[:]))
+	}
+	pe := &peer{name: md.Name, md: append([]byte(nil), data...), p: p, proc: md.Proc, mode: mode}
+	for i, r := range md.Regions {
+		if len(r.Key) == 0 {
+			a.destroyPeerLocked(pe)
+			return "", fmt.Errorf("%w: region %d has no remote key", nixl.ErrBadMetadata, i)
+		}
+		kb := C.CBytes(r.Key)
+		var rk unsafe.Pointer
+		rc := C.nx_peer_rkey(a.c, p, kb, &rk, &ebuf[0], C.size_t(len(ebuf)))
+		C.free(kb)
+		if rc != 0 {
+			a.destroyPeerLocked(pe)
+			return "", fmt.Errorf("%w: region %d of %s: %s", nixl.ErrBadMetadata, i, md.Name, cerr(ebuf[:]))
+		}
+		pe.regions = append(pe.regions, remoteRegion{RegionMD: r, rkey: rk})
+	}
+	a.peers[md.Name] = pe
+	return md.Name, nil
+}
+
+func (a *agent) destroyPeerLocked(p *peer) {
+	for _, r := range p.regions {
+		C.nx_rkey_destroy(a.c, r.rkey)
+	}
+	p.regions = nil
+	C.nx_peer_destroy(a.c, p.p)
+	p.invalid = true
+}
+
+func (a *agent) InvalidateRemoteMD(name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nixl.ErrClosed
+	}
+	p, ok := a.peers[name]
+	if !ok {
+		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, name)
+	}
+	return a.invalidateLocked(p)
+}
+
+func (a *agent) invalidateLocked(p *peer) error {
+	for r := range a.reqs {
+		if r.peer == p && r.inFlight() {
+			return fmt.Errorf("invalidate %s: %w", p.name, nixl.ErrInFlight)
+		}
+	}
+	a.destroyPeerLocked(p)
+	delete(a.peers, p.name)
+	return nil
+}
+
+// dlist is a prepared descriptor list.
+type dlist struct {
+	a      *agent
+	remote *peer
+	mem    nixl.MemType
+	descs  []nixl.Desc
+	rkeys  []unsafe.Pointer // per descriptor, remote lists only
+}
+
+func (d *dlist) Len() int { return len(d.descs) }
+func (d *dlist) Remote() string {
+	if d.remote == nil {
+		return ""
+	}
+	return d.remote.name
+}
+
+func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc) (nixl.Dlist, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, nixl.ErrClosed
+	}
+	d := &dlist{a: a, mem: mem, descs: append([]nixl.Desc(nil), descs...)}
+	if remote == "" {
+		if err := a.checkLocalLocked(descs); err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
+	p, ok := a.peers[remote]
+	if !ok || p.invalid {
+		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	}
+	d.remote = p
+	d.rkeys = make([]unsafe.Pointer, len(descs))
+	last := -1
+	for i, ds := range descs {
+		if last >= 0 && p.regions[last].Contains(ds) && p.regions[last].Mem == mem {
+			d.rkeys[i] = p.regions[last].rkey
+			continue
+		}
+		found := false
+		for j, r := range p.regions {
+			if r.Mem == mem && r.Contains(ds) {
+				d.rkeys[i], last, found = r.rkey, j, true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("remote descriptor %d (%#x+%d) of %s: %w", i, ds.Addr, ds.Len, remote, nixl.ErrNotRegistered)
+		}
+	}
+	return d, nil
+}
+
+func (a *agent) checkLocalLocked(descs []nixl.Desc) error {
+	last := -1
+	for i, ds := range descs {
+		if last >= 0 && a.regs[last].buf.Contains(ds) {
+			continue
+		}
+		found := false
+		for j, r := range a.regs {
+			if r.buf.Contains(ds) {
+				last, found = j, true
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("local descriptor %d (%#x+%d): %w", i, ds.Addr, ds.Len, nixl.ErrNotRegistered)
+		}
+	}
+	return nil
+}
+
+func (a *agent) ReleaseDlist(d nixl.Dlist) error {
+	if _, ok := d.(*dlist); !ok {
+		return fmt.Errorf("not a ucx descriptor list")
+	}
+	return nil
+}
+
+// request is a transfer request.
+type request struct {
+	a        *agent
+	x        *C.nx_xfer_t
+	peer     *peer
+	op       nixl.Op
+	bytes    int64
+	descs    int
+	released bool
+	posted   bool
+}
+
+func (r *request) Op() nixl.Op    { return r.op }
+func (r *request) Bytes() int64   { return r.bytes }
+func (r *request) Descs() int     { return r.descs }
+func (r *request) Remote() string { return r.peer.name }
+
+func (r *request) inFlight() bool {
+	if r.released || !r.posted {
+		return false
+	}
+	st := C.nx_xfer_state(r.a.c, r.x, 0)
+	return st != C.NX_DONE && st != C.NX_ERROR && st != C.NX_IDLE
+}
+
+func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote nixl.Dlist, remoteIdx []int, notif []byte) (nixl.XferReq, error) {
+	l, ok1 := local.(*dlist)
+	rm, ok2 := remote.(*dlist)
+	if !ok1 || !ok2 || l.a != a || rm.a != a {
+		return nil, fmt.Errorf("make request: descriptor lists were not prepared by this agent")
+	}
+	if l.remote != nil || rm.remote == nil {
+		return nil, fmt.Errorf("make request: need a local list and a remote list")
+	}
+	if len(localIdx) != len(remoteIdx) {
+		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
+	}
+	ops := make([]C.nx_op_t, len(localIdx))
+	var total int64
+	for i := range localIdx {
+		li, ri := localIdx[i], remoteIdx[i]
+		if li < 0 || li >= len(l.descs) || ri < 0 || ri >= len(rm.descs) {
+			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(l.descs), len(rm.descs))
+		}
+		ld, rd := l.descs[li], rm.descs[ri]
+		if ld.Len != rd.Len {
+			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ld.Len, rd.Len, nixl.ErrLengthMismatch)
+		}
+		ops[i] = C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]}
+		total += int64(ld.Len)
+	}
+	return a.newRequest(op, rm.remote, ops, total, notif)
+}
+
+func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, notif []byte) (nixl.XferReq, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, nixl.ErrClosed
+	}
+	if p.invalid {
+		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, p.name)
+	}
+	var opsPtr *C.nx_op_t
+	if len(ops) > 0 {
+		opsPtr = &ops[0]
+	}
+	var nptr unsafe.Pointer
+	if len(notif) > 0 {
+		nptr = unsafe.Pointer(&notif[0])
+	}
+	cop := C.int(C.NX_OP_READ)
+	if op == nixl.Write {
+		cop = C.NX_OP_WRITE
+	}
+	x := C.nx_xfer_create(a.c, p.p, cop, opsPtr, C.size_t(len(ops)), nptr, C.size_t(len(notif)))
+	runtime.KeepAlive(ops)
+	runtime.KeepAlive(notif)
+	if x == nil {
+		return nil, fmt.Errorf("make request: out of memory")
+	}
+	r := &request{a: a, x: x, peer: p, op: op, bytes: total, descs: len(ops)}
+	a.reqs[r] = struct{}{}
+	return r, nil
+}
+
+func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, remoteMem nixl.MemType, remote []nixl.Desc, remoteName string, notif []byte) (nixl.XferReq, error) {
+	if len(local) != len(remote) {
+		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
+	}
+	ld, err := a.PrepXferDlist("", mem, local)
+	if err != nil {
+		return nil, err
+	}
+	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
+	if err != nil {
+		return nil, err
+	}
+	idx := make([]int, len(local))
+	for i := range idx {
+		idx[i] = i
+	}
+	return a.MakeXferReq(op, ld, idx, rd, idx, notif)
+}
+
+func (a *agent) req(x nixl.XferReq) (*request, error) {
+	r, ok := x.(*request)
+	if !ok || r.a != a {
+		return nil, fmt.Errorf("request was not made by this agent")
+	}
+	if r.released {
+		return nil, fmt.Errorf("request already released")
+	}
+	return r, nil
+}
+
+func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
+	r, err := a.req(x)
+	if err != nil {
+		return nixl.Failed, err
+	}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nixl.Failed, nixl.ErrClosed
+	}
+	if r.peer.invalid {
+		a.mu.Unlock()
+		return nixl.Failed, fmt.Errorf("%w: %s was invalidated", nixl.ErrUnknownAgent, r.peer.name)
+	}
+	r.posted = true
+	st := C.nx_xfer_post(a.c, r.x)
+	a.mu.Unlock()
+	if st < 0 {
+		return nixl.InProgress, fmt.Errorf("post: %w", nixl.ErrInFlight)
+	}
+	return a.status(r, st)
+}
+
+func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
+	switch st {
+	case C.NX_DONE:
+		return nixl.Done, nil
+	case C.NX_ERROR:
+		code := C.nx_xfer_error(r.x)
+		msg := C.GoString(C.nx_status_string(code))
+		if pst := C.nx_peer_status(r.peer.p); pst != 0 {
+			return nixl.Failed, fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, r.peer.name, msg)
+		}
+		return nixl.Failed, fmt.Errorf("transfer to %s failed: %s", r.peer.name, msg)
+	case C.NX_IDLE:
+		return nixl.Failed, fmt.Errorf("request was never posted")
+	}
+	return nixl.InProgress, nil
+}
+
+func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
+	r, err := a.req(x)
+	if err != nil {
+		return nixl.Failed, err
+	}
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return nixl.Failed, nixl.ErrClosed
+	}
+	return a.status(r, C.nx_xfer_state(a.c, r.x, 1))
+}
+
+func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
+	r, err := a.req(x)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil // freed at Close
+	}
+	if C.nx_xfer_release(a.c, r.x) != 0 {
+		return fmt.Errorf("release: %w", nixl.ErrInFlight)
+	}
+	r.released = true
+	delete(a.reqs, r)
+	return nil
+}
+
+func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
+	r, ok := x.(*request)
+	if !ok || r.released {
+		return nixl.Telemetry{}
+	}
+	var p0, p1, done C.uint64_t
+	C.nx_xfer_times(r.x, &p0, &p1, &done)
+	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p0, p1)}
+	if done != 0 {
+		t.XferDuration = durNS(p1, done)
+	}
+	return t
+}
+
+func (a *agent) SendNotif(remote string, msg []byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nixl.ErrClosed
+	}
+	p, ok := a.peers[remote]
+	if !ok || p.invalid {
+		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	}
+	var ptr unsafe.Pointer
+	if len(msg) > 0 {
+		ptr = unsafe.Pointer(&msg[0])
+	}
+	st := C.nx_send_notif(a.c, p.p, ptr, C.size_t(len(msg)))
+	runtime.KeepAlive(msg)
+	if st != 0 {
+		return fmt.Errorf("%w: notify %s: %s", nixl.ErrPeerFailed, remote, C.GoString(C.nx_status_string(st)))
+	}
+	return nil
+}
+
+func (a *agent) GetNotifs() (nixl.Notifs, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, nixl.ErrClosed
+	}
+	out := nixl.Notifs{}
+	for {
+		var s, m *C.char
+		var sl, ml C.size_t
+		if C.nx_pop_notif(a.c, &s, &sl, &m, &ml) == 0 {
+			break
+		}
+		sender := C.GoStringN(s, C.int(sl))
+		out[sender] = append(out[sender], C.GoBytes(unsafe.Pointer(m), C.int(ml)))
+		C.nx_free(unsafe.Pointer(s))
+		C.nx_free(unsafe.Pointer(m))
+	}
+	return out, nil
+}
+
+// MalformedNotifs counts received messages that were not well-formed
+// notifications (dropped).
+func (a *agent) MalformedNotifs() uint64 { return uint64(C.nx_ctx_malformed_notifs(a.c)) }
+
+func (a *agent) NotifReady() <-chan struct{} { return a.notifyCh }
+
+// Close fails every request still in flight (their peers' endpoints are
+// force-closed), frees all UCX resources and stops the progress thread.
+// Handles stay safe to use: they report ErrClosed.
+func (a *agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	for _, p := range a.peers {
+		a.destroyPeerLocked(p)
+	}
+	for r := range a.reqs {
+		C.nx_xfer_release(a.c, r.x)
+		r.released = true
+	}
+	a.reqs = nil
+	for _, r := range a.regs {
+		C.nx_mem_unmap(a.c, r.mem)
+	}
+	a.regs = nil
+	close(a.stopWatch)
+	a.mu.Unlock()
+	<-a.watchDone
+	a.mu.Lock()
+	C.nx_ctx_destroy(a.c)
+	a.mu.Unlock()
+	err := a.notifyFile.Close()
+	<-a.notifyDone
+	return err
+}
+
+func durNS(from, to C.uint64_t) time.Duration {
+	if to < from {
+		return 0
+	}
+	return time.Duration(to - from)
+}
+
+var _ nixl.Allocator = (*agent)(nil)
