@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,6 +21,7 @@ import (
 type TargetClient struct {
 	mu    sync.Mutex
 	w     io.WriteCloser
+	r     io.Reader // replies; drained on Close so the target is never blocked writing one
 	dec   *json.Decoder
 	cmd   *exec.Cmd // nil for an in-process target
 	done  chan error
@@ -68,6 +71,9 @@ func (c *TargetClient) Kill(sig syscall.Signal) error {
 func (c *TargetClient) Close() error {
 	c.mu.Lock()
 	if c.w != nil {
+		if c.r != nil {
+			go func() { _, _ = io.Copy(io.Discard, c.r) }()
+		}
 		b, _ := json.Marshal(TargetRequest{Op: "close"})
 		_, _ = c.w.Write(append(b, '\n'))
 		c.w.Close()
@@ -80,8 +86,10 @@ func (c *TargetClient) Close() error {
 	case <-time.After(10 * time.Second):
 		if c.cmd != nil && c.cmd.Process != nil {
 			_ = c.cmd.Process.Kill()
+			err = <-c.done
+		} else {
+			err = errors.New("in-process target did not stop within 10 s")
 		}
-		err = <-c.done
 	}
 	if c.close != nil {
 		c.close()
@@ -109,7 +117,8 @@ func StartTargetProcess(ctx context.Context, exe string, args []string, env []st
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start target: %w", err)
 	}
-	c := &TargetClient{w: stdin, dec: json.NewDecoder(bufio.NewReader(stdout)), cmd: cmd, done: make(chan error, 1)}
+	br := bufio.NewReader(stdout)
+	c := &TargetClient{w: stdin, r: br, dec: json.NewDecoder(br), cmd: cmd, done: make(chan error, 1)}
 	go func() { c.done <- cmd.Wait() }()
 	stop := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
 	c.close = func() { stop() }
@@ -120,7 +129,7 @@ func StartTargetProcess(ctx context.Context, exe string, args []string, env []st
 func StartTargetInProcess(ctx context.Context, log *slog.Logger) *TargetClient {
 	reqR, reqW := io.Pipe()
 	repR, repW := io.Pipe()
-	c := &TargetClient{w: reqW, dec: json.NewDecoder(repR), done: make(chan error, 1)}
+	c := &TargetClient{w: reqW, r: repR, dec: json.NewDecoder(repR), done: make(chan error, 1)}
 	go func() {
 		err := ServeXferTarget(ctx, reqR, repW, log)
 		repW.CloseWithError(io.EOF)
@@ -128,4 +137,19 @@ func StartTargetInProcess(ctx context.Context, log *slog.Logger) *TargetClient {
 		c.done <- err
 	}()
 	return c
+}
+
+// DialTarget connects to a target served with `nixlctl serve target
+// --listen ADDR` (addr is host:port, optionally prefixed with tcp://).
+func DialTarget(ctx context.Context, addr string) (*TargetClient, error) {
+	addr = strings.TrimPrefix(addr, "tcp://")
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect to target %s: %w", addr, err)
+	}
+	c := &TargetClient{w: conn, dec: json.NewDecoder(bufio.NewReader(conn)), done: make(chan error, 1)}
+	c.close = func() { conn.Close() }
+	c.done <- nil
+	return c, nil
 }

@@ -44,3 +44,16 @@ func TestTableRenderings(t *testing.T) {
 	golden(t, "table.csv", csv.Bytes())
 	golden(t, "table.md", md.Bytes())
 }
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "64K": 65536, "64KiB": 65536, "1m": 1 << 20, "1.5G": 3 << 29, "2TB": 2 << 40, "0": 0} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1K", "1.3", "9999999T"} {
+		if _, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+}

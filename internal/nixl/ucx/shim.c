@@ -54,6 +54,7 @@ struct nx_ctx {
 struct nx_peer {
     ucp_ep_h             ep;
     int                  peer_mode; /* UCP_ERR_HANDLING_MODE_PEER */
+    int                  rma_local; /* RMA is a CPU copy on this host (mapped shm, cma) */
     _Atomic ucs_status_t status;
 };
 
@@ -64,6 +65,7 @@ struct nx_mem {
 };
 
 struct nx_xfer {
+    nx_xfer_pub_t pub; /* must stay first: Go reads it in place */
     nx_ctx_t    *c;
     nx_peer_t   *peer;
     int          op;
@@ -71,16 +73,25 @@ struct nx_xfer {
     size_t       n;
     void        *notif;
     size_t       nlen;
-    _Atomic int  state;
     int          outstanding;
     ucs_status_t err;
-    uint64_t     t_post0, t_post1;
-    _Atomic uint64_t t_done;
+    int          all_inline; /* every operation of this posting completed in place */
     nx_xfer_t   *next_ready;
     int          queued;
     nx_xfer_t   *next_active, *prev_active;
     int          free_when_idle; /* released while UCX still owns requests */
 };
+
+/* A transfer's state is published with release stores, after its times,
+ * so that Go can read both without a call into C. */
+static inline int  xstate(nx_xfer_t *x) { return __atomic_load_n(&x->pub.state, __ATOMIC_ACQUIRE); }
+static inline void set_state(nx_xfer_t *x, int st)
+{
+    if (st == NX_ERROR) {
+        x->pub.err = (int32_t)x->err;
+    }
+    __atomic_store_n(&x->pub.state, st, __ATOMIC_RELEASE);
+}
 
 uint64_t nx_now_ns(void)
 {
@@ -301,6 +312,7 @@ static int track(nx_xfer_t *x, ucs_status_ptr_t sp)
     if (sp == NULL) {
         return 0;
     }
+    x->all_inline = 0;
     if (UCS_PTR_IS_ERR(sp)) {
         if (x->err == UCS_OK) {
             x->err = UCS_PTR_STATUS(sp);
@@ -371,8 +383,8 @@ static void activate(nx_xfer_t *x)
 static void finish(nx_xfer_t *x, int state)
 {
     nx_ctx_t *c = x->c;
-    atomic_store(&x->t_done, nx_now_ns());
-    atomic_store(&x->state, state);
+    x->pub.t_done = nx_now_ns();
+    set_state(x, state);
     if (x->prev_active) {
         x->prev_active->next_active = x->next_active;
     } else {
@@ -402,7 +414,7 @@ static void advance(nx_xfer_t *x)
         if (x->outstanding > 0) {
             return;
         }
-        int st = atomic_load(&x->state);
+        int st = xstate(x);
         if (st == NX_DONE || st == NX_ERROR || st == NX_IDLE) {
             return;
         }
@@ -417,9 +429,11 @@ static void advance(nx_xfer_t *x)
         switch (st) {
         case NX_RUNNING:
             /* Like NIXL, a WRITE is only done once a flush says the data is
-             * visible at the target; the notification follows it. */
-            if (x->op == NX_OP_WRITE && x->n > 0) {
-                atomic_store(&x->state, NX_FLUSHING);
+             * visible at the target; the notification follows it. Writes that
+             * a host-local transport (mapped shared memory, cma) completed in
+             * place are visible already: the copy itself was the delivery. */
+            if (x->op == NX_OP_WRITE && x->n > 0 && !(x->peer->rma_local && x->all_inline)) {
+                set_state(x, NX_FLUSHING);
                 track(x, ucp_ep_flush_nbx(x->peer->ep, &p));
                 continue;
             }
@@ -433,7 +447,7 @@ static void advance(nx_xfer_t *x)
                 finish(x, NX_DONE);
                 return;
             }
-            atomic_store(&x->state, NX_NOTIFYING);
+            set_state(x, NX_NOTIFYING);
             /* The transfer is done once UCX accepted the notification; a
              * pending AM completes on its own and frees its buffer. */
             ucs_status_ptr_t sp = send_am(x->c, x->peer, x->notif, x->nlen);
@@ -499,23 +513,24 @@ nx_xfer_t *nx_xfer_create(nx_ctx_t *c, nx_peer_t *p, int op, const nx_op_t *ops,
         memcpy(x->notif, notif, nlen);
         x->nlen = nlen;
     }
-    atomic_store(&x->state, NX_IDLE);
+    set_state(x, NX_IDLE);
     return x;
 }
 
 int nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x)
 {
     pthread_mutex_lock(&c->mu);
-    int st = atomic_load(&x->state);
+    int st = xstate(x);
     if (st != NX_IDLE && st != NX_DONE && st != NX_ERROR) {
         pthread_mutex_unlock(&c->mu);
         return -1; /* still in flight */
     }
     x->err         = atomic_load(&x->peer->status);
     x->outstanding = 0;
-    x->t_post0     = nx_now_ns();
-    atomic_store(&x->t_done, 0);
-    atomic_store(&x->state, NX_RUNNING);
+    x->all_inline  = 1;
+    x->pub.t_post0 = nx_now_ns();
+    x->pub.t_done = 0;
+    set_state(x, NX_RUNNING);
     activate(x);
     if (x->err == UCS_OK) {
         ucp_request_param_t p = op_param(x);
@@ -531,11 +546,15 @@ int nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x)
             }
         }
     }
-    x->t_post1 = nx_now_ns();
+    x->pub.t_post1 = nx_now_ns();
     advance(x);
-    st = atomic_load(&x->state);
+    st = xstate(x);
+    /* Operations that did not complete in place need progress; the
+     * caller usually polls, but measured here, completions come sooner
+     * with the progress thread awake too. */
+    int wake = st != NX_DONE && st != NX_ERROR;
     pthread_mutex_unlock(&c->mu);
-    if (st != NX_DONE && st != NX_ERROR) {
+    if (wake) {
         wake_eventfd(c->wakefd);
     }
     return st;
@@ -543,7 +562,7 @@ int nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x)
 
 int nx_xfer_state(nx_ctx_t *c, nx_xfer_t *x, int progress)
 {
-    int st = atomic_load(&x->state);
+    int st = xstate(x);
     if (st == NX_DONE || st == NX_ERROR || st == NX_IDLE || !progress) {
         return st;
     }
@@ -551,22 +570,22 @@ int nx_xfer_state(nx_ctx_t *c, nx_xfer_t *x, int progress)
         progress_locked(c);
         pthread_mutex_unlock(&c->mu);
     }
-    return atomic_load(&x->state);
+    return xstate(x);
 }
 
 int nx_xfer_error(nx_xfer_t *x) { return (int)x->err; }
 
 void nx_xfer_times(nx_xfer_t *x, uint64_t *post_start, uint64_t *post_end, uint64_t *done)
 {
-    *post_start = x->t_post0;
-    *post_end   = x->t_post1;
-    *done       = atomic_load(&x->t_done);
+    *post_start = x->pub.t_post0;
+    *post_end   = x->pub.t_post1;
+    *done       = __atomic_load_n(&x->pub.t_done, __ATOMIC_ACQUIRE);
 }
 
 int nx_xfer_release(nx_ctx_t *c, nx_xfer_t *x)
 {
     pthread_mutex_lock(&c->mu);
-    int st = atomic_load(&x->state);
+    int st = xstate(x);
     if (st != NX_IDLE && st != NX_DONE && st != NX_ERROR) {
         pthread_mutex_unlock(&c->mu);
         return -1;
@@ -1042,7 +1061,8 @@ void nx_rkey_destroy(nx_ctx_t *c, void *rkey)
     pthread_mutex_unlock(&c->mu);
 }
 
-int nx_peer_status(nx_peer_t *p) { return (int)atomic_load(&p->status); }
+int  nx_peer_status(nx_peer_t *p) { return (int)atomic_load(&p->status); }
+void nx_peer_set_rma_local(nx_peer_t *p, int local) { p->rma_local = local; }
 
 int nx_peer_info(nx_ctx_t *c, nx_peer_t *p, char *buf, size_t cap)
 {

@@ -16,6 +16,14 @@ typedef struct nx_xfer nx_xfer_t;
 enum { NX_IDLE = 0, NX_RUNNING = 1, NX_FLUSHING = 2, NX_NOTIFYING = 3, NX_DONE = 4, NX_ERROR = 5 };
 enum { NX_OP_READ = 0, NX_OP_WRITE = 1 };
 
+/* The part of a transfer Go reads in place: state is stored last, with
+ * release semantics, so times read after an acquire load of it are valid. */
+typedef struct {
+    int32_t  state;
+    int32_t  err;
+    uint64_t t_post0, t_post1, t_done;
+} nx_xfer_pub_t;
+
 /* One RMA operation of a transfer. */
 typedef struct {
     uint64_t local;
@@ -44,6 +52,7 @@ int        nx_rkey_mapped(nx_ctx_t *c, void *rkey, uint64_t raddr);
 int        nx_peer_rkey(nx_ctx_t *c, nx_peer_t *p, const void *packed, void **rkey, char *err, size_t errlen);
 void       nx_rkey_destroy(nx_ctx_t *c, void *rkey);
 int        nx_peer_status(nx_peer_t *p);
+void       nx_peer_set_rma_local(nx_peer_t *p, int local);
 const char *nx_status_string(int status);
 int         nx_status_peer_died(void);
 int        nx_peer_info(nx_ctx_t *c, nx_peer_t *p, char *buf, size_t cap);

@@ -23,6 +23,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -67,7 +68,7 @@ type agent struct {
 	c    *C.nx_ctx_t
 
 	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool
 	regs   []*registration
 	peers  map[string]*peer
 	reqs   map[*request]struct{}
@@ -192,7 +193,7 @@ func (a *agent) Info() nixl.Info {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for name, p := range a.peers {
-		if !p.invalid && !a.closed {
+		if !p.invalid && !a.closed.Load() {
 			info.Details["transport:"+name] = a.transportsLocked(p)
 		}
 	}
@@ -329,7 +330,7 @@ func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil, nixl.ErrClosed
 	}
 	var m *C.nx_mem_t
@@ -352,7 +353,7 @@ func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 func (a *agent) freeOwned(reg *registration) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil // unmapped at Close
 	}
 	a.dropRegLocked(reg)
@@ -379,7 +380,7 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nixl.ErrClosed
 	}
 	for _, r := range a.regs {
@@ -404,7 +405,7 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 func (a *agent) DeregisterMem(b *nixl.Buffer) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nixl.ErrClosed
 	}
 	for _, r := range a.regs {
@@ -432,7 +433,7 @@ func (a *agent) dropRegLocked(reg *registration) {
 func (a *agent) LocalMD() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil, nixl.ErrClosed
 	}
 	var addr unsafe.Pointer
@@ -461,7 +462,7 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return "", nixl.ErrClosed
 	}
 	if old, ok := a.peers[md.Name]; ok {
@@ -501,6 +502,13 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 		}
 		pe.regions = append(pe.regions, remoteRegion{RegionMD: r, rkey: rk})
 	}
+	// Writes into a peer segment mapped here are plain memcpys: complete
+	// in place means visible at the peer, so they need no flush. (Not so
+	// for cma: below its zero-copy threshold UCX emulates puts with active
+	// messages, which complete locally before the peer applies them.)
+	if t := a.transportsLocked(pe); strings.HasPrefix(t, "rma: shared-memory") {
+		C.nx_peer_set_rma_local(p, 1)
+	}
 	a.peers[md.Name] = pe
 	return md.Name, nil
 }
@@ -517,7 +525,7 @@ func (a *agent) destroyPeerLocked(p *peer) {
 func (a *agent) InvalidateRemoteMD(name string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nixl.ErrClosed
 	}
 	p, ok := a.peers[name]
@@ -558,7 +566,7 @@ func (d *dlist) Remote() string {
 func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc) (nixl.Dlist, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil, nixl.ErrClosed
 	}
 	d := &dlist{a: a, mem: mem, descs: append([]nixl.Desc(nil), descs...)}
@@ -678,7 +686,7 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, notif []byte) (nixl.XferReq, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil, nixl.ErrClosed
 	}
 	if p.invalid {
@@ -743,7 +751,7 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 		return nixl.Failed, err
 	}
 	a.mu.Lock()
-	if a.closed {
+	if a.closed.Load() {
 		a.mu.Unlock()
 		return nixl.Failed, nixl.ErrClosed
 	}
@@ -765,7 +773,7 @@ func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
 	case C.NX_DONE:
 		return nixl.Done, nil
 	case C.NX_ERROR:
-		code := C.nx_xfer_error(r.x)
+		code := C.int(r.pub().err)
 		msg := C.GoString(C.nx_status_string(code))
 		if pst := C.nx_peer_status(r.peer.p); pst != 0 {
 			return nixl.Failed, fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, r.peer.name, msg)
@@ -777,16 +785,26 @@ func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
 	return nixl.InProgress, nil
 }
 
+// pub is the part of a transfer C publishes for Go to read in place.
+func (r *request) pub() *C.nx_xfer_pub_t { return (*C.nx_xfer_pub_t)(unsafe.Pointer(r.x)) }
+
+// state reads the published state (an acquire load; C stores it last).
+func (r *request) state() C.int {
+	return C.int(atomic.LoadInt32((*int32)(unsafe.Pointer(&r.pub().state))))
+}
+
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	r, err := a.req(x)
 	if err != nil {
 		return nixl.Failed, err
 	}
-	a.mu.Lock()
-	closed := a.closed
-	a.mu.Unlock()
-	if closed {
+	if a.closed.Load() {
 		return nixl.Failed, nixl.ErrClosed
+	}
+	// Finished requests answer without calling into C; running ones
+	// progress the worker.
+	if st := r.state(); st == C.NX_DONE || st == C.NX_ERROR {
+		return a.status(r, st)
 	}
 	return a.status(r, C.nx_xfer_state(a.c, r.x, 1))
 }
@@ -798,7 +816,7 @@ func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil // freed at Close
 	}
 	if C.nx_xfer_release(a.c, r.x) != 0 {
@@ -814,11 +832,13 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if !ok || r.released {
 		return nixl.Telemetry{}
 	}
-	var p0, p1, done C.uint64_t
-	C.nx_xfer_times(r.x, &p0, &p1, &done)
-	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p0, p1)}
-	if done != 0 {
-		t.XferDuration = durNS(p1, done)
+	if st := r.state(); st != C.NX_DONE && st != C.NX_ERROR {
+		return nixl.Telemetry{Bytes: r.bytes, Descs: r.descs}
+	}
+	p := r.pub()
+	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p.t_post0, p.t_post1)}
+	if p.t_done != 0 {
+		t.XferDuration = durNS(p.t_post1, p.t_done)
 	}
 	return t
 }
@@ -826,7 +846,7 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 func (a *agent) SendNotif(remote string, msg []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nixl.ErrClosed
 	}
 	p, ok := a.peers[remote]
@@ -848,7 +868,7 @@ func (a *agent) SendNotif(remote string, msg []byte) error {
 func (a *agent) GetNotifs() (nixl.Notifs, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed.Load() {
 		return nil, nixl.ErrClosed
 	}
 	out := nixl.Notifs{}
@@ -877,11 +897,11 @@ func (a *agent) NotifReady() <-chan struct{} { return a.notifyCh }
 // Handles stay safe to use: they report ErrClosed.
 func (a *agent) Close() error {
 	a.mu.Lock()
-	if a.closed {
+	if a.closed.Load() {
 		a.mu.Unlock()
 		return nil
 	}
-	a.closed = true
+	a.closed.Store(true)
 	for _, p := range a.peers {
 		a.destroyPeerLocked(p)
 	}

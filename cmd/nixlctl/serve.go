@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+)
+
+func newServeCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run one transfer endpoint by hand",
+		Long: `Run a transfer endpoint as its own process. nixlctl's benchmarks start these
+themselves as child processes on loopback; run them by hand to put the two sides
+on different hosts or under a debugger.`,
+	}
+	cmd.AddCommand(newServeTargetCmd(a))
+	return cmd
+}
+
+type serveTargetOptions struct {
+	Stdio  bool   `mapstructure:"stdio"`
+	Listen string `mapstructure:"listen"`
+}
+
+func newServeTargetCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "target",
+		Short: "Serve the passive side of `bench xfer`",
+		Long: `Serve the target of "nixlctl bench xfer": an agent with a registered buffer that the
+initiator READs from and WRITEs into, driven over a small control channel (JSON
+lines: set-up, metadata exchange, tag fill and verify, notifications). The data
+itself moves over the transfer backend, never over the control channel.
+
+--stdio uses standard input and output as the control channel (how bench xfer
+runs its child). --listen HOST:PORT accepts one initiator at a time over TCP;
+point "bench xfer --target HOST:PORT" at it.`,
+		Example: `  nixlctl serve target --listen 0.0.0.0:7300
+  nixlctl bench xfer --target tcp://10.0.0.2:7300`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o serveTargetOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runServeTarget(cmd.Context(), a, o)
+		},
+	}
+	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
+	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
+	return cmd
+}
+
+func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
+	switch {
+	case o.Stdio == (o.Listen != ""):
+		return errkind.BadInputf("use exactly one of --stdio and --listen")
+	case o.Stdio:
+		return engine.ServeXferTarget(ctx, os.Stdin, os.Stdout, a.log)
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return errkind.BadInputf("--listen: %v", err)
+	}
+	defer ln.Close()
+	context.AfterFunc(ctx, func() { ln.Close() })
+	fmt.Fprintf(a.io.ErrOut, "serving xfer target on %s\n", ln.Addr())
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return ctx.Err()
+			}
+			return err
+		}
+		a.log.Info("initiator connected", "from", conn.RemoteAddr())
+		err = engine.ServeXferTarget(ctx, conn, conn, a.log)
+		conn.Close()
+		if err != nil {
+			a.log.Warn("session ended", "err", err)
+		}
+	}
+}

@@ -1,0 +1,47 @@
+package report
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+func TestHistogramPercentiles(t *testing.T) {
+	h := NewHistogram()
+	for i := 1; i <= 1000; i++ {
+		h.Record(time.Duration(i) * time.Microsecond)
+	}
+	got := h.In(time.Microsecond)
+	want := Percentiles{Count: 1000, Min: 1, Mean: 500.5, P50: 500, P90: 900, P99: 990, P999: 999, Max: 1000}
+	// Three significant figures: allow 0.1% relative error.
+	approx := cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) <= 0.001*math.Max(math.Abs(a), math.Abs(b))+1e-9 })
+	if diff := cmp.Diff(want, got, approx); diff != "" {
+		t.Error(diff)
+	}
+	o := NewHistogram()
+	o.Record(time.Hour * 2) // past the range: clamped, counted
+	h.Merge(o)
+	if h.Count() != 1001 || h.overflow != 1 {
+		t.Errorf("merge: count %d overflow %d", h.Count(), h.overflow)
+	}
+	enc, err := h.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeHistogram(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(h.In(time.Microsecond), back.In(time.Microsecond), cmpopts.EquateApprox(0, 1e-9)); diff != "" {
+		t.Error(diff)
+	}
+	if (NewHistogram().In(time.Second) != Percentiles{}) {
+		t.Error("empty histogram should summarise to zeros")
+	}
+	if _, err := DecodeHistogram("!!"); err == nil {
+		t.Error("bad encoding accepted")
+	}
+}
