@@ -14,6 +14,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
 
