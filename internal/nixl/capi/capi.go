@@ -138,13 +138,9 @@ type loaded struct {
 }
 
 var load = sync.OnceValue(func() loaded {
-	lib, err := search(candidates(os.Getenv), openLib)
+	lib, err := findLib(candidates(os.Getenv))
 	if err != nil {
 		return loaded{err: err}
-	}
-	if bool(C.nxc_is_stub(lib.c)) {
-		lib.close()
-		return loaded{err: fmt.Errorf("%s is NIXL's stub build (API only, no implementation)", lib.path)}
 	}
 	C.nxc_use(lib.c)
 	if err := probe(lib.path); err != nil {
@@ -152,6 +148,20 @@ var load = sync.OnceValue(func() loaded {
 	}
 	return loaded{lib: lib}
 })
+
+// findLib finds a library that has the whole API and is not NIXL's stub
+// build (which has the API and no implementation).
+func findLib(cs []candidate) (*library, error) {
+	lib, err := search(cs, openLib)
+	if err != nil {
+		return nil, err
+	}
+	if bool(C.nxc_is_stub(lib.c)) {
+		lib.close()
+		return nil, fmt.Errorf("%s is NIXL's stub build (API only, no implementation)", lib.path)
+	}
+	return lib, nil
+}
 
 // probe creates a throwaway agent with a UCX backend: loading the library
 // proves little, since the plugin directory, UCX itself and the UCX
