@@ -767,7 +767,9 @@ func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
 	case C.NX_ERROR:
 		code := C.nx_xfer_error(r.x)
 		msg := C.GoString(C.nx_status_string(code))
-		if pst := C.nx_peer_status(r.peer.p); pst != 0 {
+		// A newer UCX (1.22: CMA fails at once with an I/O error) can
+		// report a dead same-host peer before watchPeers does, so ask.
+		if pst := C.nx_peer_status(r.peer.p); pst != 0 || peerGone(r.peer) {
 			return nixl.Failed, fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, r.peer.name, msg)
 		}
 		return nixl.Failed, fmt.Errorf("transfer to %s failed: %s", r.peer.name, msg)
@@ -775,6 +777,12 @@ func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
 		return nixl.Failed, fmt.Errorf("request was never posted")
 	}
 	return nixl.InProgress, nil
+}
+
+// peerGone reports whether a same-host peer watched by watchPeers has
+// exited (its identity fields never change after LoadRemoteMD).
+func peerGone(p *peer) bool {
+	return p.mode == "none" && nixl.SameHost(p.proc) && !nixl.Alive(p.proc)
 }
 
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
