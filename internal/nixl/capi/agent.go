@@ -302,7 +302,9 @@ func (a *agent) LoadRemoteMD(sealed []byte) (string, error) {
 		return "", fmt.Errorf("load metadata: it is this agent's own (%s)", a.name)
 	}
 	if old, ok := a.remotes[md.Agent]; ok {
-		if bytes.Equal(old.md, data) {
+		// NIXL forgets a peer that disconnected; then even the same
+		// metadata has to be loaded again.
+		if bytes.Equal(old.md, data) && a.knownLocked(md.Agent) {
 			return md.Agent, nil
 		}
 		// A restarted peer, or one that registered more memory: NIXL keeps
@@ -382,6 +384,13 @@ func (a *agent) invalidateLocked(rm *remote) error {
 	return nil
 }
 
+// knownLocked asks NIXL whether it holds a remote agent's metadata.
+func (a *agent) knownLocked(name string) bool {
+	n := C.CString(name)
+	defer C.free(unsafe.Pointer(n))
+	return C.nxc_check_remote_md(a.h, n, nil) == C.NXC_SUCCESS
+}
+
 // remoteLocked finds a loaded remote agent.
 func (a *agent) remoteLocked(name string) (*remote, error) {
 	rm, ok := a.remotes[name]
@@ -436,11 +445,11 @@ func xferDlist(mem nixl.MemType, descs []nixl.Desc) (C.nxc_xfer_dlist_t, error) 
 // into the error callers test for: NIXL's status alone cannot tell an
 // unknown agent from descriptors outside its memory.
 func (a *agent) whyRemoteFailedLocked(name string, dl C.nxc_xfer_dlist_t, what string, st C.nxc_status_t) error {
+	if !a.knownLocked(name) {
+		return fmt.Errorf("%s: %w: %s (NIXL dropped it, as it does when a peer disconnects)", what, nixl.ErrUnknownAgent, name)
+	}
 	n := C.CString(name)
 	defer C.free(unsafe.Pointer(n))
-	if C.nxc_check_remote_md(a.h, n, nil) != C.NXC_SUCCESS {
-		return fmt.Errorf("%s: %w: %s (NIXL no longer knows it)", what, nixl.ErrUnknownAgent, name)
-	}
 	if dl != nil && C.nxc_check_remote_md(a.h, n, dl) != C.NXC_SUCCESS {
 		return fmt.Errorf("%s: remote descriptors of %s: %w", what, name, nixl.ErrNotRegistered)
 	}

@@ -331,6 +331,22 @@ func TestRequestChecks(t *testing.T) {
 	if _, err := init.PrepXferDlist(remote, nixl.VRAM, []nixl.Desc{tb.Desc(0, 64)}); !errors.Is(err, nixl.ErrNotRegistered) {
 		t.Errorf("remote DRAM prepared as VRAM: %v", err)
 	}
+	// Empty lists and requests are NIXL's to refuse or accept; neither
+	// may crash (NIXL divides by a list's length when it makes requests).
+	el, err := init.PrepXferDlist("", nixl.DRAM, nil)
+	if err == nil {
+		if _, err := init.MakeXferReq(nixl.Read, el, nil, rd, nil, nil); err == nil {
+			t.Error("a request of no descriptors was made")
+		}
+	}
+	if er, err := init.PrepXferDlist(remote, nixl.DRAM, nil); err == nil {
+		if _, err := init.MakeXferReq(nixl.Read, ld, nil, er, nil, nil); err == nil {
+			t.Error("a request of no descriptors was made")
+		}
+	}
+	if r, err := init.CreateXferReq(nixl.Write, nixl.DRAM, nil, nixl.DRAM, nil, remote, nil); err == nil {
+		init.ReleaseXferReq(r)
+	}
 	r, err := init.MakeXferReq(nixl.Read, ld, []int{0}, rd, []int{1}, nil)
 	if err != nil {
 		t.Fatal(err)
