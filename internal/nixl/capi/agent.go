@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -199,7 +200,26 @@ func (a *agent) Info() nixl.Info {
 	for k, v := range a.params {
 		info.Details["ucx:"+k] = v
 	}
+	if lib := ucpLibrary(); lib != "" {
+		info.Details["ucx_library"] = lib
+	}
 	return info
+}
+
+// ucpLibrary is the libucp this process runs, which NIXL's UCX plugin
+// shares with nixlctl's own UCX backend: if another UCX was loaded first
+// (Debian's, which nixlctl links), NIXL uses that one, not its own.
+func ucpLibrary() string {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		if i := strings.IndexByte(line, '/'); i >= 0 && strings.Contains(line[i:], "/libucp.so") {
+			return line[i:]
+		}
+	}
+	return ""
 }
 
 func memType(m nixl.MemType) (C.int, error) {
