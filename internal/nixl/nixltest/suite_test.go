@@ -547,3 +547,24 @@ func TestNoGoroutineLeak(t *testing.T) {
 		_ = p
 	})
 }
+
+// "auto" is NIXL when it can run here, and nixlctl's own UCX otherwise.
+func TestAutoBackend(t *testing.T) {
+	b, err := nixl.Resolve("auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb, _ := nixl.Lookup("nixl")
+	want := "ucx"
+	if ok, why := nb.Available(); ok {
+		want = "nixl"
+	} else {
+		t.Logf("nixl unavailable: %s", why)
+	}
+	if b.Name != want {
+		t.Errorf("auto resolved to %s, want %s", b.Name, want)
+	}
+	if _, err := nixl.Resolve("nixl"); (err == nil) != (want == "nixl") || (err != nil && !errors.Is(err, nixl.ErrUnavailable)) {
+		t.Errorf("resolving nixl: %v", err)
+	}
+}
