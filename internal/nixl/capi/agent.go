@@ -461,7 +461,7 @@ func xferDlist(mem nixl.MemType, descs []nixl.Desc) (C.nxc_xfer_dlist_t, error) 
 	return dl, nil
 }
 
-// whyRemoteFailed turns a NIXL failure that involved remote descriptors
+// whyRemoteFailedLocked turns a NIXL failure that involved remote descriptors
 // into the error callers test for: NIXL's status alone cannot tell an
 // unknown agent from descriptors outside its memory.
 func (a *agent) whyRemoteFailedLocked(name string, dl C.nxc_xfer_dlist_t, what string, st C.nxc_status_t) error {
