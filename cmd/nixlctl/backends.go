@@ -1,6 +1,8 @@
 package main
 
-// The transfer backends this binary can open by name.
+// The transfer backends nixlctl can open with --backend (and "auto").
+// They register themselves when imported.
 import (
+	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )

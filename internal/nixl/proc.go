@@ -51,8 +51,15 @@ func StartTime(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64) // field 22 overall
 }
 
+// pfExiting is the kernel's PF_EXITING task flag (field 9 of
+// /proc/PID/stat): set when a process starts to exit, before its memory is
+// torn down.
+const pfExiting = 0x4
+
 // Alive reports whether the process p (on this host) still runs: the pid
-// exists, is not a zombie, and started when p did.
+// exists, is neither exiting nor a zombie, and started when p did.
+// "Exiting" matters: a transport that maps the peer's memory (CMA) fails
+// as soon as that memory is gone, which is before the process is a zombie.
 func Alive(p Process) bool {
 	if err := syscall.Kill(int(p.PID), 0); err != nil && !errors.Is(err, syscall.EPERM) {
 		return false
@@ -63,8 +70,14 @@ func Alive(p Process) bool {
 	}
 	s := string(b)
 	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		if f := strings.Fields(s[i+1:]); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+		f := strings.Fields(s[i+1:])
+		if len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
 			return false
+		}
+		if len(f) > 6 {
+			if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
+				return false
+			}
 		}
 	}
 	st, err := StartTime(int(p.PID))

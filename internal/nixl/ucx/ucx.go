@@ -775,7 +775,9 @@ func (a *agent) status(r *request, st C.int) (nixl.Status, error) {
 	case C.NX_ERROR:
 		code := C.int(r.pub().err)
 		msg := C.GoString(C.nx_status_string(code))
-		if pst := C.nx_peer_status(r.peer.p); pst != 0 {
+		// A newer UCX (1.22: CMA fails at once with an I/O error) can
+		// report a dead same-host peer before watchPeers does, so ask.
+		if pst := C.nx_peer_status(r.peer.p); pst != 0 || peerGone(r.peer) {
 			return nixl.Failed, fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, r.peer.name, msg)
 		}
 		return nixl.Failed, fmt.Errorf("transfer to %s failed: %s", r.peer.name, msg)
@@ -791,6 +793,12 @@ func (r *request) pub() *C.nx_xfer_pub_t { return (*C.nx_xfer_pub_t)(unsafe.Poin
 // state reads the published state (an acquire load; C stores it last).
 func (r *request) state() C.int {
 	return C.int(atomic.LoadInt32((*int32)(unsafe.Pointer(&r.pub().state))))
+}
+
+// peerGone reports whether a same-host peer watched by watchPeers has
+// exited (its identity fields never change after LoadRemoteMD).
+func peerGone(p *peer) bool {
+	return p.mode == "none" && nixl.SameHost(p.proc) && !nixl.Alive(p.proc)
 }
 
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
