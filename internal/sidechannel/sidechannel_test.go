@@ -1,0 +1,125 @@
+package sidechannel
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/goleak"
+)
+
+func TestPyJSONMatchesPython(t *testing.T) {
+	// Pinned from CPython 3.11: json.dumps(f, sort_keys=True) and its sha256.
+	f := map[string]any{"vllm_version": "nixlctl-dev", "nixl_connector_version": 12, "model": "llama-3.1-8b",
+		"dtype": "bfloat16", "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "attn_backend_name": "FLASH_ATTN",
+		"cache_dtype": "auto", "is_hma_enabled": false, "speculative_config": nil, "transfer_mode": "pull",
+		"note": "é\u2603\U0001F600\"\\\n", "x": []any{1, 2.5, 3.0}}
+	want := `{"attn_backend_name": "FLASH_ATTN", "cache_dtype": "auto", "dtype": "bfloat16", "head_size": 128, "is_hma_enabled": false, "model": "llama-3.1-8b", "nixl_connector_version": 12, "note": "\u00e9\u2603\ud83d\ude00\"\\\n", "num_hidden_layers": 32, "num_kv_heads": 8, "speculative_config": null, "transfer_mode": "pull", "vllm_version": "nixlctl-dev", "x": [1, 2.5, 3.0]}`
+	got, err := PyJSON(f)
+	if err != nil || got != want {
+		t.Fatalf("PyJSON:\n got %s\nwant %s (%v)", got, want, err)
+	}
+	h, _ := CompatHash(f)
+	if h != "75d5db0e0df26965f0a485470d8665581009a7d6d58a206a80394503b27c0804" {
+		t.Errorf("hash %s", h)
+	}
+}
+
+func sampleMeta() AgentMetadata {
+	return AgentMetadata{EngineID: "prefill-0", AgentMetadata: []byte("blob"), KVCachesBaseAddr: []uint64{1 << 40, 2 << 40},
+		NumBlocks: 100, BlockLens: []int64{4096, 4096}, BlockStrides: []int64{4096, 4096}, KVCacheLayout: "HND", BlockSize: 16,
+		AttnBackendName: "FLASH_ATTN", PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
+		Nixlctl: &Extra{Backend: "ucx", TPRank: 1, TPSize: 2, PPSize: 1}}
+}
+
+func TestHandshakeRoundTrip(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := ServeHandshake(ctx, "tcp://127.0.0.1:0", "hash-a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); s.Wait() }()
+	if err := s.Set(0, 1, sampleMeta()); err != nil {
+		t.Fatal(err)
+	}
+	h, err := FetchAgentMetadata(ctx, s.Endpoint(), 0, 1, "hash-a", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sampleMeta(), h.Meta); diff != "" {
+		t.Error(diff)
+	}
+	if h.RTT <= 0 || h.ClockOffset.Abs() > h.RTT {
+		t.Errorf("same host: offset %v should be within the RTT %v", h.ClockOffset, h.RTT)
+	}
+	_, err = FetchAgentMetadata(ctx, s.Endpoint(), 0, 1, "hash-b", 5*time.Second)
+	if !errors.Is(err, ErrIncompatible) {
+		t.Errorf("mismatched hash: %v", err)
+	}
+	_, err = FetchAgentMetadata(ctx, s.Endpoint(), 0, 7, "hash-a", 5*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "no rank pp=0 tp=7") {
+		t.Errorf("unknown rank: %v", err)
+	}
+	// Garbage gets no answer and is counted.
+	if _, err := Request(ctx, s.Endpoint(), [][]byte{[]byte("garbage")}, 300*time.Millisecond); err == nil {
+		t.Error("garbage request was answered")
+	}
+	if n, _ := s.Errors(); n < 2 {
+		t.Errorf("errors counted: %d", n)
+	}
+	if _, err := FetchAgentMetadata(ctx, "tcp://127.0.0.1:1", 0, 0, "h", 200*time.Millisecond); err == nil {
+		t.Error("nobody listening: want a timeout error")
+	}
+}
+
+func TestDecodeGetMetaVariants(t *testing.T) {
+	b, _ := msgpack.Marshal([]any{[]byte("get_meta_msg"), 0, 3})
+	if pp, tp, err := DecodeGetMeta(b); err != nil || pp != 0 || tp != 3 {
+		t.Errorf("v12: %d %d %v", pp, tp, err)
+	}
+	b, _ = msgpack.Marshal([]any{[]byte("get_meta_msg"), 2})
+	if pp, tp, err := DecodeGetMeta(b); err != nil || pp != 0 || tp != 2 {
+		t.Errorf("v2 two-element form: %d %d %v", pp, tp, err)
+	}
+	b, _ = msgpack.Marshal([]any{"hello", 0, 1})
+	if _, tp, err := DecodeGetMeta(b); err == nil || tp != 1 {
+		t.Errorf("wrong message name should be reported but keep ranks: %d %v", tp, err)
+	}
+	for _, bad := range [][]byte{nil, {0xc1}, []byte("x")} {
+		if _, _, err := DecodeGetMeta(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	b, _ = msgpack.Marshal([]any{[]byte("get_meta_msg"), -1, 0})
+	if _, _, err := DecodeGetMeta(b); err == nil {
+		t.Error("negative rank accepted")
+	}
+}
+
+func FuzzDecodeGetMeta(f *testing.F) {
+	b, _ := EncodeGetMeta(1, 2)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		pp, tp, err := DecodeGetMeta(data)
+		if err == nil && (pp < 0 || tp < 0) {
+			t.Fatal("negative ranks accepted")
+		}
+	})
+}
+
+func FuzzDecodeHandshakeReply(f *testing.F) {
+	md, _ := msgpack.Marshal(sampleMeta())
+	p, _ := msgpack.Marshal(&HandshakePayload{CompatibilityHash: "h", AgentMetadataBytes: md})
+	f.Add(p, tsFrame())
+	f.Fuzz(func(t *testing.T, payload, ts []byte) {
+		m, _, err := DecodeHandshakeReply([][]byte{payload, ts}, "h")
+		if err == nil && (m.EngineID == "" || m.NumBlocks <= 0 || len(m.BlockLens) != len(m.KVCachesBaseAddr)) {
+			t.Fatalf("accepted incomplete metadata %+v", m)
+		}
+	})
+}

@@ -1,0 +1,274 @@
+package sidechannel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nixlctl/nixlctl/internal/mono"
+)
+
+// The vLLM NIXL handshake (connector version 12): a REQ client sends
+// msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the engine's ROUTER
+// answers two frames: a msgpack map {compatibility_hash, agent_metadata_bytes}
+// and the listener's clock as a msgpack float (seconds). The client checks
+// the hash before it decodes the metadata, so engines of different shapes
+// refuse each other cleanly.
+
+// GetMetaMsg opens a handshake request.
+const GetMetaMsg = "get_meta_msg"
+
+// ConnectorVersion is the vLLM NIXL connector version whose wire format
+// this package speaks.
+const ConnectorVersion = 12
+
+// HandshakeTimeout is vLLM's REQ receive timeout.
+const HandshakeTimeout = 5 * time.Second
+
+// ErrIncompatible is returned when the peer's compatibility hash differs.
+var ErrIncompatible = errors.New("incompatible KV layout (compatibility hash mismatch)")
+
+// AgentMetadata is vLLM's NixlAgentMetadata, msgpack-encoded as a map with
+// vLLM's field names; nixlctl's own additions ride in Nixlctl, which
+// msgspec ignores.
+type AgentMetadata struct {
+	EngineID                 string     `msgpack:"engine_id"`
+	AgentMetadata            []byte     `msgpack:"agent_metadata"`
+	KVCachesBaseAddr         []uint64   `msgpack:"kv_caches_base_addr"`
+	DeviceID                 int        `msgpack:"device_id"`
+	NumBlocks                int        `msgpack:"num_blocks"`
+	BlockLens                []int64    `msgpack:"block_lens"`
+	BlockStrides             []int64    `msgpack:"block_strides"`
+	KVCacheLayout            string     `msgpack:"kv_cache_layout"`
+	BlockSize                int        `msgpack:"block_size"`
+	SSMSizes                 []int64    `msgpack:"ssm_sizes"`
+	AttnBackendName          string     `msgpack:"attn_backend_name"`
+	PhysicalBlocksPerLogical int        `msgpack:"physical_blocks_per_logical_kv_block"`
+	RegionNumBlocks          []int      `msgpack:"region_num_blocks"`
+	RegionGroupIDs           []int      `msgpack:"region_group_ids"`
+	RegionNames              []string   `msgpack:"region_names"`
+	RegionMemTypes           []string   `msgpack:"region_mem_types"`
+	DCPSize                  int        `msgpack:"dcp_size"`
+	PCPSize                  int        `msgpack:"pcp_size"`
+	RegionMembers            [][]string `msgpack:"region_members"`
+	Nixlctl                  *Extra     `msgpack:"nixlctl,omitempty"`
+}
+
+// Extra is what nixlctl's endpoints add to the handshake.
+type Extra struct {
+	Backend string `msgpack:"backend"`
+	TPRank  int    `msgpack:"tp_rank"`
+	TPSize  int    `msgpack:"tp_size"`
+	PPRank  int    `msgpack:"pp_rank"`
+	PPSize  int    `msgpack:"pp_size"`
+	Control string `msgpack:"control,omitempty"` // where this engine's endpoint takes requests
+}
+
+// HandshakePayload is vLLM's NixlHandshakePayload.
+type HandshakePayload struct {
+	CompatibilityHash  string `msgpack:"compatibility_hash"`
+	AgentMetadataBytes []byte `msgpack:"agent_metadata_bytes"`
+}
+
+// EncodeGetMeta builds the request frame.
+func EncodeGetMeta(ppRank, tpRank int) ([]byte, error) {
+	return msgpack.Marshal([]any{[]byte(GetMetaMsg), ppRank, tpRank})
+}
+
+// DecodeGetMeta parses a request frame. A wrong first element is reported
+// but the ranks are still returned, as vLLM's listener still answers.
+func DecodeGetMeta(frame []byte) (pp, tp int, err error) {
+	var parts []any
+	if err := msgpack.Unmarshal(frame, &parts); err != nil {
+		return 0, 0, fmt.Errorf("handshake request: not a msgpack array: %w", err)
+	}
+	switch len(parts) {
+	case 3:
+	case 2: // connector v2 era: [msg, tp_rank]
+		parts = []any{parts[0], int64(0), parts[1]}
+	default:
+		return 0, 0, fmt.Errorf("handshake request: %d elements, want [get_meta_msg, pp_rank, tp_rank]", len(parts))
+	}
+	pp, ok1 := asInt(parts[1])
+	tp, ok2 := asInt(parts[2])
+	if !ok1 || !ok2 || pp < 0 || tp < 0 {
+		return 0, 0, fmt.Errorf("handshake request: ranks must be non-negative integers, got %v and %v", parts[1], parts[2])
+	}
+	var name []byte
+	switch x := parts[0].(type) {
+	case []byte:
+		name = x
+	case string:
+		name = []byte(x)
+	}
+	if !bytes.Equal(name, []byte(GetMetaMsg)) {
+		return pp, tp, fmt.Errorf("handshake request: unexpected message %q (answered anyway)", name)
+	}
+	return pp, tp, nil
+}
+
+func asInt(v any) (int, bool) {
+	switch x := v.(type) {
+	case int8:
+		return int(x), true
+	case int16:
+		return int(x), true
+	case int32:
+		return int(x), true
+	case int64:
+		return int(x), x == int64(int(x))
+	case uint8:
+		return int(x), true
+	case uint16:
+		return int(x), true
+	case uint32:
+		return int(x), true
+	case uint64:
+		return int(x), x < 1<<31
+	}
+	return 0, false
+}
+
+// HandshakeServer answers get_meta_msg for the (pp, tp) ranks of one engine.
+type HandshakeServer struct {
+	router *Router
+	hash   string
+	mu     sync.Mutex
+	ranks  map[[2]int][]byte // encoded AgentMetadata
+}
+
+// ServeHandshake starts the engine's side-channel ROUTER.
+func ServeHandshake(ctx context.Context, endpoint, compatHash string, log *slog.Logger) (*HandshakeServer, error) {
+	s := &HandshakeServer{hash: compatHash, ranks: map[[2]int][]byte{}}
+	r, err := ListenRouter(ctx, endpoint, s.handle, log)
+	if err != nil {
+		return nil, err
+	}
+	s.router = r
+	return s, nil
+}
+
+// Endpoint is where the engine's side channel listens.
+func (s *HandshakeServer) Endpoint() string { return s.router.Endpoint() }
+
+// Errors counts malformed requests.
+func (s *HandshakeServer) Errors() (int, error) { return s.router.Errors() }
+
+// Wait waits for the listener to close after its context ended.
+func (s *HandshakeServer) Wait() { s.router.Wait() }
+
+// Set publishes a rank's metadata.
+func (s *HandshakeServer) Set(pp, tp int, md AgentMetadata) error {
+	b, err := msgpack.Marshal(&md)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ranks[[2]int{pp, tp}] = b
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *HandshakeServer) handle(frames [][]byte) ([][]byte, error) {
+	if len(frames) != 1 {
+		return nil, fmt.Errorf("handshake request of %d frames, want 1", len(frames))
+	}
+	pp, tp, err := DecodeGetMeta(frames[0])
+	var warn error
+	if err != nil {
+		if pp == 0 && tp == 0 && !bytes.Contains([]byte(err.Error()), []byte("answered anyway")) {
+			return nil, err
+		}
+		warn = err
+	}
+	s.mu.Lock()
+	md, ok := s.ranks[[2]int{pp, tp}]
+	s.mu.Unlock()
+	if !ok {
+		// vLLM's listener would raise on an unknown rank; answer with an
+		// error map so a probing client gets a clear message, not a hang.
+		b, _ := msgpack.Marshal(map[string]string{"error": fmt.Sprintf("no rank pp=%d tp=%d on this engine", pp, tp)})
+		return [][]byte{b, tsFrame()}, fmt.Errorf("handshake for unknown rank pp=%d tp=%d", pp, tp)
+	}
+	payload, err := msgpack.Marshal(&HandshakePayload{CompatibilityHash: s.hash, AgentMetadataBytes: md})
+	if err != nil {
+		return nil, err
+	}
+	return [][]byte{payload, tsFrame()}, warn
+}
+
+func tsFrame() []byte {
+	b, _ := msgpack.Marshal(float64(mono.Now()) / 1e9)
+	return b
+}
+
+// Handshake is a completed metadata exchange.
+type Handshake struct {
+	Meta AgentMetadata
+	// ClockOffset is the peer's clock minus ours, from the midpoint of the
+	// round trip (vLLM keeps the lowest-RTT sample the same way).
+	ClockOffset time.Duration
+	RTT         time.Duration
+}
+
+// FetchAgentMetadata performs one handshake with an engine's side channel.
+func FetchAgentMetadata(ctx context.Context, endpoint string, pp, tp int, wantHash string, timeout time.Duration) (Handshake, error) {
+	req, err := EncodeGetMeta(pp, tp)
+	if err != nil {
+		return Handshake{}, err
+	}
+	t0 := mono.Now()
+	frames, err := Request(ctx, endpoint, [][]byte{req}, timeout)
+	t1 := mono.Now()
+	if err != nil {
+		return Handshake{}, fmt.Errorf("handshake with %s: %w", endpoint, err)
+	}
+	md, remoteTS, err := DecodeHandshakeReply(frames, wantHash)
+	if err != nil {
+		return Handshake{}, fmt.Errorf("handshake with %s (pp %d, tp %d): %w", endpoint, pp, tp, err)
+	}
+	mid := float64(t0+t1) / 2 / 1e9
+	return Handshake{Meta: md, RTT: time.Duration(t1 - t0), ClockOffset: time.Duration((remoteTS - mid) * 1e9)}, nil
+}
+
+// DecodeHandshakeReply checks and decodes the two reply frames: the hash
+// first, the metadata only if it matches.
+func DecodeHandshakeReply(frames [][]byte, wantHash string) (AgentMetadata, float64, error) {
+	if len(frames) != 2 {
+		return AgentMetadata{}, 0, fmt.Errorf("reply has %d frames, want 2 (payload, timestamp)", len(frames))
+	}
+	var ts float64
+	if err := msgpack.Unmarshal(frames[1], &ts); err != nil {
+		return AgentMetadata{}, 0, fmt.Errorf("reply timestamp: %w", err)
+	}
+	var probe map[string]any
+	if err := msgpack.Unmarshal(frames[0], &probe); err != nil {
+		return AgentMetadata{}, 0, fmt.Errorf("reply payload: not a msgpack map: %w", err)
+	}
+	if e, ok := probe["error"].(string); ok {
+		return AgentMetadata{}, 0, fmt.Errorf("engine refused: %s", e)
+	}
+	var p HandshakePayload
+	if err := msgpack.Unmarshal(frames[0], &p); err != nil {
+		return AgentMetadata{}, 0, fmt.Errorf("reply payload: %w", err)
+	}
+	if p.CompatibilityHash != wantHash {
+		return AgentMetadata{}, 0, fmt.Errorf("%w: ours %.12s…, theirs %.12s… (model, dtype, heads, layers, attention backend, cache dtype or transfer mode differ)",
+			ErrIncompatible, wantHash, p.CompatibilityHash)
+	}
+	var md AgentMetadata
+	if err := msgpack.Unmarshal(p.AgentMetadataBytes, &md); err != nil {
+		return AgentMetadata{}, 0, fmt.Errorf("agent metadata: %w", err)
+	}
+	if md.EngineID == "" || md.NumBlocks <= 0 || len(md.KVCachesBaseAddr) == 0 || len(md.KVCachesBaseAddr) != len(md.BlockLens) {
+		return AgentMetadata{}, 0, fmt.Errorf("agent metadata incomplete: engine %q, %d blocks, %d base addresses, %d block lengths",
+			md.EngineID, md.NumBlocks, len(md.KVCachesBaseAddr), len(md.BlockLens))
+	}
+	return md, ts, nil
+}
