@@ -97,10 +97,22 @@ type Desc struct {
 // Telemetry is what an agent measured for one posting of a request, as
 // NIXL's per-request telemetry does.
 type Telemetry struct {
+	// Start is when the post began, as CLOCK_MONOTONIC nanoseconds (the
+	// clock every process on a host shares; see internal/mono), 0 if the
+	// backend cannot say.
+	Start        int64
 	PostDuration time.Duration // inside PostXferReq
 	XferDuration time.Duration // end of post to completion
 	Bytes        int64
 	Descs        int
+}
+
+// Done is when the request completed on the agent's clock (0 if unknown).
+func (t Telemetry) Done() int64 {
+	if t.Start == 0 {
+		return 0
+	}
+	return t.Start + int64(t.PostDuration+t.XferDuration)
 }
 
 // Total is post plus transfer time.

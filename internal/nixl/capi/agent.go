@@ -837,6 +837,9 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if C.nxc_get_xfer_telemetry(a.h, r.h, &ct) != C.NXC_SUCCESS {
 		return t
 	}
+	// NIXL's start_time_us is on the monotonic clock (despite its header's
+	// comment), the clock internal/mono reads.
+	t.Start = int64(ct.start_time_us) * 1000
 	t.PostDuration = time.Duration(ct.post_duration_us) * time.Microsecond
 	if ct.xfer_duration_us > ct.post_duration_us {
 		t.XferDuration = time.Duration(ct.xfer_duration_us-ct.post_duration_us) * time.Microsecond

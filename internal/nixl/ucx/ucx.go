@@ -844,7 +844,8 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 		return nixl.Telemetry{Bytes: r.bytes, Descs: r.descs}
 	}
 	p := r.pub()
-	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p.t_post0, p.t_post1)}
+	// The shim stamps with CLOCK_MONOTONIC, the clock internal/mono reads.
+	t := nixl.Telemetry{Start: int64(p.t_post0), Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p.t_post0, p.t_post1)}
 	if p.t_done != 0 {
 		t.XferDuration = durNS(p.t_post1, p.t_done)
 	}

@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"net"
+	"strconv"
+	"strings"
+)
+
+// TransferParams are vLLM's kv_transfer_params: what prefill returns to
+// the router and the router forwards to decode (pull), or what the router
+// tells decode about prefill up front (push: no block ids).
+type TransferParams struct {
+	DoRemotePrefill bool   `json:"do_remote_prefill"`
+	DoRemoteDecode  bool   `json:"do_remote_decode"`
+	RemoteBlockIDs  []int  `json:"remote_block_ids"`
+	RemoteEngineID  string `json:"remote_engine_id"`
+	RemoteRequestID string `json:"remote_request_id"`
+	RemoteHost      string `json:"remote_host"`
+	RemotePort      int    `json:"remote_port"`
+	TPSize          int    `json:"tp_size"`
+	PPSize          int    `json:"pp_size"`
+	RemoteNumTokens int    `json:"remote_num_tokens"`
+	TransferMode    string `json:"transfer_mode"`
+}
+
+// SideEndpoint is the ZMQ endpoint of the params' side channel.
+func (p TransferParams) SideEndpoint() string {
+	return "tcp://" + net.JoinHostPort(p.RemoteHost, strconv.Itoa(p.RemotePort))
+}
+
+// splitEndpoint turns tcp://host:port into host and port.
+func splitEndpoint(ep string) (string, int, error) {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := strconv.Atoi(port)
+	return host, p, err
+}
+
+// PrefillRequest asks prefill to compute a request's KV.
+type PrefillRequest struct {
+	ID     string `json:"id"` // the router's request id
+	Tokens int    `json:"tokens"`
+	Key    uint64 `json:"key"` // tag key of the request's content
+	// SGLang: the rendezvous room and the chunked-prefill chunk size.
+	Room        uint64 `json:"room,omitempty"`
+	ChunkTokens int    `json:"chunk_tokens,omitempty"`
+}
+
+// PrefillReply is prefill's answer once the KV is computed (pull, push)
+// or sent (SGLang).
+type PrefillReply struct {
+	RequestID string         `json:"request_id"` // prefill's own id (router id + suffix)
+	Params    TransferParams `json:"params"`
+	Blocks    int            `json:"blocks"`
+	TStart    int64          `json:"t_start"`
+	TFinish   int64          `json:"t_finish"` // KV ready
+	// SGLang: when the room was bootstrapped and the last chunk's WRITE done.
+	TBootstrapped int64 `json:"t_bootstrapped,omitempty"`
+	TPostStart    int64 `json:"t_post_start,omitempty"`
+	TPostEnd      int64 `json:"t_post_end,omitempty"`
+	TSent         int64 `json:"t_sent,omitempty"`
+	Descriptors   int   `json:"descriptors,omitempty"`
+	PostNS        int64 `json:"post_ns,omitempty"`
+}
+
+// LoadRequest asks decode to receive a request's KV.
+type LoadRequest struct {
+	ID           string         `json:"id"` // the router's request id
+	Tokens       int            `json:"tokens"`
+	PrefixTokens int            `json:"prefix_tokens"` // already cached on decode
+	Key          uint64         `json:"key"`
+	Params       TransferParams `json:"params"`
+	Room         uint64         `json:"room,omitempty"`
+	Bootstrap    string         `json:"bootstrap,omitempty"` // SGLang bootstrap server host:port
+}
+
+// LoadReply is decode's account of one request. Times are CLOCK_MONOTONIC
+// nanoseconds (comparable across processes on one host).
+type LoadReply struct {
+	RequestID          string  `json:"request_id"`
+	Blocks             int     `json:"blocks"`
+	Descriptors        int     `json:"descriptors"`
+	LogicalDescriptors int     `json:"logical_descriptors"`
+	Bytes              int64   `json:"bytes"`
+	HandshakeMS        float64 `json:"handshake_ms"`
+	FirstHandshake     bool    `json:"first_handshake"`
+	TArrive            int64   `json:"t_arrive"`
+	TRegSent           int64   `json:"t_reg_sent,omitempty"`
+	TPostStart         int64   `json:"t_post_start,omitempty"`
+	TPostEnd           int64   `json:"t_post_end,omitempty"`
+	TXferDone          int64   `json:"t_xfer_done"`
+	TReady             int64   `json:"t_ready"`
+	CorruptBlocks      int     `json:"corrupt_blocks"`
+	Corrupt            string  `json:"corrupt,omitempty"`
+	Error              string  `json:"error,omitempty"`
+}
+
+// FreedEvent reports prefill releasing a request's blocks.
+type FreedEvent struct {
+	ID        string `json:"id"`        // prefill's request id
+	RouterID  string `json:"router_id"` // the router's id
+	Reason    string `json:"reason"`    // consumed, expired, pushed, failed
+	Blocks    int    `json:"blocks"`
+	TFinish   int64  `json:"t_finish"`
+	TFreed    int64  `json:"t_freed"`
+	Consumers int    `json:"consumers"` // completion notifications counted
+	// Push: when the registration matched and the WRITE was posted/done.
+	TRegReceived int64 `json:"t_reg_received,omitempty"`
+	TPostStart   int64 `json:"t_post_start,omitempty"`
+	TPostEnd     int64 `json:"t_post_end,omitempty"`
+	TWriteDone   int64 `json:"t_write_done,omitempty"`
+	Descriptors  int   `json:"descriptors,omitempty"`
+	Bytes        int64 `json:"bytes,omitempty"`
+	Failed       bool  `json:"failed,omitempty"`
+}

@@ -1,0 +1,371 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+type dreq struct {
+	id        string
+	want, got []int
+	done      chan struct{}
+	closed    bool
+	tLast     int64
+}
+
+type decodeState struct {
+	e    *Engine
+	mu   sync.Mutex
+	reqs map[string]*dreq
+}
+
+func newDecodeState(e *Engine) *decodeState { return &decodeState{e: e, reqs: map[string]*dreq{}} }
+
+// Load receives one request's KV with the engine's protocol and reports
+// the stages. Failures come back in LoadReply.Error with the timings so far.
+func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error) {
+	e := s.e
+	e.c.requests.Add(1)
+	rep := LoadReply{RequestID: r.ID + "-" + randHex(4), TArrive: mono.Now()}
+	var err error
+	switch e.cfg.Protocol {
+	case ProtoPull:
+		err = s.pull(ctx, r, &rep)
+	case ProtoPush:
+		err = s.push(ctx, r, &rep)
+	case ProtoSGLang:
+		err = e.sgl.load(ctx, r, &rep)
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep, nil
+}
+
+// localShare allocates decode's blocks for the part of the request it
+// does not hold yet: the remote block list is end-trimmed to it.
+func (s *decodeState) localShare(r LoadRequest) (local []int, start, total int, err error) {
+	bs := s.e.spec.BlockSize
+	total = s.e.spec.BlocksFor(kv.FullAttention, r.Tokens)
+	start = min(r.PrefixTokens/bs, total)
+	local, err = s.e.alloc.Alloc(total - start)
+	return local, start, total, err
+}
+
+func (s *decodeState) release(blocks []int) {
+	for _, rk := range s.e.ranks {
+		rk.pool.Poison(blocks)
+	}
+	if err := s.e.alloc.Free(blocks); err != nil {
+		s.e.log.Error("freeing blocks", "err", err)
+	}
+}
+
+func (s *decodeState) verify(r LoadRequest, local []int, start int, rep *LoadReply) {
+	for _, rk := range s.e.ranks {
+		bad, first := rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify)
+		rep.CorruptBlocks += bad
+		if first != nil && rep.Corrupt == "" {
+			rep.Corrupt = fmt.Sprintf("rank %d: %v", rk.idx, first)
+		}
+	}
+}
+
+func (s *decodeState) plan(p TransferParams) (kv.TransferPlan, error) {
+	if p.TPSize <= 0 {
+		return kv.TransferPlan{}, fmt.Errorf("transfer params: tp_size %d", p.TPSize)
+	}
+	ps := s.e.spec
+	ps.TP = p.TPSize
+	return kv.Plan(ps, s.e.spec)
+}
+
+// pull is vLLM's default: decode READs prefill's blocks, attaching
+// "<prefill request id>:<consumers>" so prefill can free them.
+func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) error {
+	e := s.e
+	p := r.Params
+	if p.RemoteRequestID == "" || p.RemoteEngineID == "" {
+		return errors.New("transfer params lack the remote request or engine id")
+	}
+	plan, err := s.plan(p)
+	if err != nil {
+		return err
+	}
+	local, start, total, err := s.localShare(r)
+	if err != nil {
+		return err
+	}
+	defer s.release(local)
+	if len(p.RemoteBlockIDs) != total {
+		return fmt.Errorf("prefill sent %d block ids for a %d-block request", len(p.RemoteBlockIDs), total)
+	}
+	remote := p.RemoteBlockIDs[start:]
+	rep.Blocks = len(local)
+	var sources []int
+	var pairs [][2]int
+	seen := map[int]bool{}
+	for d, dr := range plan.Decode {
+		for _, rd := range dr.Reads {
+			pairs = append(pairs, [2]int{d, rd.PrefillRank})
+			if !seen[rd.PrefillRank] {
+				seen[rd.PrefillRank] = true
+				sources = append(sources, rd.PrefillRank)
+			}
+		}
+		for _, o := range dr.NotifyOnly {
+			pairs = append(pairs, [2]int{d, o})
+			if !seen[o] {
+				seen[o] = true
+				sources = append(sources, o)
+			}
+		}
+	}
+	took, re, err := e.handshake(ctx, p.RemoteEngineID, p.SideEndpoint(), sources, pairs)
+	if err != nil {
+		return err
+	}
+	rep.HandshakeMS, rep.FirstHandshake = float64(took)/1e6, took > 0
+	type result struct {
+		postStart, postEnd, done int64
+		descs, logical           int
+		bytes                    int64
+		err                      error
+	}
+	results := make([]result, len(e.ranks))
+	var wg sync.WaitGroup
+	for d, dr := range plan.Decode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rk := e.ranks[d]
+			res := &results[d]
+			var reqs []nixl.XferReq
+			defer func() {
+				for _, x := range reqs {
+					_ = rk.agent.ReleaseXferReq(x)
+				}
+			}()
+			res.postStart = mono.Now()
+			for _, rd := range dr.Reads {
+				notif := []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[rd.PrefillRank]))
+				name := re.agentName(d, rd.PrefillRank)
+				if len(local) == 0 { // full prefix hit: nothing to read, say so
+					if err := rk.agent.SendNotif(name, notif); err != nil {
+						e.c.failedNotifs.Add(1)
+						res.err = err
+					}
+					continue
+				}
+				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), rd.Chunks, local, remote, start, r.Tokens, false, e.cfg.Merge)
+				if err != nil {
+					res.err = err
+					return
+				}
+				x, err := rk.agent.CreateXferReq(nixl.Read, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, name, notif)
+				if err != nil {
+					res.err = err
+					return
+				}
+				reqs = append(reqs, x)
+				if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
+					e.c.failedXfers.Add(1)
+					res.err = fmt.Errorf("post READ: %w", err)
+					return
+				}
+				res.descs += len(ml.local)
+				res.logical += ml.logical
+				res.bytes += ml.bytes
+			}
+			for _, o := range dr.NotifyOnly {
+				if err := rk.agent.SendNotif(re.agentName(d, o), []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[o]))); err != nil {
+					e.c.failedNotifs.Add(1)
+				}
+			}
+			res.postEnd = mono.Now()
+			for _, x := range reqs {
+				if err := waitXfer(ctx, rk.agent, x); err != nil {
+					e.c.failedXfers.Add(1)
+					res.err = err
+					return
+				}
+				if done := rk.agent.Telemetry(x).Done(); done > 0 {
+					res.done = max(res.done, done)
+				}
+			}
+			if res.done == 0 {
+				res.done = mono.Now()
+			}
+		}()
+	}
+	wg.Wait()
+	rep.TReady = mono.Now()
+	for _, res := range results {
+		rep.TReady = max(rep.TReady, res.done) // seen no earlier than it happened
+		if res.err != nil {
+			return res.err
+		}
+		if rep.TPostStart == 0 || res.postStart < rep.TPostStart {
+			rep.TPostStart = res.postStart
+		}
+		rep.TPostEnd = max(rep.TPostEnd, res.postEnd)
+		rep.TXferDone = max(rep.TXferDone, res.done)
+		rep.Descriptors += res.descs
+		rep.LogicalDescriptors += res.logical
+		rep.Bytes += res.bytes
+	}
+	s.verify(r, local, start, rep)
+	return nil
+}
+
+// waitXfer polls a request to completion; it yields between polls, and
+// backs off to short sleeps so many requests in flight share the CPU.
+func waitXfer(ctx context.Context, a nixl.Agent, x nixl.XferReq) error {
+	for i := 0; ; i++ {
+		st, err := a.XferStatus(x)
+		switch st {
+		case nixl.Done:
+			return nil
+		case nixl.Failed:
+			return err
+		}
+		switch {
+		case i < 64:
+			runtime.Gosched()
+		default:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// push is the NixlPushConnector: decode registers its pre-allocated
+// blocks with every prefill rank (PUSH_REG) and waits for the completion
+// notifications of the WRITEs, or for its registration watchdog.
+func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) error {
+	e := s.e
+	p := r.Params
+	plan, err := s.plan(p)
+	if err != nil {
+		return err
+	}
+	local, _, _, err := s.localShare(r)
+	if err != nil {
+		return err
+	}
+	rep.Blocks = len(local)
+	// Notification-only handshake: every decode rank talks to every prefill rank.
+	var ranks []int
+	var pairs [][2]int
+	for pr := 0; pr < p.TPSize; pr++ {
+		ranks = append(ranks, pr)
+		for d := range e.ranks {
+			pairs = append(pairs, [2]int{d, pr})
+		}
+	}
+	took, re, err := e.handshake(ctx, p.RemoteEngineID, p.SideEndpoint(), ranks, pairs)
+	if err != nil {
+		s.release(local)
+		return err
+	}
+	rep.HandshakeMS, rep.FirstHandshake = float64(took)/1e6, took > 0
+	host, port, _ := splitEndpoint(e.side.Endpoint())
+	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
+		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
+		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}
+	payload, err := msgpack.Marshal(&reg)
+	if err != nil {
+		s.release(local)
+		return err
+	}
+	q := &dreq{id: rep.RequestID, want: make([]int, len(e.ranks)), got: make([]int, len(e.ranks)), done: make(chan struct{})}
+	for d := range e.ranks {
+		for _, rd := range plan.Decode[d].Reads {
+			_ = rd
+			q.want[d]++ // one WRITE (and notification) per prefill rank that serves this rank
+		}
+	}
+	s.mu.Lock()
+	s.reqs[q.id] = q
+	s.mu.Unlock()
+	rep.TRegSent = mono.Now()
+	msg := append([]byte("PUSH_REG:"), payload...)
+	sent := 0
+	for d, rk := range e.ranks {
+		for pr := 0; pr < p.TPSize; pr++ {
+			if err := rk.agent.SendNotif(re.agentName(d, pr), msg); err != nil {
+				e.c.failedNotifs.Add(1)
+				e.log.Warn("PUSH_REG not sent", "request", q.id, "prefill_rank", pr, "err", err)
+				continue
+			}
+			sent++
+		}
+	}
+	var waitErr error
+	if sent == 0 {
+		waitErr = errors.New("no prefill rank took the registration")
+	} else {
+		select {
+		case <-q.done:
+		case <-time.After(e.cfg.RegTimeout):
+			e.c.regTimeouts.Add(1)
+			waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
+		case <-ctx.Done():
+			waitErr = ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	delete(s.reqs, q.id)
+	rep.TXferDone = q.tLast
+	s.mu.Unlock()
+	rep.TReady = mono.Now()
+	if waitErr == nil {
+		s.verify(r, local, s.startOf(r), rep)
+	}
+	s.release(local)
+	return waitErr
+}
+
+func (s *decodeState) startOf(r LoadRequest) int {
+	return min(r.PrefixTokens/s.e.spec.BlockSize, s.e.spec.BlocksFor(kv.FullAttention, r.Tokens))
+}
+
+// onPushDone counts a WRITE's completion notification "<id>:<n>".
+func (s *decodeState) onPushDone(rk *rank, from, id string, _ int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.reqs[id]
+	if q == nil {
+		s.e.c.unknown.Add(1)
+		s.e.log.Warn("completion for an unknown request (late, or after the watchdog)", "request", id, "from", from)
+		return
+	}
+	q.got[rk.idx]++
+	q.tLast = mono.Now()
+	if q.got[rk.idx] > q.want[rk.idx] {
+		s.e.c.duplicate.Add(1)
+	}
+	for d := range q.want {
+		if q.got[d] < q.want[d] {
+			return
+		}
+	}
+	if !q.closed {
+		q.closed = true
+		close(q.done)
+	}
+}
+
+func msgpackMarshal(v any) ([]byte, error) { return msgpack.Marshal(v) }

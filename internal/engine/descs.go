@@ -1,0 +1,77 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// moveList is one transfer's descriptors between a local pool and a
+// remote one, with how many there were before contiguous runs merged.
+type moveList struct {
+	local, remote []nixl.Desc
+	logical       int   // descriptors before merging: regions x blocks x chunks
+	bytes         int64 // bytes moved
+}
+
+// buildMoves lays out the descriptors that move a request's blocks between
+// a local pool and a remote rank described by its handshake metadata:
+// for every region, for every block pair (the regions' own windows
+// applied), for every chunk of the TP plan. localIsPrefill says which side
+// of the chunks (source = prefill block) is local. With merge, runs that
+// are contiguous on both sides become one descriptor, as NIXL merges them.
+func buildMoves(lp *Pool, rm sidechannel.AgentMetadata, chunks []kv.Chunk, localBlocks, remoteBlocks []int,
+	logicalStart, tokens int, localIsPrefill, merge bool) (moveList, error) {
+	var ml moveList
+	regions := lp.Rank.Regions
+	if len(rm.KVCachesBaseAddr) != len(regions) || len(rm.BlockLens) != len(regions) {
+		return ml, fmt.Errorf("peer has %d regions, this rank %d: layouts differ", len(rm.KVCachesBaseAddr), len(regions))
+	}
+	if len(localBlocks) != len(remoteBlocks) {
+		return ml, fmt.Errorf("%d local blocks for %d remote blocks", len(localBlocks), len(remoteBlocks))
+	}
+	for _, b := range remoteBlocks {
+		if b < 0 || b >= rm.NumBlocks {
+			return ml, fmt.Errorf("remote block %d outside the peer's %d blocks", b, rm.NumBlocks)
+		}
+	}
+	total := logicalStart + len(localBlocks)
+	add := func(l, r nixl.Desc) {
+		ml.logical++
+		ml.bytes += int64(l.Len)
+		if n := len(ml.local); merge && n > 0 {
+			pl, pr := &ml.local[n-1], &ml.remote[n-1]
+			if pl.Addr+pl.Len == l.Addr && pr.Addr+pr.Len == r.Addr {
+				pl.Len += l.Len
+				pr.Len += r.Len
+				return
+			}
+		}
+		ml.local = append(ml.local, l)
+		ml.remote = append(ml.remote, r)
+	}
+	for i, reg := range regions {
+		keep := lp.Spec.BlocksFor(reg.Kind, tokens)
+		rlen := uint64(rm.BlockLens[i])
+		for j, lb := range localBlocks {
+			if logicalStart+j < total-keep {
+				continue
+			}
+			laddr := lp.BlockAddr(i, lb)
+			raddr := rm.KVCachesBaseAddr[i] + uint64(remoteBlocks[j])*rlen
+			for _, c := range chunks {
+				lo, ro := c.DstOffset, c.SrcOffset
+				if localIsPrefill {
+					lo, ro = c.SrcOffset, c.DstOffset
+				}
+				if uint64(ro)+uint64(c.Length) > rlen || lo+c.Length > reg.BlockBytes {
+					return ml, fmt.Errorf("chunk %+v does not fit blocks of %d (local) and %d (remote) bytes", c, reg.BlockBytes, rlen)
+				}
+				add(nixl.Desc{Addr: laddr + uint64(lo), Len: uint64(c.Length)}, nixl.Desc{Addr: raddr + uint64(ro), Len: uint64(c.Length)})
+			}
+		}
+	}
+	return ml, nil
+}

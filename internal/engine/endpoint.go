@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+)
+
+// ServeEndpoint runs one engine endpoint over an RPC channel: "setup"
+// creates the engine (once), then "prefill" or "load", "stats", "info".
+// Events ("freed") flow back unasked. It returns when the channel closes.
+func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
+	srv := NewRPCServer(w)
+	var mu sync.Mutex
+	var eng *Engine
+	get := func() (*Engine, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if eng == nil {
+			return nil, errors.New("setup first")
+		}
+		return eng, nil
+	}
+	srv.Handle("setup", func(ctx context.Context, params json.RawMessage) (any, error) {
+		var cfg Config
+		if err := json.Unmarshal(params, &cfg); err != nil {
+			return nil, fmt.Errorf("setup: %w", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if eng != nil {
+			return nil, errors.New("already set up")
+		}
+		e, err := NewEngine(ctx, cfg, log, srv.Emit)
+		if err != nil {
+			return nil, err
+		}
+		eng = e
+		return e.Setup(), nil
+	})
+	srv.Handle("prefill", func(ctx context.Context, params json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		if e.pre == nil && e.sgl == nil {
+			return nil, errors.New("this endpoint is a decode engine")
+		}
+		var r PrefillRequest
+		if err := json.Unmarshal(params, &r); err != nil {
+			return nil, fmt.Errorf("prefill: %w", err)
+		}
+		if e.cfg.Protocol == ProtoSGLang {
+			return e.sgl.prefill(ctx, r)
+		}
+		return e.pre.Prefill(ctx, r)
+	})
+	srv.Handle("load", func(ctx context.Context, params json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		if e.dec == nil {
+			return nil, errors.New("this endpoint is a prefill engine")
+		}
+		var r LoadRequest
+		if err := json.Unmarshal(params, &r); err != nil {
+			return nil, fmt.Errorf("load: %w", err)
+		}
+		return e.dec.Load(ctx, r)
+	})
+	srv.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		return e.Stats(), nil
+	})
+	srv.Handle("info", func(context.Context, json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		return e.Info(), nil
+	})
+	err := srv.Serve(ctx, r)
+	mu.Lock()
+	if eng != nil {
+		eng.Close()
+	}
+	mu.Unlock()
+	return err
+}

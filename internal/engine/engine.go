@@ -1,0 +1,592 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// Roles.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Protocols.
+const (
+	ProtoPull   = "pull"
+	ProtoPush   = "push"
+	ProtoSGLang = "sglang"
+)
+
+// Config sets up one engine endpoint (all its TP ranks).
+type Config struct {
+	Role      string        `json:"role"`
+	EngineID  string        `json:"engine_id"`
+	Backend   string        `json:"backend"`
+	Protocol  string        `json:"protocol"`
+	Model     kv.Model      `json:"model"`
+	KVDType   kv.DType      `json:"kv_dtype"`
+	BlockSize int           `json:"block_size"`
+	Layout    kv.AttnLayout `json:"layout"`
+	Order     kv.CacheOrder `json:"kv_cache_layout"`
+	TP        int           `json:"tp"`
+	NumBlocks int           `json:"num_blocks"`
+	DRAMAlloc string        `json:"dram_alloc"`
+	Scattered bool          `json:"scattered"`
+	Merge     bool          `json:"merge_descriptors"`
+	Verify    Verify        `json:"verify"`
+	// SideChannel is where the engine's handshake ROUTER (and, for
+	// SGLang, its bootstrap server) binds; default tcp://127.0.0.1:0.
+	SideChannel string `json:"side_channel"`
+	// Lease is how long prefill keeps a finished request's blocks for its
+	// consumers (vLLM's kv_lease_duration); RegTimeout is push mode's
+	// decode-side registration watchdog.
+	Lease      time.Duration `json:"lease"`
+	RegTimeout time.Duration `json:"reg_timeout"`
+	// PrefillPerToken models prefill compute time.
+	PrefillPerToken time.Duration `json:"prefill_per_token"`
+	// ReapEvery is how often prefill scans its lease table (an engine step).
+	ReapEvery time.Duration `json:"reap_every"`
+	Faults    *nixl.Faults  `json:"faults,omitempty"`
+	Seed      uint64        `json:"seed"`
+}
+
+// Spec is the engine's KV layout.
+func (c Config) Spec() kv.Spec {
+	return kv.Spec{Model: c.Model, DType: c.KVDType, BlockSize: c.BlockSize, Layout: c.Layout, Order: c.Order, TP: c.TP, PP: 1}
+}
+
+// CompatHash is vLLM's compatibility hash for this engine's layout: what
+// both sides must agree on (model, dtype, heads, layers, attention backend,
+// cache dtype, transfer mode), not TP or block size.
+func (c Config) CompatHash() (string, error) {
+	spec, err := c.Spec().Normalize()
+	if err != nil {
+		return "", err
+	}
+	backend := "FLASH_ATTN"
+	if spec.Layout == kv.FlashInfer {
+		backend = "FLASHINFER"
+	}
+	if spec.Model.IsMLA() {
+		backend = "FLASHMLA"
+	}
+	mode := c.Protocol
+	if mode == ProtoSGLang {
+		mode = "push"
+	}
+	return sidechannel.CompatHash(map[string]any{
+		"vllm_version": "nixlctl", "nixl_connector_version": sidechannel.ConnectorVersion,
+		"model": spec.Model.Name, "dtype": string(spec.Model.DType), "num_kv_heads": spec.Model.NumKVHeads,
+		"head_size": spec.Model.HeadDim, "num_hidden_layers": spec.Model.NumLayers, "attn_backend_name": backend,
+		"cache_dtype": string(spec.DType), "is_hma_enabled": spec.Model.NumSlidingLayers() > 0 && !spec.KeepFullWindow,
+		"speculative_config": nil, "transfer_mode": mode,
+	})
+}
+
+// Stats are an engine's counters; a misbehaving peer shows up here.
+type Stats struct {
+	Requests         int64 `json:"requests"`
+	Handshakes       int64 `json:"handshakes"`
+	HandshakeFails   int64 `json:"handshake_failures"`
+	MalformedNotifs  int64 `json:"malformed_notifs"`
+	UnknownNotifs    int64 `json:"unknown_request_notifs"`
+	DuplicateNotifs  int64 `json:"duplicate_notifs"`
+	ExpiredLeases    int64 `json:"expired_leases"`
+	FailedTransfers  int64 `json:"failed_transfers"`
+	FailedNotifs     int64 `json:"failed_notifs"`
+	RegTimeouts      int64 `json:"registration_timeouts"`
+	MalformedControl int64 `json:"malformed_side_channel_msgs"`
+	BlocksInUse      int64 `json:"blocks_in_use"`
+	BlocksTotal      int64 `json:"blocks_total"`
+	Heartbeats       int64 `json:"heartbeats"`
+}
+
+type counters struct {
+	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
+	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
+}
+
+// rank is one TP rank: its own agent and pool.
+type rank struct {
+	idx   int
+	agent nixl.Agent
+	pool  *Pool
+	buf   *nixl.Buffer
+}
+
+// Engine is a prefill or decode endpoint: TP ranks, a shared block
+// allocator, a side channel, and the protocol state.
+type Engine struct {
+	cfg   Config
+	spec  kv.Spec
+	hash  string
+	log   *slog.Logger
+	emit  func(event string, data any)
+	ranks []*rank
+	alloc *BlockAllocator
+	side  *sidechannel.HandshakeServer
+	c     counters
+
+	remotesMu sync.Mutex
+	remotes   map[string]*remoteEngine
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	pre  *prefillState // prefill role
+	dec  *decodeState  // decode role
+	sgl  *sglState     // SGLang bootstrap and rooms
+	info map[string]string
+}
+
+// NewEngine allocates and registers the pools, starts the side channel
+// and the per-rank notification loops.
+func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(string, any)) (*Engine, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if emit == nil {
+		emit = func(string, any) {}
+	}
+	if cfg.Protocol == ProtoSGLang {
+		cfg.Order = kv.NHD // SGLang's per-layer buffers are token-major
+	}
+	spec, err := cfg.Spec().Normalize()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Role != RolePrefill && cfg.Role != RoleDecode {
+		return nil, fmt.Errorf("role %q: want prefill or decode", cfg.Role)
+	}
+	switch cfg.Protocol {
+	case ProtoPull, ProtoPush, ProtoSGLang:
+	default:
+		return nil, fmt.Errorf("protocol %q: want pull, push or sglang", cfg.Protocol)
+	}
+	if cfg.NumBlocks <= 0 {
+		return nil, fmt.Errorf("num_blocks must be > 0")
+	}
+	if cfg.EngineID == "" {
+		cfg.EngineID = cfg.Role + "-" + randHex(4)
+	}
+	if cfg.SideChannel == "" {
+		cfg.SideChannel = "tcp://127.0.0.1:0"
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.RegTimeout <= 0 {
+		cfg.RegTimeout = 480 * time.Second
+	}
+	if cfg.ReapEvery <= 0 {
+		cfg.ReapEvery = 10 * time.Millisecond
+	}
+	hash, err := cfg.CompatHash()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
+		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, info: map[string]string{}}
+	e.ctx, e.cancel = context.WithCancel(ctx)
+	ok := false
+	defer func() {
+		if !ok {
+			e.Close()
+		}
+	}()
+	for r := 0; r < spec.TP; r++ {
+		rk := &rank{idx: r}
+		e.ranks = append(e.ranks, rk)
+		a, err := nixl.Open(cfg.Backend, nixl.Config{Name: fmt.Sprintf("%s-tp%d", cfg.EngineID, r)})
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Faults != nil {
+			a = nixl.WithFaults(a, *cfg.Faults)
+		}
+		rk.agent = a
+		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
+		if rk.buf, err = AllocBuffer(a, int(size), cfg.DRAMAlloc, false); err != nil {
+			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)
+		}
+		if err := a.RegisterMem(rk.buf); err != nil {
+			return nil, err
+		}
+		if rk.pool, err = NewPool(spec, r, 0, cfg.NumBlocks, rk.buf); err != nil {
+			return nil, err
+		}
+	}
+	if e.side, err = sidechannel.ServeHandshake(e.ctx, cfg.SideChannel, hash, log); err != nil {
+		return nil, err
+	}
+	for _, rk := range e.ranks {
+		md, err := rk.agent.LocalMD()
+		if err != nil {
+			return nil, err
+		}
+		am := sidechannel.AgentMetadata{EngineID: cfg.EngineID, AgentMetadata: md, NumBlocks: cfg.NumBlocks,
+			KVCacheLayout: string(spec.Order), BlockSize: spec.BlockSize, AttnBackendName: "FLASH_ATTN",
+			PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
+			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.idx, TPSize: spec.TP, PPSize: 1}}
+		for i, reg := range rk.pool.Rank.Regions {
+			am.KVCachesBaseAddr = append(am.KVCachesBaseAddr, rk.pool.RegionBase(i))
+			am.BlockLens = append(am.BlockLens, reg.BlockBytes)
+			am.BlockStrides = append(am.BlockStrides, reg.BlockBytes)
+			am.RegionNames = append(am.RegionNames, fmt.Sprintf("layer%d.%s", reg.Layer, reg.Part))
+			am.RegionMemTypes = append(am.RegionMemTypes, rk.buf.Mem.String())
+		}
+		if err := e.side.Set(0, rk.idx, am); err != nil {
+			return nil, err
+		}
+	}
+	switch cfg.Role {
+	case RolePrefill:
+		e.pre = newPrefillState(e)
+	case RoleDecode:
+		e.dec = newDecodeState(e)
+	}
+	if cfg.Protocol == ProtoSGLang {
+		if e.sgl, err = newSGLState(e); err != nil {
+			return nil, err
+		}
+	}
+	for _, rk := range e.ranks {
+		e.wg.Add(1)
+		go e.notifLoop(rk)
+	}
+	if e.pre != nil {
+		e.wg.Add(1)
+		go e.pre.reaper()
+	}
+	ok = true
+	return e, nil
+}
+
+// SetupReply tells the driver where the engine is and what it runs on.
+type SetupReply struct {
+	EngineID    string            `json:"engine_id"`
+	SideChannel string            `json:"side_channel"`
+	Bootstrap   string            `json:"bootstrap,omitempty"`
+	TP          int               `json:"tp"`
+	PoolBytes   int64             `json:"pool_bytes"`
+	NumBlocks   int               `json:"num_blocks"`
+	Backend     string            `json:"backend"`
+	Version     string            `json:"backend_version"`
+	Alloc       string            `json:"alloc"`
+	CompatHash  string            `json:"compat_hash"`
+	PID         int               `json:"pid"`
+	MemcpyGBps  float64           `json:"memcpy_gbps"`
+	Info        map[string]string `json:"info,omitempty"`
+}
+
+// Setup describes the running engine.
+func (e *Engine) Setup() SetupReply {
+	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.side.Endpoint(), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
+		CompatHash: e.hash, PID: int(nixl.Self().PID)}
+	if e.sgl != nil {
+		rep.Bootstrap = e.sgl.bootstrapAddr
+	}
+	for _, rk := range e.ranks {
+		rep.PoolBytes += int64(rk.buf.Len)
+		rep.Alloc = rk.buf.Alloc
+		info := rk.agent.Info()
+		rep.Backend, rep.Version = info.Backend, info.Version
+	}
+	rep.MemcpyGBps = memcpyGBps(e.ranks[0].buf.Bytes())
+	return rep
+}
+
+// Info returns what each rank's agent says about its peers (transports).
+func (e *Engine) Info() map[string]string {
+	out := map[string]string{}
+	for _, rk := range e.ranks {
+		for k, v := range rk.agent.Info().Details {
+			out[fmt.Sprintf("tp%d %s", rk.idx, k)] = v
+		}
+	}
+	return out
+}
+
+// Stats snapshots the counters.
+func (e *Engine) Stats() Stats {
+	return Stats{Requests: e.c.requests.Load(), Handshakes: e.c.handshakes.Load(), HandshakeFails: e.c.handshakeFails.Load(),
+		MalformedNotifs: e.c.malformed.Load(), UnknownNotifs: e.c.unknown.Load(), DuplicateNotifs: e.c.duplicate.Load(),
+		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
+		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
+		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total())}
+}
+
+// Close stops everything and releases the pools.
+func (e *Engine) Close() {
+	e.cancel()
+	e.wg.Wait()
+	if e.side != nil {
+		e.side.Wait()
+	}
+	if e.sgl != nil {
+		e.sgl.close()
+	}
+	for _, rk := range e.ranks {
+		if rk.agent != nil {
+			rk.agent.Close()
+		}
+		if rk.buf != nil {
+			rk.buf.Free()
+		}
+	}
+	if e.sgl != nil {
+		e.sgl.freeAux() // after the agents that registered them
+	}
+}
+
+// notifLoop owns one rank's incoming notifications and routes them by
+// kind: PUSH_REG registrations, HB heartbeats, SGLang room tags, and
+// "<request id>:<count>" completions.
+func (e *Engine) notifLoop(rk *rank) {
+	defer e.wg.Done()
+	poll := time.NewTimer(time.Hour)
+	defer poll.Stop()
+	for {
+		var tick <-chan time.Time
+		if e.pre != nil && e.pre.pushPending(rk.idx) {
+			// Unmatched finished blocks: look again in a millisecond even
+			// if no notification wakes us (vLLM's writer does the same).
+			poll.Reset(time.Millisecond)
+			tick = poll.C
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-rk.agent.NotifReady():
+		case <-tick:
+		case <-e.wakeCh(rk.idx):
+		}
+		notifs, err := rk.agent.GetNotifs()
+		if err != nil {
+			if e.ctx.Err() == nil {
+				e.log.Warn("reading notifications", "rank", rk.idx, "err", err)
+			}
+			continue
+		}
+		for from, msgs := range notifs {
+			for _, m := range msgs {
+				e.route(rk, from, m)
+			}
+		}
+		if e.pre != nil {
+			e.pre.pushStep(rk)
+		}
+	}
+}
+
+func (e *Engine) wakeCh(r int) <-chan struct{} {
+	if e.pre != nil {
+		return e.pre.wake[r]
+	}
+	return nil
+}
+
+func (e *Engine) route(rk *rank, from string, m []byte) {
+	s := string(m)
+	switch {
+	case strings.HasPrefix(s, "PUSH_REG:"):
+		if e.pre == nil {
+			e.badNotif("PUSH_REG received by a decode engine", from, s)
+			return
+		}
+		e.pre.onPushReg(rk, from, m[len("PUSH_REG:"):])
+	case strings.HasPrefix(s, "HB:"):
+		if e.pre == nil {
+			e.badNotif("heartbeat received by a decode engine", from, s)
+			return
+		}
+		e.pre.onHeartbeat(strings.Split(s[3:], ","))
+	case e.sgl != nil && e.dec != nil && isSGLangNotif(s):
+		e.sgl.onNotif(rk, from, s)
+	default:
+		id, n, ok := parseCompletion(s)
+		if !ok {
+			e.badNotif("malformed notification", from, s)
+			return
+		}
+		if e.pre != nil {
+			e.pre.onConsumed(rk, from, id, n)
+		} else {
+			e.dec.onPushDone(rk, from, id, n)
+		}
+	}
+}
+
+func (e *Engine) badNotif(what, from, msg string) {
+	e.c.malformed.Add(1)
+	if len(msg) > 80 {
+		msg = msg[:80] + "..."
+	}
+	e.log.Warn(what, "from", from, "msg", msg)
+}
+
+// parseCompletion splits "<request id>:<count>" at the last colon (request
+// ids may contain colons), as vLLM does.
+func parseCompletion(s string) (string, int, bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 {
+		return "", 0, false
+	}
+	var n int
+	if _, err := fmt.Sscanf(s[i+1:], "%d", &n); err != nil || fmt.Sprint(n) != s[i+1:] || n <= 0 || n > 1<<16 {
+		return "", 0, false
+	}
+	return s[:i], n, true
+}
+
+// remoteEngine is what an engine learned about a peer engine by handshake.
+type remoteEngine struct {
+	id       string
+	endpoint string
+	once     sync.Once
+	err      error
+	ranks    map[int]sidechannel.AgentMetadata // remote tp rank -> metadata
+	loaded   map[[2]int]string                 // (local rank, remote rank) -> agent name
+	took     time.Duration
+	mu       sync.Mutex
+}
+
+// ErrHandshake wraps handshake failures.
+var ErrHandshake = errors.New("handshake failed")
+
+// handshake fetches the metadata of the given remote ranks from an
+// engine's side channel once, and loads it into the local ranks that talk
+// to them. It reports how long the first fetch took (0 when already done).
+func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remoteRanks []int, pairs [][2]int) (time.Duration, *remoteEngine, error) {
+	e.remotesMu.Lock()
+	re := e.remotes[engineID]
+	if re == nil || re.endpoint != endpoint {
+		re = &remoteEngine{id: engineID, endpoint: endpoint, ranks: map[int]sidechannel.AgentMetadata{}, loaded: map[[2]int]string{}}
+		e.remotes[engineID] = re
+	}
+	e.remotesMu.Unlock()
+	var took time.Duration
+	first := false
+	re.once.Do(func() {
+		first = true
+		t0 := mono.Now()
+		for _, r := range remoteRanks {
+			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, r, e.hash, sidechannel.HandshakeTimeout)
+			if err != nil {
+				re.err = fmt.Errorf("%w with %s: %v", ErrHandshake, engineID, err)
+				break
+			}
+			if h.Meta.EngineID != engineID {
+				re.err = fmt.Errorf("%w: %s answered as engine %q", ErrHandshake, endpoint, h.Meta.EngineID)
+				break
+			}
+			re.ranks[r] = h.Meta
+		}
+		re.took = mono.Since(t0)
+		if re.err != nil {
+			e.c.handshakeFails.Add(1)
+		} else {
+			e.c.handshakes.Add(1)
+		}
+	})
+	if re.err != nil {
+		// Forget the failure so a later request can try again (a restarted peer).
+		e.remotesMu.Lock()
+		if e.remotes[engineID] == re {
+			delete(e.remotes, engineID)
+		}
+		e.remotesMu.Unlock()
+		return 0, nil, re.err
+	}
+	if first {
+		took = re.took
+	}
+	// Load metadata into the local ranks that need it (also for ranks
+	// fetched by an earlier handshake with other pairs).
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	for _, pr := range pairs {
+		if _, ok := re.loaded[pr]; ok {
+			continue
+		}
+		md, ok := re.ranks[pr[1]]
+		if !ok {
+			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, pr[1], e.hash, sidechannel.HandshakeTimeout)
+			if err != nil {
+				return 0, nil, fmt.Errorf("%w with %s rank %d: %v", ErrHandshake, engineID, pr[1], err)
+			}
+			md = h.Meta
+			re.ranks[pr[1]] = md
+		}
+		name, err := e.ranks[pr[0]].agent.LoadRemoteMD(md.AgentMetadata)
+		if err != nil {
+			return 0, nil, fmt.Errorf("%w: loading %s rank %d: %v", ErrHandshake, engineID, pr[1], err)
+		}
+		re.loaded[pr] = name
+	}
+	return took, re, nil
+}
+
+// agentName is the loaded name of a remote rank for a local rank.
+func (re *remoteEngine) agentName(local, remote int) string {
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	return re.loaded[[2]int{local, remote}]
+}
+
+func (re *remoteEngine) meta(remote int) sidechannel.AgentMetadata {
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	return re.ranks[remote]
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// BaseRequestID strips vLLM's per-engine "-<8 hex>" suffix.
+func BaseRequestID(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 && len(id)-i-1 == 8 {
+		for _, c := range id[i+1:] {
+			if !strings.ContainsRune("0123456789abcdef", c) {
+				return id
+			}
+		}
+		return id[:i]
+	}
+	return id
+}
+
+// memcpyGBps measures this process's memcpy bandwidth on (part of) a pool
+// buffer: the same-run reference efficiency is judged against.
+func memcpyGBps(b []byte) float64 {
+	if len(b) < 2<<20 {
+		return 0
+	}
+	n := min(len(b)/2, 64<<20)
+	src, dst := b[:n], b[n:2*n]
+	copy(dst, src)
+	var copied int64
+	t0 := time.Now()
+	for time.Since(t0) < 100*time.Millisecond {
+		copied += int64(copy(dst, src))
+	}
+	return float64(copied) / 1e9 / time.Since(t0).Seconds()
+}

@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// Pool is one rank's paged KV cache: every region (a layer's K, V, K|V or
+// MLA latent) is NumBlocks blocks of the region's block size, laid out one
+// region after another in one registered buffer, as an engine's cache
+// tensors are.
+type Pool struct {
+	Spec      kv.Spec
+	Rank      kv.RankLayout
+	NumBlocks int
+	Buf       *nixl.Buffer
+	base      []uint64 // per region
+	pieces    []piece  // tag pieces of one block (same for every region)
+}
+
+// piece is a contiguous part of a block holding one KV head's values (all
+// of a block's tokens with HND, one token with NHD), or the whole block for
+// MLA. Tags are per piece, so a head slice moved between ranks of
+// different TP sizes is checked at its own place on both sides.
+type piece struct {
+	off, len int64
+	head     int // global KV head (0 for MLA)
+	part     int // 0 = K (or latent), 1 = V inside a K|V block
+	token    int // -1 when the piece spans all tokens
+}
+
+// NewPool lays out and registers a rank's pool of numBlocks blocks in buf,
+// which must be large enough (PoolBytes).
+func NewPool(spec kv.Spec, tpRank, ppRank, numBlocks int, buf *nixl.Buffer) (*Pool, error) {
+	spec, err := spec.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	r := spec.Rank(tpRank, ppRank)
+	p := &Pool{Spec: spec, Rank: r, NumBlocks: numBlocks, Buf: buf}
+	var off uint64
+	for _, reg := range r.Regions {
+		p.base = append(p.base, buf.Addr+off)
+		off += uint64(numBlocks) * uint64(reg.BlockBytes)
+	}
+	if off > uint64(buf.Len) {
+		return nil, fmt.Errorf("pool of %d blocks needs %d bytes, buffer has %d", numBlocks, off, buf.Len)
+	}
+	p.pieces = blockPieces(spec, r.Heads)
+	return p, nil
+}
+
+// PoolBytes is the buffer size a rank's pool of numBlocks blocks needs.
+func PoolBytes(spec kv.Spec, tpRank, ppRank, numBlocks int) int64 {
+	r := spec.Rank(tpRank, ppRank)
+	var n int64
+	for _, reg := range r.Regions {
+		n += int64(numBlocks) * reg.BlockBytes
+	}
+	return n
+}
+
+// RegionBase is the address of region i's block 0.
+func (p *Pool) RegionBase(i int) uint64 { return p.base[i] }
+
+// BlockLen is region i's block size.
+func (p *Pool) BlockLen(i int) int64 { return p.Rank.Regions[i].BlockBytes }
+
+// BlockAddr is the address of block b of region i.
+func (p *Pool) BlockAddr(i, b int) uint64 { return p.base[i] + uint64(b)*uint64(p.BlockLen(i)) }
+
+func blockPieces(spec kv.Spec, heads kv.HeadRange) []piece {
+	m := spec.Model
+	if m.IsMLA() {
+		return []piece{{off: 0, len: spec.BlockBytes(heads), token: -1}}
+	}
+	hb := int64(m.HeadDim) * int64(spec.DType.Bytes())
+	bs := int64(spec.BlockSize)
+	parts := 1
+	if spec.Layout == kv.FlashInfer {
+		parts = 2
+	}
+	partBytes := bs * int64(heads.Len()) * hb
+	var out []piece
+	for part := 0; part < parts; part++ {
+		for h := heads.Start; h < heads.End; h++ {
+			rel := int64(h - heads.Start)
+			if spec.Order == kv.HND {
+				out = append(out, piece{off: int64(part)*partBytes + rel*bs*hb, len: bs * hb, head: h, part: part, token: -1})
+				continue
+			}
+			for t := int64(0); t < bs; t++ {
+				out = append(out, piece{off: int64(part)*partBytes + t*int64(heads.Len())*hb + rel*hb, len: hb, head: h, part: part, token: int(t)})
+			}
+		}
+	}
+	return out
+}
+
+// blockKey names one block of one request: the request's key, the region's
+// layer and part, and the block's logical position in the request.
+func blockKey(reqKey uint64, reg kv.Region, logical int) uint64 {
+	part := uint64(0)
+	if reg.Part == kv.PartV {
+		part = 1
+	}
+	return TagKey(reqKey, uint64(reg.Layer), part, uint64(logical))
+}
+
+func pieceKey(bk uint64, pc piece) uint64 {
+	return TagKey(bk, uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
+}
+
+// Verify says how much of each piece tags cover: Sparse writes the first
+// and last word of every piece and one word per 4 KiB in between (cheap,
+// and enough to catch a misplaced, stale or torn block); Full writes every
+// word.
+type Verify int
+
+// Verification depths.
+const (
+	Sparse Verify = iota
+	Full
+)
+
+const sparseStride = 4096
+
+// Fill writes the request's tags into blocks (the request's blocks in
+// order, logicalStart being the logical index of blocks[0]) of every region,
+// limited for each region to the blocks that region keeps (sliding
+// windows keep only the tail).
+func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) {
+	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
+		if v == Full {
+			FillTags(b, key)
+		} else {
+			sparseFill(b, key)
+		}
+		return true
+	})
+}
+
+// Check verifies the tags Fill wrote and returns how many blocks (region
+// blocks) were wrong, with the first mismatch.
+func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) (bad int, first error) {
+	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
+		if v == Full {
+			return CheckTags(b, key) == nil
+		}
+		return sparseCheck(b, key) == nil
+	}, func(region, block int, err error) {
+		bad++ // walk reports each (region, block) at most once
+		if first == nil {
+			reg := p.Rank.Regions[region]
+			first = fmt.Errorf("layer %d %s, logical block %d: %w", reg.Layer, reg.Part, block, err)
+		}
+	})
+	return bad, first
+}
+
+// Poison overwrites the tag words of blocks so a late reader of freed
+// blocks sees garbage, not stale-but-valid data.
+func (p *Pool) Poison(blocks []int) {
+	data := p.Buf.Bytes()
+	if data == nil {
+		return
+	}
+	for i := range p.Rank.Regions {
+		for _, b := range blocks {
+			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
+			for _, pc := range p.pieces {
+				seg := data[off+pc.off : off+pc.off+pc.len]
+				for w := int64(0); w+8 <= int64(len(seg)); w += sparseStride {
+					binary.LittleEndian.PutUint64(seg[w:], 0xdeadbeefdeadbeef)
+				}
+				if len(seg) >= 8 {
+					binary.LittleEndian.PutUint64(seg[len(seg)-8:], 0xdeadbeefdeadbeef)
+				}
+			}
+		}
+	}
+}
+
+// walk visits every piece of every block the request keeps in every region.
+func (p *Pool) walk(reqKey uint64, blocks []int, logicalStart, tokens int, visit func(b []byte, key uint64) bool, onBad ...func(region, block int, err error)) {
+	data := p.Buf.Bytes()
+	if data == nil {
+		return
+	}
+	for i, reg := range p.Rank.Regions {
+		keep := p.Spec.BlocksFor(reg.Kind, tokens) // blocks this region holds for the whole request
+		total := logicalStart + len(blocks)
+		for j, b := range blocks {
+			logical := logicalStart + j
+			if logical < total-keep {
+				continue // outside a sliding window
+			}
+			bk := blockKey(reqKey, reg, logical)
+			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
+			for _, pc := range p.pieces {
+				seg := data[off+pc.off : off+pc.off+pc.len]
+				if !visit(seg, pieceKey(bk, pc)) && len(onBad) > 0 {
+					onBad[0](i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
+					break
+				}
+			}
+		}
+	}
+}
+
+func sparseFill(b []byte, key uint64) {
+	n := int64(len(b))
+	for w := int64(0); w+8 <= n; w += sparseStride {
+		binary.LittleEndian.PutUint64(b[w:], mix(key+uint64(w)))
+	}
+	if n >= 8 {
+		binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
+	}
+}
+
+func sparseCheck(b []byte, key uint64) *TagMismatch {
+	n := int64(len(b))
+	for w := int64(0); w+8 <= n; w += sparseStride {
+		if got, want := binary.LittleEndian.Uint64(b[w:]), mix(key+uint64(w)); got != want {
+			return &TagMismatch{Offset: int(w), Want: want, Got: got}
+		}
+	}
+	if n >= 8 {
+		if got, want := binary.LittleEndian.Uint64(b[n-8:]), mix(key+uint64(n-8)); got != want {
+			return &TagMismatch{Offset: int(n - 8), Want: want, Got: got}
+		}
+	}
+	return nil
+}

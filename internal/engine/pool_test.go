@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+func TestAllocator(t *testing.T) {
+	a := NewBlockAllocator(10, false, 1)
+	x, _ := a.Alloc(4)
+	y, _ := a.Alloc(3)
+	if x[0] != 0 || x[3] != 3 || y[0] != 4 {
+		t.Fatalf("contiguous first fit: %v %v", x, y)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err == nil {
+		t.Error("double free accepted")
+	}
+	z, _ := a.Alloc(5) // no run of 5: 0-3 and 7-9 free -> lowest ids
+	if len(z) != 5 || a.InUse() != 8 {
+		t.Fatalf("fallback: %v, in use %d", z, a.InUse())
+	}
+	if _, err := a.Alloc(3); err == nil {
+		t.Error("over-allocation accepted")
+	}
+	s := NewBlockAllocator(1000, true, 2)
+	blocks, _ := s.Alloc(100)
+	seen := map[int]bool{}
+	runs := 0
+	for i, b := range blocks {
+		if seen[b] {
+			t.Fatalf("block %d handed out twice", b)
+		}
+		seen[b] = true
+		if i > 0 && b == blocks[i-1]+1 {
+			runs++
+		}
+	}
+	if runs > 20 {
+		t.Errorf("scattered allocation is mostly contiguous (%d adjacent pairs)", runs)
+	}
+}
+
+func pool(t *testing.T, spec kv.Spec, tp, blocks int) *Pool {
+	t.Helper()
+	spec, _ = spec.Normalize()
+	buf, err := nixl.AllocDRAM(int(PoolBytes(spec, tp, 0, blocks)), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { buf.Free() })
+	p, err := NewPool(spec, tp, 0, blocks, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Tags written by prefill ranks of one TP size verify on decode ranks of
+// another once the plan's chunks have been copied: the head-slice
+// bookkeeping is right.
+func TestPoolTagsAcrossTPPlans(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2
+	for _, order := range []kv.CacheOrder{kv.HND, kv.NHD} {
+		for _, tps := range [][2]int{{1, 1}, {1, 2}, {2, 1}, {4, 2}} {
+			for _, v := range []Verify{Sparse, Full} {
+				ps := kv.Spec{Model: m, TP: tps[0], BlockSize: 4, Order: order}
+				ds := kv.Spec{Model: m, TP: tps[1], BlockSize: 4, Order: order}
+				plan, err := kv.Plan(ps, ds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				const tokens = 10 // 3 blocks
+				var pp []*Pool
+				for r := 0; r < tps[0]; r++ {
+					p := pool(t, ps, r, 8)
+					p.Fill(42, []int{5, 1, 6}, 0, tokens, v)
+					pp = append(pp, p)
+				}
+				for d, reads := range plan.Decode {
+					dp := pool(t, ds, d, 8)
+					local := []int{2, 3, 7}
+					for _, rd := range reads.Reads {
+						src := pp[rd.PrefillRank]
+						for i := range dp.Rank.Regions {
+							for j, rb := range []int{5, 1, 6} {
+								for _, c := range rd.Chunks {
+									s := src.Buf.Bytes()[src.BlockAddr(i, rb)-src.Buf.Addr+uint64(c.SrcOffset):][:c.Length]
+									copy(dp.Buf.Bytes()[dp.BlockAddr(i, local[j])-dp.Buf.Addr+uint64(c.DstOffset):], s)
+								}
+							}
+						}
+					}
+					if bad, err := dp.Check(42, local, 0, tokens, v); bad != 0 {
+						t.Fatalf("%s %v d%d: %d bad: %v", order, tps, d, bad, err)
+					}
+					if bad, _ := dp.Check(43, local, 0, tokens, v); bad == 0 {
+						t.Fatalf("another request's key verified")
+					}
+					dp.Poison(local[:1])
+					if bad, _ := dp.Check(42, local, 0, tokens, v); bad != len(dp.Rank.Regions) {
+						t.Fatalf("poisoned block: %d bad, want one per region", bad)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestPoolSlidingWindowTail(t *testing.T) {
+	m, _ := kv.Preset("gpt-oss-20b") // window 128, layer 0 sliding
+	m.NumLayers, m.LayerTypes = 2, m.LayerTypes[:2]
+	p := pool(t, kv.Spec{Model: m, BlockSize: 16}, 0, 40)
+	blocks := make([]int, 20) // 320 tokens
+	for i := range blocks {
+		blocks[i] = i
+	}
+	p.Fill(7, blocks, 0, 320, Sparse)
+	if bad, err := p.Check(7, blocks, 0, 320, Sparse); bad != 0 {
+		t.Fatal(err)
+	}
+	// The sliding layer keeps only the last 8 blocks (tokens 192..319):
+	// poisoning an early block only breaks the full-attention layer.
+	if keep := p.Spec.BlocksFor(kv.SlidingAttention, 320); keep != 8 {
+		t.Fatalf("window keeps %d blocks", keep)
+	}
+	p.Poison(blocks[:1])
+	if bad, _ := p.Check(7, blocks, 0, 320, Sparse); bad != 2 { // K and V of the full layer
+		t.Fatalf("%d bad regions, want 2", bad)
+	}
+}

@@ -1,0 +1,961 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// SGLang's NIXL disaggregation: the router gives both sides a bootstrap
+// room; prefill runs an HTTP bootstrap server where its ranks register;
+// every rank has a ZMQ PULL inbox; decode registers its KV buffers with
+// each prefill rank once (room "None"), pre-allocates pages and an aux
+// (metadata) row per request and sends a TransferInfo; prefill WRITEs the
+// pages chunk by chunk (page boundaries) with "{room}_kv_{chunk}_{last}_{rank}"
+// notifications and the aux row with "{room}_aux"; decode polls until all
+// chunks and the aux arrived, then checks that the aux row carries its room.
+
+// SGLGuard opens every decode->prefill message except ABORT.
+const SGLGuard = "NixlMsgGuard"
+
+// Aux buffers: one row per request in flight, each row 64 bytes (SGLang
+// pads rows to the 64-byte RDMA minimum); written with one descriptor per
+// buffer.
+const (
+	auxRows    = 1024
+	auxRowSize = 64
+	auxBuffers = 3 // output ids, cached tokens, bootstrap room
+)
+
+// SGLRegistration is decode's once-per-peer KV-args message.
+type SGLRegistration struct {
+	DecodeIP    string
+	DecodePort  int
+	AgentName   string
+	AgentMD     []byte
+	KVPtrs      []uint64 // one per region (K layers then V layers, or latents)
+	AuxPtrs     []uint64
+	GPUID       int
+	DecodeTP    int
+	DecodeRank  int
+	KVItemLen   int64 // bytes of one page of one region
+	DstNumSlots int   // pages in decode's pool
+}
+
+// SGLTransferInfo is decode's per-request message.
+type SGLTransferInfo struct {
+	Room        uint64
+	DecodeIP    string
+	DecodePort  int
+	AgentName   string
+	DstPages    []int32
+	DstAux      int
+	RequiredDst int
+	PrefixLen   int
+}
+
+// EncodeRegistration builds the ZMQ frames of a KV-args registration.
+func (r SGLRegistration) Encode() [][]byte {
+	return [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
+		[]byte(r.AgentName), r.AgentMD, packU64(r.KVPtrs), packU64(r.AuxPtrs), {}, []byte(strconv.Itoa(r.GPUID)),
+		[]byte(strconv.Itoa(r.DecodeTP)), []byte(strconv.Itoa(r.DecodeRank)), []byte(strconv.FormatInt(r.KVItemLen, 10)),
+		{}, {}, {}, {}, []byte(strconv.Itoa(r.DstNumSlots))}
+}
+
+// Encode builds the ZMQ frames of a TransferInfo.
+func (t SGLTransferInfo) Encode() [][]byte {
+	pages := make([]byte, 4*len(t.DstPages))
+	for i, p := range t.DstPages {
+		binary.LittleEndian.PutUint32(pages[4*i:], uint32(p))
+	}
+	return [][]byte{[]byte(SGLGuard), []byte(strconv.FormatUint(t.Room, 10)), []byte(t.DecodeIP), []byte(strconv.Itoa(t.DecodePort)),
+		[]byte(t.AgentName), pages, []byte(strconv.Itoa(t.DstAux)), []byte(strconv.Itoa(t.RequiredDst)), {},
+		[]byte(strconv.Itoa(t.PrefixLen))}
+}
+
+func packU64(xs []uint64) []byte {
+	b := make([]byte, 8*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint64(b[8*i:], x)
+	}
+	return b
+}
+
+func unpackU64(b []byte) ([]uint64, error) {
+	if len(b)%8 != 0 {
+		return nil, fmt.Errorf("%d bytes is not a list of u64", len(b))
+	}
+	out := make([]uint64, len(b)/8)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return out, nil
+}
+
+func atoiFrame(b []byte, what string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(string(b))
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s: %q is not an integer in [%d, %d]", what, b, lo, hi)
+	}
+	return n, nil
+}
+
+// DecodeSGLMessage parses a message received on a prefill rank's PULL
+// inbox: a registration (room "None"), a TransferInfo, or an ABORT.
+func DecodeSGLMessage(frames [][]byte) (reg *SGLRegistration, info *SGLTransferInfo, abort uint64, err error) {
+	if len(frames) >= 2 && string(frames[0]) == "ABORT" {
+		room, err := strconv.ParseUint(string(frames[1]), 10, 64)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("ABORT: room %q", frames[1])
+		}
+		return nil, nil, room, nil
+	}
+	if len(frames) < 2 || string(frames[0]) != SGLGuard {
+		return nil, nil, 0, errors.New("no guard frame (foreign traffic?)")
+	}
+	f := frames[1:]
+	if string(f[0]) == "None" {
+		if len(f) < 13 {
+			return nil, nil, 0, fmt.Errorf("registration has %d frames, want at least 13", len(f))
+		}
+		r := &SGLRegistration{DecodeIP: string(f[1]), AgentName: string(f[3]), AgentMD: append([]byte(nil), f[4]...)}
+		if r.DecodePort, err = atoiFrame(f[2], "decode port", 1, 65535); err != nil {
+			return nil, nil, 0, err
+		}
+		if r.KVPtrs, err = unpackU64(f[5]); err != nil || len(r.KVPtrs) == 0 {
+			return nil, nil, 0, fmt.Errorf("kv_data_ptrs: %v", err)
+		}
+		if r.AuxPtrs, err = unpackU64(f[6]); err != nil {
+			return nil, nil, 0, fmt.Errorf("aux_data_ptrs: %w", err)
+		}
+		if r.GPUID, err = atoiFrame(f[8], "gpu id", 0, 1<<20); err != nil {
+			return nil, nil, 0, err
+		}
+		if r.DecodeTP, err = atoiFrame(f[9], "decode tp size", 1, 1024); err != nil {
+			return nil, nil, 0, err
+		}
+		if r.DecodeRank, err = atoiFrame(f[10], "decode rank", 0, 1023); err != nil {
+			return nil, nil, 0, err
+		}
+		item, err := atoiFrame(f[11], "kv item len", 1, 1<<30)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		r.KVItemLen = int64(item)
+		r.DstNumSlots = 1 << 30
+		if len(f) > 16 && len(f[16]) > 0 {
+			if r.DstNumSlots, err = atoiFrame(f[16], "dst num slots", 1, 1<<30); err != nil {
+				return nil, nil, 0, err
+			}
+		}
+		if r.AgentName == "" {
+			return nil, nil, 0, errors.New("registration without an agent name")
+		}
+		return r, nil, 0, nil
+	}
+	if len(f) < 8 {
+		return nil, nil, 0, fmt.Errorf("transfer info has %d frames, want at least 8", len(f))
+	}
+	t := &SGLTransferInfo{DecodeIP: string(f[1]), AgentName: string(f[3])}
+	if t.Room, err = strconv.ParseUint(string(f[0]), 10, 64); err != nil {
+		return nil, nil, 0, fmt.Errorf("room %q is not a number", f[0])
+	}
+	if t.DecodePort, err = atoiFrame(f[2], "decode port", 1, 65535); err != nil {
+		return nil, nil, 0, err
+	}
+	if len(f[4])%4 != 0 {
+		return nil, nil, 0, fmt.Errorf("page indices: %d bytes is not a list of int32", len(f[4]))
+	}
+	for i := 0; i < len(f[4]); i += 4 {
+		p := int32(binary.LittleEndian.Uint32(f[4][i:]))
+		if p < 0 {
+			return nil, nil, 0, fmt.Errorf("negative page index %d", p)
+		}
+		t.DstPages = append(t.DstPages, p)
+	}
+	if t.DstAux, err = atoiFrame(f[5], "aux index", 0, auxRows-1); err != nil {
+		return nil, nil, 0, err
+	}
+	if t.RequiredDst, err = atoiFrame(f[6], "required dst info num", 1, 1024); err != nil {
+		return nil, nil, 0, err
+	}
+	if len(f) > 8 && len(f[8]) > 0 {
+		if t.PrefixLen, err = atoiFrame(f[8], "decode prefix len", 0, kv.MaxTokens); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	return nil, t, 0, nil
+}
+
+// sglNotif is a parsed decode-side notification.
+type sglNotif struct {
+	room   uint64
+	kind   string // kv, aux, nokv
+	chunk  int
+	last   bool
+	sender int
+}
+
+func isSGLangNotif(m string) bool { _, err := parseSGLNotif(m); return err == nil }
+
+func parseSGLNotif(m string) (sglNotif, error) {
+	parts := strings.Split(m, "_")
+	var n sglNotif
+	if len(parts) < 2 {
+		return n, errors.New("not an SGLang notification")
+	}
+	room, err := strconv.ParseUint(parts[0], 10, 64)
+	if err != nil {
+		return n, errors.New("not an SGLang notification")
+	}
+	n.room = room
+	switch {
+	case parts[1] == "kv" && len(parts) == 5:
+		n.kind = "kv"
+		if n.chunk, err = strconv.Atoi(parts[2]); err != nil || n.chunk < 0 {
+			return n, fmt.Errorf("chunk id %q", parts[2])
+		}
+		if parts[3] != "0" && parts[3] != "1" {
+			return n, fmt.Errorf("is_last %q", parts[3])
+		}
+		n.last = parts[3] == "1"
+		if n.sender, err = strconv.Atoi(parts[4]); err != nil || n.sender < 0 || n.sender > 1023 {
+			return n, fmt.Errorf("sender %q", parts[4])
+		}
+	case parts[1] == "aux" && len(parts) == 2:
+		n.kind = "aux"
+	case parts[1] == "aux" && len(parts) == 4 && parts[2] == "nokv":
+		n.kind = "nokv"
+		if n.sender, err = strconv.Atoi(parts[3]); err != nil || n.sender < 0 || n.sender > 1023 {
+			return n, fmt.Errorf("sender %q", parts[3])
+		}
+	default:
+		return n, fmt.Errorf("unknown SGLang notification %q", m)
+	}
+	return n, nil
+}
+
+// sglRank is one rank's SGLang plumbing.
+type sglRank struct {
+	inbox *sidechannel.Pull
+	aux   *nixl.Buffer
+	pool  *BlockAllocator // aux rows
+	push  map[string]*sidechannel.Push
+}
+
+type sglPeer struct {
+	reg    SGLRegistration
+	remote string // loaded agent name
+	ready  bool
+}
+
+type sglRoom struct {
+	infos   map[string]SGLTransferInfo // by decode agent name
+	want    int
+	ready   chan struct{}
+	closed  bool
+	aborted bool
+	// decode side
+	tracker *sglTracker
+}
+
+// sglTracker is decode's view of one room: SGLang's is_done.
+type sglTracker struct {
+	aux      bool
+	chunks   map[int]map[int]bool // sender -> chunk ids received
+	expected map[int]int          // sender -> chunks (from its last chunk)
+	senders  int                  // prefill ranks that must report
+	done     chan struct{}
+	closed   bool
+	tLast    int64
+}
+
+func (t *sglTracker) complete() bool {
+	if !t.aux || len(t.expected) < t.senders {
+		return false
+	}
+	for s, n := range t.expected {
+		if len(t.chunks[s]) != n {
+			return false
+		}
+	}
+	return true
+}
+
+type sglState struct {
+	e             *Engine
+	ranks         []*sglRank
+	bootstrapAddr string
+	http          *http.Server
+	mu            sync.Mutex
+	table         map[int]map[string]string // prefill: tp rank -> {rank_ip, rank_port}
+	peers         []map[string]*sglPeer     // prefill, per rank: decode agent -> registration
+	rooms         []map[uint64]*sglRoom     // per rank
+	info          map[string]sglPrefillInfo // decode: bootstrap addr -> prefill info
+	registered    map[[2]string]bool        // decode: (local agent, prefill rank addr) registered
+	client        *http.Client
+}
+
+type sglPrefillInfo struct {
+	AttnTPSize   int    `json:"attn_tp_size"`
+	AttnCPSize   int    `json:"attn_cp_size"`
+	DPSize       int    `json:"dp_size"`
+	PPSize       int    `json:"pp_size"`
+	PageSize     int    `json:"page_size"`
+	KVCacheDType string `json:"kv_cache_dtype"`
+}
+
+func newSGLState(e *Engine) (*sglState, error) {
+	s := &sglState{e: e, table: map[int]map[string]string{}, info: map[string]sglPrefillInfo{},
+		registered: map[[2]string]bool{}, client: &http.Client{Timeout: 5 * time.Second}}
+	host, _, err := splitEndpoint(e.side.Endpoint())
+	if err != nil {
+		return nil, err
+	}
+	for _, rk := range e.ranks {
+		sr := &sglRank{pool: NewBlockAllocator(auxRows, false, 1), push: map[string]*sidechannel.Push{}}
+		if sr.aux, err = nixl.AllocDRAM(auxRows*auxRowSize*auxBuffers, false); err != nil {
+			return nil, err
+		}
+		if err := rk.agent.RegisterMem(sr.aux); err != nil {
+			return nil, err
+		}
+		idx := rk.idx
+		if sr.inbox, err = sidechannel.ListenPull(e.ctx, "tcp://"+net.JoinHostPort(host, "0"), func(f [][]byte) { s.onInbox(idx, f) }); err != nil {
+			return nil, err
+		}
+		s.ranks = append(s.ranks, sr)
+		s.peers = append(s.peers, map[string]*sglPeer{})
+		s.rooms = append(s.rooms, map[uint64]*sglRoom{})
+	}
+	if e.cfg.Role == RolePrefill {
+		if err := s.serveBootstrap(host); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *sglState) close() {
+	if s.http != nil {
+		_ = s.http.Close()
+	}
+	for _, sr := range s.ranks {
+		sr.inbox.Wait()
+		for _, p := range sr.push {
+			_ = p.Close()
+		}
+	}
+}
+
+func (s *sglState) freeAux() {
+	for _, sr := range s.ranks {
+		_ = sr.aux.Free()
+	}
+}
+
+// serveBootstrap runs prefill's bootstrap server and registers every rank
+// with it (PUT /route), as SGLang's prefill ranks do at start-up.
+func (s *sglState) serveBootstrap(host string) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("OK")) })
+	mux.HandleFunc("/route", s.route)
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.http.Serve(ln) }()
+	s.bootstrapAddr = ln.Addr().String()
+	for i, sr := range s.ranks {
+		_, port, _ := splitEndpoint(sr.inbox.Endpoint())
+		body, _ := json.Marshal(map[string]any{"attn_tp_size": len(s.ranks), "attn_tp_rank": i, "attn_cp_size": 1, "attn_cp_rank": 0,
+			"attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
+			"rank_ip": host, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType)})
+		req, _ := http.NewRequest(http.MethodPut, "http://"+s.bootstrapAddr+"/route", bytes.NewReader(body))
+		resp, err := s.client.Do(req)
+		if err != nil {
+			return fmt.Errorf("bootstrap registration: %w", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("bootstrap registration: %s", resp.Status)
+		}
+	}
+	return nil
+}
+
+func (s *sglState) route(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodPut:
+		var reg struct {
+			TPSize, TPRank int    `json:"-"`
+			AttnTPSize     int    `json:"attn_tp_size"`
+			AttnTPRank     int    `json:"attn_tp_rank"`
+			RankIP         string `json:"rank_ip"`
+			RankPort       int    `json:"rank_port"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&reg); err != nil || reg.RankPort <= 0 || reg.AttnTPRank < 0 || reg.AttnTPRank >= 1024 {
+			s.e.c.malformedControl.Add(1)
+			http.Error(w, "bad registration", http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		s.table[reg.AttnTPRank] = map[string]string{"rank_ip": reg.RankIP, "rank_port": strconv.Itoa(reg.RankPort)}
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	case http.MethodGet:
+		q := r.URL.Query()
+		s.mu.Lock()
+		complete := len(s.table) == len(s.ranks)
+		s.mu.Unlock()
+		if !complete {
+			http.Error(w, "prefill ranks still registering", http.StatusServiceUnavailable)
+			return
+		}
+		if q.Get("target_tp_rank") == "-1" || q.Get("target_tp_rank") == "" {
+			_ = json.NewEncoder(w).Encode(sglPrefillInfo{AttnTPSize: len(s.ranks), AttnCPSize: 1, DPSize: 1, PPSize: 1,
+				PageSize: s.e.spec.BlockSize, KVCacheDType: string(s.e.spec.DType)})
+			return
+		}
+		t, err := strconv.Atoi(q.Get("target_tp_rank"))
+		s.mu.Lock()
+		entry, ok := s.table[t]
+		s.mu.Unlock()
+		if err != nil || !ok {
+			http.Error(w, "no such rank", http.StatusNotFound)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(entry)
+	default:
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+	}
+}
+
+// onInbox handles a message on a prefill rank's PULL socket.
+func (s *sglState) onInbox(r int, frames [][]byte) {
+	reg, info, abort, err := DecodeSGLMessage(frames)
+	if err != nil {
+		s.e.c.malformedControl.Add(1)
+		s.e.log.Warn("SGLang inbox: bad message", "rank", r, "err", err)
+		return
+	}
+	if s.e.cfg.Role != RolePrefill {
+		s.e.c.malformedControl.Add(1)
+		return
+	}
+	rk := s.e.ranks[r]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case reg != nil:
+		name, err := rk.agent.LoadRemoteMD(reg.AgentMD)
+		if err != nil {
+			s.e.c.handshakeFails.Add(1)
+			s.e.log.Warn("SGLang registration: cannot load decode agent", "agent", reg.AgentName, "err", err)
+			return
+		}
+		s.e.c.handshakes.Add(1)
+		s.peers[r][reg.AgentName] = &sglPeer{reg: *reg, remote: name, ready: true}
+	case info != nil:
+		if _, ok := s.peers[r][info.AgentName]; !ok {
+			s.e.c.malformedControl.Add(1)
+			s.e.log.Warn("SGLang transfer info from an unregistered decode agent", "agent", info.AgentName)
+			return
+		}
+		room := s.roomLocked(r, info.Room)
+		room.infos[info.AgentName] = *info
+		room.want = info.RequiredDst
+		if len(room.infos) >= room.want && !room.closed {
+			room.closed = true
+			close(room.ready)
+		}
+	default:
+		room := s.roomLocked(r, abort)
+		room.aborted = true
+		if !room.closed {
+			room.closed = true
+			close(room.ready)
+		}
+	}
+}
+
+func (s *sglState) roomLocked(r int, id uint64) *sglRoom {
+	room := s.rooms[r][id]
+	if room == nil {
+		room = &sglRoom{infos: map[string]SGLTransferInfo{}, ready: make(chan struct{}), want: 1}
+		s.rooms[r][id] = room
+	}
+	return room
+}
+
+// prefill computes a room's KV and sends it chunk by chunk to the decode
+// ranks that bootstrapped the room.
+func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply, error) {
+	e := s.e
+	if r.Tokens <= 0 || r.Tokens > kv.MaxTokens {
+		return PrefillReply{}, fmt.Errorf("tokens must be between 1 and %d", kv.MaxTokens)
+	}
+	e.c.requests.Add(1)
+	rep := PrefillReply{RequestID: strconv.FormatUint(r.Room, 10), TStart: mono.Now()}
+	n := e.spec.BlocksFor(kv.FullAttention, r.Tokens)
+	blocks, err := e.alloc.Alloc(n)
+	if err != nil {
+		return rep, err
+	}
+	defer func() {
+		for _, rk := range e.ranks {
+			rk.pool.Poison(blocks)
+		}
+		_ = e.alloc.Free(blocks)
+	}()
+	for _, rk := range e.ranks {
+		rk.pool.Fill(r.Key, blocks, 0, r.Tokens, e.cfg.Verify)
+	}
+	if e.cfg.PrefillPerToken > 0 {
+		if left := time.Duration(r.Tokens)*e.cfg.PrefillPerToken - mono.Since(rep.TStart); left > 0 {
+			time.Sleep(left)
+		}
+	}
+	rep.TFinish = mono.Now()
+	rep.Blocks = n
+	// Wait for every rank's room to be bootstrapped (all decode ranks' TransferInfo in).
+	timeout := time.NewTimer(e.cfg.RegTimeout)
+	defer timeout.Stop()
+	rooms := make([]*sglRoom, len(e.ranks))
+	for i := range e.ranks {
+		s.mu.Lock()
+		rooms[i] = s.roomLocked(i, r.Room)
+		s.mu.Unlock()
+		select {
+		case <-rooms[i].ready:
+		case <-timeout.C:
+			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.RegTimeout)
+		case <-ctx.Done():
+			return rep, ctx.Err()
+		}
+	}
+	defer func() {
+		s.mu.Lock()
+		for i := range e.ranks {
+			delete(s.rooms[i], r.Room)
+		}
+		s.mu.Unlock()
+	}()
+	rep.TBootstrapped = mono.Now()
+	chunk := r.ChunkTokens
+	if chunk <= 0 {
+		chunk = r.Tokens
+	}
+	bs := e.spec.BlockSize
+	var wg sync.WaitGroup
+	errs := make([]error, len(e.ranks))
+	starts, ends, descs := make([]int64, len(e.ranks)), make([]int64, len(e.ranks)), make([]int, len(e.ranks))
+	for i, rk := range e.ranks {
+		if rooms[i].aborted {
+			return rep, fmt.Errorf("room %d aborted by decode", r.Room)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			starts[i] = mono.Now()
+			descs[i], errs[i] = s.sendRoom(ctx, rk, rooms[i], r, blocks, chunk, bs)
+			ends[i] = mono.Now()
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			e.c.failedXfers.Add(1)
+			return rep, fmt.Errorf("rank %d: %w", i, err)
+		}
+		if rep.TPostStart == 0 || starts[i] < rep.TPostStart {
+			rep.TPostStart = starts[i]
+		}
+		rep.TSent = max(rep.TSent, ends[i])
+		rep.Descriptors += descs[i]
+	}
+	return rep, nil
+}
+
+// sendRoom sends one prefill rank's chunks of a room to each decode agent
+// in it, then the aux row, and waits for the WRITEs.
+func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r PrefillRequest, blocks []int, chunk, bs int) (int, error) {
+	e := s.e
+	sr := s.ranks[rk.idx]
+	var xfers []nixl.XferReq
+	defer func() {
+		for _, x := range xfers {
+			_ = rk.agent.ReleaseXferReq(x)
+		}
+	}()
+	s.mu.Lock()
+	infos := room.infos
+	s.mu.Unlock()
+	descs := 0
+	for agentName, info := range infos {
+		s.mu.Lock()
+		peer := s.peers[rk.idx][agentName]
+		s.mu.Unlock()
+		if peer == nil {
+			return descs, fmt.Errorf("decode agent %s is not registered", agentName)
+		}
+		// The slice of heads this prefill rank owes that decode rank.
+		dspec := e.spec
+		dspec.TP = peer.reg.DecodeTP
+		plan, err := kv.Plan(e.spec, dspec)
+		if err != nil {
+			return descs, err
+		}
+		var chunks []kv.Chunk
+		for _, rd := range plan.Decode[peer.reg.DecodeRank].Reads {
+			if rd.PrefillRank == rk.idx {
+				chunks = rd.Chunks
+			}
+		}
+		prefixPages := min(info.PrefixLen/bs, len(blocks))
+		src := blocks[prefixPages:]
+		if len(info.DstPages) != len(src) {
+			return descs, fmt.Errorf("decode pre-allocated %d pages for %d", len(info.DstPages), len(src))
+		}
+		dst := make([]int, len(info.DstPages))
+		for i, p := range info.DstPages {
+			dst[i] = int(p)
+		}
+		rm := sidechannel.AgentMetadata{KVCachesBaseAddr: peer.reg.KVPtrs, NumBlocks: peer.reg.DstNumSlots}
+		for range peer.reg.KVPtrs {
+			rm.BlockLens = append(rm.BlockLens, peer.reg.KVItemLen)
+		}
+		if chunks == nil {
+			// A dummy rank (MLA fan-in): nothing to send but the room's end.
+			if err := rk.agent.SendNotif(peer.remote, []byte(fmt.Sprintf("%d_aux_nokv_%d", r.Room, rk.idx))); err != nil {
+				return descs, err
+			}
+			continue
+		}
+		// Chunked prefill: every chunk but the last ends on a page boundary.
+		pagesPerChunk := max(1, chunk/bs)
+		for c, from := 0, 0; from < len(src) || (c == 0 && len(src) == 0); c++ {
+			to := min(from+pagesPerChunk, len(src))
+			last := to == len(src)
+			ml, err := buildMoves(rk.pool, rm, chunks, src[from:to], dst[from:to], prefixPages+from, r.Tokens, true, true)
+			if err != nil {
+				return descs, err
+			}
+			notif := []byte(fmt.Sprintf("%d_kv_%d_%d_%d", r.Room, c, b2i(last), rk.idx))
+			x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, peer.remote, notif)
+			if err != nil {
+				return descs, err
+			}
+			xfers = append(xfers, x)
+			if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
+				return descs, fmt.Errorf("post chunk %d: %w", c, err)
+			}
+			descs += len(ml.local)
+			from = to
+			if last {
+				break
+			}
+		}
+		// The aux row: one descriptor per aux buffer, the room in the last.
+		row, err := sr.pool.Alloc(1)
+		if err != nil {
+			return descs, err
+		}
+		a := sr.aux.Bytes()
+		for b := 0; b < auxBuffers; b++ {
+			off := (b*auxRows + row[0]) * auxRowSize
+			binary.LittleEndian.PutUint64(a[off:], r.Room^uint64(b)*0x9e3779b97f4a7c15)
+		}
+		var ld, rd []nixl.Desc
+		for b := 0; b < auxBuffers && b < len(peer.reg.AuxPtrs); b++ {
+			ld = append(ld, sr.aux.Desc((b*auxRows+row[0])*auxRowSize, auxRowSize))
+			rd = append(rd, nixl.Desc{Addr: peer.reg.AuxPtrs[b] + uint64(info.DstAux*auxRowSize), Len: auxRowSize})
+		}
+		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, []byte(fmt.Sprintf("%d_aux", r.Room)))
+		if err == nil {
+			xfers = append(xfers, x)
+			if st, perr := rk.agent.PostXferReq(x); st == nixl.Failed {
+				err = perr
+			}
+		}
+		defer func() { _ = sr.pool.Free(row) }()
+		if err != nil {
+			return descs, fmt.Errorf("aux: %w", err)
+		}
+	}
+	for _, x := range xfers {
+		if err := waitXfer(ctx, rk.agent, x); err != nil {
+			return descs, err
+		}
+	}
+	return descs, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// load is decode's side of a room: register with the prefill ranks it
+// needs (once), pre-allocate pages and an aux row, send TransferInfo, and
+// wait for SGLang's is_done.
+func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) error {
+	e := s.e
+	info, err := s.prefillInfo(ctx, r.Bootstrap)
+	if err != nil {
+		return err
+	}
+	if info.PageSize != e.spec.BlockSize || info.KVCacheDType != string(e.spec.DType) {
+		return fmt.Errorf("prefill page size %d / kv dtype %s differ from decode's %d / %s", info.PageSize, info.KVCacheDType, e.spec.BlockSize, e.spec.DType)
+	}
+	pspec := e.spec
+	pspec.TP = info.AttnTPSize
+	plan, err := kv.Plan(pspec, e.spec)
+	if err != nil {
+		return err
+	}
+	local, start, _, err := e.dec.localShare(r)
+	if err != nil {
+		return err
+	}
+	defer e.dec.release(local)
+	rep.Blocks = len(local)
+	pages := make([]int32, len(local))
+	for i, b := range local {
+		pages[i] = int32(b)
+	}
+	// SGLang's rank mapping: the prefill ranks each decode rank talks to,
+	// and how many decode ranks each prefill rank waits for.
+	requiredDst := max(1, len(e.ranks)/info.AttnTPSize)
+	t0 := mono.Now()
+	first := false
+	trackers := make([]*sglTracker, len(e.ranks))
+	for d, rk := range e.ranks {
+		var targets []int
+		for _, rd := range plan.Decode[d].Reads {
+			targets = append(targets, rd.PrefillRank)
+		}
+		targets = append(targets, plan.Decode[d].NotifyOnly...)
+		tr := &sglTracker{chunks: map[int]map[int]bool{}, expected: map[int]int{}, senders: len(targets), done: make(chan struct{})}
+		trackers[d] = tr
+		s.mu.Lock()
+		s.roomLocked(d, r.Room).tracker = tr
+		s.mu.Unlock()
+		row, err := s.ranks[d].pool.Alloc(1)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = s.ranks[d].pool.Free(row) }()
+		clearAux(s.ranks[d].aux.Bytes(), row[0])
+		for _, p := range targets {
+			push, isNew, err := s.ensureRegistered(ctx, r.Bootstrap, rk, p)
+			if err != nil {
+				return err
+			}
+			first = first || isNew
+			ip, port, _ := splitEndpoint(s.ranks[d].inbox.Endpoint())
+			ti := SGLTransferInfo{Room: r.Room, DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), DstPages: pages,
+				DstAux: row[0], RequiredDst: requiredDst, PrefixLen: start * e.spec.BlockSize}
+			if err := push.Send(ti.Encode()); err != nil {
+				return fmt.Errorf("transfer info to prefill rank %d: %w", p, err)
+			}
+		}
+		defer func(d int, row int) {
+			rep.CorruptBlocks += s.checkAux(d, row, r.Room)
+		}(d, row[0])
+	}
+	if first {
+		rep.HandshakeMS, rep.FirstHandshake = float64(mono.Since(t0))/1e6, true
+	}
+	rep.TRegSent = mono.Now()
+	defer func() {
+		s.mu.Lock()
+		for d := range e.ranks {
+			delete(s.rooms[d], r.Room)
+		}
+		s.mu.Unlock()
+	}()
+	timeout := time.NewTimer(e.cfg.RegTimeout)
+	defer timeout.Stop()
+	for _, tr := range trackers {
+		select {
+		case <-tr.done:
+		case <-timeout.C:
+			e.c.regTimeouts.Add(1)
+			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.RegTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		rep.TXferDone = max(rep.TXferDone, tr.tLast)
+		s.mu.Unlock()
+	}
+	rep.TReady = mono.Now()
+	e.dec.verify(r, local, start, rep)
+	return nil
+}
+
+func clearAux(a []byte, row int) {
+	for b := 0; b < auxBuffers; b++ {
+		off := (b*auxRows + row) * auxRowSize
+		clear(a[off : off+auxRowSize])
+	}
+}
+
+// checkAux is SGLang's metadata gate: the aux row must carry the room.
+func (s *sglState) checkAux(d, row int, room uint64) int {
+	a := s.ranks[d].aux.Bytes()
+	bad := 0
+	for b := 0; b < auxBuffers; b++ {
+		off := (b*auxRows + row) * auxRowSize
+		if binary.LittleEndian.Uint64(a[off:]) != room^uint64(b)*0x9e3779b97f4a7c15 {
+			bad++
+		}
+	}
+	return bad
+}
+
+func (s *sglState) prefillInfo(ctx context.Context, addr string) (sglPrefillInfo, error) {
+	s.mu.Lock()
+	info, ok := s.info[addr]
+	s.mu.Unlock()
+	if ok {
+		return info, nil
+	}
+	q := url.Values{"prefill_dp_rank": {"-1"}, "prefill_cp_rank": {"-1"}, "target_tp_rank": {"-1"}, "target_pp_rank": {"-1"}}
+	if err := s.getJSON(ctx, addr, q, &info); err != nil {
+		return info, err
+	}
+	if info.AttnTPSize <= 0 || info.AttnTPSize > 1024 || info.PageSize <= 0 {
+		return info, fmt.Errorf("bootstrap %s: bad prefill info %+v", addr, info)
+	}
+	s.mu.Lock()
+	s.info[addr] = info
+	s.mu.Unlock()
+	return info, nil
+}
+
+func (s *sglState) getJSON(ctx context.Context, addr string, q url.Values, v any) error {
+	for attempt := 0; ; attempt++ {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/route?"+q.Encode(), nil)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			return fmt.Errorf("bootstrap %s: %w", addr, err)
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable && attempt < 50 {
+			resp.Body.Close()
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("bootstrap %s: %s", addr, resp.Status)
+		}
+		return json.NewDecoder(resp.Body).Decode(v)
+	}
+}
+
+// ensureRegistered sends decode rank rk's KV args to prefill rank p once
+// and returns the PUSH socket to that rank's inbox.
+func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *rank, p int) (*sidechannel.Push, bool, error) {
+	var entry map[string]string
+	q := url.Values{"prefill_dp_rank": {"0"}, "prefill_cp_rank": {"0"}, "target_tp_rank": {strconv.Itoa(p)}, "target_pp_rank": {"0"}}
+	key := [2]string{rk.agent.Name(), bootstrap + "/" + strconv.Itoa(p)}
+	s.mu.Lock()
+	done := s.registered[key]
+	push := s.ranks[rk.idx].push[key[1]]
+	s.mu.Unlock()
+	if done && push != nil {
+		return push, false, nil
+	}
+	if err := s.getJSON(ctx, bootstrap, q, &entry); err != nil {
+		return nil, false, err
+	}
+	ep := "tcp://" + net.JoinHostPort(entry["rank_ip"], entry["rank_port"])
+	push, err := sidechannel.DialPush(ep, 30*time.Second)
+	if err != nil {
+		return nil, false, err
+	}
+	md, err := rk.agent.LocalMD()
+	if err != nil {
+		return nil, false, err
+	}
+	ip, port, _ := splitEndpoint(s.ranks[rk.idx].inbox.Endpoint())
+	reg := SGLRegistration{DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), AgentMD: md, GPUID: 0,
+		DecodeTP: len(s.e.ranks), DecodeRank: rk.idx, DstNumSlots: s.e.cfg.NumBlocks}
+	for i := range rk.pool.Rank.Regions {
+		reg.KVPtrs = append(reg.KVPtrs, rk.pool.RegionBase(i))
+		reg.KVItemLen = rk.pool.BlockLen(i)
+	}
+	for b := 0; b < auxBuffers; b++ {
+		reg.AuxPtrs = append(reg.AuxPtrs, s.ranks[rk.idx].aux.Addr+uint64(b*auxRows*auxRowSize))
+	}
+	if err := push.Send(reg.Encode()); err != nil {
+		push.Close()
+		return nil, false, err
+	}
+	s.mu.Lock()
+	s.registered[key] = true
+	s.ranks[rk.idx].push[key[1]] = push
+	s.mu.Unlock()
+	return push, true, nil
+}
+
+// onNotif counts a decode-side SGLang notification.
+func (s *sglState) onNotif(rk *rank, from, m string) {
+	n, err := parseSGLNotif(m)
+	if err != nil {
+		s.e.badNotif(err.Error(), from, m)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	room := s.rooms[rk.idx][n.room]
+	if room == nil || room.tracker == nil {
+		s.e.c.unknown.Add(1)
+		s.e.log.Warn("notification for an unknown room", "room", n.room, "from", from)
+		return
+	}
+	tr := room.tracker
+	tr.tLast = mono.Now()
+	switch n.kind {
+	case "aux":
+		tr.aux = true
+	case "nokv":
+		tr.expected[n.sender] = 0
+		tr.chunks[n.sender] = map[int]bool{}
+	case "kv":
+		if tr.chunks[n.sender] == nil {
+			tr.chunks[n.sender] = map[int]bool{}
+		}
+		if tr.chunks[n.sender][n.chunk] {
+			s.e.c.duplicate.Add(1)
+		}
+		tr.chunks[n.sender][n.chunk] = true
+		if n.last {
+			tr.expected[n.sender] = n.chunk + 1
+		}
+	}
+	if tr.complete() && !tr.closed {
+		tr.closed = true
+		close(tr.done)
+	}
+}
