@@ -15,5 +15,5 @@ go mod download
 [ "${1:-}" = "--deps" ] && exit 0
 
 build_nixlctl
-log "main job: KV layout of Llama-3.1-70B for a sweep of prompt lengths"
-exec bin/nixlctl kv layout --model llama-3.1-70b --tokens 1024,4096,8192,32768,131072 -o table
+log "main job: vLLM push-mode KV handoff, Llama-3.1-8B, 2048-token prompts, prefill and decode as separate processes"
+exec bin/nixlctl bench push --model llama-3.1-8b --isl 2048 --requests 48 --concurrency 4 -o table

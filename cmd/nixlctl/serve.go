@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 
@@ -21,7 +22,7 @@ func newServeCmd(a *app) *cobra.Command {
 themselves as child processes on loopback; run them by hand to put the two sides
 on different hosts or under a debugger.`,
 	}
-	cmd.AddCommand(newServeTargetCmd(a))
+	cmd.AddCommand(newServeTargetCmd(a), newServeEngineCmd(a, "prefill"), newServeEngineCmd(a, "decode"))
 	return cmd
 }
 
@@ -65,13 +66,21 @@ func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
 	case o.Stdio:
 		return engine.ServeXferTarget(ctx, os.Stdin, os.Stdout, a.log)
 	}
-	ln, err := net.Listen("tcp", o.Listen)
+	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
+		return engine.ServeXferTarget(ctx, rw, rw, a.log)
+	})
+}
+
+// serveTCP accepts one control connection at a time on addr and hands it
+// to serve until ctx ends.
+func serveTCP(ctx context.Context, a *app, addr string, serve func(context.Context, io.ReadWriter) error) error {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return errkind.BadInputf("--listen: %v", err)
 	}
 	defer ln.Close()
 	context.AfterFunc(ctx, func() { ln.Close() })
-	fmt.Fprintf(a.io.ErrOut, "serving xfer target on %s\n", ln.Addr())
+	fmt.Fprintf(a.io.ErrOut, "listening on %s\n", ln.Addr())
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -80,8 +89,8 @@ func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
 			}
 			return err
 		}
-		a.log.Info("initiator connected", "from", conn.RemoteAddr())
-		err = engine.ServeXferTarget(ctx, conn, conn, a.log)
+		a.log.Info("driver connected", "from", conn.RemoteAddr())
+		err = serve(ctx, conn)
 		conn.Close()
 		if err != nil {
 			a.log.Warn("session ended", "err", err)

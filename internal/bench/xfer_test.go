@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,9 +15,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// This test binary doubles as the target child process.
-	if os.Getenv("NIXLCTL_BENCH_TEST_TARGET") == "1" {
-		if err := engine.ServeXferTarget(context.Background(), os.Stdin, os.Stdout, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+	// This test binary doubles as the endpoint child processes: an xfer
+	// target when "target" is among its arguments, else an engine endpoint.
+	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		serve := engine.ServeEndpoint
+		if slices.Contains(os.Args, "target") {
+			serve = engine.ServeXferTarget
+		}
+		if err := serve(context.Background(), os.Stdin, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -29,7 +36,7 @@ func smallXfer(op nixl.Op) XferOptions {
 	exe, _ := os.Executable()
 	return XferOptions{Backend: "ucx", Op: op, StartBlock: 4 << 10, MaxBlock: 16 << 10, StartBatch: 1, MaxBatch: 4,
 		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: "mmap", CheckConsistency: true,
-		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$"}, Env: []string{"NIXLCTL_BENCH_TEST_TARGET=1"}}}
+		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$", "target"}, Env: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}}}
 }
 
 func TestRunXferAcrossProcesses(t *testing.T) {

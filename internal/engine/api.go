@@ -62,6 +62,7 @@ type PrefillReply struct {
 	TPostEnd      int64 `json:"t_post_end,omitempty"`
 	TSent         int64 `json:"t_sent,omitempty"`
 	Descriptors   int   `json:"descriptors,omitempty"`
+	LogicalDescs  int   `json:"logical_descriptors,omitempty"`
 	PostNS        int64 `json:"post_ns,omitempty"`
 }
 
@@ -112,6 +113,7 @@ type FreedEvent struct {
 	TPostEnd     int64 `json:"t_post_end,omitempty"`
 	TWriteDone   int64 `json:"t_write_done,omitempty"`
 	Descriptors  int   `json:"descriptors,omitempty"`
+	LogicalDescs int   `json:"logical_descriptors,omitempty"`
 	Bytes        int64 `json:"bytes,omitempty"`
 	Failed       bool  `json:"failed,omitempty"`
 }

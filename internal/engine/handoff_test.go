@@ -93,7 +93,7 @@ func TestPullAcrossTP(t *testing.T) {
 				if lr.FirstHandshake != (i == 0) {
 					t.Errorf("request %d: first handshake %v", i, lr.FirstHandshake)
 				}
-				if lr.TXferDone < lr.TPostEnd || lr.TReady < lr.TXferDone || lr.TPostStart < lr.TArrive {
+				if lr.TXferDone < lr.TPostStart || lr.TReady < lr.TXferDone || lr.TPostStart < lr.TArrive || lr.TPostEnd < lr.TPostStart {
 					t.Errorf("stage times out of order: %+v", lr)
 				}
 				ev := waitFreed(t, rec, "consumed")

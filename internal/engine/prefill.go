@@ -42,6 +42,7 @@ type pushRank struct {
 	tPostEnd   int64
 	tDone      int64
 	descs      int
+	logical    int
 	bytes      int64
 }
 
@@ -298,6 +299,7 @@ func (s *prefillState) free(q *preq, reason string) {
 			ev.TPostEnd = max(ev.TPostEnd, pr.tPostEnd)
 			ev.TWriteDone = max(ev.TWriteDone, pr.tDone)
 			ev.Descriptors += pr.descs
+			ev.LogicalDescs += pr.logical
 			ev.Bytes += pr.bytes
 			ev.Failed = ev.Failed || pr.failed
 		}
@@ -509,7 +511,7 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 	s.mu.Unlock()
 	t0 := mono.Now()
 	var writes []pushWrite
-	var descs int
+	var descs, logical int
 	var bytes int64
 	for _, d := range targets {
 		var chunks []kv.Chunk
@@ -545,13 +547,14 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 		}
 		writes = append(writes, pushWrite{agent: rk.agent, req: x})
 		descs += len(ml.local)
+		logical += ml.logical
 		bytes += ml.bytes
 	}
 	s.mu.Lock()
 	p.writes = append(p.writes, writes...)
 	p.posted += len(writes)
 	p.tPostStart, p.tPostEnd = t0, mono.Now()
-	p.descs, p.bytes = descs, bytes
+	p.descs, p.logical, p.bytes = descs, logical, bytes
 	s.mu.Unlock()
 	s.wakeRank(rk.idx)
 }

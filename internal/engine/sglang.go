@@ -267,6 +267,7 @@ type sglPeer struct {
 type sglRoom struct {
 	infos   map[string]SGLTransferInfo // by decode agent name
 	want    int
+	tReady  int64 // when the last TransferInfo arrived
 	ready   chan struct{}
 	closed  bool
 	aborted bool
@@ -483,6 +484,7 @@ func (s *sglState) onInbox(r int, frames [][]byte) {
 		room.want = info.RequiredDst
 		if len(room.infos) >= room.want && !room.closed {
 			room.closed = true
+			room.tReady = mono.Now()
 			close(room.ready)
 		}
 	default:
@@ -557,7 +559,9 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 		s.mu.Unlock()
 	}()
-	rep.TBootstrapped = mono.Now()
+	for _, room := range rooms {
+		rep.TBootstrapped = max(rep.TBootstrapped, room.tReady)
+	}
 	chunk := r.ChunkTokens
 	if chunk <= 0 {
 		chunk = r.Tokens
@@ -565,7 +569,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	bs := e.spec.BlockSize
 	var wg sync.WaitGroup
 	errs := make([]error, len(e.ranks))
-	starts, ends, descs := make([]int64, len(e.ranks)), make([]int64, len(e.ranks)), make([]int, len(e.ranks))
+	starts, ends, descs, logical := make([]int64, len(e.ranks)), make([]int64, len(e.ranks)), make([]int, len(e.ranks)), make([]int, len(e.ranks))
 	for i, rk := range e.ranks {
 		if rooms[i].aborted {
 			return rep, fmt.Errorf("room %d aborted by decode", r.Room)
@@ -574,7 +578,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		go func() {
 			defer wg.Done()
 			starts[i] = mono.Now()
-			descs[i], errs[i] = s.sendRoom(ctx, rk, rooms[i], r, blocks, chunk, bs)
+			descs[i], logical[i], errs[i] = s.sendRoom(ctx, rk, rooms[i], r, blocks, chunk, bs)
 			ends[i] = mono.Now()
 		}()
 	}
@@ -589,13 +593,14 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 		rep.TSent = max(rep.TSent, ends[i])
 		rep.Descriptors += descs[i]
+		rep.LogicalDescs += logical[i]
 	}
 	return rep, nil
 }
 
 // sendRoom sends one prefill rank's chunks of a room to each decode agent
 // in it, then the aux row, and waits for the WRITEs.
-func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r PrefillRequest, blocks []int, chunk, bs int) (int, error) {
+func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r PrefillRequest, blocks []int, chunk, bs int) (descs, logical int, err error) {
 	e := s.e
 	sr := s.ranks[rk.idx]
 	var xfers []nixl.XferReq
@@ -607,31 +612,34 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 	s.mu.Lock()
 	infos := room.infos
 	s.mu.Unlock()
-	descs := 0
 	for agentName, info := range infos {
 		s.mu.Lock()
 		peer := s.peers[rk.idx][agentName]
 		s.mu.Unlock()
 		if peer == nil {
-			return descs, fmt.Errorf("decode agent %s is not registered", agentName)
+			return descs, logical, fmt.Errorf("decode agent %s is not registered", agentName)
 		}
 		// The slice of heads this prefill rank owes that decode rank.
 		dspec := e.spec
 		dspec.TP = peer.reg.DecodeTP
 		plan, err := kv.Plan(e.spec, dspec)
 		if err != nil {
-			return descs, err
+			return descs, logical, err
 		}
 		var chunks []kv.Chunk
-		for _, rd := range plan.Decode[peer.reg.DecodeRank].Reads {
+		reads := plan.Decode[peer.reg.DecodeRank].Reads
+		for _, rd := range reads {
 			if rd.PrefillRank == rk.idx {
 				chunks = rd.Chunks
 			}
 		}
+		// One prefill rank per decode rank writes the aux row (the first of
+		// its sources), so the aux notification comes exactly once.
+		sendsAux := len(reads) > 0 && reads[0].PrefillRank == rk.idx
 		prefixPages := min(info.PrefixLen/bs, len(blocks))
 		src := blocks[prefixPages:]
 		if len(info.DstPages) != len(src) {
-			return descs, fmt.Errorf("decode pre-allocated %d pages for %d", len(info.DstPages), len(src))
+			return descs, logical, fmt.Errorf("decode pre-allocated %d pages for %d", len(info.DstPages), len(src))
 		}
 		dst := make([]int, len(info.DstPages))
 		for i, p := range info.DstPages {
@@ -644,7 +652,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 		if chunks == nil {
 			// A dummy rank (MLA fan-in): nothing to send but the room's end.
 			if err := rk.agent.SendNotif(peer.remote, []byte(fmt.Sprintf("%d_aux_nokv_%d", r.Room, rk.idx))); err != nil {
-				return descs, err
+				return descs, logical, err
 			}
 			continue
 		}
@@ -655,27 +663,31 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 			last := to == len(src)
 			ml, err := buildMoves(rk.pool, rm, chunks, src[from:to], dst[from:to], prefixPages+from, r.Tokens, true, true)
 			if err != nil {
-				return descs, err
+				return descs, logical, err
 			}
 			notif := []byte(fmt.Sprintf("%d_kv_%d_%d_%d", r.Room, c, b2i(last), rk.idx))
 			x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, peer.remote, notif)
 			if err != nil {
-				return descs, err
+				return descs, logical, err
 			}
 			xfers = append(xfers, x)
 			if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
-				return descs, fmt.Errorf("post chunk %d: %w", c, err)
+				return descs, logical, fmt.Errorf("post chunk %d: %w", c, err)
 			}
 			descs += len(ml.local)
+			logical += ml.logical
 			from = to
 			if last {
 				break
 			}
 		}
+		if !sendsAux {
+			continue
+		}
 		// The aux row: one descriptor per aux buffer, the room in the last.
 		row, err := sr.pool.Alloc(1)
 		if err != nil {
-			return descs, err
+			return descs, logical, err
 		}
 		a := sr.aux.Bytes()
 		for b := 0; b < auxBuffers; b++ {
@@ -696,15 +708,15 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 		}
 		defer func() { _ = sr.pool.Free(row) }()
 		if err != nil {
-			return descs, fmt.Errorf("aux: %w", err)
+			return descs, logical, fmt.Errorf("aux: %w", err)
 		}
 	}
 	for _, x := range xfers {
 		if err := waitXfer(ctx, rk.agent, x); err != nil {
-			return descs, err
+			return descs, logical, err
 		}
 	}
-	return descs, nil
+	return descs, logical, nil
 }
 
 func b2i(b bool) int {

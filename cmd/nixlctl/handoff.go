@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+type handoffOptions struct {
+	Backend       string        `mapstructure:"backend"`
+	Model         string        `mapstructure:"model"`
+	ModelConfig   string        `mapstructure:"model-config"`
+	KVDType       string        `mapstructure:"kv-dtype"`
+	BlockSize     int           `mapstructure:"block-size"`
+	Layout        string        `mapstructure:"layout"`
+	KVCacheLayout string        `mapstructure:"kv-cache-layout"`
+	PrefillTP     int           `mapstructure:"prefill-tp"`
+	DecodeTP      int           `mapstructure:"decode-tp"`
+	Requests      int           `mapstructure:"requests"`
+	Warmup        int           `mapstructure:"warmup"`
+	ISL           int           `mapstructure:"isl"`
+	ISLDist       string        `mapstructure:"isl-dist"`
+	ISLMin        int           `mapstructure:"isl-min"`
+	ISLMax        int           `mapstructure:"isl-max"`
+	ISLMean       float64       `mapstructure:"isl-mean"`
+	ISLStd        float64       `mapstructure:"isl-std"`
+	Trace         string        `mapstructure:"trace"`
+	Rate          float64       `mapstructure:"rate"`
+	Concurrency   int           `mapstructure:"concurrency"`
+	PrefixHit     float64       `mapstructure:"prefix-hit"`
+	Fragmentation string        `mapstructure:"fragmentation"`
+	NoMerge       bool          `mapstructure:"no-merge"`
+	NumBlocks     int           `mapstructure:"num-blocks"`
+	PrefillTime   time.Duration `mapstructure:"prefill-time"`
+	Lease         time.Duration `mapstructure:"kv-lease-duration"`
+	RegTimeout    time.Duration `mapstructure:"registration-timeout"`
+	ChunkTokens   int           `mapstructure:"chunk-tokens"`
+	Verify        string        `mapstructure:"verify"`
+	DRAMAlloc     string        `mapstructure:"dram-alloc"`
+	XferRef       bool          `mapstructure:"xfer-reference"`
+	Inproc        bool          `mapstructure:"inproc"`
+	Prefill       string        `mapstructure:"prefill"`
+	Decode        string        `mapstructure:"decode"`
+	Records       string        `mapstructure:"records"`
+	Seed          uint64        `mapstructure:"seed"`
+}
+
+var protocolHelp = map[string]string{
+	engine.ProtoPull: `vLLM's default NixlConnector flow. Prefill computes the request, arms a lease on
+its blocks and returns kv_transfer_params (block ids, engine id, side channel);
+the router forwards them to decode, which handshakes with prefill's side
+channel (ZMQ ROUTER, msgpack get_meta_msg, compatibility hash checked) the first
+time, allocates its blocks, and READs them with the notification
+"<prefill request id>:<consumers>"; prefill frees the blocks when every consumer
+reported, or when the lease (--kv-lease-duration) expires.`,
+	engine.ProtoPush: `vLLM's NixlPushConnector. The router dispatches both legs at once; decode
+allocates its blocks and sends "PUSH_REG:<msgpack>" with them to every prefill
+rank; each prefill rank's writer matches registrations and finished requests in
+either arrival order (exact request id, then the id without its random
+"-<8 hex>" suffix) and WRITEs straight into decode's blocks with the
+notification "<decode request id>:<prefill tp>"; decode is done when the
+expected notifications arrived, or fails after --registration-timeout
+(the watchdog). A failed WRITE is not reported to decode, as in vLLM.`,
+	engine.ProtoSGLang: `SGLang's NIXL disaggregation. The router gives both legs a 63-bit bootstrap
+room; prefill runs the bootstrap HTTP server (/route, /health) where its ranks
+register; decode looks the ranks up, registers its KV buffers with each once
+(ZMQ PUSH to the rank's PULL inbox, room "None"), pre-allocates pages and an aux
+(metadata) row and sends a TransferInfo with the page indices; prefill WRITEs
+the pages chunk by chunk (--chunk-tokens, page-aligned) with
+"{room}_kv_{chunk}_{last}_{rank}" notifications and the aux row with
+"{room}_aux"; decode polls until every chunk and the aux arrived and checks
+that the aux row carries its room.`,
+}
+
+const handoffCommon = `
+
+Both endpoints are real: child processes ("nixlctl serve prefill|decode") on
+loopback by default, goroutines with --inproc, or endpoints started elsewhere
+with --prefill HOST:PORT --decode HOST:PORT. Every TP rank is its own agent with
+a paged KV pool laid out like the engine's (see "nixlctl kv layout"); prefill
+"computes" by writing tags derived from (request, layer, block, head) into the
+request's blocks (plus --prefill-time per token, to mimic compute), and decode
+verifies the tags of every block it receives: corrupt blocks must be 0. Freed
+blocks are overwritten so a late reader is caught. --prefill-tp and --decode-tp
+may differ: the rank mapping, head-slice descriptors and expected notification
+counts follow the engines' own rules.
+
+Workload: --requests of --isl tokens (or --isl-dist uniform|normal with
+--isl-min/--isl-max/--isl-mean/--isl-std, or --trace FILE of JSON lines
+{"arrival": seconds, "isl": tokens}); closed loop with --concurrency, or open
+loop with --rate (Poisson); --prefix-hit fraction of each prompt decode already
+holds (the remote block list is end-trimmed); --fragmentation scattered gives
+fragmented block tables (descriptors cannot merge).
+
+Per request it measures: handshake (first vs steady), registration round trip,
+KV ready at prefill -> transfer posted, post time, transfer time, transfer done
+-> decode ready, and the handoff latency (KV ready -> decode ready); the summary
+has p50/p90/p99/p99.9/max, bandwidth, requests/s, failures, corrupt blocks,
+blocks still held after the run, and efficiency against memcpy (measured in the
+decode process) and against "bench xfer" on the same bytes (--xfer-reference).
+--records FILE writes one JSON line per request.`
+
+func newHandoffCmd(a *app, proto string) *cobra.Command {
+	short := map[string]string{
+		engine.ProtoPull:   "vLLM pull: decode READs prefill's blocks",
+		engine.ProtoPush:   "vLLM push: prefill WRITEs into decode's pre-allocated blocks",
+		engine.ProtoSGLang: "SGLang: bootstrap room, pre-allocated pages, chunked WRITEs",
+	}[proto]
+	cmd := &cobra.Command{
+		Use:   proto,
+		Short: short,
+		Long:  protocolHelp[proto] + handoffCommon,
+		Example: fmt.Sprintf(`  nixlctl bench %[1]s
+  nixlctl bench %[1]s --model llama-3.1-8b --isl 4096 --requests 64 --concurrency 8 --xfer-reference
+  nixlctl bench %[1]s --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 2048 --requests 16
+  nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o handoffOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runHandoff(cmd.Context(), a, proto, o)
+		},
+	}
+	f := cmd.Flags()
+	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
+	f.String("model-config", "", "HuggingFace config.json instead of a preset")
+	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
+	f.Int("block-size", 16, "tokens per KV block (page)")
+	f.String("layout", "flash-attn", "attention layout: flash-attn or flashinfer")
+	f.String("kv-cache-layout", "HND", "order inside a block: HND or NHD (SGLang is always NHD)")
+	f.Int("prefill-tp", 1, "prefill tensor-parallel size")
+	f.Int("decode-tp", 1, "decode tensor-parallel size")
+	f.Int("requests", 32, "measured requests")
+	f.Int("warmup", 2, "requests run first and left out of the summary")
+	f.Int("isl", 4096, "prompt tokens (fixed distribution)")
+	f.String("isl-dist", "fixed", "prompt length distribution: fixed, uniform, normal (or use --trace)")
+	f.Int("isl-min", 128, "smallest prompt (uniform, normal)")
+	f.Int("isl-max", 8192, "largest prompt (uniform, normal)")
+	f.Float64("isl-mean", 4096, "mean prompt (normal)")
+	f.Float64("isl-std", 1024, "prompt standard deviation (normal)")
+	f.String("trace", "", "JSON-lines trace of {\"arrival\": s, \"isl\": n}")
+	f.Float64("rate", 0, "open loop: requests per second (Poisson); 0 = closed loop")
+	f.Int("concurrency", 8, "closed loop: requests in flight")
+	f.Float64("prefix-hit", 0, "fraction of each prompt decode already holds")
+	f.String("fragmentation", "contiguous", "block tables: contiguous or scattered")
+	f.Bool("no-merge", false, "post one descriptor per block per region (do not merge contiguous runs as NIXL does)")
+	f.Int("num-blocks", 0, "KV blocks per engine (default: enough for the workload)")
+	f.Duration("prefill-time", 0, "modelled prefill compute per token (e.g. 20us)")
+	f.Duration("kv-lease-duration", 30*time.Second, "how long prefill keeps a finished request's blocks")
+	f.Duration("registration-timeout", 60*time.Second, "push/SGLang decode-side watchdog")
+	f.Int("chunk-tokens", 0, "SGLang chunked prefill size (default: one chunk)")
+	f.String("verify", "sparse", "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
+	f.String("dram-alloc", "mmap", "pool allocation: mmap or ucx")
+	f.Bool("xfer-reference", false, "also run bench xfer on the same bytes for an efficiency ratio")
+	f.Bool("inproc", false, "run both endpoints in this process")
+	f.String("prefill", "", "use a prefill endpoint started with serve prefill --listen (host:port)")
+	f.String("decode", "", "use a decode endpoint started with serve decode --listen (host:port)")
+	f.String("records", "", "write one JSON line per request to this file")
+	f.Uint64("seed", 1, "random seed (prompt lengths, arrivals, block placement)")
+	return cmd
+}
+
+func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) error {
+	m, err := loadModel(o.Model, o.ModelConfig)
+	if err != nil {
+		return err
+	}
+	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, 1, false)
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	if _, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.DecodeTP, 1, false); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	h := bench.HandoffOptions{Protocol: proto, Backend: o.Backend, Spec: spec, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup,
+		ISL:  bench.ISL{Dist: o.ISLDist, Fixed: o.ISL, Min: o.ISLMin, Max: o.ISLMax, Mean: o.ISLMean, Std: o.ISLStd},
+		Rate: o.Rate, Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Merge: !o.NoMerge, NumBlocks: o.NumBlocks,
+		PrefillPerTok: o.PrefillTime, Lease: o.Lease, RegTimeout: o.RegTimeout, ChunkTokens: o.ChunkTokens, DRAMAlloc: o.DRAMAlloc,
+		XferRef: o.XferRef, Inproc: o.Inproc, Prefill: o.Prefill, Decode: o.Decode, Version: version, Seed: o.Seed, Log: a.log, Progress: a.io.ErrOut}
+	switch o.Fragmentation {
+	case "contiguous":
+	case "scattered":
+		h.Scattered = true
+	default:
+		return errkind.BadInputf("--fragmentation %q: want contiguous or scattered", o.Fragmentation)
+	}
+	switch o.Verify {
+	case "sparse":
+	case "full":
+		h.Verify = engine.Full
+	default:
+		return errkind.BadInputf("--verify %q: want sparse or full", o.Verify)
+	}
+	if o.DRAMAlloc != "mmap" && o.DRAMAlloc != "ucx" {
+		return errkind.BadInputf("--dram-alloc %q: want mmap or ucx", o.DRAMAlloc)
+	}
+	if o.Trace != "" {
+		f, err := os.Open(o.Trace)
+		if err != nil {
+			return errkind.BadInputf("--trace: %v", err)
+		}
+		h.Trace, err = bench.ReadTrace(f)
+		f.Close()
+		if err != nil {
+			return errkind.BadInputf("--trace %s: %v", o.Trace, err)
+		}
+		h.ISL.Dist = "trace"
+		h.Rate = 1 // arrivals come from the trace: open loop
+	}
+	if err := h.Validate(); err != nil {
+		return errkind.BadInput(err)
+	}
+	var recf io.WriteCloser
+	if o.Records != "" {
+		if recf, err = os.Create(o.Records); err != nil {
+			return errkind.BadInputf("--records: %v", err)
+		}
+		defer recf.Close()
+		h.Records = recf
+	}
+	res, runErr := bench.RunHandoff(ctx, h)
+	if res == nil {
+		return runErr
+	}
+	if err := bench.WriteHandoff(a.io.Out, a.format, res); err != nil {
+		return err
+	}
+	if runErr != nil {
+		return runErr
+	}
+	if res.Summary.CorruptBlocks > 0 {
+		return errkind.CheckFailedf("%d corrupt blocks", res.Summary.CorruptBlocks)
+	}
+	if res.Summary.Failed > 0 && res.Summary.Failed == res.Summary.Requests {
+		return errors.New("every request failed")
+	}
+	return nil
+}
+
+type serveEngineOptions struct {
+	Stdio  bool   `mapstructure:"stdio"`
+	Listen string `mapstructure:"listen"`
+}
+
+func newServeEngineCmd(a *app, role string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   role,
+		Short: fmt.Sprintf("Serve a %s endpoint for bench pull|push|sglang", role),
+		Long: fmt.Sprintf(`Serve a %[1]s engine endpoint. The bench driver (nixlctl bench pull|push|sglang)
+sets it up (model, layout, TP, protocol, backend) and sends it requests over a
+control channel of JSON lines; the KV cache itself moves over the transfer
+backend, and the engines talk to each other over their own side channels
+(vLLM's ZMQ handshake, SGLang's bootstrap server and ZMQ inboxes).
+
+--stdio takes the control channel on standard input and output (how the bench
+starts its children); --listen HOST:PORT accepts drivers over TCP, one at a
+time, for endpoints on other hosts.`, role),
+		Example: fmt.Sprintf(`  nixlctl serve %s --listen 0.0.0.0:7400
+  nixlctl bench push --prefill 10.0.0.1:7400 --decode 10.0.0.2:7400`, role),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o serveEngineOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runServeEngine(cmd.Context(), a, o)
+		},
+	}
+	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
+	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
+	return cmd
+}
+
+func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
+	if o.Stdio == (o.Listen != "") {
+		return errkind.BadInputf("use exactly one of --stdio and --listen")
+	}
+	if o.Stdio {
+		return engine.ServeEndpoint(ctx, os.Stdin, os.Stdout, a.log)
+	}
+	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
+		return engine.ServeEndpoint(ctx, rw, rw, a.log)
+	})
+}

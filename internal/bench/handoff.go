@@ -1,0 +1,836 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// HandoffOptions configure `bench pull|push|sglang`: real prefill and
+// decode endpoints handing KV caches over with one protocol while the
+// driver plays the router.
+type HandoffOptions struct {
+	Protocol      string
+	Backend       string
+	Spec          kv.Spec // TP is the prefill's
+	DecodeTP      int
+	Requests      int
+	Warmup        int // requests run first and left out of the summary
+	ISL           ISL
+	Trace         []TraceEntry
+	Rate          float64 // open loop, requests per second (Poisson); 0 = closed loop
+	Concurrency   int     // closed loop
+	PrefixHit     float64 // fraction of each prompt decode already holds
+	Scattered     bool    // fragmented block tables
+	Merge         bool    // merge contiguous descriptors (as NIXL does)
+	NumBlocks     int     // per engine; 0 = enough for the workload
+	PrefillPerTok time.Duration
+	Lease         time.Duration
+	RegTimeout    time.Duration
+	ChunkTokens   int // SGLang chunked prefill
+	Verify        engine.Verify
+	DRAMAlloc     string
+	XferRef       bool // measure bench xfer on the same bytes for efficiency
+	Inproc        bool
+	Prefill       string // host:port of `serve prefill --listen`
+	Decode        string
+	Exe           string   // endpoint children; default this program
+	ExeArgs       []string // arguments before the role; default serve
+	ChildEnv      []string
+	Records       io.Writer // JSON lines, one per request (nil: none)
+	// OnStart, if set, is called once both endpoints are set up (chaos
+	// and fault tests use it to kill or stop them mid-run).
+	OnStart  func(prefill, decode *Endpoint)
+	Version  string
+	Seed     uint64
+	Log      *slog.Logger
+	Progress io.Writer
+}
+
+// Validate checks the options.
+func (o *HandoffOptions) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	switch o.Protocol {
+	case engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang:
+	default:
+		bad("protocol %q: want pull, push or sglang", o.Protocol)
+	}
+	if o.Requests <= 0 && len(o.Trace) == 0 {
+		bad("--requests must be > 0")
+	}
+	if o.Warmup < 0 {
+		bad("--warmup must be >= 0")
+	}
+	if o.Rate < 0 || (o.Rate == 0 && o.Concurrency <= 0) {
+		bad("use --rate > 0 (open loop) or --concurrency > 0 (closed loop)")
+	}
+	if o.PrefixHit < 0 || o.PrefixHit >= 1 {
+		bad("--prefix-hit must be in [0, 1)")
+	}
+	if o.ISL.Dist != "trace" {
+		if err := o.ISL.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.DecodeTP <= 0 {
+		bad("--decode-tp must be > 0")
+	}
+	if (o.Prefill == "") != (o.Decode == "") {
+		bad("--prefill and --decode go together")
+	}
+	if o.Inproc && o.Prefill != "" {
+		bad("--inproc and --prefill/--decode exclude each other")
+	}
+	if err := o.Spec.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("prefill: %w", err))
+	}
+	d := o.Spec
+	d.TP = o.DecodeTP
+	if err := d.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("decode: %w", err))
+	} else if _, err := kv.Plan(o.Spec, d); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// HandoffRecord is one request, as written to --records. Durations are
+// milliseconds; stages that do not apply to the protocol are zero.
+type HandoffRecord struct {
+	Index          int     `json:"index"`
+	ID             string  `json:"id"`
+	Warmup         bool    `json:"warmup,omitempty"`
+	ISL            int     `json:"isl"`
+	PrefixTokens   int     `json:"prefix_tokens"`
+	Blocks         int     `json:"blocks"`
+	Descriptors    int     `json:"descriptors"`
+	LogicalDescs   int     `json:"logical_descriptors"`
+	Bytes          int64   `json:"bytes"`
+	FirstHandshake bool    `json:"first_handshake"`
+	HandshakeMS    float64 `json:"handshake_ms"`
+	RegRTTMS       float64 `json:"registration_rtt_ms,omitempty"` // push: registration sent -> matched at prefill
+	FinishToPostMS float64 `json:"finish_to_post_ms"`             // KV ready -> transfer posted
+	PostMS         float64 `json:"post_ms"`
+	TransferMS     float64 `json:"transfer_ms"`            // posted -> data in place
+	CompletionMS   float64 `json:"completion_to_ready_ms"` // data in place -> decode knows
+	HandoffMS      float64 `json:"handoff_ms"`             // KV ready at prefill -> decode ready
+	PrefillMS      float64 `json:"prefill_ms"`
+	CorruptBlocks  int     `json:"corrupt_blocks"`
+	Error          string  `json:"error,omitempty"`
+	Freed          string  `json:"prefill_freed,omitempty"` // why prefill released the blocks
+	TStart         int64   `json:"t_start"`
+	TFinish        int64   `json:"t_finish"`
+	TReady         int64   `json:"t_ready"`
+}
+
+// HandoffSummary is the headline of a run (fields named in the issue stay
+// where scripts read them).
+type HandoffSummary struct {
+	Requests          int                `json:"requests"`
+	Failed            int                `json:"failed"`
+	CorruptBlocks     int                `json:"corrupt_blocks"`
+	Bytes             int64              `json:"bytes"`
+	Seconds           float64            `json:"seconds"`
+	BandwidthGBps     float64            `json:"bandwidth_gbps"`
+	RequestsPerS      float64            `json:"requests_per_s"`
+	HandoffLatencyMS  report.Percentiles `json:"handoff_latency_ms"`
+	TransferMS        report.Percentiles `json:"transfer_ms"`
+	PostMS            report.Percentiles `json:"post_ms"`
+	FinishToPostMS    report.Percentiles `json:"finish_to_post_ms"`
+	CompletionMS      report.Percentiles `json:"completion_to_ready_ms"`
+	RegRTTMS          report.Percentiles `json:"registration_rtt_ms"`
+	FirstHandshakeMS  float64            `json:"first_handshake_ms"`
+	SteadyHandshakeMS float64            `json:"steady_handshake_ms"`
+	DescriptorsPerReq float64            `json:"descriptors_per_request"`
+	LogicalDescsReq   float64            `json:"logical_descriptors_per_request"`
+	BytesPerRequest   float64            `json:"bytes_per_request"`
+	TransferGBps      float64            `json:"transfer_gbps_p50"` // one request's bytes / its transfer time, median
+	MemcpyGBps        float64            `json:"memcpy_gbps"`
+	EfficiencyMemcpy  float64            `json:"efficiency_vs_memcpy"`
+	XferGBps          float64            `json:"xfer_gbps,omitempty"`
+	EfficiencyXfer    float64            `json:"efficiency_vs_xfer,omitempty"`
+	LeakedBlocks      int64              `json:"leaked_blocks"`
+	Histogram         string             `json:"handoff_histogram,omitempty"`
+}
+
+// HandoffResult is the whole run.
+type HandoffResult struct {
+	report.Meta
+	Protocol    string            `json:"protocol"`
+	Backend     string            `json:"backend"`
+	Model       string            `json:"model"`
+	Config      map[string]any    `json:"config"`
+	Summary     HandoffSummary    `json:"summary"`
+	Prefill     engine.Stats      `json:"prefill_stats"`
+	Decode      engine.Stats      `json:"decode_stats"`
+	Transports  map[string]string `json:"transports,omitempty"`
+	Interrupted bool              `json:"interrupted,omitempty"`
+	Records     []HandoffRecord   `json:"-"`
+}
+
+// Endpoint is a connection to a prefill or decode endpoint.
+type Endpoint struct {
+	rpc  *engine.RPCClient
+	cmd  *exec.Cmd
+	stop func()
+	done chan error
+}
+
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*Endpoint, error) {
+	switch {
+	case o.Inproc:
+		reqR, reqW := io.Pipe()
+		repR, repW := io.Pipe()
+		ep := &Endpoint{rpc: engine.NewRPCClient(repR, reqW), done: make(chan error, 1)}
+		go func() {
+			err := engine.ServeEndpoint(context.WithoutCancel(ctx), reqR, repW, o.Log.With("role", role))
+			repW.Close()
+			ep.done <- err
+		}()
+		return ep, nil
+	case addr != "":
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", strings.TrimPrefix(addr, "tcp://"))
+		if err != nil {
+			return nil, fmt.Errorf("%s endpoint %s: %w", role, addr, err)
+		}
+		ep := &Endpoint{rpc: engine.NewRPCClient(conn, conn), done: make(chan error, 1), stop: func() { conn.Close() }}
+		ep.done <- nil
+		return ep, nil
+	}
+	exe := o.Exe
+	var err error
+	if exe == "" {
+		if exe, err = SelfExe(); err != nil {
+			return nil, err
+		}
+	}
+	args := append(append([]string(nil), o.ExeArgs...), role, "--stdio")
+	if o.ExeArgs == nil {
+		args = []string{"serve", role, "--stdio"}
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), o.ChildEnv...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s endpoint: %w", role, err)
+	}
+	ep := &Endpoint{rpc: engine.NewRPCClient(bufio.NewReader(stdout), stdin), cmd: cmd, done: make(chan error, 1)}
+	go func() { ep.done <- cmd.Wait() }()
+	return ep, nil
+}
+
+func (ep *Endpoint) close() {
+	if ep == nil {
+		return
+	}
+	_ = ep.rpc.Close()
+	select {
+	case <-ep.done:
+	case <-time.After(15 * time.Second):
+		if ep.cmd != nil && ep.cmd.Process != nil {
+			_ = ep.cmd.Process.Kill()
+			<-ep.done
+		}
+	}
+	if ep.stop != nil {
+		ep.stop()
+	}
+}
+
+// Signal sends the endpoint process a signal (fault tests, chaos).
+func (ep *Endpoint) Signal(sig syscall.Signal) error {
+	if ep.cmd == nil || ep.cmd.Process == nil {
+		return errors.New("endpoint is not a child process")
+	}
+	return ep.cmd.Process.Signal(sig)
+}
+
+// poolBlocks sizes the pools: every request in flight may hold its blocks
+// on both sides, plus room for leases that outlive a request.
+func (o *HandoffOptions) poolBlocks() int {
+	if o.NumBlocks > 0 {
+		return o.NumBlocks
+	}
+	maxISL := o.ISL.Fixed
+	switch o.ISL.Dist {
+	case "uniform", "normal":
+		maxISL = o.ISL.Max
+	case "trace":
+		for _, e := range o.Trace {
+			maxISL = max(maxISL, e.ISL)
+		}
+	}
+	inflight := o.Concurrency
+	if o.Rate > 0 {
+		inflight = 64
+	}
+	per := o.Spec.BlocksFor(kv.FullAttention, maxISL)
+	return max(per*inflight*3/2+per, 64)
+}
+
+// RunHandoff runs the benchmark. On cancellation it returns what finished.
+func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	spec, _ := o.Spec.Normalize()
+	o.Spec = spec
+	backend, err := nixl.Resolve(o.Backend)
+	if err != nil {
+		return nil, err
+	}
+	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol, o.Version), Protocol: o.Protocol, Backend: backend.Name, Model: spec.Model.Name}
+	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
+	if backend.Name == "ucx" {
+		res.Env.UCX = backend.Version()
+	}
+	blocks := o.poolBlocks()
+	base := engine.Config{Backend: backend.Name, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize,
+		Layout: spec.Layout, Order: spec.Order, NumBlocks: blocks, DRAMAlloc: o.DRAMAlloc, Scattered: o.Scattered, Merge: o.Merge,
+		Verify: o.Verify, Lease: o.Lease, RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Seed: o.Seed}
+	pc, dc := base, base
+	pc.Role, pc.TP, pc.EngineID = engine.RolePrefill, spec.TP, "prefill-0"
+	dc.Role, dc.TP, dc.EngineID, dc.Seed = engine.RoleDecode, o.DecodeTP, "decode-0", o.Seed+1
+	res.Config = map[string]any{"protocol": o.Protocol, "model": spec.Model.Name, "kv_dtype": spec.DType, "block_size": spec.BlockSize,
+		"layout": spec.Layout, "kv_cache_layout": spec.Order, "prefill_tp": spec.TP, "decode_tp": o.DecodeTP, "requests": o.Requests,
+		"warmup": o.Warmup, "isl": o.ISL, "rate": o.Rate, "concurrency": o.Concurrency, "prefix_hit": o.PrefixHit,
+		"fragmentation": map[bool]string{false: "contiguous", true: "scattered"}[o.Scattered], "merge_descriptors": o.Merge,
+		"num_blocks": blocks, "prefill_time_per_token": o.PrefillPerTok.String(), "lease": o.Lease.String(),
+		"chunk_tokens": o.ChunkTokens, "verify": map[engine.Verify]string{engine.Sparse: "sparse", engine.Full: "full"}[o.Verify],
+		"dram_alloc": o.DRAMAlloc, "endpoints": map[bool]string{true: "inproc", false: "process"}[o.Inproc]}
+	if o.Prefill != "" {
+		res.Config["endpoints"] = "remote " + o.Prefill + " / " + o.Decode
+	}
+	pe, err := startEndpoint(ctx, &o, "prefill", o.Prefill)
+	if err != nil {
+		return nil, err
+	}
+	defer pe.close()
+	de, err := startEndpoint(ctx, &o, "decode", o.Decode)
+	if err != nil {
+		return nil, err
+	}
+	defer de.close()
+	var psetup, dsetup engine.SetupReply
+	if err := pe.rpc.Call(ctx, "setup", pc, &psetup); err != nil {
+		return nil, fmt.Errorf("prefill setup: %w", err)
+	}
+	if err := de.rpc.Call(ctx, "setup", dc, &dsetup); err != nil {
+		return nil, fmt.Errorf("decode setup: %w", err)
+	}
+	if o.OnStart != nil {
+		o.OnStart(pe, de)
+	}
+	res.Config["pool_bytes_per_engine"] = psetup.PoolBytes
+	res.Config["alloc"] = psetup.Alloc
+	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
+	go h.collectFreed()
+	runErr := h.run(ctx)
+	// Give prefill a moment to report its last frees, and, for blocks of
+	// failed requests, the time their leases take (up to 5 s): what is held
+	// after that is reported.
+	h.drainFreed(2 * time.Second)
+	res.Records = h.records
+	settle := time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
+	for {
+		if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Prefill); err != nil {
+			res.Warn("prefill stats: " + err.Error())
+			break
+		}
+		if res.Prefill.BlocksInUse == 0 || time.Now().After(settle) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := de.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Decode); err != nil {
+		res.Warn("decode stats: " + err.Error())
+	}
+	var info map[string]string
+	if err := de.rpc.Call(context.WithoutCancel(ctx), "info", nil, &info); err == nil {
+		res.Transports = info
+		for _, v := range info {
+			res.Env.Transport = v
+			if strings.Contains(v, "emulated over active messages on tcp") {
+				res.Warn("TCP fallback: RMA is emulated over TCP active messages")
+			}
+		}
+	}
+	res.Summary = h.summarize(dsetup.MemcpyGBps)
+	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
+	if res.Summary.LeakedBlocks > 0 {
+		res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
+	}
+	if res.Summary.CorruptBlocks > 0 {
+		res.Warn(fmt.Sprintf("%d corrupt blocks: data arrived wrong or late", res.Summary.CorruptBlocks))
+	}
+	if n := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; n > 0 {
+		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
+	}
+	if o.XferRef && runErr == nil && res.Summary.Requests > 0 {
+		if gbps, err := h.xferReference(ctx, backend.Name, res); err != nil {
+			res.Warn("bench xfer reference: " + err.Error())
+		} else if gbps > 0 {
+			res.Summary.XferGBps = gbps
+			res.Summary.EfficiencyXfer = res.Summary.BandwidthGBps / gbps
+		}
+	}
+	if o.Records != nil {
+		enc := json.NewEncoder(o.Records)
+		_ = enc.Encode(map[string]any{"schema": "nixlctl.records/v1", "command": res.Command, "protocol": o.Protocol, "started_at": res.StartedAt})
+		for _, r := range h.records {
+			_ = enc.Encode(r)
+		}
+	}
+	res.Finish()
+	if runErr != nil && ctx.Err() != nil {
+		res.Interrupted = true
+		res.Warn("interrupted: the run stopped early")
+	}
+	return res, runErr
+}
+
+type handoff struct {
+	o       *HandoffOptions
+	pe, de  *Endpoint
+	psetup  engine.SetupReply
+	mu      sync.Mutex
+	records []HandoffRecord
+	freed   map[string]engine.FreedEvent // by router id
+	waiting map[string]chan engine.FreedEvent
+	start   int64
+	end     int64
+}
+
+func (h *handoff) collectFreed() {
+	for ev := range h.pe.rpc.Events() {
+		if ev.Name != "freed" {
+			continue
+		}
+		var f engine.FreedEvent
+		if json.Unmarshal(ev.Data, &f) != nil {
+			continue
+		}
+		h.mu.Lock()
+		h.freed[f.RouterID] = f
+		ch := h.waiting[f.RouterID]
+		delete(h.waiting, f.RouterID)
+		h.mu.Unlock()
+		if ch != nil {
+			ch <- f
+		}
+	}
+}
+
+// waitFreed waits (bounded) for prefill to report a request's release.
+func (h *handoff) waitFreed(id string, d time.Duration) (engine.FreedEvent, bool) {
+	h.mu.Lock()
+	if f, ok := h.freed[id]; ok {
+		h.mu.Unlock()
+		return f, true
+	}
+	ch := make(chan engine.FreedEvent, 1)
+	h.waiting[id] = ch
+	h.mu.Unlock()
+	select {
+	case f := <-ch:
+		return f, true
+	case <-time.After(d):
+		h.mu.Lock()
+		delete(h.waiting, id)
+		h.mu.Unlock()
+		return engine.FreedEvent{}, false
+	}
+}
+
+func (h *handoff) drainFreed(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		all := true
+		for i := range h.records {
+			if _, ok := h.freed[h.records[i].ID]; !ok && h.records[i].Error == "" {
+				all = false
+			}
+		}
+		h.mu.Unlock()
+		if all {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range h.records {
+		if f, ok := h.freed[h.records[i].ID]; ok {
+			h.records[i].Freed = f.Reason
+		}
+	}
+}
+
+func (h *handoff) run(ctx context.Context) error {
+	o := h.o
+	rng := rand.New(rand.NewPCG(o.Seed, 0x15e))
+	n := o.Requests + o.Warmup
+	isls := make([]int, n)
+	var arrivals []time.Duration
+	if len(o.Trace) > 0 {
+		n = len(o.Trace)
+		isls = make([]int, n)
+		arrivals = make([]time.Duration, n)
+		for i, e := range o.Trace {
+			isls[i], arrivals[i] = e.ISL, time.Duration(e.Arrival*float64(time.Second))
+		}
+	} else {
+		for i := range isls {
+			isls[i] = o.ISL.Draw(rng)
+		}
+		if o.Rate > 0 {
+			arrivals = Arrivals(n, o.Rate, rng)
+		}
+	}
+	h.records = make([]HandoffRecord, n)
+	h.start = mono.Now()
+	var wg sync.WaitGroup
+	var firstErr error
+	var errMu sync.Mutex
+	runOne := func(i int) {
+		defer wg.Done()
+		r := h.one(ctx, i, isls[i])
+		r.Warmup = i < o.Warmup
+		h.mu.Lock()
+		h.records[i] = r
+		done := 0
+		for _, x := range h.records {
+			if x.ID != "" {
+				done++
+			}
+		}
+		h.mu.Unlock()
+		if o.Progress != nil && (done%max(1, n/10) == 0 || done == n) {
+			fmt.Fprintf(o.Progress, "[%d/%d] %s handoff %.2f ms\n", done, n, o.Protocol, r.HandoffMS)
+		}
+		if r.Error != "" && ctx.Err() != nil {
+			errMu.Lock()
+			firstErr = ctx.Err()
+			errMu.Unlock()
+		}
+	}
+	if arrivals != nil { // open loop
+		t0 := time.Now()
+		for i := 0; i < n && ctx.Err() == nil; i++ {
+			if d := time.Until(t0.Add(arrivals[i])); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+			}
+			wg.Add(1)
+			go runOne(i)
+		}
+	} else { // closed loop
+		next := make(chan int)
+		for w := 0; w < o.Concurrency; w++ {
+			go func() {
+				for i := range next {
+					runOne(i)
+				}
+			}()
+		}
+		for i := 0; i < n; i++ {
+			if o.Warmup > 0 && i == o.Warmup {
+				wg.Wait() // warm-up first, alone
+			}
+			wg.Add(1)
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				wg.Done()
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		close(next)
+	}
+	wg.Wait()
+	h.end = mono.Now()
+	h.mu.Lock()
+	kept := h.records[:0]
+	for _, r := range h.records {
+		if r.ID != "" {
+			kept = append(kept, r)
+		}
+	}
+	h.records = kept
+	h.mu.Unlock()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return firstErr
+}
+
+// one runs one request through the protocol, as the router would.
+func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
+	o := h.o
+	id := fmt.Sprintf("cmpl-%06d-0", i)
+	key := o.Seed<<20 ^ uint64(i+1)
+	prefix := int(float64(isl) * o.PrefixHit)
+	rec := HandoffRecord{Index: i, ID: id, ISL: isl, PrefixTokens: prefix, TStart: mono.Now()}
+	var pr engine.PrefillReply
+	var lr engine.LoadReply
+	var perr, derr error
+	switch o.Protocol {
+	case engine.ProtoPull:
+		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		if perr == nil {
+			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: pr.Params}, &lr)
+		}
+	case engine.ProtoPush:
+		host, port, _ := splitHostPort(h.psetup.SideChannel)
+		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: h.psetup.EngineID, RemoteRequestID: id,
+			RemoteHost: host, RemotePort: port, TPSize: h.psetup.TP, PPSize: 1, TransferMode: "push"}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: coords}, &lr)
+		}()
+		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		wg.Wait()
+	case engine.ProtoSGLang:
+		room := rand.Uint64() >> 1 // 63 bits, as the router draws it
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: h.psetup.Bootstrap}, &lr)
+		}()
+		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, Room: room, ChunkTokens: o.ChunkTokens}, &pr)
+		wg.Wait()
+	}
+	switch {
+	case perr != nil:
+		rec.Error = "prefill: " + perr.Error()
+	case derr != nil:
+		rec.Error = "decode: " + derr.Error()
+	case lr.Error != "":
+		rec.Error = "decode: " + lr.Error
+	}
+	rec.Blocks, rec.Descriptors, rec.LogicalDescs, rec.Bytes = lr.Blocks, lr.Descriptors, lr.LogicalDescriptors, lr.Bytes
+	rec.FirstHandshake, rec.HandshakeMS, rec.CorruptBlocks = lr.FirstHandshake, lr.HandshakeMS, lr.CorruptBlocks
+	if lr.Corrupt != "" && rec.Error == "" {
+		rec.Error = "corrupt: " + lr.Corrupt
+	}
+	rec.TFinish, rec.TReady = pr.TFinish, lr.TReady
+	ms := func(a, b int64) float64 {
+		if a == 0 || b == 0 || b < a {
+			return 0
+		}
+		return float64(b-a) / 1e6
+	}
+	rec.PrefillMS = ms(pr.TStart, pr.TFinish)
+	rec.HandoffMS = ms(pr.TFinish, lr.TReady)
+	rec.CompletionMS = ms(lr.TXferDone, lr.TReady)
+	switch o.Protocol {
+	case engine.ProtoPull:
+		rec.FinishToPostMS = ms(pr.TFinish, lr.TPostStart)
+		rec.PostMS = ms(lr.TPostStart, lr.TPostEnd)
+		rec.TransferMS = ms(lr.TPostEnd, lr.TXferDone)
+	case engine.ProtoPush:
+		// The WRITE is prefill's: its stage times come with the release.
+		if f, ok := h.waitFreed(id, 3*time.Second); ok && rec.Error == "" {
+			rec.Descriptors, rec.LogicalDescs, rec.Bytes = f.Descriptors, f.LogicalDescs, f.Bytes
+			rec.RegRTTMS = ms(lr.TRegSent, f.TRegReceived)
+			rec.FinishToPostMS = ms(pr.TFinish, f.TPostStart)
+			rec.PostMS = ms(f.TPostStart, f.TPostEnd)
+			rec.TransferMS = ms(f.TPostEnd, lr.TXferDone)
+		}
+	case engine.ProtoSGLang:
+		rec.RegRTTMS = ms(lr.TRegSent, pr.TBootstrapped)
+		rec.FinishToPostMS = ms(max(pr.TFinish, pr.TBootstrapped), pr.TPostStart)
+		rec.TransferMS = ms(pr.TPostStart, lr.TXferDone)
+		rec.Descriptors, rec.LogicalDescs = pr.Descriptors, pr.LogicalDescs
+		rec.Bytes = int64(lr.Blocks) * h.bytesPerBlock()
+	}
+	return rec
+}
+
+func (h *handoff) bytesPerBlock() int64 {
+	var b int64
+	for tp := 0; tp < h.o.DecodeTP; tp++ {
+		d := h.o.Spec
+		d.TP = h.o.DecodeTP
+		r := d.Rank(tp, 0)
+		for _, reg := range r.Regions {
+			b += reg.BlockBytes
+		}
+	}
+	return b
+}
+
+func splitHostPort(ep string) (string, int, error) {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return "", 0, err
+	}
+	var p int
+	_, err = fmt.Sscanf(port, "%d", &p)
+	return host, p, err
+}
+
+func (h *handoff) summarize(memcpy float64) HandoffSummary {
+	s := HandoffSummary{MemcpyGBps: memcpy}
+	hand, xfer, post, f2p, comp, reg := report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
+	var firstHS, steadyHS []float64
+	var gbps []float64
+	var first, last int64
+	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
+	for _, r := range h.records {
+		if r.FirstHandshake {
+			firstHS = append(firstHS, r.HandshakeMS)
+		}
+		if r.Warmup {
+			continue
+		}
+		s.Requests++
+		if r.Error != "" || r.CorruptBlocks > 0 {
+			s.Failed++
+		}
+		s.CorruptBlocks += r.CorruptBlocks
+		if r.Error != "" {
+			continue
+		}
+		if !r.FirstHandshake {
+			steadyHS = append(steadyHS, r.HandshakeMS)
+		}
+		s.Bytes += r.Bytes
+		s.DescriptorsPerReq += float64(r.Descriptors)
+		s.LogicalDescsReq += float64(r.LogicalDescs)
+		hand.Record(ms(r.HandoffMS))
+		// A stage the protocol does not have (or did not reach) stays out.
+		for _, st := range []struct {
+			h *report.Histogram
+			v float64
+		}{{xfer, r.TransferMS}, {post, r.PostMS}, {f2p, r.FinishToPostMS}, {comp, r.CompletionMS}, {reg, r.RegRTTMS}} {
+			if st.v > 0 {
+				st.h.Record(ms(st.v))
+			}
+		}
+		if r.TransferMS > 0 {
+			gbps = append(gbps, float64(r.Bytes)/1e6/r.TransferMS)
+		}
+		if first == 0 || r.TStart < first {
+			first = r.TStart
+		}
+		last = max(last, r.TReady)
+	}
+	ok := s.Requests - s.Failed
+	if ok > 0 {
+		s.DescriptorsPerReq /= float64(ok)
+		s.LogicalDescsReq /= float64(ok)
+		s.BytesPerRequest = float64(s.Bytes) / float64(ok)
+	}
+	if last > first {
+		s.Seconds = float64(last-first) / 1e9
+		s.BandwidthGBps = float64(s.Bytes) / 1e9 / s.Seconds
+		s.RequestsPerS = float64(ok) / s.Seconds
+	}
+	u := time.Millisecond
+	s.HandoffLatencyMS, s.TransferMS, s.PostMS, s.FinishToPostMS, s.CompletionMS, s.RegRTTMS =
+		hand.In(u), xfer.In(u), post.In(u), f2p.In(u), comp.In(u), reg.In(u)
+	s.Histogram, _ = hand.Encode()
+	s.FirstHandshakeMS = mean(firstHS)
+	s.SteadyHandshakeMS = mean(steadyHS)
+	s.TransferGBps = median(gbps)
+	if memcpy > 0 {
+		s.EfficiencyMemcpy = s.BandwidthGBps / memcpy
+	}
+	return s
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	t := 0.0
+	for _, x := range xs {
+		t += x
+	}
+	return t / float64(len(xs))
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[len(s)/2]
+}
+
+// xferReference runs `bench xfer` on the same bytes: one point with the
+// run's mean descriptor size and count, as many in flight as the run had.
+func (h *handoff) xferReference(ctx context.Context, backend string, res *HandoffResult) (float64, error) {
+	s := res.Summary
+	if s.DescriptorsPerReq < 1 || s.BytesPerRequest <= 0 {
+		return 0, nil
+	}
+	batch := int(s.DescriptorsPerReq + 0.5)
+	block := int(s.BytesPerRequest / float64(batch))
+	block = max(8, block/8*8)
+	depth := max(1, h.o.Concurrency)
+	iters := max(4, min(200, int(2e9/float64(block*batch))))
+	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: block, MaxBlock: block, StartBatch: batch, MaxBatch: batch,
+		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc,
+		TotalBufferSize: block * batch * depth, Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
+	if h.o.Protocol == engine.ProtoPull {
+		xo.Op = nixl.Read
+	}
+	if !h.o.Inproc && h.o.Exe != "" {
+		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
+	}
+	xr, err := RunXfer(ctx, xo)
+	if err != nil {
+		return 0, err
+	}
+	if len(xr.Points) == 0 {
+		return 0, nil
+	}
+	res.Config["xfer_reference"] = map[string]any{"op": xo.Op.String(), "block_size": block, "batch_size": batch, "pipeline_depth": depth, "iterations": iters}
+	return xr.Points[0].BandwidthGBps, nil
+}

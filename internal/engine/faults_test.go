@@ -1,0 +1,207 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// waitStat polls a counter until it reaches want.
+func waitStat(t *testing.T, what string, get func() int64, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for get() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d, want %d", what, get(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A peer sending garbage gets counted, logged events; the engine keeps
+// serving real requests.
+func TestMalformedAndUnknownNotifications(t *testing.T) {
+	p, d, rec := engines(t, ProtoPush, 1, 1, nil)
+	ctx := context.Background()
+	// Give decode's agent prefill's metadata so it can talk to it.
+	host, port, _ := splitEndpoint(p.side.Endpoint())
+	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 1}
+	if _, _, err := d.handshake(ctx, p.cfg.EngineID, params.SideEndpoint(), []int{0}, [][2]int{{0, 0}}); err != nil {
+		t.Fatal(err)
+	}
+	re := d.remotes[p.cfg.EngineID]
+	name := re.agentName(0, 0)
+	a := d.ranks[0].agent
+	good, _ := msgpackMarshal(map[string]any{"request_id": "r-01234567", "decode_engine_id": "d", "decode_port": 1, "decode_tp_size": 1, "local_block_ids": []int{1}})
+	for _, m := range []string{
+		"PUSH_REG:\xc1\xc1",                      // not msgpack
+		"PUSH_REG:" + string(good[:len(good)/2]), // truncated
+		"PUSH_REG:" + string(good[:0]),           // empty
+		"hello",                                  // no colon
+		"req:notanumber",                         // bad count
+		"req:0",                                  // zero consumers
+		"req:-3",
+		"",
+	} {
+		if err := a.SendNotif(name, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStat(t, "malformed", func() int64 { return p.Stats().MalformedNotifs }, 8)
+	// Well-formed, but for requests nobody has.
+	_ = a.SendNotif(name, []byte("cmpl-ghost-01234567:1"))
+	waitStat(t, "unknown", func() int64 { return p.Stats().UnknownNotifs }, 1)
+	// A registration for a request prefill never saw stays parked, harmless.
+	_ = a.SendNotif(name, append([]byte("PUSH_REG:"), good...))
+	// And the engines still work.
+	var lr LoadReply
+	done := make(chan struct{})
+	go func() {
+		lr, _ = d.dec.Load(ctx, LoadRequest{ID: "real", Tokens: 64, Key: 9, Params: params})
+		close(done)
+	}()
+	if _, err := p.pre.Prefill(ctx, PrefillRequest{ID: "real", Tokens: 64, Key: 9}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if lr.Error != "" || lr.CorruptBlocks != 0 {
+		t.Fatalf("after garbage: %+v", lr)
+	}
+	waitFreed(t, rec, "pushed")
+}
+
+func TestCompatibilityMismatchRefused(t *testing.T) {
+	p, _, _ := engines(t, ProtoPull, 1, 1, nil)
+	cfg := Config{Role: RoleDecode, Backend: "ucx", Protocol: ProtoPull, Model: testModel(), KVDType: kv.FP8, BlockSize: 16,
+		NumBlocks: 16, DRAMAlloc: "mmap", EngineID: "decode-fp8"}
+	d, err := NewEngine(context.Background(), cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pr, err := p.pre.Prefill(context.Background(), PrefillRequest{ID: "x", Tokens: 32, Key: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "x", Tokens: 32, Key: 1, Params: pr.Params})
+	if !strings.Contains(lr.Error, "incompatible KV layout") {
+		t.Fatalf("fp8 decode against bf16 prefill: %q", lr.Error)
+	}
+	if d.Stats().HandshakeFails != 1 || d.Stats().BlocksInUse != 0 {
+		t.Errorf("decode after: %+v", d.Stats())
+	}
+}
+
+func TestSGLangInboxGarbage(t *testing.T) {
+	p, _, _ := engines(t, ProtoSGLang, 1, 1, nil)
+	push, err := sidechannel.DialPush(p.sgl.ranks[0].inbox.Endpoint(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer push.Close()
+	for _, frames := range [][][]byte{
+		{[]byte("hello")},
+		{[]byte(SGLGuard)},
+		{[]byte(SGLGuard), []byte("None"), []byte("ip")},                // truncated registration
+		{[]byte(SGLGuard), []byte("12"), []byte("ip"), []byte("99999")}, // truncated transfer info
+		{[]byte("ABORT"), []byte("not-a-room")},
+		SGLTransferInfo{Room: 5, DecodeIP: "h", DecodePort: 1, AgentName: "stranger", RequiredDst: 1}.Encode(), // unregistered agent
+	} {
+		if err := push.Send(frames); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStat(t, "malformed control", func() int64 { return p.Stats().MalformedControl }, 6)
+}
+
+func TestUnknownRemoteBlocksRefused(t *testing.T) {
+	p, d, _ := engines(t, ProtoPull, 1, 1, nil)
+	pr, _ := p.pre.Prefill(context.Background(), PrefillRequest{ID: "x", Tokens: 32, Key: 1})
+	pr.Params.RemoteBlockIDs = []int{0, 1 << 20} // a block the peer does not have
+	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "x", Tokens: 32, Key: 1, Params: pr.Params})
+	if !strings.Contains(lr.Error, "outside the peer's") {
+		t.Fatalf("bogus block id: %q", lr.Error)
+	}
+	if d.Stats().BlocksInUse != 0 {
+		t.Error("decode kept blocks of a refused request")
+	}
+}
+
+func TestPushWatchdogAndHeartbeat(t *testing.T) {
+	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) { c.RegTimeout = 300 * time.Millisecond; c.Lease = 600 * time.Millisecond })
+	host, port, _ := splitEndpoint(p.side.Endpoint())
+	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 1}
+	// Decode registers for a request prefill never runs: the watchdog fails it.
+	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "lonely", Tokens: 64, Key: 1, Params: params})
+	if !strings.Contains(lr.Error, "watchdog") || d.Stats().RegTimeouts != 1 || d.Stats().BlocksInUse != 0 {
+		t.Fatalf("watchdog: %q %+v", lr.Error, d.Stats())
+	}
+	// Prefill runs a request nobody registers for: the lease frees it, and
+	// heartbeats keep it alive past the lease first.
+	pr, _ := p.pre.Prefill(context.Background(), PrefillRequest{ID: "orphan", Tokens: 64, Key: 2})
+	for i := 0; i < 5; i++ {
+		time.Sleep(200 * time.Millisecond)
+		p.pre.onHeartbeat([]string{pr.RequestID, "unknown-id"})
+	}
+	if p.Stats().BlocksInUse == 0 {
+		t.Fatal("heartbeats did not keep the lease alive")
+	}
+	ev := waitFreed(t, rec, "expired")
+	if ev.ID != pr.RequestID || p.Stats().ExpiredLeases != 1 {
+		t.Errorf("expired %+v", ev)
+	}
+}
+
+func FuzzDecodePushReg(f *testing.F) {
+	good, _ := msgpackMarshal(map[string]any{"request_id": "r", "decode_engine_id": "d", "decode_port": 7, "decode_tp_size": 2, "local_block_ids": [][]int{{1, 2}}})
+	f.Add(good)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, ids, err := DecodePushReg(b)
+		if err == nil && (r.RequestID == "" || r.DecodeTPSize <= 0 || slicesAnyNeg(ids)) {
+			t.Fatalf("accepted %+v %v", r, ids)
+		}
+	})
+}
+
+func slicesAnyNeg(xs []int) bool {
+	for _, x := range xs {
+		if x < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func FuzzParseCompletion(f *testing.F) {
+	f.Add("cmpl-1-0-abcdef01:2")
+	f.Add("a:b:3")
+	f.Fuzz(func(t *testing.T, s string) {
+		id, n, ok := parseCompletion(s)
+		if ok && (id == "" || n <= 0 || fmt.Sprintf("%s:%d", id, n) != s) {
+			t.Fatalf("%q -> %q %d", s, id, n)
+		}
+	})
+}
+
+func FuzzSGLang(f *testing.F) {
+	f.Add("12_kv_0_1_3")
+	f.Add("12_aux")
+	f.Add("12_aux_nokv_1")
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSGLNotif(s)
+		if err == nil && (n.kind == "" || n.chunk < 0 || n.sender < 0) {
+			t.Fatalf("%q -> %+v", s, n)
+		}
+		frames := [][]byte{}
+		for _, part := range strings.Split(s, "|") {
+			frames = append(frames, []byte(part))
+		}
+		_, _, _, _ = DecodeSGLMessage(frames)
+		_, _, _, _ = DecodeSGLMessage(append([][]byte{[]byte(SGLGuard)}, frames...))
+	})
+}
