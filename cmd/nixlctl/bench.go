@@ -22,7 +22,7 @@ func newBenchCmd(a *app) *cobra.Command {
 default) and report bandwidth, per-request latency percentiles, and efficiency
 against a reference measured in the same run.`,
 	}
-	cmd.AddCommand(newBenchXferCmd(a))
+	cmd.AddCommand(newBenchXferCmd(a), newBenchECCmd(a))
 	return cmd
 }
 

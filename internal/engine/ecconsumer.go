@@ -99,6 +99,9 @@ type Outcome struct {
 	TotalNS int64  `json:"-"`
 	Retries int    `json:"not_ready_retries,omitempty"`
 	Err     string `json:"error,omitempty"`
+	// AckBytes is the size of the OK ack: it carries the producer's whole
+	// mem descriptor (one entry per region block) every time.
+	AckBytes int `json:"-"`
 }
 
 // Outcome kinds.
@@ -228,6 +231,18 @@ func (c *Consumer) NumBlocks() int { return c.region.NumBlocks }
 // Cache is the consumer's block cache (for tests and leak checks).
 func (c *Consumer) Cache() *BlockCache { return c.cache }
 
+// Transport describes how bytes move to the first producer this consumer
+// READ from (empty before any READ, and in the WRITE direction, where the
+// producer's agent knows it).
+func (c *Consumer) Transport() string {
+	for _, p := range c.peers {
+		if p.remote != "" {
+			return c.agent.Info().Details["transport:"+p.remote]
+		}
+	}
+	return ""
+}
+
 // Stats returns the counters so far.
 func (c *Consumer) Stats() ConsumerStats {
 	c.mu.Lock()
@@ -271,20 +286,21 @@ func (c *Consumer) peer(endpoint string) (*ecPeer, error) {
 
 // item is one image in flight during a step.
 type item struct {
-	i       int
-	w       Want
-	peer    *ecPeer
-	blocks  []int
-	nblocks int
-	reqID   uint64
-	t0      int64
-	sent    int64
-	retryAt int64
-	retries int
-	x       nixl.XferReq
-	posted  int64
-	ackNS   int64
-	lastAck XferAck
+	i        int
+	w        Want
+	peer     *ecPeer
+	blocks   []int
+	nblocks  int
+	reqID    uint64
+	t0       int64
+	sent     int64
+	retryAt  int64
+	retries  int
+	x        nixl.XferReq
+	posted   int64
+	ackNS    int64
+	lastAck  XferAck
+	ackBytes int
 }
 
 // Step fetches a request's images and returns one outcome per want, in
@@ -524,7 +540,7 @@ func (c *Consumer) awaitAcks(ctx context.Context, waiting []*item, outs []Outcom
 		ack := it.lastAck
 		it.ackNS = recv - it.sent
 		o := &outs[it.i]
-		o.AckNS = it.ackNS
+		o.AckNS, o.AckBytes = it.ackNS, it.ackBytes
 		switch {
 		case ack.Status == StatusNotReady:
 			it.retries++
@@ -626,6 +642,7 @@ func (c *Consumer) match(p *ecPeer, frames [][]byte, waiting []*item) ([]*item, 
 			continue
 		}
 		it.lastAck = ack
+		it.ackBytes = len(frames[0])
 		return append(waiting[:k], waiting[k+1:]...), it
 	}
 	c.count(func(s *ConsumerStats) { s.StaleAcks++ })

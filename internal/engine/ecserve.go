@@ -110,7 +110,7 @@ func encoderDo(ctx context.Context, pp **Producer, req EncoderRequest, log *slog
 		return EncoderReply{Encode: &res}, err
 	case "stats":
 		s := p.Stats()
-		return EncoderReply{Stats: &s}, nil
+		return EncoderReply{Stats: &s, Info: p.Agent().Info()}, nil
 	}
 	return EncoderReply{}, fmt.Errorf("unknown op %q", req.Op)
 }
