@@ -22,7 +22,7 @@ func newBenchCmd(a *app) *cobra.Command {
 default) and report bandwidth, per-request latency percentiles, and efficiency
 against a reference measured in the same run.`,
 	}
-	cmd.AddCommand(newBenchXferCmd(a), newHandoffCmd(a, "pull"), newHandoffCmd(a, "push"), newHandoffCmd(a, "sglang"))
+	cmd.AddCommand(newBenchXferCmd(a), newHandoffCmd(a, "pull"), newHandoffCmd(a, "push"), newHandoffCmd(a, "sglang"), newBenchECCmd(a))
 	return cmd
 }
 
@@ -211,6 +211,9 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 	if err := x.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}
+	if err := checkBackendName(o.Backend); err != nil {
+		return err
+	}
 	res, runErr := bench.RunXfer(ctx, x)
 	if res != nil {
 		if err := bench.WriteXfer(a.io.Out, a.format, res); err != nil {
@@ -223,4 +226,16 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		}
 	}
 	return runErr
+}
+
+// checkBackendName refuses a backend nobody registered (bad input, exit 2);
+// a known one that cannot run here fails later with its reason (exit 1).
+func checkBackendName(name string) error {
+	if name == "" || name == "auto" {
+		return nil
+	}
+	if _, ok := nixl.Lookup(name); !ok {
+		return errkind.BadInputf("--backend %q: unknown (available: auto, %s)", name, strings.Join(nixl.Backends(), ", "))
+	}
+	return nil
 }

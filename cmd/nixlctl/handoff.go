@@ -225,6 +225,9 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 	if err := h.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}
+	if err := checkBackendName(o.Backend); err != nil {
+		return err
+	}
 	var recf io.WriteCloser
 	if o.Records != "" {
 		if recf, err = os.Create(o.Records); err != nil {

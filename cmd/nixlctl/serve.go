@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -22,7 +23,7 @@ func newServeCmd(a *app) *cobra.Command {
 themselves as child processes on loopback; run them by hand to put the two sides
 on different hosts or under a debugger.`,
 	}
-	cmd.AddCommand(newServeTargetCmd(a), newServeEngineCmd(a, "prefill"), newServeEngineCmd(a, "decode"))
+	cmd.AddCommand(newServeTargetCmd(a), newServeEngineCmd(a, "prefill"), newServeEngineCmd(a, "decode"), newServeEncoderCmd(a))
 	return cmd
 }
 
@@ -91,6 +92,74 @@ func serveTCP(ctx context.Context, a *app, addr string, serve func(context.Conte
 		}
 		a.log.Info("driver connected", "from", conn.RemoteAddr())
 		err = serve(ctx, conn)
+		conn.Close()
+		if err != nil {
+			a.log.Warn("session ended", "err", err)
+		}
+	}
+}
+
+type serveEncoderOptions struct {
+	Stdio  bool   `mapstructure:"stdio"`
+	Listen string `mapstructure:"listen"`
+}
+
+func newServeEncoderCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "encoder",
+		Short: "Serve an encoder-cache producer (the E of EPD) for `bench ec`",
+		Long: `Serve the producer of "nixlctl bench ec": an agent with a /dev/shm region of
+embedding blocks, a ZMQ ROUTER answering vLLM's XferReq/XferAck encoder-cache
+protocol, and a control channel (JSON lines: set-up, encode an image, counters)
+through which the benchmark plays the orchestrator that sends images to the
+encode node. Consumers fetch over the side channel and the transfer backend,
+never over the control channel.
+
+--stdio uses standard input and output as the control channel (how bench ec
+runs its child). --listen HOST:PORT accepts one benchmark at a time over TCP;
+point "bench ec --producer HOST:PORT" at it. The region file is unlinked on
+exit; one left by a killed encoder is removed by the next nixlctl that
+creates a region.`,
+		Example: `  nixlctl serve encoder --listen 0.0.0.0:7301
+  nixlctl bench ec --producer tcp://10.0.0.2:7301`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o serveEncoderOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runServeEncoder(cmd.Context(), a, o)
+		},
+	}
+	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
+	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
+	return cmd
+}
+
+func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
+	switch {
+	case o.Stdio == (o.Listen != ""):
+		return errkind.BadInputf("use exactly one of --stdio and --listen")
+	case o.Stdio:
+		return engine.ServeEncoder(ctx, os.Stdin, os.Stdout, a.log)
+	}
+	ln, err := net.Listen("tcp", strings.TrimPrefix(o.Listen, "tcp://"))
+	if err != nil {
+		return errkind.BadInputf("--listen: %v", err)
+	}
+	defer ln.Close()
+	context.AfterFunc(ctx, func() { ln.Close() })
+	fmt.Fprintf(a.io.ErrOut, "serving encoder control on %s\n", ln.Addr())
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return ctx.Err()
+			}
+			return err
+		}
+		a.log.Info("benchmark connected", "from", conn.RemoteAddr())
+		err = engine.ServeEncoder(ctx, conn, conn, a.log)
 		conn.Close()
 		if err != nil {
 			a.log.Warn("session ended", "err", err)

@@ -29,6 +29,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	// ... and as the encoder of bench ec.
+	if os.Getenv("NIXLCTL_BENCH_TEST_ENCODER") == "1" {
+		if err := engine.ServeEncoder(context.Background(), os.Stdin, os.Stdout, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 

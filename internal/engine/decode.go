@@ -194,7 +194,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			}
 			res.postEnd = mono.Now()
 			for _, x := range reqs {
-				if err := waitXfer(ctx, rk.agent, x); err != nil {
+				if err := waitXfer(ctx, rk.agent, x, 0); err != nil {
 					e.c.failedXfers.Add(1)
 					res.err = err
 					return
@@ -228,26 +228,39 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	return nil
 }
 
-// waitXfer polls a request to completion; it yields between polls, and
-// backs off to short sleeps so many requests in flight share the CPU.
-func waitXfer(ctx context.Context, a nixl.Agent, x nixl.XferReq) error {
-	for i := 0; ; i++ {
+// errStillRunning: a transfer outlived its timeout (DMA cannot be
+// aborted: the caller must keep its buffers until it ends).
+var errStillRunning = errors.New("transfer still running")
+
+// waitXfer polls a posted request until it leaves InProgress, ctx ends, or
+// timeout (0: none) passes. It yields for the first 200 µs (most transfers
+// end by then) and then sleeps 20 µs between polls, so many requests in
+// flight share the CPU.
+func waitXfer(ctx context.Context, a nixl.Agent, x nixl.XferReq, timeout time.Duration) error {
+	start := time.Now()
+	for {
 		st, err := a.XferStatus(x)
 		switch st {
 		case nixl.Done:
 			return nil
 		case nixl.Failed:
+			if err == nil {
+				err = errors.New("transfer failed")
+			}
 			return err
 		}
-		switch {
-		case i < 64:
-			runtime.Gosched()
-		default:
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			time.Sleep(20 * time.Microsecond)
+		el := time.Since(start)
+		if timeout > 0 && el > timeout {
+			return fmt.Errorf("%w after %v", errStillRunning, timeout)
 		}
+		if el < 200*time.Microsecond {
+			runtime.Gosched()
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(20 * time.Microsecond)
 	}
 }
 

@@ -16,13 +16,33 @@ import (
 // bool, string, integers, float64, []any and map[string]any.
 func PyJSON(v any) (string, error) {
 	var b strings.Builder
-	if err := pyjson(&b, v); err != nil {
+	if err := pyjson(&b, v, pyDefault); err != nil {
 		return "", err
 	}
 	return b.String(), nil
 }
 
-func pyjson(b *strings.Builder, v any) error {
+// PyJSONCompact encodes v as json.dumps(v, separators=(",", ":")) does
+// (ensure_ascii on, keys of maps sorted as with sort_keys=True). The
+// encoder-cache connector hashes its factors this way, unlike the KV
+// connector's PyJSON form.
+func PyJSONCompact(v any) (string, error) {
+	var b strings.Builder
+	if err := pyjson(&b, v, pyCompact); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// pySeps are json.dumps' item and key separators.
+type pySeps struct{ item, key string }
+
+var (
+	pyDefault = pySeps{", ", ": "}
+	pyCompact = pySeps{",", ":"}
+)
+
+func pyjson(b *strings.Builder, v any, sep pySeps) error {
 	switch x := v.(type) {
 	case nil:
 		b.WriteString("null")
@@ -50,9 +70,9 @@ func pyjson(b *strings.Builder, v any) error {
 		b.WriteByte('[')
 		for i, e := range x {
 			if i > 0 {
-				b.WriteString(", ")
+				b.WriteString(sep.item)
 			}
-			if err := pyjson(b, e); err != nil {
+			if err := pyjson(b, e, sep); err != nil {
 				return err
 			}
 		}
@@ -66,11 +86,11 @@ func pyjson(b *strings.Builder, v any) error {
 		b.WriteByte('{')
 		for i, k := range keys {
 			if i > 0 {
-				b.WriteString(", ")
+				b.WriteString(sep.item)
 			}
 			pyString(b, k)
-			b.WriteString(": ")
-			if err := pyjson(b, x[k]); err != nil {
+			b.WriteString(sep.key)
+			if err := pyjson(b, x[k], sep); err != nil {
 				return err
 			}
 		}
@@ -123,4 +143,14 @@ func CompatHash(factors map[string]any) (string, error) {
 	}
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// ECCompatHash is the encoder-cache connector's compatibility hash:
+// sha256(json.dumps([vllm_version, model, dtype, block_size_bytes],
+// separators=(",", ":"))) in hex — a JSON array, compact, so it never
+// equals a KV connector hash of the same engine.
+func ECCompatHash(vllmVersion, model, dtype string, blockBytes int) string {
+	s, _ := PyJSONCompact([]any{vllmVersion, model, dtype, blockBytes}) // strings and an int always encode
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

@@ -123,3 +123,76 @@ func FuzzDecodeHandshakeReply(f *testing.F) {
 		}
 	})
 }
+
+func TestPyJSONCompactMatchesPython(t *testing.T) {
+	// Pinned from CPython 3.11: json.dumps(f, separators=(",", ":")) and
+	// its sha256, the encoder-cache connector's form.
+	f := []any{"nixlctl-dev", "mod\u00e9l\U0001F600\"\\", "float16", 7168, nil, true, 2.5, 3.0}
+	want := `["nixlctl-dev","mod\u00e9l\ud83d\ude00\"\\","float16",7168,null,true,2.5,3.0]`
+	got, err := PyJSONCompact(f)
+	if err != nil || got != want {
+		t.Fatalf("PyJSONCompact:\n got %s\nwant %s (%v)", got, want, err)
+	}
+	// sha256(json.dumps(["0.27.0","Qwen/Qwen3.5-4B","bfloat16",5120], separators=(",",":")))
+	if h := ECCompatHash("0.27.0", "Qwen/Qwen3.5-4B", "bfloat16", 5120); h != "aa61f54a206839d037fa53a6030c86f403c488b2bfc780406a18d10bd258a4d9" {
+		t.Errorf("EC compat hash %s", h)
+	}
+	if m, _ := PyJSONCompact(map[string]any{"b": 1, "a": []any{}}); m != `{"a":[],"b":1}` {
+		t.Errorf("compact map: %s", m)
+	}
+}
+
+func TestAsyncRouterDeferredReplies(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	r, err := ListenAsyncRouter(ctx, "tcp://127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); r.Wait() }()
+	d, err := DialDealerWith(r.Endpoint(), ECDealerOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, s := range []string{"one", "two"} {
+		if err := d.Send([][]byte{[]byte(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []Msg
+	for len(got) < 2 {
+		select {
+		case m := <-r.In():
+			got = append(got, m)
+		case <-time.After(5 * time.Second):
+			t.Fatal("no request arrived")
+		}
+	}
+	if !got[0].Delim || string(got[0].Frames[0]) != "one" {
+		t.Fatalf("first message %+v", got[0])
+	}
+	// Answer out of order, from another goroutine.
+	errc := make(chan error, 2)
+	go func() { errc <- r.Reply(got[1], [][]byte{[]byte("re-two")}) }()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reply(got[0], [][]byte{[]byte("re-one")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"re-two", "re-one"} {
+		frames, err := d.Recv(ctx, 5*time.Second)
+		if err != nil || len(frames) != 1 || string(frames[0]) != want {
+			t.Fatalf("reply %q: %q %v", want, frames, err)
+		}
+	}
+	cancel()
+	r.Wait()
+	if err := r.Reply(got[0], nil); !errors.Is(err, ErrRouterClosed) {
+		t.Errorf("reply after stop: %v", err)
+	}
+	if _, ok := <-r.In(); ok {
+		t.Error("In still open after stop")
+	}
+}

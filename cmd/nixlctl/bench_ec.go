@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+type benchECOptions struct {
+	Backend          string        `mapstructure:"backend"`
+	Direction        string        `mapstructure:"direction"`
+	Model            string        `mapstructure:"model"`
+	HiddenSize       int           `mapstructure:"hidden-size"`
+	DType            string        `mapstructure:"dtype"`
+	SpatialMerge     int           `mapstructure:"spatial-merge"`
+	Grid             []string      `mapstructure:"grid"`
+	Requests         int           `mapstructure:"requests"`
+	ImagesPerRequest int           `mapstructure:"images-per-request"`
+	UniqueImages     int           `mapstructure:"unique-images"`
+	ZipfS            float64       `mapstructure:"zipf-s"`
+	Consumers        int           `mapstructure:"consumers"`
+	ProducerRegion   string        `mapstructure:"producer-region"`
+	ConsumerRegion   string        `mapstructure:"consumer-region"`
+	AckTimeout       time.Duration `mapstructure:"ack-timeout"`
+	EncodeTime       time.Duration `mapstructure:"encode-time"`
+	Overlap          bool          `mapstructure:"overlap"`
+	Verify           bool          `mapstructure:"verify"`
+	Warmup           int           `mapstructure:"warmup"`
+	Seed             uint64        `mapstructure:"seed"`
+	Records          string        `mapstructure:"records"`
+	Inproc           bool          `mapstructure:"inproc"`
+	Producer         string        `mapstructure:"producer"`
+}
+
+const benchECLong = `Encoder-cache (EPD) transfers as vLLM's ECCPUConnector moves them: an encoder
+(producer) holds image embeddings in a /dev/shm region of fixed-size blocks (one
+embedding vector each: hidden size x dtype bytes), consumers fetch them by mm_hash
+over a ZMQ side channel (XferReq/XferAck, msgpack) and NIXL/UCX, keep them in
+their own region and re-serve repeats locally (a warm hit) until FIFO eviction
+makes room for others.
+
+The orchestrator's part is played by this command: for each request it draws
+--images-per-request distinct images from --unique-images with Zipf popularity
+(--zipf-s; 0 is uniform), asks the encoder to encode each one (a no-op for one
+it still holds), then has a consumer fetch them. The encoder runs as a child
+process ("nixlctl serve encoder"; --inproc in this process, --producer
+HOST:PORT one started elsewhere); the --consumers consumers are goroutines of
+this process, each with its own agent, region and DEALER, serving requests
+round-robin.
+
+An image of grid [t, h, w] is t*h*w/merge² embeddings: --model picks the
+hidden size, dtype and spatial merge of a preset (override with --hidden-size,
+--dtype, --spatial-merge), --grid the images' grids (default: the preset's).
+Qwen3.5-4B with [1,44,80] is 880 blocks of 5,120 B = 4,505,600 B.
+
+--direction read (default, the merged upstream design): the consumer READs the
+producer's blocks, and the READ's notification "{session_id}:{mm_hash}" unpins
+them. --direction write (the original design): the producer WRITEs into the
+consumer's blocks named in the request and acks when done.
+
+Reported per image: cold transfer latency (XferReq sent -> blocks in place,
+split into ack and transfer, from CLOCK_MONOTONIC and the agent's own
+transfer clock), warm-hit latency (lookup and pin), hit rate, bytes, transfer
+GB/s against memcpy of the same bytes measured in this run, evictions and
+pinned skips on both sides, NOT_READY retries, and failures by status (the
+wire's MISSING, INCOMPAT, VERSION, INTERNAL, NOT_READY, and ACK_TIMEOUT,
+READ_FAILED, EXHAUSTED, TAG_MISMATCH, ENCODE_FAILED, PRODUCER_EXHAUSTED).
+Small --producer-region / --consumer-region force eviction. --records FILE
+writes one JSON line per image request.`
+
+const benchECExample = `  nixlctl bench ec
+  nixlctl bench ec --requests 1000 --consumers 4 --unique-images 200 --zipf-s 1.1 --consumer-region 64M
+  nixlctl bench ec --direction write --model qwen2.5-vl-7b --grid 1x44x80,1x28x28 --records ec.jsonl
+  nixlctl bench ec --encode-time 5ms --overlap      # consumers ask before the encoder is done: NOT_READY`
+
+func newBenchECCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ec",
+		Short:   "Encoder-cache (EPD) transfers: an encoder process and consumers over vLLM's EC protocol",
+		Long:    benchECLong,
+		Example: benchECExample,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o benchECOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runBenchEC(cmd.Context(), a, o)
+		},
+	}
+	f := cmd.Flags()
+	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	f.String("direction", "read", "read: the consumer READs (upstream); write: the producer WRITEs")
+	f.String("model", kv.DefaultVisionModel, "vision geometry preset: "+strings.Join(kv.VisionPresets(), ", "))
+	f.Int("hidden-size", 0, "override the preset's hidden size (elements per embedding)")
+	f.String("dtype", "", "override the preset's embedding dtype (bf16, fp16, fp32, fp8)")
+	f.Int("spatial-merge", 0, "override the preset's spatial merge size")
+	f.StringSlice("grid", nil, "image patch grids TxHxW, comma-separated (default: the preset's)")
+	f.Int("requests", 200, "requests")
+	f.Int("images-per-request", 1, "distinct images per request")
+	f.Int("unique-images", 64, "distinct images (mm_hashes) in the workload")
+	f.Float64("zipf-s", 1.0, "Zipf exponent of image popularity (0: uniform)")
+	f.Int("consumers", 2, "consumers sharing the producer")
+	f.String("producer-region", "256M", "producer region size")
+	f.String("consumer-region", "64M", "region size of each consumer")
+	f.Duration("ack-timeout", engine.ECAckTimeout, "consumer ack timeout (vLLM's consumer_ack_timeout_s)")
+	f.Duration("encode-time", 0, "simulated encoder time per image (the entry is not ready meanwhile)")
+	f.Bool("overlap", false, "ask the consumer without waiting for the encode to finish")
+	f.Bool("verify", true, "check every delivered block's tags (outside the timed path)")
+	f.Int("warmup", 1, "untimed transfers per consumer first")
+	f.Uint64("seed", 1, "workload seed")
+	f.String("records", "", "write one JSON line per image request to this file")
+	f.Bool("inproc", false, "run the encoder in this process")
+	f.String("producer", "", "use an encoder started with serve encoder --listen (host:port)")
+	return cmd
+}
+
+func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
+	x := bench.ECOptions{Backend: o.Backend, Requests: o.Requests, ImagesPerRequest: o.ImagesPerRequest,
+		UniqueImages: o.UniqueImages, ZipfS: o.ZipfS, Consumers: o.Consumers, AckTimeout: o.AckTimeout,
+		EncodeTime: o.EncodeTime, Overlap: o.Overlap, Verify: o.Verify, Warmup: o.Warmup, Seed: o.Seed,
+		Producer: bench.ProducerSpec{Inproc: o.Inproc, Addr: o.Producer}, Version: version, Log: a.log, Progress: a.io.ErrOut}
+	if o.Backend != "auto" && o.Backend != "" {
+		if _, ok := nixl.Lookup(o.Backend); !ok {
+			return errkind.BadInputf("--backend: unknown backend %q (available: auto, %s)", o.Backend, strings.Join(nixl.Backends(), ", "))
+		}
+	}
+	switch strings.ToLower(o.Direction) {
+	case "read":
+		x.Direction = nixl.Read
+	case "write":
+		x.Direction = nixl.Write
+	default:
+		return errkind.BadInputf("--direction %q: want read or write", o.Direction)
+	}
+	v, err := kv.VisionPreset(o.Model)
+	if err != nil {
+		return errkind.BadInputf("--model: %v", err)
+	}
+	if o.HiddenSize != 0 {
+		v.HiddenSize = o.HiddenSize
+	}
+	if o.DType != "" {
+		if v.DType, err = kv.ParseDType(o.DType); err != nil {
+			return errkind.BadInputf("--dtype: %v", err)
+		}
+	}
+	if o.SpatialMerge != 0 {
+		v.Merge = o.SpatialMerge
+	}
+	x.Vision = v
+	for _, g := range o.Grid {
+		grid, err := kv.ParseGrid(g)
+		if err != nil {
+			return errkind.BadInputf("--grid: %v", err)
+		}
+		x.Grids = append(x.Grids, grid)
+	}
+	if len(x.Grids) == 0 {
+		x.Grids = []kv.Grid{v.DefaultGrid}
+	}
+	for _, r := range []struct {
+		flag, val string
+		dst       *int
+	}{{"producer-region", o.ProducerRegion, &x.ProducerRegion}, {"consumer-region", o.ConsumerRegion, &x.ConsumerRegion}} {
+		n, err := report.ParseSize(r.val)
+		if err != nil {
+			return errkind.BadInputf("--%s: %v", r.flag, err)
+		}
+		*r.dst = int(n)
+	}
+	if err := x.Validate(); err != nil {
+		return errkind.BadInput(err)
+	}
+	if o.Records != "" {
+		f, err := os.Create(o.Records)
+		if err != nil {
+			return errkind.BadInputf("--records: %v", err)
+		}
+		defer f.Close()
+		x.Records = f
+	}
+	res, runErr := bench.RunEC(ctx, x)
+	if res != nil {
+		if err := bench.WriteEC(a.io.Out, a.format, res); err != nil {
+			return err
+		}
+		if n := res.Summary.FailuresByStatus[engine.FailTagMismatch]; n > 0 {
+			return errkind.CheckFailedf("%d encoder-cache deliveries had wrong bytes", n)
+		}
+	}
+	if runErr != nil && res == nil {
+		return fmt.Errorf("bench ec: %w", runErr)
+	}
+	return runErr
+}

@@ -1,0 +1,646 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// ECOptions configure `bench ec`: encoder-cache transfers between an
+// encoder (producer) process and several consumers, with vLLM's
+// ECCPUConnector protocol. Sizes are bytes.
+type ECOptions struct {
+	Backend          string
+	Direction        nixl.Op // Read: the consumer READs (merged upstream); Write: the producer WRITEs
+	Vision           kv.Vision
+	Grids            []kv.Grid // unique image k has grid Grids[k % len]
+	Requests         int
+	ImagesPerRequest int
+	UniqueImages     int
+	ZipfS            float64 // mm_hash popularity: P(k) ∝ 1/(k+1)^s; 0 is uniform
+	Consumers        int
+	ProducerRegion   int
+	ConsumerRegion   int
+	AckTimeout       time.Duration
+	EncodeTime       time.Duration // the encoder's time per image (the entry is not ready meanwhile)
+	Overlap          bool          // ask consumers without waiting for the encode (NOT_READY happens)
+	Verify           bool          // check every block's tags on delivery, hits included
+	Warmup           int           // untimed transfers per consumer before the run
+	Seed             uint64
+
+	Producer ProducerSpec
+	Records  io.Writer // JSON lines, one per image request (nil: none)
+	Version  string
+	Log      *slog.Logger
+	Progress io.Writer
+}
+
+// ProducerSpec says where the encoder runs.
+type ProducerSpec struct {
+	Inproc bool     // a goroutine of this process
+	Addr   string   // an encoder started elsewhere (serve encoder --listen)
+	Exe    string   // else: this program as a child; default SelfExe
+	Args   []string // default serve encoder --stdio
+	Env    []string
+}
+
+// Validate checks the options.
+func (o *ECOptions) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if err := o.Vision.Validate(); err != nil {
+		bad("model: %v", err)
+	}
+	if len(o.Grids) == 0 {
+		bad("--grid: need at least one image grid")
+	}
+	largest := int64(0)
+	for _, g := range o.Grids {
+		b, err := o.Vision.EmbeddingBytes(g)
+		if err != nil {
+			bad("--grid: %v", err)
+		}
+		largest = max(largest, b)
+	}
+	if o.Requests <= 0 {
+		bad("--requests must be > 0 (got %d)", o.Requests)
+	}
+	if o.ImagesPerRequest <= 0 {
+		bad("--images-per-request must be > 0 (got %d)", o.ImagesPerRequest)
+	}
+	if o.UniqueImages < o.ImagesPerRequest {
+		bad("--unique-images (%d) must be at least --images-per-request (%d): a request's images are distinct", o.UniqueImages, o.ImagesPerRequest)
+	}
+	if o.ZipfS < 0 || math.IsNaN(o.ZipfS) || o.ZipfS > 10 {
+		bad("--zipf-s must be between 0 (uniform) and 10 (got %g)", o.ZipfS)
+	}
+	if o.Consumers <= 0 || o.Consumers > 64 {
+		bad("--consumers must be between 1 and 64 (got %d)", o.Consumers)
+	}
+	if o.Direction != nixl.Read && o.Direction != nixl.Write {
+		bad("--direction: want read or write")
+	}
+	if o.AckTimeout <= 0 {
+		bad("--ack-timeout must be > 0")
+	}
+	if o.EncodeTime < 0 || o.Warmup < 0 {
+		bad("--encode-time and --warmup must be >= 0")
+	}
+	if largest > 0 {
+		if int64(o.ProducerRegion) < largest {
+			bad("--producer-region %s cannot hold one image of %s", report.Bytes(int64(o.ProducerRegion)), report.Bytes(largest))
+		}
+		if int64(o.ConsumerRegion) < largest {
+			bad("--consumer-region %s cannot hold one image of %s", report.Bytes(int64(o.ConsumerRegion)), report.Bytes(largest))
+		}
+	}
+	if o.Producer.Inproc && o.Producer.Addr != "" {
+		bad("--inproc and --producer exclude each other")
+	}
+	return errors.Join(errs...)
+}
+
+// ECResult is a whole run.
+type ECResult struct {
+	report.Meta
+	Config      ECConfig               `json:"config"`
+	Summary     ECSummary              `json:"summary"`
+	Reference   ECReference            `json:"reference"`
+	Consumers   []engine.ConsumerStats `json:"consumers"`
+	Producer    *engine.ProducerStats  `json:"producer,omitempty"`
+	Interrupted bool                   `json:"interrupted,omitempty"`
+}
+
+// ECConfig echoes what ran.
+type ECConfig struct {
+	Model            string   `json:"model"`
+	HFName           string   `json:"hf_name"`
+	HiddenSize       int      `json:"hidden_size"`
+	DType            string   `json:"dtype"`
+	SpatialMerge     int      `json:"spatial_merge_size"`
+	BlockBytes       int      `json:"block_bytes"`
+	Grids            []string `json:"grids"`
+	ImageBytes       []int64  `json:"image_bytes"`
+	ImageBlocks      []int    `json:"image_blocks"`
+	Direction        string   `json:"direction"`
+	Requests         int      `json:"requests"`
+	ImagesPerRequest int      `json:"images_per_request"`
+	UniqueImages     int      `json:"unique_images"`
+	ZipfS            float64  `json:"zipf_s"`
+	Consumers        int      `json:"consumers"`
+	ConsumersRunAs   string   `json:"consumers_run_as"`
+	ProducerRegion   int      `json:"producer_region_bytes"`
+	ProducerBlocks   int      `json:"producer_region_blocks"`
+	ConsumerRegion   int      `json:"consumer_region_bytes"`
+	ConsumerBlocks   int      `json:"consumer_region_blocks"`
+	AckTimeoutMS     float64  `json:"ack_timeout_ms"`
+	EncodeTimeMS     float64  `json:"encode_time_ms"`
+	Overlap          bool     `json:"overlap"`
+	Verify           bool     `json:"verify"`
+	Warmup           int      `json:"warmup"`
+	Seed             uint64   `json:"seed"`
+	Producer         string   `json:"producer"` // process, inproc or the address
+	CompatHash       string   `json:"compatibility_hash"`
+}
+
+// ECSummary aggregates the image requests. Latencies are per image:
+// latency_ms is a cold transfer from sending the XferReq to the blocks
+// being in the consumer's region; hit_latency_ms a local hit (lookup and
+// pin); ack_ms and transfer_ms split the cold path.
+type ECSummary struct {
+	Requests            int                `json:"requests"`
+	Images              int                `json:"images"`
+	Hits                int                `json:"hits"`
+	Transfers           int                `json:"transfers"`
+	Failed              int                `json:"failed"`
+	HitRate             float64            `json:"hit_rate"`
+	Evictions           int64              `json:"evictions"`
+	PinnedSkips         int64              `json:"pinned_skips"`
+	Exhausted           int64              `json:"exhausted"`
+	ProducerEvictions   int64              `json:"producer_evictions"`
+	ProducerPinnedSkips int64              `json:"producer_pinned_skips"`
+	NotReadyRetries     int64              `json:"not_ready_retries"`
+	StaleAcks           int64              `json:"stale_acks"`
+	Quarantined         int64              `json:"quarantined"`
+	ProducerReloads     int64              `json:"producer_reloads"`
+	AckBytes            int                `json:"ack_bytes"` // the largest OK ack: it carries the producer's mem descriptor
+	Bytes               int64              `json:"bytes"`     // moved by transfers
+	HitBytes            int64              `json:"hit_bytes"` // re-served from local caches
+	LatencyMS           report.Percentiles `json:"latency_ms"`
+	AckMS               report.Percentiles `json:"ack_ms"`
+	TransferMS          report.Percentiles `json:"transfer_ms"`
+	HitLatencyMS        report.Percentiles `json:"hit_latency_ms"`
+	TransferGBps        float64            `json:"transfer_gbps"` // bytes / summed transfer time
+	ColdGBps            float64            `json:"cold_gbps"`     // bytes / summed cold latency (ack included)
+	WarmSpeedup         float64            `json:"warm_speedup"`  // cold p50 / hit p50
+	FailuresByStatus    map[string]int64   `json:"failures_by_status"`
+	Transport           string             `json:"transport,omitempty"`
+	Histogram           string             `json:"latency_histogram,omitempty"`
+}
+
+// ECReference is memcpy of one image's bytes in this process, in the same
+// run: the ceiling a same-host transfer can reach.
+type ECReference struct {
+	Bytes      int64   `json:"bytes"`
+	MemcpyGBps float64 `json:"memcpy_gbps"`
+	Efficiency float64 `json:"efficiency"` // transfer_gbps / memcpy_gbps
+}
+
+// ECRecord is one image request (the --records file has one per line).
+type ECRecord struct {
+	Request    int     `json:"request"`
+	Consumer   int     `json:"consumer"`
+	MMHash     string  `json:"mm_hash"`
+	Outcome    string  `json:"outcome"`
+	Status     string  `json:"status"`
+	Bytes      int64   `json:"bytes"`
+	Blocks     int     `json:"blocks"`
+	AckMS      float64 `json:"ack_ms"`
+	TransferMS float64 `json:"transfer_ms"`
+	TotalMS    float64 `json:"total_ms"`
+	Retries    int     `json:"not_ready_retries,omitempty"`
+	Error      string  `json:"error,omitempty"`
+	ackBytes   int
+}
+
+// Failure statuses of the orchestrator's side.
+const (
+	FailEncode            = "ENCODE_FAILED"      // the encoder could not be asked (gone)
+	FailProducerExhausted = "PRODUCER_EXHAUSTED" // the encoder's region had no room
+)
+
+type ecImage struct {
+	hash   string
+	grid   kv.Grid
+	bytes  int
+	blocks int
+}
+
+// ecRun is the shared state of a run's consumers.
+type ecRun struct {
+	o        *ECOptions
+	images   []ecImage
+	cdf      []float64
+	producer *engine.EncoderClient
+	endpoint string
+
+	mu        sync.Mutex
+	recs      *json.Encoder
+	recErr    error
+	lat, ack  *report.Histogram
+	xfer, hit *report.Histogram
+	sum       ECSummary
+	xferNS    int64
+	coldNS    int64
+	done      int
+}
+
+// TorchDType is the dtype name vLLM puts in its compatibility hash.
+func TorchDType(d kv.DType) string {
+	switch d {
+	case kv.BF16:
+		return "bfloat16"
+	case kv.FP16:
+		return "float16"
+	case kv.FP32:
+		return "float32"
+	case kv.FP8:
+		return "float8_e4m3fn"
+	}
+	return string(d)
+}
+
+// RunEC runs the benchmark. Interrupted, it returns what finished (with
+// Interrupted set) and ctx's error.
+func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	backend, err := nixl.Resolve(o.Backend)
+	if err != nil {
+		return nil, err
+	}
+	res := &ECResult{Meta: report.NewMeta("bench ec", o.Version)}
+	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
+	if backend.Name == "ucx" {
+		res.Env.UCX = backend.Version()
+	}
+	v := o.Vision
+	block := v.BlockBytes()
+	compat := sidechannel.ECCompatHash("nixlctl-"+o.Version, v.HFName, TorchDType(v.DType), block)
+	r := &ecRun{o: &o, lat: report.NewHistogram(), ack: report.NewHistogram(), xfer: report.NewHistogram(), hit: report.NewHistogram(),
+		sum: ECSummary{FailuresByStatus: map[string]int64{}}}
+	if o.Records != nil {
+		r.recs = json.NewEncoder(o.Records)
+	}
+	c := ECConfig{Model: v.Name, HFName: v.HFName, HiddenSize: v.HiddenSize, DType: string(v.DType), SpatialMerge: v.Merge,
+		BlockBytes: block, Direction: strings.ToLower(o.Direction.String()), Requests: o.Requests, ImagesPerRequest: o.ImagesPerRequest,
+		UniqueImages: o.UniqueImages, ZipfS: o.ZipfS, Consumers: o.Consumers, ConsumersRunAs: "goroutines of this process, one agent and region each",
+		ProducerRegion: o.ProducerRegion, ProducerBlocks: o.ProducerRegion / block, ConsumerRegion: o.ConsumerRegion,
+		ConsumerBlocks: o.ConsumerRegion / block, AckTimeoutMS: ms(o.AckTimeout.Nanoseconds()), EncodeTimeMS: ms(o.EncodeTime.Nanoseconds()),
+		Overlap: o.Overlap, Verify: o.Verify, Warmup: o.Warmup, Seed: o.Seed, CompatHash: compat}
+	for _, g := range o.Grids {
+		b, _ := v.EmbeddingBytes(g)
+		n, _ := v.Tokens(g)
+		c.Grids, c.ImageBytes, c.ImageBlocks = append(c.Grids, g.String()), append(c.ImageBytes, b), append(c.ImageBlocks, n)
+	}
+	res.Config = c
+	r.images = makeImages(&o, block)
+	r.cdf = zipfCDF(o.UniqueImages, o.ZipfS)
+
+	if r.producer, res.Config.Producer, err = startProducer(ctx, &o); err != nil {
+		return nil, err
+	}
+	defer r.producer.Close()
+	listen := ""
+	if o.Producer.Addr != "" {
+		listen = "tcp://0.0.0.0:0" // reachable from this host
+	}
+	rep, err := r.producer.Call(engine.EncoderRequest{Op: "setup", Backend: backend.Name, Name: "ec-producer",
+		RegionBytes: o.ProducerRegion, BlockBytes: block, CompatHash: compat, Listen: listen})
+	if err != nil {
+		return nil, err
+	}
+	r.endpoint = rep.Endpoint
+	if o.Producer.Addr != "" {
+		r.endpoint = reachable(rep.Endpoint, o.Producer.Addr)
+	}
+
+	consumers := make([]*engine.Consumer, o.Consumers)
+	defer func() {
+		for _, cons := range consumers {
+			if cons != nil {
+				cons.Close()
+			}
+		}
+	}()
+	for i := range consumers {
+		if consumers[i], err = engine.NewConsumer(engine.ConsumerConfig{Name: fmt.Sprintf("ec-consumer-%d", i), Backend: backend.Name,
+			RegionBytes: o.ConsumerRegion, BlockBytes: block, CompatHash: compat, Direction: o.Direction,
+			AckTimeout: o.AckTimeout, Verify: o.Verify, Log: o.Log}); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.warmup(ctx, consumers); err != nil {
+		return nil, err
+	}
+
+	var wg sync.WaitGroup
+	for i, cons := range consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for q := i; q < o.Requests && ctx.Err() == nil; q += o.Consumers {
+				r.request(ctx, q, i, cons)
+			}
+		}()
+	}
+	wg.Wait()
+	r.finish(res, consumers)
+	if rep, err := r.producer.Call(engine.EncoderRequest{Op: "stats"}); err == nil {
+		res.Producer = rep.Stats
+		res.Summary.ProducerEvictions = rep.Stats.Cache.Evictions
+		res.Summary.ProducerPinnedSkips = rep.Stats.Cache.PinnedSkips
+		if o.Direction == nixl.Write {
+			res.Summary.Transport = rep.Info.Details["transport:"+consumers[0].Agent().Name()]
+		}
+	} else {
+		res.Warn(fmt.Sprintf("encoder stats unavailable: %v", err))
+	}
+	if res.Summary.Transport == "" {
+		res.Summary.Transport = consumers[0].Transport()
+	}
+	res.Env.Transport = res.Summary.Transport
+	r.warnings(res)
+	res.Finish()
+	if r.recErr != nil {
+		return res, fmt.Errorf("--records: %w", r.recErr)
+	}
+	if err := ctx.Err(); err != nil {
+		res.Interrupted = true
+		res.Warn("interrupted: the run stopped early")
+		return res, err
+	}
+	return res, nil
+}
+
+func startProducer(ctx context.Context, o *ECOptions) (*engine.EncoderClient, string, error) {
+	switch {
+	case o.Producer.Inproc:
+		return engine.StartEncoderInProcess(ctx, o.Log), "inproc", nil
+	case o.Producer.Addr != "":
+		c, err := engine.DialEncoder(ctx, o.Producer.Addr)
+		return c, o.Producer.Addr, err
+	}
+	exe := o.Producer.Exe
+	if exe == "" {
+		var err error
+		if exe, err = SelfExe(); err != nil {
+			return nil, "", err
+		}
+	}
+	args := o.Producer.Args
+	if args == nil {
+		args = []string{"serve", "encoder", "--stdio"}
+	}
+	c, err := engine.StartEncoderProcess(ctx, exe, args, o.Producer.Env, os.Stderr)
+	return c, "process", err
+}
+
+// reachable replaces a wildcard host in the side channel's endpoint with
+// the host the control channel reached.
+func reachable(endpoint, control string) string {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(control, "tcp://"))
+	if err != nil {
+		return endpoint
+	}
+	rest := strings.TrimPrefix(endpoint, "tcp://")
+	h, port, err := net.SplitHostPort(rest)
+	if err != nil || (h != "0.0.0.0" && h != "::" && h != "") {
+		return endpoint
+	}
+	return "tcp://" + net.JoinHostPort(host, port)
+}
+
+// makeImages names the unique images: mm_hash is a hex SHA-256 like
+// vLLM's, derived from the seed so runs are repeatable.
+func makeImages(o *ECOptions, block int) []ecImage {
+	imgs := make([]ecImage, o.UniqueImages)
+	for k := range imgs {
+		sum := sha256.Sum256([]byte(fmt.Sprintf("nixlctl-bench-ec/%d/%d", o.Seed, k)))
+		g := o.Grids[k%len(o.Grids)]
+		n, _ := o.Vision.Tokens(g)
+		imgs[k] = ecImage{hash: hex.EncodeToString(sum[:]), grid: g, bytes: n * block, blocks: n}
+	}
+	return imgs
+}
+
+// zipfCDF is the cumulative distribution of P(k) ∝ 1/(k+1)^s.
+func zipfCDF(n int, s float64) []float64 {
+	cdf := make([]float64, n)
+	total := 0.0
+	for k := range cdf {
+		total += 1 / math.Pow(float64(k+1), s)
+		cdf[k] = total
+	}
+	for k := range cdf {
+		cdf[k] /= total
+	}
+	return cdf
+}
+
+// draw picks a request's distinct images.
+func (r *ecRun) draw(q int) []ecImage {
+	rng := rand.New(rand.NewPCG(r.o.Seed, uint64(q)))
+	seen := map[int]bool{}
+	out := make([]ecImage, 0, r.o.ImagesPerRequest)
+	for len(out) < r.o.ImagesPerRequest {
+		k := sort.SearchFloat64s(r.cdf, rng.Float64())
+		k = min(k, len(r.cdf)-1)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, r.images[k])
+	}
+	return out
+}
+
+// warmup moves throwaway images so that connections, remote agents and
+// UCX endpoints exist before timing; they are dropped afterwards.
+func (r *ecRun) warmup(ctx context.Context, consumers []*engine.Consumer) error {
+	big := r.images[0]
+	for _, img := range r.images {
+		if img.bytes > big.bytes {
+			big = img
+		}
+	}
+	for i, cons := range consumers {
+		for w := 0; w < r.o.Warmup; w++ {
+			h := fmt.Sprintf("warmup-%d-%d", i, w)
+			if _, err := r.producer.Call(engine.EncoderRequest{Op: "encode", MMHash: h, Bytes: big.bytes, Wait: true}); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+			out := cons.Step(ctx, []engine.Want{{MMHash: h, Peer: r.endpoint, Bytes: big.bytes}})
+			cons.EndStep()
+			if out[0].Outcome != engine.OutcomeTransfer {
+				return fmt.Errorf("warm-up transfer failed: %s %s", out[0].Status, out[0].Err)
+			}
+			_ = cons.Drop(h)
+		}
+	}
+	return nil
+}
+
+// request is one request on consumer i: the orchestrator sends its
+// images to the encoder, then the consumer fetches them.
+func (r *ecRun) request(ctx context.Context, q, i int, cons *engine.Consumer) {
+	imgs := r.draw(q)
+	var wants []engine.Want
+	var recs []ECRecord
+	for _, img := range imgs {
+		_, err := r.producer.Call(engine.EncoderRequest{Op: "encode", MMHash: img.hash, Bytes: img.bytes,
+			DelayUS: r.o.EncodeTime.Microseconds(), Wait: !r.o.Overlap})
+		if err != nil {
+			st := FailEncode
+			if strings.Contains(err.Error(), engine.ErrExhausted.Error()) {
+				st = FailProducerExhausted
+			}
+			recs = append(recs, ECRecord{Request: q, Consumer: i, MMHash: img.hash, Outcome: engine.OutcomeFailed, Status: st, Error: err.Error()})
+			continue
+		}
+		wants = append(wants, engine.Want{MMHash: img.hash, Peer: r.endpoint, Bytes: img.bytes})
+	}
+	if len(wants) > 0 {
+		for _, out := range cons.Step(ctx, wants) {
+			recs = append(recs, ECRecord{Request: q, Consumer: i, MMHash: out.MMHash, Outcome: out.Outcome, Status: out.Status,
+				Bytes: out.Bytes, Blocks: out.Blocks, AckMS: ms(out.AckNS), TransferMS: ms(out.XferNS), TotalMS: ms(out.TotalNS),
+				Retries: out.Retries, Error: out.Err, ackBytes: out.AckBytes})
+		}
+		cons.EndStep()
+	}
+	r.record(q, recs)
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func (r *ecRun) record(q int, recs []ECRecord) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := &r.sum
+	s.Requests++
+	for _, rec := range recs {
+		s.Images++
+		if r.recs != nil && r.recErr == nil {
+			r.recErr = r.recs.Encode(rec)
+		}
+		ns := func(x float64) time.Duration { return time.Duration(x * 1e6) }
+		switch rec.Outcome {
+		case engine.OutcomeHit:
+			s.Hits++
+			s.HitBytes += rec.Bytes
+			r.hit.Record(ns(rec.TotalMS))
+		case engine.OutcomeTransfer:
+			s.Transfers++
+			s.Bytes += rec.Bytes
+			r.lat.Record(ns(rec.TotalMS))
+			r.ack.Record(ns(rec.AckMS))
+			r.xfer.Record(ns(rec.TransferMS))
+			r.xferNS += int64(rec.TransferMS * 1e6)
+			s.AckBytes = max(s.AckBytes, rec.ackBytes)
+			r.coldNS += int64(rec.TotalMS * 1e6)
+		default:
+			s.Failed++
+			s.FailuresByStatus[rec.Status]++
+		}
+	}
+	r.done++
+	if p := r.o.Progress; p != nil {
+		every := max(1, r.o.Requests/10)
+		if r.done%every == 0 || r.done == r.o.Requests {
+			fmt.Fprintf(p, "[%d/%d] images %d: %d transfers (p50 %s), %d hits, %d failed\n", r.done, r.o.Requests, s.Images,
+				s.Transfers, report.Duration(time.Duration(r.lat.In(time.Nanosecond).P50)), s.Hits, s.Failed)
+		}
+	}
+}
+
+func (r *ecRun) finish(res *ECResult, consumers []*engine.Consumer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.sum
+	if s.Images > 0 {
+		s.HitRate = float64(s.Hits) / float64(s.Images)
+	}
+	for _, cons := range consumers {
+		cs := cons.Stats()
+		res.Consumers = append(res.Consumers, cs)
+		s.Evictions += cs.Cache.Evictions
+		s.PinnedSkips += cs.Cache.PinnedSkips
+		s.Exhausted += cs.Cache.Exhausted
+		s.NotReadyRetries += cs.NotReadyRetries
+		s.StaleAcks += cs.StaleAcks
+		s.Quarantined += cs.Quarantined
+		s.ProducerReloads += cs.Reloads
+	}
+	s.LatencyMS, s.AckMS = r.lat.In(time.Millisecond), r.ack.In(time.Millisecond)
+	s.TransferMS, s.HitLatencyMS = r.xfer.In(time.Millisecond), r.hit.In(time.Millisecond)
+	if r.xferNS > 0 {
+		s.TransferGBps = float64(s.Bytes) / float64(r.xferNS)
+	}
+	if r.coldNS > 0 {
+		s.ColdGBps = float64(s.Bytes) / float64(r.coldNS)
+	}
+	if s.HitLatencyMS.P50 > 0 && s.LatencyMS.P50 > 0 {
+		s.WarmSpeedup = s.LatencyMS.P50 / s.HitLatencyMS.P50
+	}
+	s.Histogram, _ = r.lat.Encode()
+	res.Summary = s
+	big := int64(0)
+	for _, img := range r.images {
+		big = max(big, int64(img.bytes))
+	}
+	res.Reference = ECReference{Bytes: big, MemcpyGBps: memcpyGBps(int(big))}
+	if res.Reference.MemcpyGBps > 0 {
+		res.Reference.Efficiency = s.TransferGBps / res.Reference.MemcpyGBps
+	}
+}
+
+// memcpyGBps copies n bytes between two pre-faulted buffers for about
+// 100 ms (at least 5 copies) and returns the rate.
+func memcpyGBps(n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := 0; i < n; i += 4096 {
+		src[i], dst[i] = 1, 1
+	}
+	var copied int64
+	start := mono.Now()
+	for k := 0; k < 5 || mono.Since(start) < 100*time.Millisecond; k++ {
+		copied += int64(copy(dst, src))
+	}
+	return float64(copied) / float64(mono.Since(start).Nanoseconds())
+}
+
+func (r *ecRun) warnings(res *ECResult) {
+	s := res.Summary
+	if strings.Contains(s.Transport, "tcp") && strings.Contains(s.Transport, "rma: emulated") {
+		res.Warn("TCP fallback: RMA runs as software emulation over TCP active messages; expect a fraction of shared-memory or RDMA bandwidth")
+	}
+	if s.Images > 0 && s.Failed*10 > s.Images {
+		res.Warn(fmt.Sprintf("%d of %d image requests failed (see failures_by_status)", s.Failed, s.Images))
+	}
+	if n := s.FailuresByStatus[engine.FailTagMismatch]; n > 0 {
+		res.Warn(fmt.Sprintf("%d deliveries had wrong bytes (tag mismatch)", n))
+	}
+	if s.Transfers == 0 {
+		res.Warn("no transfer completed: no latency or bandwidth to report")
+	}
+	if s.Exhausted > 0 {
+		res.Warn(fmt.Sprintf("consumer regions were exhausted %d times: one request's images did not fit beside pinned ones (raise --consumer-region)", s.Exhausted))
+	}
+}

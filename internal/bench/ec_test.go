@@ -1,0 +1,212 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// smallEC is a run of small images (Qwen3.5-4B geometry, grid 1x8x8 = 16
+// blocks of 5,120 B) with regions that force eviction on both sides.
+func smallEC(dir nixl.Op) ECOptions {
+	v, _ := kv.VisionPreset("qwen3.5-4b")
+	exe, _ := os.Executable()
+	img := 16 * 5120
+	return ECOptions{Backend: "ucx", Direction: dir, Vision: v, Grids: []kv.Grid{{T: 1, H: 8, W: 8}}, Requests: 40,
+		ImagesPerRequest: 2, UniqueImages: 12, ZipfS: 1, Consumers: 3, ProducerRegion: 10 * img, ConsumerRegion: 4 * img,
+		AckTimeout: 2 * time.Second, Verify: true, Warmup: 1, Seed: 7,
+		Producer: ProducerSpec{Exe: exe, Args: []string{"-test.run=^$"}, Env: []string{"NIXLCTL_BENCH_TEST_ENCODER=1"}}}
+}
+
+func TestRunECAcrossProcesses(t *testing.T) {
+	for _, dir := range []nixl.Op{nixl.Read, nixl.Write} {
+		t.Run(dir.String(), func(t *testing.T) {
+			o := smallEC(dir)
+			var recs bytes.Buffer
+			o.Records = &recs
+			res, err := RunEC(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := res.Summary
+			if s.Requests != 40 || s.Images != 80 || s.Hits+s.Transfers+s.Failed != 80 {
+				t.Fatalf("counts: %+v", s)
+			}
+			// Producer-side eviction can turn an encoded image into
+			// MISSING before a consumer asks (three consumers share ten
+			// images' room); nothing else may fail.
+			for st := range s.FailuresByStatus {
+				if st != "MISSING" {
+					t.Errorf("failures: %v", s.FailuresByStatus)
+				}
+			}
+			if s.Hits == 0 || s.Evictions == 0 || s.HitRate <= 0 || s.Bytes != int64(s.Transfers)*16*5120 {
+				t.Errorf("hits %d, evictions %d, hit rate %g, bytes %d", s.Hits, s.Evictions, s.HitRate, s.Bytes)
+			}
+			if s.LatencyMS.P50 <= 0 || s.LatencyMS.P99 < s.LatencyMS.P50 || s.HitLatencyMS.Count != int64(s.Hits) || s.TransferGBps <= 0 {
+				t.Errorf("latencies %+v, hits %+v, %g GB/s", s.LatencyMS, s.HitLatencyMS, s.TransferGBps)
+			}
+			if res.Reference.MemcpyGBps <= 0 || res.Reference.Efficiency <= 0 || res.Reference.Bytes != 16*5120 {
+				t.Errorf("reference %+v", res.Reference)
+			}
+			if res.Env.Backend != "ucx" || res.Env.Transport == "" || res.Config.Producer != "process" || res.Producer == nil {
+				t.Errorf("result does not describe itself: %+v %s", res.Env, res.Config.Producer)
+			}
+			if res.Producer.Cache.Evictions == 0 || s.ProducerEvictions != res.Producer.Cache.Evictions {
+				t.Errorf("producer evictions: %+v", res.Producer.Cache)
+			}
+			// One record per image request, with the fields scripts read.
+			lines := strings.Split(strings.TrimSpace(recs.String()), "\n")
+			if len(lines) != 80 {
+				t.Fatalf("%d records", len(lines))
+			}
+			kinds := map[string]int{}
+			for _, l := range lines {
+				var r map[string]any
+				if err := json.Unmarshal([]byte(l), &r); err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range []string{"mm_hash", "outcome", "status", "bytes", "blocks", "ack_ms", "transfer_ms", "total_ms"} {
+					if _, ok := r[k]; !ok {
+						t.Fatalf("record without %s: %s", k, l)
+					}
+				}
+				kinds[r["outcome"].(string)]++
+			}
+			if kinds["hit"] != s.Hits || kinds["transfer"] != s.Transfers {
+				t.Errorf("records %v vs summary %+v", kinds, s)
+			}
+			// The JSON result has the documented top level.
+			var buf bytes.Buffer
+			if err := WriteEC(&buf, report.FormatJSON, res); err != nil {
+				t.Fatal(err)
+			}
+			var j map[string]any
+			json.Unmarshal(buf.Bytes(), &j)
+			sum, _ := j["summary"].(map[string]any)
+			for _, k := range []string{"requests", "failed", "hit_rate", "evictions", "bytes", "latency_ms", "failures_by_status"} {
+				if _, ok := sum[k]; !ok {
+					t.Errorf("summary has no %s", k)
+				}
+			}
+			lat, _ := sum["latency_ms"].(map[string]any)
+			for _, k := range []string{"p50", "p90", "p99", "p999", "max"} {
+				if _, ok := lat[k]; !ok {
+					t.Errorf("latency_ms has no %s", k)
+				}
+			}
+			if j["command"] != "bench ec" || j["schema"] == nil || j["reference"] == nil || j["warnings"] == nil {
+				t.Errorf("meta: %v %v", j["command"], j["schema"])
+			}
+			var tbl bytes.Buffer
+			WriteEC(&tbl, report.FormatTable, res)
+			if !strings.Contains(tbl.String(), "cold transfer") || !strings.Contains(tbl.String(), "Warm speed-up") {
+				t.Errorf("table:\n%s", tbl.String())
+			}
+		})
+	}
+}
+
+func TestRunECNotReadyRetries(t *testing.T) {
+	o := smallEC(nixl.Read)
+	o.Producer = ProducerSpec{Inproc: true}
+	o.EncodeTime, o.Overlap = 30*time.Millisecond, true
+	o.Requests, o.Consumers, o.ImagesPerRequest, o.UniqueImages = 6, 1, 1, 6
+	o.ZipfS, o.ProducerRegion = 0, 20*16*5120
+	res, err := RunEC(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Summary.NotReadyRetries == 0 || res.Summary.Failed != 0 || res.Config.Producer != "inproc" {
+		t.Errorf("overlapped encodes should be retried until ready: %+v", res.Summary)
+	}
+}
+
+func TestRunECInterrupted(t *testing.T) {
+	o := smallEC(nixl.Read)
+	o.Producer = ProducerSpec{Inproc: true}
+	o.Requests = 200
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o.Progress = cancelOnWrite{cancel}
+	res, err := RunEC(ctx, o)
+	if err == nil || res == nil || !res.Interrupted || res.Summary.Requests == 0 || res.Summary.Requests >= 200 {
+		t.Fatalf("interrupted run: err %v, result %+v", err, res)
+	}
+}
+
+func TestECValidate(t *testing.T) {
+	tests := []struct {
+		mut  func(*ECOptions)
+		want string
+	}{
+		{func(o *ECOptions) { o.Requests = 0 }, "--requests"},
+		{func(o *ECOptions) { o.ImagesPerRequest = 13 }, "--unique-images (12) must be at least"},
+		{func(o *ECOptions) { o.ZipfS = -1 }, "--zipf-s"},
+		{func(o *ECOptions) { o.ZipfS = math.NaN() }, "--zipf-s"},
+		{func(o *ECOptions) { o.Consumers = 0 }, "--consumers"},
+		{func(o *ECOptions) { o.ConsumerRegion = 1000 }, "--consumer-region 1000 B cannot hold one image"},
+		{func(o *ECOptions) { o.ProducerRegion = 1000 }, "--producer-region"},
+		{func(o *ECOptions) { o.Grids = []kv.Grid{{T: 1, H: 3, W: 4}} }, "multiples of the spatial merge"},
+		{func(o *ECOptions) { o.Grids = nil }, "--grid"},
+		{func(o *ECOptions) { o.AckTimeout = 0 }, "--ack-timeout"},
+		{func(o *ECOptions) { o.Producer = ProducerSpec{Inproc: true, Addr: "x:1"} }, "exclude"},
+		{func(o *ECOptions) { o.Vision.HiddenSize = 0 }, "hidden size"},
+	}
+	for _, tc := range tests {
+		o := smallEC(nixl.Read)
+		tc.mut(&o)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want %q, got %v", tc.want, err)
+		}
+	}
+	o := smallEC(nixl.Read)
+	if err := o.Validate(); err != nil {
+		t.Errorf("valid options: %v", err)
+	}
+}
+
+func TestZipfDraws(t *testing.T) {
+	o := smallEC(nixl.Read)
+	o.UniqueImages, o.ImagesPerRequest = 50, 3
+	for _, s := range []float64{0, 1, 3} {
+		o.ZipfS = s
+		r := &ecRun{o: &o, images: makeImages(&o, 5120), cdf: zipfCDF(o.UniqueImages, s)}
+		counts := make([]int, o.UniqueImages)
+		for q := 0; q < 2000; q++ {
+			imgs := r.draw(q)
+			seen := map[string]bool{}
+			for _, img := range imgs {
+				if seen[img.hash] {
+					t.Fatalf("request %d repeats an image", q)
+				}
+				seen[img.hash] = true
+			}
+			for k, img := range r.images {
+				if seen[img.hash] {
+					counts[k]++
+				}
+			}
+		}
+		first, last := counts[0], counts[len(counts)-1]
+		switch {
+		case s == 0 && (first > 3*last || last > 3*first):
+			t.Errorf("uniform draw is skewed: %d vs %d", first, last)
+		case s >= 1 && first < 5*max(last, 1):
+			t.Errorf("s=%g: most popular %d, least %d", s, first, last)
+		}
+		// Same seed, same request: same images.
+		if a, b := r.draw(5), r.draw(5); a[0].hash != b[0].hash {
+			t.Error("draws are not repeatable")
+		}
+	}
+}

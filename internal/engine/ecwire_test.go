@@ -1,0 +1,290 @@
+package engine
+
+import (
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// Vectors pinned with CPython 3.11 and msgpack-python 1.0.3, packing the
+// dicts msgspec builds for a tagged omit_defaults struct (tag first, then
+// the non-default fields in declaration order).
+const (
+	// {"type":"req","mm_hash":"ab"*32,"compatibility_hash":"cd"*32}
+	vecReqDefaults = "83a474797065a3726571a76d6d5f68617368d94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162b2636f6d7061746962696c6974795f68617368d94063646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364"
+	// {"type":"req","mm_hash":"h1","compatibility_hash":"c","session_id":"s-1","connector_version":1}
+	vecReqV1 = "85a474797065a3726571a76d6d5f68617368a26831b2636f6d7061746962696c6974795f68617368a163aa73657373696f6e5f6964a3732d31b1636f6e6e6563746f725f76657273696f6e01"
+	// {"type":"ack","mm_hash":"h1","status":0,"session_id":"s-1","src_block_indices":[0,1,300,70000],
+	//  "agent_metadata":b"\x00md","mem_descriptor":packb([[0x7f0000001000,5120,0],[0x7f0000002400,5120,0]])}
+	vecAckFull = "87a474797065a361636ba76d6d5f68617368a26831a673746174757300aa73657373696f6e5f6964a3732d31b17372635f626c6f636b5f696e6469636573940001cd012cce00011170ae6167656e745f6d65746164617461c403006d64ae6d656d5f64657363726970746f72c41d9293cf00007f0000001000cd14000093cf00007f0000002400cd140000"
+	// {"type":"ack","mm_hash":"h1","status":1}
+	vecAckNack = "83a474797065a361636ba76d6d5f68617368a26831a673746174757301"
+	vecMemDesc = "9293cf00007f0000001000cd14000093cf00007f0000002400cd140000"
+)
+
+func unhex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestECWireMatchesMsgspec(t *testing.T) {
+	descs := []nixl.Desc{{Addr: 0x7f0000001000, Len: 5120}, {Addr: 0x7f0000002400, Len: 5120}}
+	md, err := EncodeMemDescriptor(descs)
+	if err != nil || hex.EncodeToString(md) != vecMemDesc {
+		t.Fatalf("mem descriptor %x (%v)", md, err)
+	}
+	tests := []struct {
+		name string
+		msg  interface{ Encode() ([]byte, error) }
+		want string
+	}{
+		{"req with defaults omitted", &XferReq{MMHash: strings.Repeat("ab", 32), CompatibilityHash: strings.Repeat("cd", 32),
+			ConnectorVersion: ECConnectorVersion}, vecReqDefaults},
+		{"req from a v1 build", &XferReq{MMHash: "h1", CompatibilityHash: "c", SessionID: "s-1", ConnectorVersion: 1}, vecReqV1},
+		{"ack OK", &XferAck{MMHash: "h1", Status: StatusOK, SessionID: "s-1", SrcBlockIndices: []int{0, 1, 300, 70000},
+			AgentMetadata: []byte("\x00md"), MemDescriptor: md}, vecAckFull},
+		{"ack NACK", &XferAck{MMHash: "h1", Status: StatusMissing}, vecAckNack},
+	}
+	for _, tc := range tests {
+		b, err := tc.msg.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hex.EncodeToString(b); got != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
+		}
+	}
+	// And the decoders read msgspec's bytes back, filling defaults.
+	r, err := DecodeXferReq(unhex(t, vecReqDefaults))
+	if err != nil || r.SessionID != "" || r.ConnectorVersion != ECConnectorVersion || r.MMHash != strings.Repeat("ab", 32) {
+		t.Errorf("req: %+v %v", r, err)
+	}
+	if r, err := DecodeXferReq(unhex(t, vecReqV1)); err != nil || r.ConnectorVersion != 1 || r.SessionID != "s-1" {
+		t.Errorf("v1 req: %+v %v", r, err)
+	}
+	a, err := DecodeXferAck(unhex(t, vecAckFull))
+	if err != nil || a.Status != StatusOK || len(a.SrcBlockIndices) != 4 || a.SrcBlockIndices[3] != 70000 {
+		t.Fatalf("ack: %+v %v", a, err)
+	}
+	got, err := DecodeMemDescriptor(a.MemDescriptor)
+	if err != nil || !cmp.Equal(got, descs) {
+		t.Errorf("descriptors %v %v", got, err)
+	}
+	if a, err := DecodeXferAck(unhex(t, vecAckNack)); err != nil || a.Status != StatusMissing || a.SrcBlockIndices != nil {
+		t.Errorf("nack: %+v %v", a, err)
+	}
+}
+
+func TestECWireRoundTrip(t *testing.T) {
+	reqs := []XferReq{
+		{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: ECConnectorVersion},
+		{MMHash: "m", CompatibilityHash: "c", SessionID: "s", ConnectorVersion: 0, ReqID: 1 << 40,
+			DstBlockIndices: []int{5, 0, 1 << 30}, AgentMetadata: []byte{1, 2}, MemDescriptor: []byte{0x90}},
+	}
+	for _, r := range reqs {
+		b, err := r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeXferReq(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(r, got); diff != "" {
+			t.Error(diff)
+		}
+		// The other decoder refuses it by its tag.
+		if _, err := DecodeXferAck(b); !errors.Is(err, ErrWrongType) {
+			t.Errorf("ack decoder took a req: %v", err)
+		}
+	}
+	acks := []XferAck{
+		{MMHash: "m", Status: StatusNotReady},
+		{MMHash: "m", Status: StatusOK, SessionID: "s", SrcBlockIndices: []int{3}, AgentMetadata: []byte{9},
+			MemDescriptor: []byte{1}, ReqID: 7, WriteNS: 123456},
+		{MMHash: "", Status: XferStatus(42)},
+	}
+	for _, a := range acks {
+		b, err := a.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeXferAck(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(a, got); diff != "" {
+			t.Error(diff)
+		}
+	}
+	// Omit-defaults: only the three mandatory keys of a plain request.
+	b, _ := reqs[0].Encode()
+	var m map[string]any
+	if err := msgpack.Unmarshal(b, &m); err != nil || len(m) != 3 || m["type"] != "req" {
+		t.Errorf("plain request map: %v %v", m, err)
+	}
+	// A version other than ours is on the wire, so a peer can check it.
+	b, _ = (&XferReq{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: 1}).Encode()
+	m = nil
+	_ = msgpack.Unmarshal(b, &m)
+	if v, ok := m["connector_version"]; !ok || v != int8(1) {
+		t.Errorf("connector_version on the wire: %v (%T)", v, v)
+	}
+}
+
+func TestECWireRejects(t *testing.T) {
+	enc := func(v any) []byte {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	good := enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c"})
+	if _, err := DecodeXferReq(good); err != nil {
+		t.Fatal(err)
+	}
+	// Unknown keys are skipped, as msgspec does.
+	if _, err := DecodeXferReq(enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "future": []int{1}})); err != nil {
+		t.Errorf("unknown key: %v", err)
+	}
+	bad := map[string][]byte{
+		"no tag":              enc(map[string]any{"mm_hash": "m", "compatibility_hash": "c"}),
+		"other tag":           enc(map[string]any{"type": "ack", "mm_hash": "m", "compatibility_hash": "c"}),
+		"no mm_hash":          enc(map[string]any{"type": "req", "compatibility_hash": "c"}),
+		"hash as bytes":       enc(map[string]any{"type": "req", "mm_hash": []byte("m"), "compatibility_hash": "c"}),
+		"version as string":   enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "connector_version": "2"}),
+		"negative index":      enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "nixlctl_dst_block_indices": []int{-1}}),
+		"array not map":       enc([]any{"req", "m", "c"}),
+		"trailing bytes":      append(append([]byte(nil), good...), 0xc0),
+		"truncated":           good[:len(good)-1],
+		"empty":               nil,
+		"huge map header":     {0xdf, 0xff, 0xff, 0xff, 0xff},
+		"huge index array":    append(unhex(t, "84a474797065a3726571a76d6d5f68617368a16db2636f6d7061746962696c6974795f68617368a163b96e69786c63746c5f6473745f626c6f636b5f696e6469636573"), 0xdd, 0xff, 0xff, 0xff, 0xff),
+		"metadata as string":  enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "nixlctl_agent_metadata": "x"}),
+		"duplicate key (raw)": unhex(t, "84a474797065a3726571a76d6d5f68617368a16da76d6d5f68617368a16eb2636f6d7061746962696c6974795f68617368a163"),
+	}
+	for name, b := range bad {
+		if r, err := DecodeXferReq(b); err == nil {
+			t.Errorf("%s: accepted %+v", name, r)
+		}
+	}
+	if _, err := DecodeXferAck(enc(map[string]any{"type": "ack", "mm_hash": "m"})); err == nil {
+		t.Error("ack without status accepted")
+	}
+	for name, b := range map[string][]byte{
+		"zero length":   enc([][]uint64{{1, 0, 0}}),
+		"wrapping":      enc([][]uint64{{^uint64(0), 2, 0}}),
+		"two elements":  enc([][]uint64{{1, 2}}),
+		"negative":      enc([][]int64{{-1, 2, 0}}),
+		"huge dev":      enc([][]uint64{{1, 2, 1 << 40}}),
+		"huge count":    {0xdd, 0xff, 0xff, 0xff, 0xff},
+		"not an array":  enc("x"),
+		"trailing":      append(enc([][]uint64{{1, 2, 0}}), 1),
+		"string fields": enc([][]string{{"a", "b", "c"}}),
+	} {
+		if d, err := DecodeMemDescriptor(b); err == nil {
+			t.Errorf("mem descriptor %s: accepted %v", name, d)
+		}
+	}
+	if d, err := DecodeMemDescriptor(enc([]any{})); err != nil || len(d) != 0 {
+		t.Errorf("empty list: %v %v", d, err)
+	}
+}
+
+func TestXferStatusNames(t *testing.T) {
+	want := map[XferStatus]string{StatusOK: "OK", StatusMissing: "MISSING", StatusIncompat: "INCOMPAT", StatusVersion: "VERSION",
+		StatusInternal: "INTERNAL", StatusNotReady: "NOT_READY", 9: "STATUS_9", -1: "STATUS_-1"}
+	for s, n := range want {
+		if s.String() != n {
+			t.Errorf("%d: %s", int(s), s)
+		}
+	}
+	if !StatusNotReady.Retryable() || StatusMissing.Retryable() {
+		t.Error("only NOT_READY is retryable")
+	}
+}
+
+func FuzzDecodeXferReq(f *testing.F) {
+	for _, v := range []string{vecReqDefaults, vecReqV1} {
+		b, _ := hex.DecodeString(v)
+		f.Add(b)
+	}
+	w, _ := (&XferReq{MMHash: "m", CompatibilityHash: "c", ReqID: 3, DstBlockIndices: []int{1, 2}, AgentMetadata: []byte{1}, MemDescriptor: []byte{2}}).Encode()
+	f.Add(w)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeXferReq(data)
+		if err != nil {
+			return
+		}
+		for _, i := range r.DstBlockIndices {
+			if i < 0 {
+				t.Fatalf("negative index accepted: %v", r.DstBlockIndices)
+			}
+		}
+		// What decodes re-encodes and decodes to the same value.
+		b, err := r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := DecodeXferReq(b)
+		if err != nil || !cmp.Equal(r, r2) {
+			t.Fatalf("re-decode: %+v vs %+v (%v)", r, r2, err)
+		}
+	})
+}
+
+func FuzzDecodeXferAck(f *testing.F) {
+	for _, v := range []string{vecAckFull, vecAckNack} {
+		b, _ := hex.DecodeString(v)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, err := DecodeXferAck(data)
+		if err != nil {
+			return
+		}
+		b, err := a.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a2, err := DecodeXferAck(b)
+		if err != nil || !cmp.Equal(a, a2) {
+			t.Fatalf("re-decode: %+v vs %+v (%v)", a, a2, err)
+		}
+	})
+}
+
+func FuzzDecodeMemDescriptor(f *testing.F) {
+	b, _ := hex.DecodeString(vecMemDesc)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := DecodeMemDescriptor(data)
+		if err != nil {
+			return
+		}
+		for _, x := range d {
+			if x.Len == 0 || x.Addr+x.Len < x.Addr {
+				t.Fatalf("bad descriptor accepted: %+v", x)
+			}
+		}
+		b, err := EncodeMemDescriptor(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d2, err := DecodeMemDescriptor(b)
+		if err != nil || !cmp.Equal(d, d2) {
+			t.Fatalf("re-decode: %v vs %v (%v)", d, d2, err)
+		}
+	})
+}
