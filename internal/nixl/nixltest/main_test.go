@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 )
 
 func TestMain(m *testing.M) {
@@ -19,5 +20,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// The target children inherit the CUDA driver chosen here (the fake on
+	// machines without a GPU), through the environment.
+	_, cleanup, err := cudatest.Setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
