@@ -281,6 +281,15 @@ func ipcChild() int {
 	if err != nil {
 		return fail(err)
 	}
+	// A second open (another agent of this process) shares the mapping;
+	// the mapping stays until the last close.
+	again, err := cuda.OpenIPC(dev, h)
+	if err != nil || again != addr {
+		return fail(fmt.Errorf("second open: %#x vs %#x: %v", again, addr, err))
+	}
+	if err := cuda.CloseIPC(dev, again); err != nil {
+		return fail(err)
+	}
 	mapped := nixl.NewBuffer(addr, size, nixl.VRAM, uint32(dev), "ipc", nil, nil)
 	host := make([]byte, size)
 	engine.FillTags(host, engine.TagKey(99, uint64(dev)))
@@ -289,6 +298,9 @@ func ipcChild() int {
 	}
 	if err := cuda.CloseIPC(dev, addr); err != nil {
 		return fail(err)
+	}
+	if err := cuda.CloseIPC(dev, addr); err == nil {
+		return fail(fmt.Errorf("closed an IPC mapping twice"))
 	}
 	return 0
 }

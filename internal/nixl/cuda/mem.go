@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -112,26 +113,75 @@ func ExportIPC(dev int, addr uint64) (Allocation, error) {
 	return a, nil
 }
 
+// ipcMaps counts what OpenIPC mapped, per GPU and handle: two agents of
+// one process (two TP ranks) may load the same peer, and the driver maps a
+// handle once per context, so the second open shares the first mapping
+// and the last close unmaps it.
+var ipcMaps = struct {
+	sync.Mutex
+	byHandle map[ipcKey]*ipcMap
+	byAddr   map[ipcAddr]*ipcMap
+}{byHandle: map[ipcKey]*ipcMap{}, byAddr: map[ipcAddr]*ipcMap{}}
+
+type ipcKey struct {
+	dev int
+	h   IPCHandle
+}
+
+type ipcAddr struct {
+	dev  int
+	addr uint64
+}
+
+type ipcMap struct {
+	key  ipcKey
+	addr uint64
+	refs int
+}
+
 // OpenIPC maps another process's allocation into GPU dev's context and
 // returns its address here. Peer access to another GPU is enabled as
 // needed. A handle cannot be opened in the process that exported it.
+// Opening a handle this process has open already returns the same
+// address; each OpenIPC needs its CloseIPC.
 func OpenIPC(dev int, h IPCHandle) (uint64, error) {
 	ctx, err := devCtx(dev)
 	if err != nil {
 		return 0, err
 	}
+	ipcMaps.Lock()
+	defer ipcMaps.Unlock()
+	k := ipcKey{dev, h}
+	if m, ok := ipcMaps.byHandle[k]; ok {
+		m.refs++
+		return m.addr, nil
+	}
 	var p C.uint64_t
 	if err := check("cuIpcOpenMemHandle_v2", C.nxcu_ipc_open(ctx, (*C.uchar)(unsafe.Pointer(&h[0])), &p)); err != nil {
 		return 0, err
 	}
-	return uint64(p), nil
+	m := &ipcMap{key: k, addr: uint64(p), refs: 1}
+	ipcMaps.byHandle[k] = m
+	ipcMaps.byAddr[ipcAddr{dev, m.addr}] = m
+	return m.addr, nil
 }
 
-// CloseIPC unmaps what OpenIPC mapped.
+// CloseIPC undoes one OpenIPC; the last one unmaps.
 func CloseIPC(dev int, addr uint64) error {
 	ctx, err := devCtx(dev)
 	if err != nil {
 		return err
 	}
+	ipcMaps.Lock()
+	defer ipcMaps.Unlock()
+	m, ok := ipcMaps.byAddr[ipcAddr{dev, addr}]
+	if !ok {
+		return fmt.Errorf("%#x on GPU %d was not mapped by OpenIPC", addr, dev)
+	}
+	if m.refs--; m.refs > 0 {
+		return nil
+	}
+	delete(ipcMaps.byHandle, m.key)
+	delete(ipcMaps.byAddr, ipcAddr{dev, addr})
 	return check("cuIpcCloseMemHandle", C.nxcu_ipc_close(ctx, C.uint64_t(addr)))
 }

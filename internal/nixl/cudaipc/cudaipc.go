@@ -745,7 +745,9 @@ func (a *agent) finish(r *request, gen uint64, cerr error) {
 // complete is the completion goroutine: it waits, with blocking sync, on
 // each posted transfer's event in posting order and finishes it, so
 // transfers complete and notifications go out with nobody polling. It
-// sleeps on a channel when nothing is in flight.
+// sleeps on a channel when nothing is in flight. Posting order means a
+// long transfer to one peer delays the unpolled completion of later ones
+// to other peers; a caller that polls (XferStatus) is never delayed.
 func (a *agent) complete() {
 	defer a.wg.Done()
 	for {
