@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "ipc":
 		os.Exit(ipcChild())
+	case "reason":
+		fmt.Print(cuda.Unavailable())
+		os.Exit(0)
 	}
 	var cleanup func()
 	var err error
@@ -73,6 +76,43 @@ func TestAvailability(t *testing.T) {
 	free, total, err := cuda.MemInfo(0)
 	if err != nil || total == 0 || free > total {
 		t.Errorf("mem info %d/%d: %v", free, total, err)
+	}
+}
+
+// Each way of having no usable driver gives its own reason (each case
+// loads the driver in a fresh process: loading happens once per process).
+func TestUnavailableReasons(t *testing.T) {
+	dir := t.TempDir()
+	stub := dir + "/libcuda-stub.so"
+	src := dir + "/stub.c"
+	if err := os.WriteFile(src, []byte("int cuInit(unsigned f) { return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", stub, src).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	cases := []struct {
+		env  []string
+		want string
+	}{
+		{[]string{cuda.EnvLib + "=none"}, "disabled by NIXLCTL_CUDA_LIB=none"},
+		{[]string{cuda.EnvLib + "=" + dir + "/missing.so"}, "NIXLCTL_CUDA_LIB=" + dir + "/missing.so: stat"},
+		{[]string{cuda.EnvLib + "=" + stub}, "has no cuDriverGetVersion (a CUDA driver older than 11.0, or not a CUDA driver)"},
+	}
+	if cuda.Fake() {
+		cases = append(cases, struct {
+			env  []string
+			want string
+		}{[]string{"NIXLCTL_FAKE_CUDA_DEVICES=0", "CUDA_VISIBLE_DEVICES="}, `no CUDA devices (CUDA_VISIBLE_DEVICES="") (driver 12.4)`})
+	}
+	exe, _ := os.Executable()
+	for _, tc := range cases {
+		cmd := exec.Command(exe)
+		cmd.Env = append(append(os.Environ(), "CUDA_TEST_CHILD=reason"), tc.env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%v: %q (%v), want %q", tc.env, out, err, tc.want)
+		}
 	}
 }
 
