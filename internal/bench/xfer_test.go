@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -193,5 +194,36 @@ func TestRunXferMemTypeRefused(t *testing.T) {
 		if !errors.Is(err, nixl.ErrMemType) || !errkind.IsBadInput(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s %v->%v: %v", tc.backend, tc.init, tc.targ, err)
 		}
+	}
+}
+
+// Mixed DRAM<->VRAM runs (a CUDA-enabled NIXL can do them; no backend
+// here can) measure host<->device copies in the direction data moves.
+func TestMixedReference(t *testing.T) {
+	cudatest.Require(t)
+	const size, block = 1 << 20, 64 << 10
+	for _, tc := range []struct {
+		init, targ nixl.MemType
+		op         nixl.Op
+		want       string
+	}{
+		{nixl.DRAM, nixl.VRAM, nixl.Write, "cuda-h2d"},
+		{nixl.DRAM, nixl.VRAM, nixl.Read, "cuda-d2h"},
+		{nixl.VRAM, nixl.DRAM, nixl.Write, "cuda-d2h"},
+		{nixl.VRAM, nixl.DRAM, nixl.Read, "cuda-h2d"},
+	} {
+		r := &xferRun{o: &XferOptions{InitiatorSeg: tc.init, TargetSeg: tc.targ, Op: tc.op}}
+		var err error
+		if r.local, err = engine.AllocSeg(nil, tc.init, 0, size, "mmap", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.setupReference(size); err != nil {
+			t.Fatal(err)
+		}
+		gbps, err := r.reference(block, []int{0, 4 * block}, time.Millisecond)
+		if r.ref != tc.want || err != nil || gbps <= 0 {
+			t.Errorf("%v %v->%v: reference %s %v GB/s: %v", tc.op, tc.init, tc.targ, r.ref, gbps, err)
+		}
+		r.close()
 	}
 }
