@@ -638,7 +638,6 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 	}
 	gen := r.gen.Add(1)
 	r.err, r.tDone = nil, time.Time{}
-	r.state.Store(stRunning)
 	r.t0 = time.Now()
 	n, cerr := p.stream.Copy(r.ops, r.ev)
 	r.t1 = time.Now()
@@ -652,6 +651,10 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 		a.mu.Unlock()
 		return nixl.Failed, r.err
 	}
+	// Running only now that the event marks this posting's copies: a
+	// poller that saw running earlier would query the event of the
+	// previous posting and finish this one before its data moved.
+	r.state.Store(stRunning)
 	a.pending = append(a.pending, pendingItem{r, gen})
 	a.mu.Unlock()
 	select {

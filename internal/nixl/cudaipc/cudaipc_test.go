@@ -263,3 +263,56 @@ func TestRefusals(t *testing.T) {
 		t.Error("an oversized notification was sent")
 	}
 }
+
+// Another goroutine polling a request while it is posted again must never
+// finish the new posting with the previous posting's completion (the
+// notification would then overtake the data).
+func TestConcurrentPollerAndRepost(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after pair's cleanup closed the agents
+	const size, blk, n = 1 << 20, 16 << 10, 16
+	init, target, ib, tb, remote := pair(t, size, 0, 0)
+	ls, rs := spans(n, blk, false, size), spans(n, blk, true, size)
+	r, err := init.CreateXferReq(nixl.Write, nixl.VRAM, descs(ib, ls), nixl.VRAM, descs(tb, rs), remote, []byte("n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_, _ = init.XferStatus(r)
+			}
+		}
+	}()
+	defer func() { close(stop); <-polled }()
+	for iter := 0; iter < 30; iter++ {
+		key := func(i int) uint64 { return engine.TagKey(uint64(iter), uint64(i)) }
+		if err := engine.FillSpans(ib, ls, key); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := init.PostXferReq(r); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-target.NotifReady():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notification")
+		}
+		if c, err := engine.CheckSpans(tb, rs, key); err != nil || c.Bad != 0 {
+			t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
+		}
+		if got, _ := target.GetNotifs(); len(got["initiator"]) != 1 {
+			t.Fatalf("iteration %d: notifications %q", iter, got)
+		}
+		for st, _ := init.XferStatus(r); st != nixl.Done; st, _ = init.XferStatus(r) {
+			if st == nixl.Failed {
+				t.Fatal("failed")
+			}
+		}
+	}
+}
