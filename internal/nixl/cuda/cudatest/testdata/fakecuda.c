@@ -15,7 +15,10 @@
  *     thread, streams and events must belong to the current context,
  *     copies must stay inside known allocations, a handle cannot be opened
  *     in the process that exported it, opening on another device needs
- *     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS or peer access.
+ *     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS or peer access;
+ *   - cuMemFree waits for every queued copy, as the driver's implicit
+ *     synchronization does, so freeing memory under a running copy is as
+ *     safe here as it is on a GPU.
  *
  * Knobs (environment, read by cuInit): NIXLCTL_FAKE_CUDA_DEVICES (default
  * 2), NIXLCTL_FAKE_CUDA_DELAY_US (sleep before every async copy, to widen
@@ -115,6 +118,7 @@ static pthread_cond_t  g_ev = PTHREAD_COND_INITIALIZER;  /* an event completed *
 static struct alloc   *g_allocs;
 static uint64_t        g_used[MAXDEV];
 static struct ctx      g_ctx[MAXDEV];
+static uint64_t        g_pending; /* ops queued on any stream and not yet run */
 static int             g_init, g_ndev = 2;
 static unsigned        g_delay_us;
 static __thread struct ctx *cur;
@@ -325,6 +329,12 @@ static struct alloc *unlink_alloc(uint64_t p, int imported)
 CUresult cuMemFree_v2(CUdeviceptr p)
 {
     NEED_CTX();
+    /* Like the driver's implicit synchronization: queued copies finish
+     * before memory goes away (they might read or write it). */
+    pthread_mutex_lock(&g_mu);
+    while (g_pending > 0)
+        pthread_cond_wait(&g_ev, &g_mu);
+    pthread_mutex_unlock(&g_mu);
     struct alloc *a = unlink_alloc(p, 0);
     if (a == NULL)
         return E_INVALID_VALUE;
@@ -406,6 +416,10 @@ static void *stream_main(void *arg)
             memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->n);
         }
         free(o);
+        pthread_mutex_lock(&g_mu);
+        g_pending--;
+        pthread_cond_broadcast(&g_ev);
+        pthread_mutex_unlock(&g_mu);
         pthread_mutex_lock(&s->mu);
         s->busy = 0;
         pthread_cond_broadcast(&s->cv);
@@ -428,6 +442,9 @@ static struct event *as_event(void *p)
 
 static void enqueue(struct stream *s, struct op *o)
 {
+    pthread_mutex_lock(&g_mu);
+    g_pending++;
+    pthread_mutex_unlock(&g_mu);
     pthread_mutex_lock(&s->mu);
     if (s->tail)
         s->tail->next = o;
