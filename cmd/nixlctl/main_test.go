@@ -24,12 +24,10 @@ func TestMain(m *testing.M) {
 type withCUDA struct{ m *testing.M }
 
 func (w withCUDA) Run() int {
-	_, cleanup, err := cudatest.Setup()
-	if err != nil {
+	if _, err := cudatest.Setup(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer cleanup()
 	return w.m.Run()
 }
 

@@ -9,6 +9,10 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 )
 
+// The CUDA driver for these tests (the fake one on machines without a GPU),
+// chosen before any test runs.
+var _ = cudatest.MustSetup()
+
 // The same calls tag and verify host and device memory; a block written
 // to the wrong place is caught either way.
 func TestSpanTags(t *testing.T) {

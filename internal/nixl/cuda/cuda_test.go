@@ -31,15 +31,12 @@ func TestMain(m *testing.M) {
 		fmt.Print(cuda.Unavailable())
 		os.Exit(0)
 	}
-	var cleanup func()
 	var err error
-	if mode, cleanup, err = cudatest.Setup(); err != nil {
+	if mode, err = cudatest.Setup(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 func TestAvailability(t *testing.T) {

@@ -21,14 +21,8 @@ func TestMain(m *testing.M) {
 	// On the fake driver every async copy sleeps first, so a notification
 	// sent before its data landed would be seen early, every time.
 	os.Setenv("NIXLCTL_FAKE_CUDA_DELAY_US", "300")
-	_, cleanup, err := cudatest.Setup()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	cudatest.MustSetup()
+	os.Exit(m.Run())
 }
 
 func FuzzDecodeConn(f *testing.F) {

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
-	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 )
 
 func TestMain(m *testing.M) {
@@ -20,14 +19,5 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	// The target children inherit the CUDA driver chosen here (the fake on
-	// machines without a GPU), through the environment.
-	_, cleanup, err := cudatest.Setup()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	os.Exit(m.Run())
 }

@@ -15,9 +15,15 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
+
+// The CUDA driver for cuda-ipc (the fake one on machines without a GPU),
+// chosen before any test runs; target children inherit the choice through
+// the environment.
+var _ = cudatest.MustSetup()
 
 // The same tests run against every backend; a backend that cannot run here
 // is skipped with its reason.

@@ -5,6 +5,9 @@
 // run for real in CI. Only tests import this package; nixlctl refuses the
 // fake outside test binaries.
 //
+// A test package calls Setup from TestMain, or initialises a variable with
+// MustSetup, so the choice is made before anything loads CUDA.
+//
 // NIXLCTL_TEST_CUDA picks the driver:
 //
 //	(unset)  the real driver where libcuda.so.1 is installed, else the fake
@@ -14,7 +17,9 @@
 package cudatest
 
 import (
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,10 +38,10 @@ const EnvMode = "NIXLCTL_TEST_CUDA"
 
 // Setup prepares the driver for this test process and the child processes
 // it starts: it sets NIXLCTL_CUDA_LIB in the environment (children inherit
-// it) before anything loads CUDA. Call it from TestMain before m.Run and
-// call cleanup after. It returns the chosen mode ("fake", "real", "off").
-func Setup() (mode string, cleanup func(), err error) {
-	cleanup = func() {}
+// it, and NIXLCTL_TEST_CUDA, so they choose alike) before anything loads
+// CUDA, and returns the chosen mode ("fake", "real" or "off"). The fake is
+// built once per version of its source into the user's cache directory.
+func Setup() (mode string, err error) {
 	mode = os.Getenv(EnvMode)
 	switch mode {
 	case "":
@@ -46,31 +51,75 @@ func Setup() (mode string, cleanup func(), err error) {
 		}
 	case "fake", "real", "off":
 	default:
-		return "", cleanup, fmt.Errorf("%s=%q: want fake, real or off", EnvMode, mode)
+		return "", fmt.Errorf("%s=%q: want fake, real or off", EnvMode, mode)
 	}
 	switch mode {
 	case "real":
-		return mode, cleanup, nil
+		return mode, nil
 	case "off":
 		// Without a driver the loader gives its own reason; with one, this
 		// turns it off.
 		if realDriver() {
 			os.Setenv(cuda.EnvLib, "none")
 		}
-		return mode, cleanup, nil
+		return mode, nil
 	}
-	dir, err := os.MkdirTemp("", "nixlctl-fake-cuda-")
+	lib, err := cachedFake()
 	if err != nil {
-		return "", cleanup, err
-	}
-	cleanup = func() { os.RemoveAll(dir) }
-	lib, err := BuildFake(dir)
-	if err != nil {
-		cleanup()
-		return "", func() {}, err
+		return "", err
 	}
 	os.Setenv(cuda.EnvLib, lib)
-	return mode, cleanup, nil
+	return mode, nil
+}
+
+// MustSetup is Setup for a package-level variable of a test file, which is
+// initialised before TestMain and every test: on failure it says why and
+// exits the test binary.
+func MustSetup() string {
+	mode, err := Setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cudatest:", err)
+		os.Exit(1)
+	}
+	return mode
+}
+
+// cachedFake returns the fake driver built from this source with this
+// compiler, building it first if needed. Concurrent test binaries may race
+// to build it: each builds into its own file and renames it into place.
+func cachedFake() (string, error) {
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	h := sha256.New()
+	h.Write(fakeSource)
+	h.Write([]byte(compiler()))
+	dir := filepath.Join(base, "nixlctl", "fake-cuda", hex.EncodeToString(h.Sum(nil))[:16])
+	lib := filepath.Join(dir, "libcuda-nixlctl-fake.so")
+	if _, err := os.Stat(lib); err == nil {
+		return lib, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(dir, "build-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	built, err := BuildFake(tmp)
+	if err != nil {
+		return "", err
+	}
+	return lib, os.Rename(built, lib)
+}
+
+func compiler() string {
+	if cc := os.Getenv("CC"); cc != "" {
+		return cc
+	}
+	return "gcc"
 }
 
 // BuildFake compiles the fake driver into dir and returns the library's
@@ -81,11 +130,7 @@ func BuildFake(dir string) (string, error) {
 		return "", err
 	}
 	lib := filepath.Join(dir, "libcuda-nixlctl-fake.so")
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", lib, src, "-lpthread").CombinedOutput()
+	out, err := exec.Command(compiler(), "-shared", "-fPIC", "-O1", "-Wall", "-o", lib, src, "-lpthread").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("building the fake CUDA driver: %v\n%s", err, out)
 	}
