@@ -7,3 +7,8 @@ scripts/setup.sh --deps
 ensure_go
 go vet ./...
 go test -race -count=1 -timeout 20m ./...
+# Again without any CUDA driver (the default run uses the real one or the
+# tests' fake): GPU tests must skip with their reason, and VRAM options must
+# fail clearly. Only the packages whose behaviour changes.
+NIXLCTL_TEST_CUDA=off go test -race -count=1 -timeout 10m ./internal/nixl/cuda/... ./internal/nixl/cudaipc \
+  ./internal/engine ./internal/bench ./cmd/nixlctl

@@ -4,5 +4,6 @@ package main
 // They register themselves when imported.
 import (
 	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
+	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )

@@ -31,6 +31,8 @@ type benchXferOptions struct {
 	OpType           string `mapstructure:"op-type"`
 	InitiatorSeg     string `mapstructure:"initiator-seg-type"`
 	TargetSeg        string `mapstructure:"target-seg-type"`
+	Device           int    `mapstructure:"device"`
+	TargetDevice     int    `mapstructure:"target-device"`
 	StartBlock       string `mapstructure:"start-block-size"`
 	MaxBlock         string `mapstructure:"max-block-size"`
 	StartBatch       int    `mapstructure:"start-batch-size"`
@@ -72,6 +74,7 @@ report what nixlbench reports plus what it does not:
   Descs/s, Post ns/desc        descriptor rate, and post cost per descriptor
   memcpy GB/s, Efficiency      memcpy of the same descriptor pattern in this
                                process, in the same run, and B/W / memcpy
+                               (D2D GB/s for VRAM: see below)
 
 Like NIXL, a WRITE completes once a flush says the data is at the target.
 Above 1 MiB, iterations are divided by --large-blk-iter-ftr (16), as nixlbench does.
@@ -83,6 +86,15 @@ mmap, like an engine's own KV pool; on one host UCX moves it with cma) or from
 UCX itself (--dram-alloc ucx, which lets shared-memory transports map it, as
 ucx_perftest allocates). The result names the allocation and the transport UCX
 really used, and warns on a TCP fallback.
+
+GPU memory: --initiator-seg-type VRAM and --target-seg-type VRAM allocate with
+the CUDA driver (loaded at run time; --device and --target-device pick the GPUs,
+or NIXLCTL_DEVICE and NIXLCTL_TARGET_DEVICE). --backend cuda-ipc moves VRAM
+between the two processes with CUDA IPC, on one GPU or between GPUs of this
+node; the reference is then the device-to-device copy bandwidth (cuMemcpyDtoDAsync,
+timed by CUDA events) of the same descriptor pattern on the initiator's GPU.
+A backend that cannot move the chosen memory says so before anything runs
+(Debian's UCX has no CUDA transports). See docs/gpu.md.
 
 --check-consistency moves one batch of distinct descriptors tagged per
 descriptor after each point and verifies every byte at the receiver, so a
@@ -96,7 +108,8 @@ descriptors per request, as "nixlctl kv layout" computes them; combine with
 const benchXferExample = `  nixlctl bench xfer
   nixlctl bench xfer --op-type READ --start-block-size 4K --max-block-size 64M --check-consistency
   nixlctl bench xfer --dram-alloc ucx --start-block-size 1M --max-block-size 1M --total-buffer-size 1M
-  nixlctl bench xfer --model llama-3.1-70b --tokens 4096 --tp 8 --desc-order random --num-iter 20`
+  nixlctl bench xfer --model llama-3.1-70b --tokens 4096 --tp 8 --desc-order random --num-iter 20
+  nixlctl bench xfer --backend cuda-ipc --initiator-seg-type VRAM --target-seg-type VRAM --start-block-size 64K --max-block-size 64M`
 
 func newBenchXferCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
@@ -118,6 +131,8 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f.String("op-type", "WRITE", "READ or WRITE")
 	f.String("initiator-seg-type", "DRAM", "initiator memory: DRAM or VRAM")
 	f.String("target-seg-type", "DRAM", "target memory: DRAM or VRAM")
+	f.Int("device", 0, "GPU of the initiator's VRAM (CUDA device index, as this process sees it)")
+	f.Int("target-device", -1, "GPU of the target's VRAM (default: --device)")
 	f.String("start-block-size", "4K", "first block size")
 	f.String("max-block-size", "64M", "last block size (doubling)")
 	f.Int("start-batch-size", 1, "first batch size (descriptors per request)")
@@ -166,7 +181,10 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		}
 		return int(v), nil
 	}
-	x := bench.XferOptions{Backend: o.Backend, Op: op, InitiatorSeg: iseg, TargetSeg: tseg,
+	if o.TargetDevice == -1 {
+		o.TargetDevice = o.Device
+	}
+	x := bench.XferOptions{Backend: o.Backend, Op: op, InitiatorSeg: iseg, TargetSeg: tseg, Device: o.Device, TargetDevice: o.TargetDevice,
 		StartBatch: o.StartBatch, MaxBatch: o.MaxBatch, NumIter: o.NumIter, WarmupIter: o.WarmupIter,
 		LargeBlkIterFtr: o.LargeBlkIterFtr, PipelineDepth: o.PipelineDepth, CheckConsistency: o.CheckConsistency,
 		DRAMAlloc: o.DRAMAlloc, HugePages: o.HugePages, RecreateXfer: o.RecreateXfer, Notif: o.Notif,

@@ -3,20 +3,57 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 )
 
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){"nixlctl": func() { os.Exit(Main()) }})
+	testscript.Main(withCUDA{m}, map[string]func(){"nixlctl": func() { os.Exit(Main()) }})
+}
+
+// withCUDA chooses the CUDA driver (the fake one on machines without a
+// GPU) before the tests run, and only then: Run is not called when this
+// binary runs as a script's nixlctl, which inherits the choice.
+type withCUDA struct{ m *testing.M }
+
+func (w withCUDA) Run() int {
+	if _, err := cudatest.Setup(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return w.m.Run()
 }
 
 // TestScripts runs the whole-CLI scenarios in testdata/script/*.txtar.
+// [cuda] holds where a CUDA driver (real or the tests' fake) is usable,
+// [cuda2] where it shows two GPUs.
 func TestScripts(t *testing.T) {
-	testscript.Run(t, testscript.Params{Dir: "testdata/script"})
+	testscript.Run(t, testscript.Params{
+		Dir: "testdata/script",
+		Setup: func(e *testscript.Env) error {
+			if lib := os.Getenv(cuda.EnvLib); lib != "" {
+				e.Setenv(cuda.EnvLib, lib)
+			}
+			return nil
+		},
+		Condition: func(cond string) (bool, error) {
+			switch cond {
+			case "cuda":
+				ok, _ := cuda.Available()
+				return ok, nil
+			case "cuda2":
+				return cuda.DeviceCount() >= 2, nil
+			}
+			return false, fmt.Errorf("unknown condition %q", cond)
+		},
+	})
 }
 
 // runCLI runs nixlctl in-process with buffers for its streams.

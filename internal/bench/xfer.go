@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -25,6 +27,8 @@ type XferOptions struct {
 	Op               nixl.Op
 	InitiatorSeg     nixl.MemType
 	TargetSeg        nixl.MemType
+	Device           int // GPU of the initiator's VRAM
+	TargetDevice     int // GPU of the target's VRAM
 	StartBlock       int
 	MaxBlock         int
 	StartBatch       int
@@ -80,6 +84,9 @@ func (o *XferOptions) Validate() error {
 	if o.TotalBufferSize > 0 && o.MaxBlock > o.TotalBufferSize {
 		bad("--max-block-size %d is larger than --total-buffer-size %d", o.MaxBlock, o.TotalBufferSize)
 	}
+	if o.Device < 0 || o.TargetDevice < 0 {
+		bad("--device and --target-device must be >= 0")
+	}
 	if o.DRAMAlloc != "mmap" && o.DRAMAlloc != "ucx" {
 		bad("--dram-alloc %q: want mmap or ucx", o.DRAMAlloc)
 	}
@@ -111,9 +118,15 @@ type XferResult struct {
 
 // XferConfig echoes what was asked, so a result describes itself.
 type XferConfig struct {
-	Op               string `json:"op"`
-	InitiatorSeg     string `json:"initiator_seg_type"`
-	TargetSeg        string `json:"target_seg_type"`
+	Op              string `json:"op"`
+	InitiatorSeg    string `json:"initiator_seg_type"`
+	TargetSeg       string `json:"target_seg_type"`
+	InitiatorDevice *int   `json:"initiator_device,omitempty"` // GPU, for VRAM
+	TargetDevice    *int   `json:"target_device,omitempty"`
+	// Reference is the copy measured in the same run that efficiency
+	// divides by: memcpy (DRAM to DRAM), cuda-d2d (cuMemcpyDtoDAsync on
+	// the initiator's GPU, for VRAM to VRAM), cuda-h2d or cuda-d2h (mixed).
+	Reference        string `json:"reference"`
 	StartBlock       int    `json:"start_block_size"`
 	MaxBlock         int    `json:"max_block_size"`
 	StartBatch       int    `json:"start_batch_size"`
@@ -152,7 +165,7 @@ type XferPoint struct {
 	TxUS            report.Percentiles `json:"tx_us"`
 	DescriptorsPerS float64            `json:"descriptors_per_s"`
 	PostNSPerDesc   float64            `json:"post_ns_per_desc"`
-	MemcpyGBps      float64            `json:"memcpy_gbps"`
+	MemcpyGBps      float64            `json:"memcpy_gbps"` // the reference copy's bandwidth (config.reference)
 	Efficiency      float64            `json:"efficiency"`
 	Consistency     string             `json:"consistency,omitempty"`
 	Transport       string             `json:"transport,omitempty"`
@@ -165,7 +178,9 @@ type xferRun struct {
 	agent    nixl.Agent
 	target   *engine.TargetClient
 	local    *nixl.Buffer
-	scratch  []byte // memcpy reference destination
+	scratch  []byte       // memcpy reference destination (DRAM to DRAM)
+	vscratch *nixl.Buffer // device reference buffer (runs with VRAM)
+	ref      string       // the reference: see XferConfig.Reference
 	remote   string
 	raddr    uint64
 	rlen     int
@@ -237,9 +252,6 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 }
 
 func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (*xferRun, error) {
-	if o.InitiatorSeg != nixl.DRAM || o.TargetSeg != nixl.DRAM {
-		return nil, fmt.Errorf("VRAM segments need a GPU backend; this build's %q backend moves DRAM only (see docs/gpu.md)", o.Backend)
-	}
 	backend, err := nixl.Resolve(o.Backend)
 	if err != nil {
 		return nil, err
@@ -249,6 +261,49 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if backend.Name == "ucx" {
 		res.Env.UCX = backend.Version()
 	}
+	vram := o.InitiatorSeg == nixl.VRAM || o.TargetSeg == nixl.VRAM
+	if vram {
+		if err := cuda.Err(); err != nil {
+			return nil, fmt.Errorf("VRAM segments need the CUDA driver: %s", cuda.Unavailable())
+		}
+		res.Env.CUDA = cuda.Version()
+		if cuda.Fake() {
+			res.Warn("the CUDA driver is nixlctl's FAKE test driver: device memory is host memory, these are not GPU numbers")
+		}
+		if o.InitiatorSeg == nixl.VRAM {
+			res.Config.InitiatorDevice = &o.Device
+		}
+		if o.TargetSeg == nixl.VRAM {
+			res.Config.TargetDevice = &o.TargetDevice
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			r.close()
+		}
+	}()
+	// The initiator first: a backend that cannot move the chosen memory
+	// says so before a target process is started.
+	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator"}); err != nil {
+		return nil, err
+	}
+	if r.local, err = engine.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, o.DRAMAlloc, o.HugePages); err != nil {
+		return nil, err
+	}
+	res.Config.InitiatorAlloc = r.local.Alloc
+	if err := r.agent.RegisterMem(r.local); err != nil {
+		return nil, segError("initiator", o.InitiatorSeg, err)
+	}
+	if o.TargetSeg != o.InitiatorSeg {
+		if err := probeSeg(r.agent, o.TargetSeg, o.TargetDevice, o.DRAMAlloc); err != nil {
+			return nil, segError("target", o.TargetSeg, err)
+		}
+	}
+	if err := r.setupReference(size); err != nil {
+		return nil, err
+	}
+
 	switch {
 	case o.Target.Inproc:
 		r.target = engine.StartTargetInProcess(ctx, o.Log)
@@ -274,28 +329,14 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		}
 		res.Config.Target = "process"
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			r.close()
-		}
-	}()
-	rep, err := r.target.Call(engine.TargetRequest{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size, Alloc: o.DRAMAlloc, HugePages: o.HugePages})
+	rep, err := r.target.Call(engine.TargetRequest{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
+		Alloc: o.DRAMAlloc, HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
 	if err != nil {
 		return nil, err
 	}
 	r.raddr, r.rlen = rep.Addr, rep.Len
 	res.Config.TargetAlloc = rep.Alloc
-	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator"}); err != nil {
-		return nil, err
-	}
-	if r.local, err = engine.AllocBuffer(r.agent, size, o.DRAMAlloc, o.HugePages); err != nil {
-		return nil, err
-	}
-	res.Config.InitiatorAlloc = r.local.Alloc
-	if err := r.agent.RegisterMem(r.local); err != nil {
-		return nil, err
-	}
+	res.Config.Reference = r.ref
 	if r.remote, err = r.agent.LoadRemoteMD(rep.MD); err != nil {
 		return nil, err
 	}
@@ -306,13 +347,62 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if _, err := r.target.Call(engine.TargetRequest{Op: "load_md", MD: md}); err != nil {
 		return nil, err
 	}
-	r.scratch = make([]byte, size)
-	for i := 0; i < len(r.scratch); i += 4096 {
-		r.scratch[i] = 1 // fault the pages in before timing copies into them
-	}
 	r.transp = r.agent.Info().Details["transport:"+r.remote]
 	ok = true
 	return r, nil
+}
+
+// segError says which side's memory the backend refused; a backend that
+// cannot move that memory type at all is the user's choice to change.
+func segError(side string, mem nixl.MemType, err error) error {
+	err = fmt.Errorf("--%s-seg-type %s: %w", side, mem, err)
+	if errors.Is(err, nixl.ErrMemType) {
+		return errkind.BadInput(err)
+	}
+	return err
+}
+
+// probeSeg registers a small buffer of the target's memory type with the
+// initiator's agent, so a backend that cannot move it says so up front.
+func probeSeg(a nixl.Agent, mem nixl.MemType, dev int, alloc string) error {
+	b, err := engine.AllocSeg(a, mem, dev, 64<<10, alloc, false)
+	if err != nil {
+		return err
+	}
+	defer b.Free()
+	if err := a.RegisterMem(b); err != nil {
+		return err
+	}
+	return a.DeregisterMem(b)
+}
+
+// setupReference allocates what the same-run reference copies into.
+func (r *xferRun) setupReference(size int) error {
+	o := r.o
+	var err error
+	switch {
+	case o.InitiatorSeg == nixl.DRAM && o.TargetSeg == nixl.DRAM:
+		r.ref = "memcpy"
+		r.scratch = make([]byte, size)
+		for i := 0; i < len(r.scratch); i += 4096 {
+			r.scratch[i] = 1 // fault the pages in before timing copies into them
+		}
+		return nil
+	case o.InitiatorSeg == nixl.VRAM && o.TargetSeg == nixl.VRAM:
+		r.ref = "cuda-d2d"
+		r.vscratch, err = cuda.Alloc(o.Device, size)
+	case o.InitiatorSeg == nixl.DRAM:
+		// Host memory here, device memory there: time host<->device copies
+		// with a device buffer on the target's GPU.
+		r.ref = map[nixl.Op]string{nixl.Write: "cuda-h2d", nixl.Read: "cuda-d2h"}[o.Op]
+		r.vscratch, err = cuda.Alloc(o.TargetDevice, size)
+	default:
+		r.ref = map[nixl.Op]string{nixl.Write: "cuda-d2h", nixl.Read: "cuda-h2d"}[o.Op]
+	}
+	if err != nil {
+		return fmt.Errorf("reference buffer: %w", err)
+	}
+	return nil
 }
 
 func (r *xferRun) close() {
@@ -321,6 +411,9 @@ func (r *xferRun) close() {
 	}
 	if r.local != nil {
 		r.local.Free()
+	}
+	if r.vscratch != nil {
+		r.vscratch.Free()
 	}
 	if r.target != nil {
 		r.target.Close()
@@ -362,7 +455,7 @@ func (r *xferRun) makeReq(block int, offs []int, notif bool) (nixl.XferReq, erro
 		r.notifSeq++
 		msg = []byte(fmt.Sprintf("xfer-%d", r.notifSeq))
 	}
-	return r.agent.CreateXferReq(r.o.Op, nixl.DRAM, ld, nixl.DRAM, rd, r.remote, msg)
+	return r.agent.CreateXferReq(r.o.Op, r.o.InitiatorSeg, ld, r.o.TargetSeg, rd, r.remote, msg)
 }
 
 // wait polls a posted request until it leaves InProgress.
@@ -505,7 +598,11 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 		DescriptorsPerS: float64(iters*batch) / elapsed.Seconds()}
 	p.PostNSPerDesc = p.PostUS.Mean * 1e3 / float64(batch)
 	p.Histogram, _ = lat.Encode()
-	p.MemcpyGBps = r.memcpy(block, slotOffs[0], elapsed)
+	ref, err := r.reference(block, slotOffs[0], elapsed)
+	if err != nil {
+		return XferPoint{}, fmt.Errorf("reference copy (%s): %w", r.ref, err)
+	}
+	p.MemcpyGBps = ref
 	if p.MemcpyGBps > 0 {
 		p.Efficiency = p.BandwidthGBps / p.MemcpyGBps
 	}
@@ -515,15 +612,37 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	return p, nil
 }
 
-// memcpy measures the copy bandwidth of the same descriptor pattern between
-// two local buffers: the ceiling a same-host transfer can reach. It copies
-// for about as long as the transfer ran (20 ms to 1 s).
+// reference measures, in this run, the copy that bounds a same-host
+// transfer of this descriptor pattern: memcpy between two local buffers
+// for DRAM, cuMemcpyDtoDAsync on the initiator's GPU for VRAM, host<->device
+// copies for mixed runs. It copies for about as long as the transfer ran
+// (20 ms to 1 s).
+func (r *xferRun) reference(block int, offs []int, budget time.Duration) (float64, error) {
+	budget = min(max(budget, 20*time.Millisecond), time.Second)
+	spans := make([]nixl.Span, len(offs))
+	for i, off := range offs {
+		spans[i] = nixl.Span{Off: off, Len: block}
+	}
+	switch r.ref {
+	case "memcpy":
+		return r.memcpy(block, offs, budget), nil
+	case "cuda-d2d":
+		return cuda.D2DBandwidth(r.local, r.vscratch, spans, budget)
+	}
+	vbuf := r.local
+	if r.o.InitiatorSeg == nixl.DRAM {
+		vbuf = r.vscratch
+	}
+	return cuda.HostCopyBandwidth(vbuf, spans, r.ref == "cuda-h2d", budget)
+}
+
+// memcpy measures the copy bandwidth of the descriptor pattern between two
+// local host buffers: the ceiling a same-host DRAM transfer can reach.
 func (r *xferRun) memcpy(block int, offs []int, budget time.Duration) float64 {
 	src := r.local.Bytes()
 	if src == nil {
 		return 0
 	}
-	budget = min(max(budget, 20*time.Millisecond), time.Second)
 	var copied int64
 	start := time.Now()
 	for time.Since(start) < budget {
@@ -550,9 +669,14 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 		offs[i], offs64[i] = k*block, int64(k*block)
 	}
 	seed := uint64(idx + 1)
+	spans := make([]nixl.Span, n)
+	for i, off := range offs {
+		spans[i] = nixl.Span{Off: off, Len: block}
+	}
+	key := func(i int) uint64 { return engine.TagKey(seed, uint64(i)) }
 	if r.o.Op == nixl.Write {
-		for i, off := range offs {
-			engine.FillTags(r.local.Bytes()[off:off+block], engine.TagKey(seed, uint64(i)))
+		if err := engine.FillSpans(r.local, spans, key); err != nil {
+			return "FAILED: " + err.Error()
 		}
 	} else if _, err := r.target.Call(engine.TargetRequest{Op: "fill", Seed: seed, DescLen: block, Offsets: offs64}); err != nil {
 		return "FAILED: " + err.Error()
@@ -578,18 +702,12 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 		}
 		return fmt.Sprintf("ok (%d descriptors)", n)
 	}
-	bad := 0
-	first := ""
-	for i, off := range offs {
-		if m := engine.CheckTags(r.local.Bytes()[off:off+block], engine.TagKey(seed, uint64(i))); m != nil {
-			if bad == 0 {
-				first = fmt.Sprintf("descriptor %d: %v", i, m)
-			}
-			bad++
-		}
+	c, err := engine.CheckSpans(r.local, spans, key)
+	if err != nil {
+		return "FAILED: " + err.Error()
 	}
-	if bad > 0 {
-		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", bad, n, first)
+	if c.Bad > 0 {
+		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", c.Bad, n, c.First)
 	}
 	return fmt.Sprintf("ok (%d descriptors)", n)
 }

@@ -10,7 +10,8 @@ import (
 
 // WriteXfer renders a `bench xfer` result. The table has nixlbench's
 // columns, then measured request percentiles, descriptor rate and the
-// efficiency against memcpy of the same pattern in the same run.
+// efficiency against the reference copy of the same pattern in the same
+// run (memcpy; device-to-device copies for VRAM).
 func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 	switch f {
 	case report.FormatJSON:
@@ -20,8 +21,11 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 	}
 	c := res.Config
 	fmt.Fprintf(w, "bench xfer: %s %s->%s over %s (%s), target %s, initiator buffer %s, target buffer %s, %s\n",
-		c.Op, c.InitiatorSeg, c.TargetSeg, res.Env.Backend, res.Env.BackendVersion, c.Target, c.InitiatorAlloc, c.TargetAlloc,
-		report.Bytes(int64(c.TotalBufferSize)))
+		c.Op, seg(c.InitiatorSeg, c.InitiatorDevice), seg(c.TargetSeg, c.TargetDevice), res.Env.Backend, res.Env.BackendVersion,
+		c.Target, c.InitiatorAlloc, c.TargetAlloc, report.Bytes(int64(c.TotalBufferSize)))
+	if res.Env.CUDA != "" && res.Env.CUDA != res.Env.BackendVersion {
+		fmt.Fprintf(w, "cuda: %s\n", res.Env.CUDA)
+	}
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
@@ -41,10 +45,31 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 
 func us(x float64) string { return report.Float(x) }
 
+// seg names a memory side, with its GPU for VRAM.
+func seg(mem string, dev *int) string {
+	if dev == nil {
+		return mem
+	}
+	return fmt.Sprintf("%s(GPU %d)", mem, *dev)
+}
+
+// refColumn heads the reference bandwidth column by what was measured.
+func refColumn(ref string) string {
+	switch ref {
+	case "cuda-d2d":
+		return "D2D GB/s"
+	case "cuda-h2d":
+		return "H2D GB/s"
+	case "cuda-d2h":
+		return "D2H GB/s"
+	}
+	return "memcpy GB/s"
+}
+
 func xferTable(res *XferResult) *report.Table {
 	cols := []string{"Block Size (B)", "Batch Size", "B/W (GB/Sec)", "Avg Lat. (us)", "Avg Prep (us)", "P99 Prep (us)",
 		"Avg Post (us)", "P99 Post (us)", "Avg Tx (us)", "P99 Tx (us)", "p50 (us)", "p99 (us)", "p99.9 (us)",
-		"Descs/s", "Post ns/desc", "memcpy GB/s", "Efficiency"}
+		"Descs/s", "Post ns/desc", refColumn(res.Config.Reference), "Efficiency"}
 	check := false
 	for _, p := range res.Points {
 		check = check || p.Consistency != ""
@@ -77,7 +102,7 @@ func xferCSV(res *XferResult) *report.Table {
 	for _, c := range []string{"backend", "op", "block_size", "batch_size", "iterations", "bandwidth_gbps", "avg_lat_us",
 		"prep_us_mean", "prep_us_p99", "post_us_mean", "post_us_p99", "tx_us_mean", "tx_us_p99",
 		"latency_us_p50", "latency_us_p90", "latency_us_p99", "latency_us_p999", "latency_us_max",
-		"descriptors_per_s", "post_ns_per_desc", "memcpy_gbps", "efficiency", "consistency"} {
+		"descriptors_per_s", "post_ns_per_desc", "memcpy_gbps", "efficiency", "consistency", "reference"} {
 		t.Columns = append(t.Columns, report.Column{Name: c})
 	}
 	g := func(x float64) string { return fmt.Sprintf("%.6g", x) }
@@ -85,7 +110,7 @@ func xferCSV(res *XferResult) *report.Table {
 		t.AddRow(p.Backend, p.Op, fmt.Sprint(p.BlockSize), fmt.Sprint(p.BatchSize), fmt.Sprint(p.Iterations),
 			g(p.BandwidthGBps), g(p.AvgLatUS), g(p.PrepUS.Mean), g(p.PrepUS.P99), g(p.PostUS.Mean), g(p.PostUS.P99),
 			g(p.TxUS.Mean), g(p.TxUS.P99), g(p.LatencyUS.P50), g(p.LatencyUS.P90), g(p.LatencyUS.P99), g(p.LatencyUS.P999),
-			g(p.LatencyUS.Max), g(p.DescriptorsPerS), g(p.PostNSPerDesc), g(p.MemcpyGBps), g(p.Efficiency), p.Consistency)
+			g(p.LatencyUS.Max), g(p.DescriptorsPerS), g(p.PostNSPerDesc), g(p.MemcpyGBps), g(p.Efficiency), p.Consistency, res.Config.Reference)
 	}
 	return t
 }

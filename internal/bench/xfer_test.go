@@ -2,15 +2,21 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
+	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
 
@@ -39,6 +45,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// The CUDA driver for the VRAM runs (the fake one on machines without a
+// GPU), chosen before any test runs; target children inherit the choice.
+var _ = cudatest.MustSetup()
 
 func smallXfer(op nixl.Op) XferOptions {
 	exe, _ := os.Executable()
@@ -128,8 +138,104 @@ func TestXferValidate(t *testing.T) {
 		}
 	}
 	o := base
-	o.InitiatorSeg = nixl.VRAM
-	if _, err := RunXfer(context.Background(), o); err == nil || !strings.Contains(err.Error(), "VRAM") {
-		t.Errorf("VRAM on ucx: %v", err)
+	o.Device = -1
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--device") {
+		t.Errorf("negative device: %v", err)
+	}
+}
+
+// VRAM through the cuda-ipc backend, across two processes: every byte
+// checked, the reference is the device-to-device copy of the same pattern.
+func TestRunXferVRAM(t *testing.T) {
+	cudatest.Require(t)
+	devs := [][2]int{{0, 0}}
+	if cuda.DeviceCount() > 1 {
+		devs = append(devs, [2]int{0, 1})
+	}
+	for _, d := range devs {
+		for _, op := range []nixl.Op{nixl.Write, nixl.Read} {
+			o := smallXfer(op)
+			o.Backend, o.InitiatorSeg, o.TargetSeg, o.Device, o.TargetDevice = "cuda-ipc", nixl.VRAM, nixl.VRAM, d[0], d[1]
+			o.Notif = true
+			res, err := RunXfer(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := res.Config
+			if res.Env.Backend != "cuda-ipc" || c.Reference != "cuda-d2d" || c.InitiatorAlloc != "cuda" || c.TargetAlloc != "cuda" ||
+				c.TargetDevice == nil || *c.TargetDevice != d[1] || res.Env.CUDA == "" || !strings.Contains(res.Env.Transport, "CUDA IPC") {
+				t.Errorf("result does not describe itself: %+v %+v", res.Env, c)
+			}
+			if cuda.Fake() && !strings.Contains(strings.Join(res.Warnings, ";"), "FAKE") {
+				t.Errorf("a run on the fake driver must say so: %q", res.Warnings)
+			}
+			for _, p := range res.Points {
+				if !strings.HasPrefix(p.Consistency, "ok") || p.MemcpyGBps <= 0 || p.Efficiency <= 0 || p.LatencyUS.Count != 50 {
+					t.Errorf("%v GPU %d->%d point %d x %d: %+v", op, d[0], d[1], p.BlockSize, p.BatchSize, p)
+				}
+			}
+		}
+	}
+}
+
+// A backend that cannot move the chosen memory says so before any target
+// starts, as bad input naming the side.
+func TestRunXferMemTypeRefused(t *testing.T) {
+	cases := []struct {
+		backend    string
+		init, targ nixl.MemType
+		want       string
+	}{
+		{"ucx", nixl.VRAM, nixl.VRAM, "--initiator-seg-type VRAM"},
+		{"ucx", nixl.DRAM, nixl.VRAM, "--target-seg-type VRAM"},
+		{"cuda-ipc", nixl.DRAM, nixl.DRAM, "--initiator-seg-type DRAM"},
+		{"cuda-ipc", nixl.VRAM, nixl.DRAM, "--target-seg-type DRAM"},
+	}
+	for _, tc := range cases {
+		o := smallXfer(nixl.Write)
+		o.Target = TargetSpec{Exe: "/nonexistent/never-started"}
+		o.Backend, o.InitiatorSeg, o.TargetSeg = tc.backend, tc.init, tc.targ
+		_, err := RunXfer(context.Background(), o)
+		if ok, why := cuda.Available(); !ok {
+			// Without a driver: VRAM runs stop at the driver, cuda-ipc at Resolve.
+			if err == nil || !strings.Contains(err.Error(), why) {
+				t.Errorf("%s %v->%v without CUDA: %v (want %q)", tc.backend, tc.init, tc.targ, err, why)
+			}
+			continue
+		}
+		if !errors.Is(err, nixl.ErrMemType) || !errkind.IsBadInput(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v->%v: %v", tc.backend, tc.init, tc.targ, err)
+		}
+	}
+}
+
+// Mixed DRAM<->VRAM runs (a CUDA-enabled NIXL can do them; no backend
+// here can) measure host<->device copies in the direction data moves.
+func TestMixedReference(t *testing.T) {
+	cudatest.Require(t)
+	const size, block = 1 << 20, 64 << 10
+	for _, tc := range []struct {
+		init, targ nixl.MemType
+		op         nixl.Op
+		want       string
+	}{
+		{nixl.DRAM, nixl.VRAM, nixl.Write, "cuda-h2d"},
+		{nixl.DRAM, nixl.VRAM, nixl.Read, "cuda-d2h"},
+		{nixl.VRAM, nixl.DRAM, nixl.Write, "cuda-d2h"},
+		{nixl.VRAM, nixl.DRAM, nixl.Read, "cuda-h2d"},
+	} {
+		r := &xferRun{o: &XferOptions{InitiatorSeg: tc.init, TargetSeg: tc.targ, Op: tc.op}}
+		var err error
+		if r.local, err = engine.AllocSeg(nil, tc.init, 0, size, "mmap", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.setupReference(size); err != nil {
+			t.Fatal(err)
+		}
+		gbps, err := r.reference(block, []int{0, 4 * block}, time.Millisecond)
+		if r.ref != tc.want || err != nil || gbps <= 0 {
+			t.Errorf("%v %v->%v: reference %s %v GB/s: %v", tc.op, tc.init, tc.targ, r.ref, gbps, err)
+		}
+		r.close()
 	}
 }

@@ -28,8 +28,10 @@ type TargetRequest struct {
 	Backend   string `json:"backend,omitempty"`
 	Name      string `json:"name,omitempty"`
 	Size      int    `json:"size,omitempty"`
-	Alloc     string `json:"alloc,omitempty"` // mmap or ucx
+	Alloc     string `json:"alloc,omitempty"` // DRAM: mmap or ucx
 	HugePages bool   `json:"huge_pages,omitempty"`
+	Seg       string `json:"seg,omitempty"`    // DRAM (default) or VRAM
+	Device    int    `json:"device,omitempty"` // the GPU of a VRAM buffer
 
 	// load_md
 	MD []byte `json:"md,omitempty"`
@@ -170,11 +172,18 @@ func (t *XferTarget) setup(req TargetRequest) (TargetReply, error) {
 	if t.agent != nil {
 		return TargetReply{}, errors.New("already set up")
 	}
+	mem := nixl.DRAM
+	if req.Seg != "" {
+		var err error
+		if mem, err = nixl.ParseMemType(req.Seg); err != nil {
+			return TargetReply{}, err
+		}
+	}
 	a, err := nixl.Open(req.Backend, nixl.Config{Name: req.Name})
 	if err != nil {
 		return TargetReply{}, err
 	}
-	buf, err := AllocBuffer(a, req.Size, req.Alloc, req.HugePages)
+	buf, err := AllocSeg(a, mem, req.Device, req.Size, req.Alloc, req.HugePages)
 	if err != nil {
 		a.Close()
 		return TargetReply{}, err
@@ -211,26 +220,22 @@ func AllocBuffer(a nixl.Agent, size int, alloc string, huge bool) (*nixl.Buffer,
 }
 
 func (t *XferTarget) tags(req TargetRequest) (TargetReply, error) {
-	data := t.buf.Bytes()
-	var rep TargetReply
+	spans := make([]nixl.Span, len(req.Offsets))
 	for i, off := range req.Offsets {
-		if off < 0 || req.DescLen < 0 || off+int64(req.DescLen) > int64(len(data)) {
-			return rep, fmt.Errorf("descriptor %d (%d+%d) outside the %d-byte buffer", i, off, req.DescLen, len(data))
+		if off < 0 || req.DescLen < 0 || off > int64(t.buf.Len) || int64(req.DescLen) > int64(t.buf.Len)-off {
+			return TargetReply{}, fmt.Errorf("descriptor %d (%d+%d) outside the %d-byte buffer", i, off, req.DescLen, t.buf.Len)
 		}
-		b := data[off : off+int64(req.DescLen)]
-		key := TagKey(req.Seed, uint64(i))
-		if req.Op == "fill" {
-			FillTags(b, key)
-			continue
-		}
-		if m := CheckTags(b, key); m != nil {
-			if rep.Corrupt == 0 {
-				rep.First = fmt.Sprintf("descriptor %d at offset %d: %v", i, off, m)
-			}
-			rep.Corrupt++
-		}
+		spans[i] = nixl.Span{Off: int(off), Len: req.DescLen}
 	}
-	return rep, nil
+	key := func(i int) uint64 { return TagKey(req.Seed, uint64(i)) }
+	if req.Op == "fill" {
+		return TargetReply{}, FillSpans(t.buf, spans, key)
+	}
+	c, err := CheckSpans(t.buf, spans, key)
+	if err != nil {
+		return TargetReply{}, err
+	}
+	return TargetReply{Corrupt: c.Bad, First: c.First}, nil
 }
 
 func (t *XferTarget) collect(ctx context.Context, req TargetRequest) (TargetReply, error) {

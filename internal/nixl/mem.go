@@ -26,12 +26,28 @@ func NewBuffer(addr uint64, n int, mem MemType, dev uint32, alloc string, host [
 	return &Buffer{Addr: addr, Len: n, Mem: mem, Dev: dev, Alloc: alloc, data: host, free: free}
 }
 
+// Span is a piece of a buffer: Len bytes at offset Off. Helpers that work
+// on host and device memory alike (tag fill and verify, reference copies)
+// take spans, since device memory has no slice to cut.
+type Span struct{ Off, Len int }
+
 // Bytes is the host view of a DRAM buffer (nil for device memory).
 func (b *Buffer) Bytes() []byte { return b.data }
 
 // Desc returns the descriptor of [off, off+n) of the buffer.
 func (b *Buffer) Desc(off, n int) Desc {
 	return Desc{Addr: b.Addr + uint64(off), Len: uint64(n), Dev: b.Dev}
+}
+
+// CheckSpans returns an error naming the first span that does not lie
+// inside the buffer.
+func (b *Buffer) CheckSpans(spans []Span) error {
+	for i, s := range spans {
+		if s.Off < 0 || s.Len < 0 || s.Off > b.Len || s.Len > b.Len-s.Off {
+			return fmt.Errorf("span %d (%d+%d) outside the %d-byte buffer", i, s.Off, s.Len, b.Len)
+		}
+	}
+	return nil
 }
 
 // Contains reports whether d lies inside the buffer.

@@ -200,6 +200,9 @@ var (
 	ErrUnavailable    = errors.New("backend unavailable")
 	ErrLengthMismatch = errors.New("local and remote descriptor lengths differ")
 	ErrPeerFailed     = errors.New("remote agent failed")
+	// ErrMemType: the backend cannot move this kind of memory (DRAM on a
+	// GPU-only backend, VRAM on a UCX without CUDA transports).
+	ErrMemType = errors.New("memory type not supported by this backend")
 )
 
 // Config are the options of a new agent.

@@ -15,13 +15,21 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
+	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
+
+// The CUDA driver for cuda-ipc (the fake one on machines without a GPU),
+// chosen before any test runs; target children inherit the choice through
+// the environment.
+var _ = cudatest.MustSetup()
 
 // The same tests run against every backend; a backend that cannot run here
 // is skipped with its reason.
 func backends(t *testing.T, f func(t *testing.T, backend string)) {
-	for _, name := range []string{"ucx", "nixl"} {
+	for _, name := range []string{"ucx", "nixl", "cuda-ipc"} {
 		t.Run(name, func(t *testing.T) {
 			b, ok := nixl.Lookup(name)
 			if !ok {
@@ -35,17 +43,81 @@ func backends(t *testing.T, f func(t *testing.T, backend string)) {
 	}
 }
 
+// memKit is what the suite needs to know about the memory a backend moves:
+// its type, how to allocate it in this process, and the ways the target
+// process allocates it (TestAcrossProcesses runs each).
+type memKit struct {
+	mem      nixl.MemType
+	alloc    func(size int) (*nixl.Buffer, error)
+	variants []variant
+}
+
+// variant is one way to set up the cross-process target.
+type variant struct {
+	name  string
+	alloc string // DRAM allocation (mmap, ucx)
+	seg   string // DRAM or VRAM
+	dev   int    // the target's GPU
+}
+
+func kitFor(t *testing.T, backend string) memKit {
+	if backend != "cuda-ipc" {
+		k := memKit{mem: nixl.DRAM, alloc: func(size int) (*nixl.Buffer, error) { return nixl.AllocDRAM(size, false) },
+			variants: []variant{{name: "mmap", alloc: "mmap", seg: "DRAM"}}}
+		if backend == "ucx" {
+			k.variants = append(k.variants, variant{name: "ucx", alloc: "ucx", seg: "DRAM"})
+		}
+		return k
+	}
+	k := memKit{mem: nixl.VRAM, alloc: func(size int) (*nixl.Buffer, error) { return cuda.Alloc(0, size) },
+		variants: []variant{{name: "GPU0-GPU0", seg: "VRAM"}}}
+	if cuda.DeviceCount() > 1 {
+		k.variants = append(k.variants, variant{name: "GPU0-GPU1", seg: "VRAM", dev: 1})
+	} else {
+		t.Logf("one GPU: transfers between GPUs are not tested")
+	}
+	return k
+}
+
+// fill tags spans of b, the i-th with key(i), whatever memory b is.
+func fill(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) {
+	t.Helper()
+	if err := engine.FillSpans(b, spans, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// check verifies spans of b; it returns a description of the first wrong
+// one, "" when all are right.
+func check(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) string {
+	t.Helper()
+	c, err := engine.CheckSpans(b, spans, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Bad > 0 {
+		return fmt.Sprintf("%d of %d spans wrong, first %s", c.Bad, len(spans), c.First)
+	}
+	return ""
+}
+
+func keyOf(parts ...uint64) func(int) uint64 {
+	return func(i int) uint64 { return engine.TagKey(append(parts, uint64(i))...) }
+}
+
 type pair struct {
 	init, target nixl.Agent
 	ib, tb       *nixl.Buffer
 	remote       string
+	mem          nixl.MemType
 }
 
 // localPair makes two agents in this process, each with a registered
 // buffer, the initiator holding the target's metadata.
 func localPair(t *testing.T, backend string, size int) *pair {
 	t.Helper()
-	p := &pair{}
+	k := kitFor(t, backend)
+	p := &pair{mem: k.mem}
 	var err error
 	if p.init, err = nixl.Open(backend, nixl.Config{Name: "initiator"}); err != nil {
 		t.Fatal(err)
@@ -59,10 +131,10 @@ func localPair(t *testing.T, backend string, size int) *pair {
 		p.ib.Free()
 		p.tb.Free()
 	})
-	if p.ib, err = nixl.AllocDRAM(size, false); err != nil {
+	if p.ib, err = k.alloc(size); err != nil {
 		t.Fatal(err)
 	}
-	if p.tb, err = nixl.AllocDRAM(size, false); err != nil {
+	if p.tb, err = k.alloc(size); err != nil {
 		t.Fatal(err)
 	}
 	for _, x := range []struct {
@@ -124,6 +196,26 @@ func scattered(n, blk, size int, seed int) []int {
 	return offs
 }
 
+// spansAt makes spans of blk bytes at the offsets.
+func spansAt(offs []int, blk int) []nixl.Span {
+	out := make([]nixl.Span, len(offs))
+	for i, o := range offs {
+		out[i] = nixl.Span{Off: o, Len: blk}
+	}
+	return out
+}
+
+// run returns n spans of blk bytes, the i-th at first+i*blk*step, and the
+// offsets.
+func run(n, blk, first, step int) ([]nixl.Span, []int) {
+	sp, offs := make([]nixl.Span, n), make([]int, n)
+	for i := range sp {
+		offs[i] = first + i*blk*step
+		sp[i] = nixl.Span{Off: offs[i], Len: blk}
+	}
+	return sp, offs
+}
+
 func TestDataIntegrityInProcess(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
 		const size, blk, n = 8 << 20, 4096, 512
@@ -138,23 +230,19 @@ func TestDataIntegrityInProcess(t *testing.T) {
 			if op == nixl.Read {
 				srcOff, dstOff = ro, lo
 			}
-			for i := range srcOff {
-				engine.FillTags(src.Bytes()[srcOff[i]:srcOff[i]+blk], engine.TagKey(uint64(op), uint64(i)))
-			}
+			fill(t, src, spansAt(srcOff, blk), keyOf(uint64(op)))
 			var ld, rd []nixl.Desc
 			for i := range lo {
 				ld = append(ld, p.ib.Desc(lo[i], blk))
 				rd = append(rd, p.tb.Desc(ro[i], blk))
 			}
-			r, err := p.init.CreateXferReq(op, nixl.DRAM, ld, nixl.DRAM, rd, p.remote, nil)
+			r, err := p.init.CreateXferReq(op, p.mem, ld, p.mem, rd, p.remote, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			post(t, p.init, r)
-			for i := range dstOff {
-				if m := engine.CheckTags(dst.Bytes()[dstOff[i]:dstOff[i]+blk], engine.TagKey(uint64(op), uint64(i))); m != nil {
-					t.Fatalf("%v descriptor %d: %v", op, i, m)
-				}
+			if bad := check(t, dst, spansAt(dstOff, blk), keyOf(uint64(op))); bad != "" {
+				t.Fatalf("%v: %s", op, bad)
 			}
 			tel := p.init.Telemetry(r)
 			if tel.Bytes != n*blk || tel.Descs != n {
@@ -178,12 +266,12 @@ func TestNotificationAfterData(t *testing.T) {
 			ld[i] = p.ib.Desc(i*blk, blk)
 			rd[i] = p.tb.Desc(size-(i+1)*blk, blk)
 		}
+		srcSpans, _ := run(n, blk, 0, 1)
+		dstSpans, _ := run(n, blk, size-blk, -1)
 		for iter := 0; iter < 50; iter++ {
-			for i := 0; i < n; i++ {
-				engine.FillTags(p.ib.Bytes()[i*blk:(i+1)*blk], engine.TagKey(uint64(iter), uint64(i)))
-			}
+			fill(t, p.ib, srcSpans, keyOf(uint64(iter)))
 			msg := []byte(fmt.Sprintf("req-%d:1", iter))
-			r, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, p.remote, msg)
+			r, err := p.init.CreateXferReq(nixl.Write, p.mem, ld, p.mem, rd, p.remote, msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,11 +292,8 @@ func TestNotificationAfterData(t *testing.T) {
 					got = true
 				}
 				if got {
-					for i := 0; i < n; i++ {
-						off := size - (i+1)*blk
-						if m := engine.CheckTags(p.tb.Bytes()[off:off+blk], engine.TagKey(uint64(iter), uint64(i))); m != nil {
-							t.Fatalf("iteration %d: notification arrived before descriptor %d's data: %v", iter, i, m)
-						}
+					if bad := check(t, p.tb, dstSpans, keyOf(uint64(iter))); bad != "" {
+						t.Fatalf("iteration %d: notification arrived before the data: %s", iter, bad)
 					}
 				}
 				st, err := p.init.XferStatus(r) // progress the initiator too
@@ -237,22 +322,25 @@ func TestThousandsInFlight(t *testing.T) {
 			lidx = append(lidx, p.ib.Desc(off, blk))
 			ridx = append(ridx, p.tb.Desc(off, blk))
 		}
-		ld, err := p.init.PrepXferDlist("", nixl.DRAM, lidx)
+		ld, err := p.init.PrepXferDlist("", p.mem, lidx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rd, err := p.init.PrepXferDlist(p.remote, nixl.DRAM, ridx)
+		rd, err := p.init.PrepXferDlist(p.remote, p.mem, ridx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		slots := size / blk
+		// Slot s of the source is tagged TagKey(s) and written to slot
+		// (5s+3) mod slots: a bijection, so no two writes share a slot.
+		srcSpans, _ := run(slots, blk, 0, 1)
+		fill(t, p.ib, srcSpans, keyOf())
 		var all []nixl.XferReq
 		for q := 0; q < reqs; q++ {
 			li, ri := make([]int, per), make([]int, per)
 			for j := range li {
 				s := (q*per + j) % slots
-				li[j], ri[j] = s, (s*5+3)%slots // a bijection: no two writes share a slot
-				engine.FillTags(p.ib.Bytes()[s*blk:(s+1)*blk], engine.TagKey(uint64(s)))
+				li[j], ri[j] = s, (s*5+3)%slots
 			}
 			r, err := p.init.MakeXferReq(nixl.Write, ld, li, rd, ri, nil)
 			if err != nil {
@@ -271,14 +359,17 @@ func TestThousandsInFlight(t *testing.T) {
 				t.Fatalf("%v: %v", st, err)
 			}
 		}
+		written := make([]nixl.Span, 0, reqs*per)
+		srcSlot := make([]int, 0, reqs*per)
 		for q := 0; q < reqs; q++ {
 			for j := 0; j < per; j++ {
 				s := (q*per + j) % slots
-				d := (s*5 + 3) % slots
-				if m := engine.CheckTags(p.tb.Bytes()[d*blk:(d+1)*blk], engine.TagKey(uint64(s))); m != nil {
-					t.Fatalf("request %d descriptor %d: %v", q, j, m)
-				}
+				written = append(written, nixl.Span{Off: (s*5 + 3) % slots * blk, Len: blk})
+				srcSlot = append(srcSlot, s)
 			}
+		}
+		if bad := check(t, p.tb, written, func(i int) uint64 { return engine.TagKey(uint64(srcSlot[i])) }); bad != "" {
+			t.Fatalf("descriptors of requests %d x %d: %s", reqs, per, bad)
 		}
 		for _, r := range all {
 			if err := p.init.ReleaseXferReq(r); err != nil {
@@ -292,19 +383,19 @@ func TestErrors(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
 		p := localPair(t, backend, 1<<20)
 		outside := nixl.Desc{Addr: p.ib.Addr + 1<<20 - 10, Len: 20}
-		if _, err := p.init.PrepXferDlist("", nixl.DRAM, []nixl.Desc{outside}); !errors.Is(err, nixl.ErrNotRegistered) {
+		if _, err := p.init.PrepXferDlist("", p.mem, []nixl.Desc{outside}); !errors.Is(err, nixl.ErrNotRegistered) {
 			t.Errorf("local descriptor past the end: %v", err)
 		}
-		if _, err := p.init.PrepXferDlist(p.remote, nixl.DRAM, []nixl.Desc{{Addr: p.tb.Addr - 4096, Len: 8}}); !errors.Is(err, nixl.ErrNotRegistered) {
+		if _, err := p.init.PrepXferDlist(p.remote, p.mem, []nixl.Desc{{Addr: p.tb.Addr - 4096, Len: 8}}); !errors.Is(err, nixl.ErrNotRegistered) {
 			t.Errorf("remote descriptor before the region: %v", err)
 		}
-		if _, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{p.ib.Desc(0, 64)}, nixl.DRAM, []nixl.Desc{p.tb.Desc(0, 64)}, "nobody", nil); !errors.Is(err, nixl.ErrUnknownAgent) {
+		if _, err := p.init.CreateXferReq(nixl.Write, p.mem, []nixl.Desc{p.ib.Desc(0, 64)}, p.mem, []nixl.Desc{p.tb.Desc(0, 64)}, "nobody", nil); !errors.Is(err, nixl.ErrUnknownAgent) {
 			t.Errorf("unknown agent: %v", err)
 		}
 		if err := p.init.SendNotif("nobody", []byte("x")); !errors.Is(err, nixl.ErrUnknownAgent) {
 			t.Errorf("notify unknown agent: %v", err)
 		}
-		if _, err := p.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{p.ib.Desc(0, 64)}, nixl.DRAM, []nixl.Desc{p.tb.Desc(0, 32)}, p.remote, nil); !errors.Is(err, nixl.ErrLengthMismatch) {
+		if _, err := p.init.CreateXferReq(nixl.Write, p.mem, []nixl.Desc{p.ib.Desc(0, 64)}, p.mem, []nixl.Desc{p.tb.Desc(0, 32)}, p.remote, nil); !errors.Is(err, nixl.ErrLengthMismatch) {
 			t.Errorf("length mismatch: %v", err)
 		}
 		md, _ := p.target.LocalMD()
@@ -322,13 +413,13 @@ func TestErrors(t *testing.T) {
 		// Release while in flight: a large transfer, released at once.
 		big := localPair(t, backend, 64<<20)
 		bigReq := func() nixl.XferReq {
-			r, err := big.init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{big.ib.Desc(0, 64<<20)}, nixl.DRAM, []nixl.Desc{big.tb.Desc(0, 64<<20)}, big.remote, []byte("n"))
+			r, err := big.init.CreateXferReq(nixl.Write, big.mem, []nixl.Desc{big.ib.Desc(0, 64<<20)}, big.mem, []nixl.Desc{big.tb.Desc(0, 64<<20)}, big.remote, []byte("n"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			return r
 		}
-		engine.FillTags(big.ib.Bytes(), engine.TagKey(64))
+		fill(t, big.ib, []nixl.Span{{Len: 64 << 20}}, keyOf(64))
 		r := bigReq()
 		st, err := big.init.PostXferReq(r)
 		if err != nil {
@@ -341,8 +432,8 @@ func TestErrors(t *testing.T) {
 				// UCX 1.22, CMA copies the 64 MB inside the progress call
 				// that the release waits behind. Then every byte must be
 				// there; a backend that cancelled it would fail here.
-				if m := engine.CheckTags(big.tb.Bytes(), engine.TagKey(64)); m != nil {
-					t.Fatalf("released as finished, but the data is incomplete: %v", m)
+				if m := check(t, big.tb, []nixl.Span{{Len: 64 << 20}}, keyOf(64)); m != "" {
+					t.Fatalf("released as finished, but the data is incomplete: %s", m)
 				}
 				r = bigReq()
 			case !errors.Is(err, nixl.ErrInFlight):
@@ -370,7 +461,7 @@ func TestErrors(t *testing.T) {
 }
 
 // Cross-process: the target is a child process (this test binary again).
-func startTarget(t *testing.T, backend, alloc string, size int) (*engine.TargetClient, engine.TargetReply) {
+func startTarget(t *testing.T, backend string, v variant, size int) (*engine.TargetClient, engine.TargetReply) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -381,7 +472,7 @@ func startTarget(t *testing.T, backend, alloc string, size int) (*engine.TargetC
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tc.Close() })
-	rep, err := tc.Call(engine.TargetRequest{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: alloc})
+	rep, err := tc.Call(engine.TargetRequest{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: v.alloc, Seg: v.seg, Device: v.dev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,20 +481,17 @@ func startTarget(t *testing.T, backend, alloc string, size int) (*engine.TargetC
 
 func TestAcrossProcesses(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
-		allocs := []string{"mmap"}
-		if backend == "ucx" {
-			allocs = append(allocs, "ucx")
-		}
-		for _, alloc := range allocs {
-			t.Run(alloc, func(t *testing.T) {
+		k := kitFor(t, backend)
+		for _, v := range k.variants {
+			t.Run(v.name, func(t *testing.T) {
 				const size, blk, n = 16 << 20, 8192, 1024
-				tc, rep := startTarget(t, backend, alloc, size)
+				tc, rep := startTarget(t, backend, v, size)
 				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer a.Close()
-				buf, err := engine.AllocBuffer(a, size, alloc, false)
+				buf, err := engine.AllocSeg(a, k.mem, 0, size, v.alloc, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -428,10 +516,9 @@ func TestAcrossProcesses(t *testing.T) {
 					rd = append(rd, nixl.Desc{Addr: rep.Addr + uint64(o), Len: blk})
 				}
 				// WRITE with a notification; the target checks on arrival.
-				for i := 0; i < n; i++ {
-					engine.FillTags(buf.Bytes()[i*blk:(i+1)*blk], engine.TagKey(11, uint64(i)))
-				}
-				w, err := a.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, remote, []byte("written"))
+				local, _ := run(n, blk, 0, 1)
+				fill(t, buf, local, keyOf(11))
+				w, err := a.CreateXferReq(nixl.Write, k.mem, ld, k.mem, rd, remote, []byte("written"))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -449,10 +536,8 @@ func TestAcrossProcesses(t *testing.T) {
 				// local completion comes before delivery.
 				for iter := uint64(0); iter < 30; iter++ {
 					seed := 100 + iter
-					for i := 0; i < 8; i++ {
-						engine.FillTags(buf.Bytes()[i*blk:(i+1)*blk], engine.TagKey(seed, uint64(i)))
-					}
-					q, err := a.CreateXferReq(nixl.Write, nixl.DRAM, ld[:8], nixl.DRAM, rd[:8], remote, nil)
+					fill(t, buf, local[:8], keyOf(seed))
+					q, err := a.CreateXferReq(nixl.Write, k.mem, ld[:8], k.mem, rd[:8], remote, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -467,22 +552,20 @@ func TestAcrossProcesses(t *testing.T) {
 				if _, err := tc.Call(engine.TargetRequest{Op: "fill", Seed: 12, DescLen: blk, Offsets: offs64}); err != nil {
 					t.Fatal(err)
 				}
-				r, err := a.CreateXferReq(nixl.Read, nixl.DRAM, ld, nixl.DRAM, rd, remote, nil)
+				r, err := a.CreateXferReq(nixl.Read, k.mem, ld, k.mem, rd, remote, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				post(t, a, r)
-				for i := 0; i < n; i++ {
-					if m := engine.CheckTags(buf.Bytes()[i*blk:(i+1)*blk], engine.TagKey(12, uint64(i))); m != nil {
-						t.Fatalf("READ descriptor %d: %v", i, m)
-					}
+				if bad := check(t, buf, local, keyOf(12)); bad != "" {
+					t.Fatalf("READ: %s", bad)
 				}
 				// Target -> initiator notification.
 				if err := a.SendNotif(remote, []byte("ping")); err != nil {
 					t.Fatal(err)
 				}
 				info, _ := tc.Call(engine.TargetRequest{Op: "info"})
-				t.Logf("%s/%s: initiator %v; target %v", backend, alloc, a.Info().Details, info.Info.Details)
+				t.Logf("%s/%s: initiator %v; target %v", backend, v.name, a.Info().Details, info.Info.Details)
 			})
 		}
 	})
@@ -492,20 +575,17 @@ func TestAcrossProcesses(t *testing.T) {
 // bounded time; nothing hangs.
 func TestPeerKilledMidTransfer(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
-		allocs := []string{"mmap"}
-		if backend == "ucx" {
-			allocs = append(allocs, "ucx")
-		}
-		for _, alloc := range allocs {
-			t.Run(alloc, func(t *testing.T) {
+		k := kitFor(t, backend)
+		for _, v := range k.variants {
+			t.Run(v.name, func(t *testing.T) {
 				const size = 64 << 20
-				tc, rep := startTarget(t, backend, alloc, size)
+				tc, rep := startTarget(t, backend, v, size)
 				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer a.Close()
-				buf, err := engine.AllocBuffer(a, size, alloc, false)
+				buf, err := engine.AllocSeg(a, k.mem, 0, size, v.alloc, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -515,7 +595,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				r, err := a.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{buf.Desc(0, size)}, nixl.DRAM, []nixl.Desc{{Addr: rep.Addr, Len: size}}, remote, []byte("n"))
+				r, err := a.CreateXferReq(nixl.Write, k.mem, []nixl.Desc{buf.Desc(0, size)}, k.mem, []nixl.Desc{{Addr: rep.Addr, Len: size}}, remote, []byte("n"))
 				if err != nil {
 					t.Fatal(err)
 				}

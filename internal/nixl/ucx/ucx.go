@@ -323,7 +323,7 @@ func contains(xs []string, s string) bool {
 // its shared-memory transports map it into peers.
 func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 	if mem != nixl.DRAM {
-		return nil, fmt.Errorf("ucx backend cannot allocate %s: Debian's UCX has no CUDA support (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", mem)
+		return nil, fmt.Errorf("%w: ucx backend cannot allocate %s: Debian's UCX has no CUDA support (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", nixl.ErrMemType, mem)
 	}
 	if size <= 0 {
 		return nil, fmt.Errorf("buffer size must be > 0")
@@ -376,7 +376,7 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 		return fmt.Errorf("register: empty buffer")
 	}
 	if b.Mem != nixl.DRAM {
-		return fmt.Errorf("ucx backend cannot register %s: Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", b.Mem)
+		return fmt.Errorf("%w: ucx backend cannot register %s: Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", nixl.ErrMemType, b.Mem)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

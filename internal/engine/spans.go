@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+)
+
+// Endpoints tag and verify blocks with the same calls whatever memory
+// they live in: host memory is tagged in place, device memory through host
+// copies of the spans (one batch per chunk of at most stageLimit bytes, so
+// a long list costs few calls into the driver and bounded host memory).
+
+// stageLimit bounds one staged host copy (a variable so tests can shrink it).
+var stageLimit = 64 << 20
+
+// AllocSeg allocates a transfer buffer of memory type mem: DRAM the way
+// AllocBuffer does (alloc, huge), VRAM on GPU dev through the CUDA driver.
+func AllocSeg(a nixl.Agent, mem nixl.MemType, dev, size int, alloc string, huge bool) (*nixl.Buffer, error) {
+	if mem != nixl.VRAM {
+		return AllocBuffer(a, size, alloc, huge)
+	}
+	b, err := cuda.Alloc(dev, size)
+	if err != nil {
+		return nil, fmt.Errorf("VRAM on GPU %d: %w", dev, err)
+	}
+	return b, nil
+}
+
+// FillSpans writes the tag pattern of key(i) into the i-th span of b.
+func FillSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) error {
+	if err := b.CheckSpans(spans); err != nil {
+		return err
+	}
+	if b.Mem != nixl.VRAM {
+		data, err := hostView(b)
+		if err != nil {
+			return err
+		}
+		for i, s := range spans {
+			FillTags(data[s.Off:s.Off+s.Len], key(i))
+		}
+		return nil
+	}
+	return staged(spans, func(first int, part []nixl.Span, host []byte) error {
+		at := 0
+		for k, s := range part {
+			FillTags(host[at:at+s.Len], key(first+k))
+			at += s.Len
+		}
+		return cuda.CopyIn(b, part, host)
+	})
+}
+
+// SpanCheck is what CheckSpans found.
+type SpanCheck struct {
+	Bad   int    // spans with at least one wrong byte
+	First string // the first of them, described
+}
+
+// CheckSpans verifies the i-th span of b against the pattern of key(i).
+func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (SpanCheck, error) {
+	var c SpanCheck
+	note := func(i int, s nixl.Span, m *TagMismatch) {
+		if m == nil {
+			return
+		}
+		if c.Bad == 0 {
+			c.First = fmt.Sprintf("span %d at offset %d: %v", i, s.Off, m)
+		}
+		c.Bad++
+	}
+	if err := b.CheckSpans(spans); err != nil {
+		return c, err
+	}
+	if b.Mem != nixl.VRAM {
+		data, err := hostView(b)
+		if err != nil {
+			return c, err
+		}
+		for i, s := range spans {
+			note(i, s, CheckTags(data[s.Off:s.Off+s.Len], key(i)))
+		}
+		return c, nil
+	}
+	err := staged(spans, func(first int, part []nixl.Span, host []byte) error {
+		if err := cuda.CopyOut(b, part, host); err != nil {
+			return err
+		}
+		at := 0
+		for k, s := range part {
+			note(first+k, s, CheckTags(host[at:at+s.Len], key(first+k)))
+			at += s.Len
+		}
+		return nil
+	})
+	return c, err
+}
+
+func hostView(b *nixl.Buffer) ([]byte, error) {
+	data := b.Bytes()
+	if data == nil && b.Len > 0 {
+		return nil, errors.New("host buffer has no host view")
+	}
+	return data, nil
+}
+
+// staged calls fn for consecutive runs of spans of at most stageLimit
+// bytes (a longer span alone), with a host buffer of the run's size.
+func staged(spans []nixl.Span, fn func(first int, part []nixl.Span, host []byte) error) error {
+	var buf []byte
+	for i := 0; i < len(spans); {
+		j, n := i, 0
+		for j < len(spans) && (j == i || n+spans[j].Len <= stageLimit) {
+			n += spans[j].Len
+			j++
+		}
+		if cap(buf) < n {
+			buf = make([]byte, n)
+		}
+		if err := fn(i, spans[i:j], buf[:n]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
