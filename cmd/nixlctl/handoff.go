@@ -49,6 +49,9 @@ type handoffOptions struct {
 	ChunkTokens   int           `mapstructure:"chunk-tokens"`
 	Verify        string        `mapstructure:"verify"`
 	DRAMAlloc     string        `mapstructure:"dram-alloc"`
+	Mem           string        `mapstructure:"mem"`
+	Device        int           `mapstructure:"device"`
+	DecodeDevice  int           `mapstructure:"decode-device"`
 	XferRef       bool          `mapstructure:"xfer-reference"`
 	Inproc        bool          `mapstructure:"inproc"`
 	Prefill       string        `mapstructure:"prefill"`
@@ -166,6 +169,9 @@ func newHandoffCmd(a *app, proto string) *cobra.Command {
 	f.Int("chunk-tokens", 0, "SGLang chunked prefill size (default: one chunk)")
 	f.String("verify", "sparse", "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
 	f.String("dram-alloc", "mmap", "pool allocation: mmap or ucx")
+	f.String("mem", "dram", "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
+	f.Int("device", 0, "prefill's GPU for --mem vram")
+	f.Int("decode-device", 0, "decode's GPU for --mem vram")
 	f.Bool("xfer-reference", false, "also run bench xfer on the same bytes for an efficiency ratio")
 	f.Bool("inproc", false, "run both endpoints in this process")
 	f.String("prefill", "", "use a prefill endpoint started with serve prefill --listen (host:port)")
@@ -206,6 +212,10 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 	default:
 		return errkind.BadInputf("--verify %q: want sparse or full", o.Verify)
 	}
+	if h.Mem, err = nixl.ParseMemType(o.Mem); err != nil {
+		return errkind.BadInputf("--mem: %v", err)
+	}
+	h.Device, h.DecodeDevice = o.Device, o.DecodeDevice
 	if o.DRAMAlloc != "mmap" && o.DRAMAlloc != "ucx" {
 		return errkind.BadInputf("--dram-alloc %q: want mmap or ucx", o.DRAMAlloc)
 	}

@@ -48,6 +48,9 @@ type HandoffOptions struct {
 	ChunkTokens   int // SGLang chunked prefill
 	Verify        engine.Verify
 	DRAMAlloc     string
+	Mem           nixl.MemType // where both engines' KV pools live
+	Device        int          // prefill's GPU (VRAM)
+	DecodeDevice  int          // decode's GPU (VRAM)
 	XferRef       bool // measure bench xfer on the same bytes for efficiency
 	Inproc        bool
 	Prefill       string // host:port of `serve prefill --listen`
@@ -318,8 +321,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	blocks := o.poolBlocks()
 	base := engine.Config{Backend: backend.Name, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize,
 		Layout: spec.Layout, Order: spec.Order, NumBlocks: blocks, DRAMAlloc: o.DRAMAlloc, Scattered: o.Scattered, Merge: o.Merge,
-		Verify: o.Verify, Lease: o.Lease, RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Seed: o.Seed}
+		Verify: o.Verify, Lease: o.Lease, RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Seed: o.Seed, Mem: o.Mem}
 	pc, dc := base, base
+	pc.Device, dc.Device = o.Device, o.DecodeDevice
 	pc.Role, pc.TP, pc.EngineID = engine.RolePrefill, spec.TP, "prefill-0"
 	dc.Role, dc.TP, dc.EngineID, dc.Seed = engine.RoleDecode, o.DecodeTP, "decode-0", o.Seed+1
 	res.Config = map[string]any{"protocol": o.Protocol, "model": spec.Model.Name, "kv_dtype": spec.DType, "block_size": spec.BlockSize,
@@ -328,7 +332,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		"fragmentation": map[bool]string{false: "contiguous", true: "scattered"}[o.Scattered], "merge_descriptors": o.Merge,
 		"num_blocks": blocks, "prefill_time_per_token": o.PrefillPerTok.String(), "lease": o.Lease.String(),
 		"chunk_tokens": o.ChunkTokens, "verify": map[engine.Verify]string{engine.Sparse: "sparse", engine.Full: "full"}[o.Verify],
-		"dram_alloc": o.DRAMAlloc, "endpoints": map[bool]string{true: "inproc", false: "process"}[o.Inproc]}
+		"dram_alloc": o.DRAMAlloc, "mem": o.Mem.String(), "endpoints": map[bool]string{true: "inproc", false: "process"}[o.Inproc]}
 	if o.Prefill != "" {
 		res.Config["endpoints"] = "remote " + o.Prefill + " / " + o.Decode
 	}

@@ -172,7 +172,8 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					res.err = err
 					return
 				}
-				x, err := rk.agent.CreateXferReq(nixl.Read, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, name, notif)
+				mem := rk.buf.Mem
+				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.meta(rd.PrefillRank), mem), ml.remote, name, notif)
 				if err != nil {
 					res.err = err
 					return

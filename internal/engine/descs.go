@@ -75,3 +75,13 @@ func buildMoves(lp *Pool, rm sidechannel.AgentMetadata, chunks []kv.Chunk, local
 	}
 	return ml, nil
 }
+
+// remoteMem is the memory type of a peer's KV regions from its handshake.
+func remoteMem(rm sidechannel.AgentMetadata, fallback nixl.MemType) nixl.MemType {
+	if len(rm.RegionMemTypes) > 0 {
+		if m, err := nixl.ParseMemType(rm.RegionMemTypes[0]); err == nil {
+			return m
+		}
+	}
+	return fallback
+}

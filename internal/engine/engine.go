@@ -15,6 +15,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -45,9 +46,12 @@ type Config struct {
 	TP        int           `json:"tp"`
 	NumBlocks int           `json:"num_blocks"`
 	DRAMAlloc string        `json:"dram_alloc"`
-	Scattered bool          `json:"scattered"`
-	Merge     bool          `json:"merge_descriptors"`
-	Verify    Verify        `json:"verify"`
+	// Mem is where the KV pools live: DRAM, or VRAM on GPU Device.
+	Mem       nixl.MemType `json:"mem"`
+	Device    int          `json:"device"`
+	Scattered bool         `json:"scattered"`
+	Merge     bool         `json:"merge_descriptors"`
+	Verify    Verify       `json:"verify"`
 	// SideChannel is where the engine's handshake ROUTER (and, for
 	// SGLang, its bootstrap server) binds; default tcp://127.0.0.1:0.
 	SideChannel string `json:"side_channel"`
@@ -221,7 +225,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		}
 		rk.agent = a
 		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
-		if rk.buf, err = AllocBuffer(a, int(size), cfg.DRAMAlloc, false); err != nil {
+		if rk.buf, err = AllocSeg(a, cfg.Mem, cfg.Device, int(size), cfg.DRAMAlloc, false); err != nil {
 			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)
 		}
 		if err := a.RegisterMem(rk.buf); err != nil {
@@ -249,6 +253,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			am.BlockStrides = append(am.BlockStrides, reg.BlockBytes)
 			am.RegionNames = append(am.RegionNames, fmt.Sprintf("layer%d.%s", reg.Layer, reg.Part))
 			am.RegionMemTypes = append(am.RegionMemTypes, rk.buf.Mem.String())
+			am.DeviceID = int(rk.buf.Dev)
 		}
 		if err := e.side.Set(0, rk.idx, am); err != nil {
 			return nil, err
@@ -307,7 +312,7 @@ func (e *Engine) Setup() SetupReply {
 		info := rk.agent.Info()
 		rep.Backend, rep.Version = info.Backend, info.Version
 	}
-	rep.MemcpyGBps = memcpyGBps(e.ranks[0].buf.Bytes())
+	rep.MemcpyGBps = referenceGBps(e.ranks[0].buf)
 	return rep
 }
 
@@ -572,6 +577,25 @@ func BaseRequestID(id string) string {
 		return id[:i]
 	}
 	return id
+}
+
+// referenceGBps is the copy bandwidth of the pool's own memory: memcpy in
+// this process for DRAM, a device-to-device copy on the same GPU for VRAM.
+func referenceGBps(b *nixl.Buffer) float64 {
+	if b.Mem != nixl.VRAM {
+		return memcpyGBps(b.Bytes())
+	}
+	n := min(b.Len/2, 64<<20)
+	if n <= 0 {
+		return 0
+	}
+	src := nixl.NewBuffer(b.Addr, n, nixl.VRAM, b.Dev, b.Alloc, nil, nil)
+	dst := nixl.NewBuffer(b.Addr+uint64(n), n, nixl.VRAM, b.Dev, b.Alloc, nil, nil)
+	gbps, err := cuda.D2DBandwidth(src, dst, []nixl.Span{{Len: n}}, 100*time.Millisecond)
+	if err != nil {
+		return 0
+	}
+	return gbps
 }
 
 // memcpyGBps measures this process's memcpy bandwidth on (part of) a pool

@@ -133,6 +133,12 @@ const sparseStride = 4096
 // limited for each region to the blocks that region keeps (sliding
 // windows keep only the tail).
 func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) {
+	if p.Buf.Mem == nixl.VRAM {
+		// Device memory: full tags, written through staged host copies.
+		spans, keys, _ := p.pieceSpans(reqKey, blocks, logicalStart, tokens)
+		_ = FillSpans(p.Buf, spans, func(i int) uint64 { return keys[i] })
+		return
+	}
 	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
 		if v == Full {
 			FillTags(b, key)
@@ -146,6 +152,24 @@ func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Ver
 // Check verifies the tags Fill wrote and returns how many blocks (region
 // blocks) were wrong, with the first mismatch.
 func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) (bad int, first error) {
+	if p.Buf.Mem == nixl.VRAM {
+		spans, keys, owners := p.pieceSpans(reqKey, blocks, logicalStart, tokens)
+		seen := map[[2]int]bool{}
+		err := visitSpans(p.Buf, spans, func(i int) uint64 { return keys[i] }, func(i int, _ nixl.Span, m *TagMismatch) {
+			if !seen[owners[i]] {
+				seen[owners[i]] = true
+				bad++
+				if first == nil {
+					reg := p.Rank.Regions[owners[i][0]]
+					first = fmt.Errorf("layer %d %s, logical block %d: %w", reg.Layer, reg.Part, owners[i][1], m)
+				}
+			}
+		})
+		if err != nil && first == nil {
+			first, bad = err, bad+1
+		}
+		return bad, first
+	}
 	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
 		if v == Full {
 			return CheckTags(b, key) == nil
@@ -164,6 +188,16 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 // Poison overwrites the tag words of blocks so a late reader of freed
 // blocks sees garbage, not stale-but-valid data.
 func (p *Pool) Poison(blocks []int) {
+	if p.Buf.Mem == nixl.VRAM {
+		var spans []nixl.Span
+		for i := range p.Rank.Regions {
+			for _, b := range blocks {
+				spans = append(spans, nixl.Span{Off: int(p.BlockAddr(i, b) - p.Buf.Addr), Len: int(p.BlockLen(i))})
+			}
+		}
+		_ = FillSpans(p.Buf, spans, func(int) uint64 { return 0xdeadbeef })
+		return
+	}
 	data := p.Buf.Bytes()
 	if data == nil {
 		return
@@ -182,6 +216,29 @@ func (p *Pool) Poison(blocks []int) {
 			}
 		}
 	}
+}
+
+// pieceSpans lists the pieces walk would visit, with their tag keys and
+// owning (region, logical block).
+func (p *Pool) pieceSpans(reqKey uint64, blocks []int, logicalStart, tokens int) (spans []nixl.Span, keys []uint64, owners [][2]int) {
+	for i, reg := range p.Rank.Regions {
+		keep := p.Spec.BlocksFor(reg.Kind, tokens)
+		total := logicalStart + len(blocks)
+		for j, b := range blocks {
+			logical := logicalStart + j
+			if logical < total-keep {
+				continue
+			}
+			bk := blockKey(reqKey, reg, logical)
+			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
+			for _, pc := range p.pieces {
+				spans = append(spans, nixl.Span{Off: int(off + pc.off), Len: int(pc.len)})
+				keys = append(keys, pieceKey(bk, pc))
+				owners = append(owners, [2]int{i, logical})
+			}
+		}
+	}
+	return spans, keys, owners
 }
 
 // walk visits every piece of every block the request keeps in every region.

@@ -525,7 +525,8 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 			s.failPush(rk, q, err)
 			return
 		}
-		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, re.agentName(rk.idx, d), notif)
+		mem := rk.buf.Mem
+		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(re.meta(d), mem), ml.remote, re.agentName(rk.idx, d), notif)
 		if err == nil {
 			var st nixl.Status
 			if st, err = rk.agent.PostXferReq(x); st == nixl.Failed && err == nil {

@@ -666,7 +666,8 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 				return descs, logical, err
 			}
 			notif := []byte(fmt.Sprintf("%d_kv_%d_%d_%d", r.Room, c, b2i(last), rk.idx))
-			x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ml.local, nixl.DRAM, ml.remote, peer.remote, notif)
+			// SGLang registers KV as the pool's memory (VRAM on GPUs) and the aux rows as DRAM.
+			x, err := rk.agent.CreateXferReq(nixl.Write, rk.buf.Mem, ml.local, rk.buf.Mem, ml.remote, peer.remote, notif)
 			if err != nil {
 				return descs, logical, err
 			}

@@ -63,29 +63,36 @@ type SpanCheck struct {
 // CheckSpans verifies the i-th span of b against the pattern of key(i).
 func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (SpanCheck, error) {
 	var c SpanCheck
-	note := func(i int, s nixl.Span, m *TagMismatch) {
-		if m == nil {
-			return
-		}
+	err := visitSpans(b, spans, key, func(i int, s nixl.Span, m *TagMismatch) {
 		if c.Bad == 0 {
 			c.First = fmt.Sprintf("span %d at offset %d: %v", i, s.Off, m)
 		}
 		c.Bad++
+	})
+	return c, err
+}
+
+// visitSpans checks every span and calls bad for each wrong one.
+func visitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad func(i int, s nixl.Span, m *TagMismatch)) error {
+	note := func(i int, s nixl.Span, m *TagMismatch) {
+		if m != nil {
+			bad(i, s, m)
+		}
 	}
 	if err := b.CheckSpans(spans); err != nil {
-		return c, err
+		return err
 	}
 	if b.Mem != nixl.VRAM {
 		data, err := hostView(b)
 		if err != nil {
-			return c, err
+			return err
 		}
 		for i, s := range spans {
 			note(i, s, CheckTags(data[s.Off:s.Off+s.Len], key(i)))
 		}
-		return c, nil
+		return nil
 	}
-	err := staged(spans, func(first int, part []nixl.Span, host []byte) error {
+	return staged(spans, func(first int, part []nixl.Span, host []byte) error {
 		if err := cuda.CopyOut(b, part, host); err != nil {
 			return err
 		}
@@ -96,7 +103,6 @@ func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (Span
 		}
 		return nil
 	})
-	return c, err
 }
 
 func hostView(b *nixl.Buffer) ([]byte, error) {
