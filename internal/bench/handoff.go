@@ -51,7 +51,7 @@ type HandoffOptions struct {
 	Mem           nixl.MemType // where both engines' KV pools live
 	Device        int          // prefill's GPU (VRAM)
 	DecodeDevice  int          // decode's GPU (VRAM)
-	XferRef       bool // measure bench xfer on the same bytes for efficiency
+	XferRef       bool         // measure bench xfer on the same bytes for efficiency
 	Inproc        bool
 	Prefill       string // host:port of `serve prefill --listen`
 	Decode        string

@@ -11,7 +11,6 @@ import (
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 )
 
-
 // KV pools in GPU memory, moved between processes' GPUs by cuda-ipc (the
 // tests' fake driver where there is no GPU): pull and push, hetero TP,
 // every byte verified through device-to-host copies.
@@ -31,7 +30,10 @@ func TestHandoffInVRAM(t *testing.T) {
 				var wg sync.WaitGroup
 				if proto == ProtoPush {
 					wg.Add(1)
-					go func() { defer wg.Done(); lr, _ = d.dec.Load(ctx, LoadRequest{ID: "v", Tokens: 100, Key: 3, Params: coords}) }()
+					go func() {
+						defer wg.Done()
+						lr, _ = d.dec.Load(ctx, LoadRequest{ID: "v", Tokens: 100, Key: 3, Params: coords})
+					}()
 				}
 				pr, err := p.pre.Prefill(ctx, PrefillRequest{ID: "v", Tokens: 100, Key: 3})
 				if err != nil {
