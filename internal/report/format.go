@@ -18,15 +18,22 @@ const (
 	FormatTable Format = "table"
 	FormatJSON  Format = "json"
 	FormatCSV   Format = "csv"
+	// FormatMarkdown is the table as GitHub-flavoured Markdown.
+	FormatMarkdown Format = "markdown"
+	// FormatProm is Prometheus text exposition with vLLM's metric names
+	// (see prom.go), for results made of transfers.
+	FormatProm Format = "prom"
 )
 
-// ParseFormat accepts table, json and csv.
+// ParseFormat accepts table, json, csv, markdown (md) and prom.
 func ParseFormat(s string) (Format, error) {
 	switch f := Format(strings.ToLower(strings.TrimSpace(s))); f {
-	case FormatTable, FormatJSON, FormatCSV:
+	case FormatTable, FormatJSON, FormatCSV, FormatMarkdown, FormatProm:
 		return f, nil
+	case "md":
+		return FormatMarkdown, nil
 	}
-	return "", fmt.Errorf("unknown output format %q (want table, json or csv)", s)
+	return "", fmt.Errorf("unknown output format %q (want table, json, csv, markdown or prom)", s)
 }
 
 // WriteJSON writes v as indented JSON with a trailing newline.

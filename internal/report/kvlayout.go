@@ -22,6 +22,8 @@ func WriteKVLayout(w io.Writer, f Format, as []kv.Analysis) error {
 		return WriteJSON(w, as)
 	case FormatCSV:
 		return kvCSVTable(as).WriteCSV(w)
+	case FormatMarkdown, FormatProm:
+		return FormatError("kv layout", f)
 	}
 	a := as[0]
 	if _, err := io.WriteString(w, kvHeader(a)+"\n"); err != nil {

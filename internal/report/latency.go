@@ -95,3 +95,26 @@ func DecodeHistogram(s string) (*Histogram, error) {
 	}
 	return &Histogram{h: h}, nil
 }
+
+// Bar is one bucket of a histogram: Count values in [From, To] (ns).
+type Bar struct {
+	From, To int64
+	Count    int64
+}
+
+// Bars lists the non-empty buckets in increasing order. Buckets are as
+// wide as the histogram's resolution (three significant figures).
+func (h *Histogram) Bars() []Bar {
+	var out []Bar
+	for _, b := range h.h.Distribution() {
+		if b.Count > 0 {
+			out = append(out, Bar{From: b.From, To: b.To, Count: b.Count})
+		}
+	}
+	return out
+}
+
+// Quantile returns the value at quantile q in [0, 1], in unit.
+func (h *Histogram) Quantile(q float64, unit time.Duration) float64 {
+	return float64(h.h.ValueAtPercentile(q*100)) / float64(unit)
+}

@@ -1,0 +1,180 @@
+package report
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Names of the files `--save DIR` writes.
+const (
+	ResultName   = "result.json"
+	RecordsName  = "records.jsonl"
+	ManifestName = "manifest.json"
+	// ManifestSchema versions the manifest's format.
+	ManifestSchema = "nixlctl.manifest/v1"
+)
+
+// Manifest lists what a saved run directory holds, with checksums, so a
+// result and its records travel and are checked together.
+type Manifest struct {
+	Schema    string         `json:"schema"`
+	Command   string         `json:"command"`
+	Version   string         `json:"nixlctl_version"`
+	CreatedAt time.Time      `json:"created_at"`
+	Files     []ManifestFile `json:"files"`
+}
+
+// ManifestFile is one file of a saved run.
+type ManifestFile struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"` // result, records, plot
+	Bytes  int    `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// Save writes r into dir (created if needed): its records (when it keeps
+// any) as records.jsonl, the result as result.json linking to them, and
+// manifest.json. Extra files already written into dir (a plot) are listed
+// in the manifest when named in extra.
+func Save(dir string, r Result, extra ...string) (*Manifest, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	h := r.Header()
+	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC()}
+	if rk, ok := r.(RecordsKeeper); ok {
+		var b bytes.Buffer
+		n, err := rk.WriteRecords(&b)
+		if err != nil {
+			return nil, fmt.Errorf("records: %w", err)
+		}
+		sum, err := writeFile(filepath.Join(dir, RecordsName), b.Bytes())
+		if err != nil {
+			return nil, err
+		}
+		h.RecordsFile = &RecordsRef{Path: RecordsName, Schema: RecordsSchema, Count: n, SHA256: sum}
+		m.Files = append(m.Files, ManifestFile{Name: RecordsName, Role: "records", Bytes: b.Len(), SHA256: sum})
+	}
+	var b bytes.Buffer
+	if err := WriteJSON(&b, r); err != nil {
+		return nil, err
+	}
+	sum, err := writeFile(filepath.Join(dir, ResultName), b.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	m.Files = append([]ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}}, m.Files...)
+	for _, name := range extra {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		m.Files = append(m.Files, ManifestFile{Name: name, Role: "plot", Bytes: len(data), SHA256: sha(data)})
+	}
+	var mb bytes.Buffer
+	if err := WriteJSON(&mb, m); err != nil {
+		return nil, err
+	}
+	if _, err := writeFile(filepath.Join(dir, ManifestName), mb.Bytes()); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// writeFile writes through a temporary file and a rename, so an
+// interrupted save leaves no half-written file under the final name.
+func writeFile(path string, data []byte) (string, error) {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", err
+	}
+	return sha(data), nil
+}
+
+// Loaded is a result read back from disk.
+type Loaded struct {
+	Result Result
+	Path   string // the result file
+	// FromRecords says the summary was recomputed from the records file.
+	FromRecords bool
+	Notes       []string // what could not be checked or read, one line each
+}
+
+// Load reads a result from a result file or a --save directory. When the
+// result links a records file that is present and the kind keeps records,
+// the records are read and the summary recomputed from them; a missing or
+// changed records file is noted, not an error, since the stored summary
+// still stands.
+func Load(path string) (*Loaded, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	file := path
+	if st.IsDir() {
+		file = filepath.Join(path, ResultName)
+		if mb, err := os.ReadFile(filepath.Join(path, ManifestName)); err == nil {
+			var m Manifest
+			if err := json.Unmarshal(mb, &m); err != nil || m.Schema != ManifestSchema {
+				return nil, fmt.Errorf("%s: not a nixlctl manifest", filepath.Join(path, ManifestName))
+			}
+			for _, f := range m.Files {
+				if f.Role == "result" {
+					file = filepath.Join(path, f.Name)
+				}
+			}
+		}
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) && st.IsDir() {
+			return nil, fmt.Errorf("%s holds no %s (save one with --save DIR)", path, ResultName)
+		}
+		return nil, err
+	}
+	r, err := DecodeResult(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	l := &Loaded{Result: r, Path: file}
+	ref := r.Header().RecordsFile
+	rk, keeps := r.(RecordsKeeper)
+	if ref == nil || !keeps {
+		return l, nil
+	}
+	rp := ref.Path
+	if !filepath.IsAbs(rp) {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(file), rp)); err == nil {
+			rp = filepath.Join(filepath.Dir(file), rp)
+		}
+	}
+	rb, err := os.ReadFile(rp)
+	if err != nil {
+		l.Notes = append(l.Notes, fmt.Sprintf("records %s not readable (%v): showing the stored summary", ref.Path, err))
+		return l, nil
+	}
+	if ref.SHA256 != "" && sha(rb) != ref.SHA256 {
+		l.Notes = append(l.Notes, fmt.Sprintf("records %s changed since the run (checksum differs): summary recomputed from the file as it is", ref.Path))
+	}
+	if err := rk.ReadRecords(bytes.NewReader(rb)); err != nil {
+		return nil, fmt.Errorf("%s: %w", rp, err)
+	}
+	l.FromRecords = true
+	return l, nil
+}
