@@ -1,0 +1,310 @@
+package report
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Verdict is the gate's judgement of one metric.
+type Verdict string
+
+// Verdicts. Only Regression fails the gate.
+const (
+	Pass        Verdict = "pass"        // within the allowed regression
+	Improvement Verdict = "improvement" // better by more than the allowance
+	Noise       Verdict = "noise"       // worse by more than the allowance, but the distributions say chance
+	Regression  Verdict = "regression"  // worse by more than the allowance, and real
+)
+
+// GateOptions configure Gate.
+type GateOptions struct {
+	// MaxRegression is the allowed relative change in the worse
+	// direction, 0.05 for 5%.
+	MaxRegression float64
+	// Metrics selects metrics by key or full name; empty selects the
+	// baseline's Stable metrics (its efficiency ratios).
+	Metrics []string
+}
+
+// GateRow is one metric's judgement.
+type GateRow struct {
+	Name     string    `json:"metric"`
+	Unit     string    `json:"unit,omitempty"`
+	Better   string    `json:"better"`
+	Baseline float64   `json:"baseline"`
+	Result   float64   `json:"result"`     // median of the runs
+	Runs     []float64 `json:"runs"`       // every run's value
+	Change   float64   `json:"change"`     // (result - baseline) / baseline; ±Inf from a zero baseline
+	Worse    float64   `json:"worse"`      // the change in the worse direction (> 0 is worse)
+	Test     string    `json:"noise_test"` // the distribution test, "-" when there was none
+	Verdict  Verdict   `json:"verdict"`    //
+	Why      string    `json:"why"`        // one line
+	shift    *Shift    `json:"-"`          //
+	spread   [2]float64
+}
+
+// GateReport is the gate's whole judgement.
+type GateReport struct {
+	Command       string    `json:"command"`
+	MaxRegression float64   `json:"max_regression"`
+	Runs          int       `json:"runs"`
+	Rows          []GateRow `json:"metrics"`
+	Passed        bool      `json:"passed"`
+}
+
+// Gate compares result runs (their median) with a baseline. The rules,
+// per selected metric:
+//
+//   - change within MaxRegression in the worse direction: pass; better by
+//     more than that: improvement;
+//   - worse by more: a regression, unless it looks like noise, which
+//     takes one of: the latency distributions behind the metric (merged
+//     over the runs) are not shifted towards slower by a Mann-Whitney U
+//     test (see Shift.Real), or, with three runs or more, the baseline
+//     lies within the runs' range.
+//
+// Only regressions fail the gate. A zero baseline makes any worsening a
+// regression (there is no relative change to allow).
+func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
+	if len(runs) == 0 {
+		return nil, errors.New("no result to compare with the baseline")
+	}
+	bh := base.Header()
+	for _, r := range runs {
+		if h := r.Header(); h.Command != bh.Command {
+			return nil, fmt.Errorf("baseline is %q but a result is %q", bh.Command, h.Command)
+		}
+	}
+	sel, err := selectMetrics(base.Metrics(), o.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	rep := &GateReport{Command: bh.Command, MaxRegression: o.MaxRegression, Runs: len(runs), Passed: true}
+	runMetrics := make([]map[string]Metric, len(runs))
+	for i, r := range runs {
+		runMetrics[i] = map[string]Metric{}
+		for _, m := range r.Metrics() {
+			runMetrics[i][m.Name()] = m
+		}
+	}
+	for _, bm := range sel {
+		row := GateRow{Name: bm.Name(), Unit: bm.Unit, Better: bm.Better.String(), Baseline: bm.Value}
+		var dist *Histogram
+		for i := range runs {
+			m, ok := runMetrics[i][bm.Name()]
+			if !ok {
+				return nil, fmt.Errorf("result %d has no %s (is it the same sweep as the baseline?)", i+1, bm.Name())
+			}
+			row.Runs = append(row.Runs, m.Value)
+			if m.Dist != nil {
+				if dist == nil {
+					dist = NewHistogram()
+				}
+				dist.Merge(m.Dist)
+			}
+		}
+		row.Result = medianOf(row.Runs)
+		row.spread = [2]float64{slicesMin(row.Runs), slicesMax(row.Runs)}
+		if bm.Dist != nil && dist != nil {
+			s := CompareDists(bm.Dist, dist)
+			row.shift = &s
+			row.Test = s.String()
+		} else {
+			row.Test = "-"
+		}
+		row.judge(bm, o.MaxRegression)
+		if row.Verdict == Regression {
+			rep.Passed = false
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	return rep, nil
+}
+
+func (row *GateRow) judge(bm Metric, allowed float64) {
+	base, res := row.Baseline, row.Result
+	switch {
+	case base == res:
+		row.Change = 0
+	case base == 0:
+		row.Change = math.Copysign(math.Inf(1), res)
+	default:
+		row.Change = (res - base) / math.Abs(base)
+	}
+	row.Worse = row.Change
+	if bm.Better == HigherIsBetter {
+		row.Worse = -row.Change
+	}
+	limit := fmt.Sprintf("%.3g%%", allowed*100)
+	switch {
+	case row.Worse <= allowed && row.Worse >= -allowed:
+		row.Verdict, row.Why = Pass, "within "+limit
+	case row.Worse < 0:
+		row.Verdict, row.Why = Improvement, fmt.Sprintf("better by %s", pct(-row.Worse))
+	case base == 0:
+		row.Verdict, row.Why = Regression, "worse than a zero baseline"
+	case row.shift != nil && !row.shift.Slower():
+		row.Verdict, row.Why = Noise, fmt.Sprintf("worse by %s, but the latency distributions are not slower (%s)", pct(row.Worse), row.shift)
+	case len(row.Runs) >= 3 && base >= row.spread[0] && base <= row.spread[1]:
+		row.Verdict, row.Why = Noise, fmt.Sprintf("worse by %s, but the baseline lies within the %d runs' range", pct(row.Worse), len(row.Runs))
+	default:
+		row.Verdict, row.Why = Regression, fmt.Sprintf("worse by %s (allowed %s)", pct(row.Worse), limit)
+	}
+}
+
+func pct(x float64) string {
+	if math.IsInf(x, 0) {
+		return "∞"
+	}
+	return fmt.Sprintf("%.3g%%", x*100)
+}
+
+// selectMetrics picks the metrics to gate: the stable ones by default,
+// else those matching a selector; a selector matching nothing is an error
+// naming the keys there are.
+func selectMetrics(all []Metric, selectors []string) ([]Metric, error) {
+	var out []Metric
+	if len(selectors) == 0 {
+		for _, m := range all {
+			if m.Stable {
+				out = append(out, m)
+			}
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("the baseline has no efficiency ratios to gate on; name metrics with --metric (keys: %s)", strings.Join(metricKeys(all), ", "))
+		}
+		return out, nil
+	}
+	for _, sel := range selectors {
+		n := 0
+		for _, m := range all {
+			if m.MatchKey(sel) {
+				out = append(out, m)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("metric %q is not in the baseline (keys: %s)", sel, strings.Join(metricKeys(all), ", "))
+		}
+	}
+	return out, nil
+}
+
+func metricKeys(all []Metric) []string {
+	seen := map[string]bool{}
+	var keys []string
+	for _, m := range all {
+		if !seen[m.Key] {
+			seen[m.Key] = true
+			keys = append(keys, m.Key)
+		}
+	}
+	return keys
+}
+
+func medianOf(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func slicesMin(xs []float64) float64 {
+	m := math.Inf(1)
+	for _, x := range xs {
+		m = math.Min(m, x)
+	}
+	return m
+}
+
+func slicesMax(xs []float64) float64 {
+	m := math.Inf(-1)
+	for _, x := range xs {
+		m = math.Max(m, x)
+	}
+	return m
+}
+
+var verdictMark = map[Verdict]string{Pass: "✅ pass", Improvement: "🟢 improvement", Noise: "⚪ noise", Regression: "❌ regression"}
+
+// Table lays the judgement out, one row per metric.
+func (g *GateReport) Table() *Table {
+	t := &Table{Columns: []Column{{"Metric", Left}, {"Baseline", Right}, {"Result", Right}, {"Change", Right},
+		{"Noise test", Left}, {"Verdict", Left}, {"Why", Left}}}
+	for _, r := range g.Rows {
+		res := Float(r.Result)
+		if len(r.Runs) > 1 {
+			res = fmt.Sprintf("%s (median of %d)", res, len(r.Runs))
+		}
+		t.AddRow(r.Name, Float(r.Baseline), res, signedPct(r.Change), r.Test, verdictMark[r.Verdict], r.Why)
+	}
+	return t
+}
+
+func signedPct(x float64) string {
+	if math.IsInf(x, 0) {
+		if x > 0 {
+			return "+∞"
+		}
+		return "-∞"
+	}
+	return fmt.Sprintf("%+.2f%%", x*100)
+}
+
+// Headline is the one-line outcome.
+func (g *GateReport) Headline() string {
+	n := map[Verdict]int{}
+	for _, r := range g.Rows {
+		n[r.Verdict]++
+	}
+	word := "PASS"
+	if !g.Passed {
+		word = "FAIL"
+	}
+	return fmt.Sprintf("%s: %s, %d metric(s): %d pass, %d improvement, %d noise, %d regression (allowed regression %.3g%%, %d run(s))",
+		word, g.Command, len(g.Rows), n[Pass], n[Improvement], n[Noise], n[Regression], g.MaxRegression*100, g.Runs)
+}
+
+// WriteMarkdown writes the judgement for a CI job summary.
+func (g *GateReport) WriteMarkdown(w io.Writer) error {
+	mark := "✅"
+	if !g.Passed {
+		mark = "❌"
+	}
+	if _, err := fmt.Fprintf(w, "### %s nixlctl gate\n\n%s\n\n", mark, g.Headline()); err != nil {
+		return err
+	}
+	if err := g.Table().WriteMarkdown(w); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nNoise test: Mann-Whitney U on the latency histograms behind each metric; \"slower\" needs p < %g and Cliff's |δ| ≥ %g.\n", ShiftAlpha, ShiftMinDelta)
+	return err
+}
+
+// MarshalJSON writes an infinite change (from a zero baseline) as null,
+// since JSON has no infinity.
+func (r GateRow) MarshalJSON() ([]byte, error) {
+	type plain GateRow
+	fin := func(x float64) *float64 {
+		if math.IsInf(x, 0) || math.IsNaN(x) {
+			return nil
+		}
+		return &x
+	}
+	return json.Marshal(struct {
+		plain
+		Change *float64 `json:"change"`
+		Worse  *float64 `json:"worse"`
+	}{plain(r), fin(r.Change), fin(r.Worse)})
+}
