@@ -1,0 +1,102 @@
+package tui
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// fakeClock is a settable clock for live.Stats.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func update(t *testing.T, m Model, msg tea.Msg) (Model, tea.Cmd) {
+	t.Helper()
+	next, cmd := m.Update(msg)
+	return next.(Model), cmd
+}
+
+// TestModelUpdates drives the model as a run would: events into a Stats,
+// ticks into the model, keys from the user.
+func TestModelUpdates(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(0, 0)}
+	st := live.NewStats(clk.now)
+	interrupted := 0
+	m := New(st, func() { interrupted++ })
+	if m.Init() == nil {
+		t.Fatal("Init should start the ticker")
+	}
+	m, _ = update(t, m, tea.WindowSizeMsg{Width: 120, Height: 30})
+
+	st.Emit(live.Start{Title: "bench push", Total: 10, Unit: "requests"})
+	st.Emit(live.Phase{Text: "measuring"})
+	st.Emit(live.Request{Bytes: 1 << 20, Latency: time.Millisecond, OK: true, Warmup: true})
+	for i := range 4 {
+		clk.t = clk.t.Add(300 * time.Millisecond)
+		st.Emit(live.Request{Bytes: 256 << 20, Latency: time.Duration(2+i) * time.Millisecond, OK: true})
+	}
+	st.Emit(live.Request{Latency: time.Second, OK: false})
+	st.Emit(live.Warning{Text: "TCP fallback: RMA is emulated over TCP active messages"})
+	st.Emit(live.Gauge{Series: "leases held", At: time.Second, Value: 3, Unit: "leases"})
+	st.Emit(live.Gauge{Series: "RSS default", At: time.Second, Value: 310, Unit: "MB"})
+	st.Emit(live.Fit{Series: "RSS default", Slope: 0.4, Unit: "MB/min", R2: 0.97})
+	clk.t = clk.t.Add(time.Second)
+
+	m, cmd := update(t, m, TickMsg(clk.t))
+	if cmd == nil {
+		t.Error("a tick should schedule the next one")
+	}
+	v := m.Render()
+	for _, want := range []string{"bench push", "6/10 requests", "GB/s now", "avg", "p50 3.00 ms", "p99 5.00 ms",
+		"ok 4", "failed 1", "warm-up 1", "TCP fallback", "leases held", "RSS default", "slope +0.4 MB/min (R² 0.97)", "measuring"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("view lacks %q:\n%s", want, v)
+		}
+	}
+	if !strings.ContainsAny(v, "▁▂▃▄▅▆▇█") {
+		t.Errorf("no sparkline:\n%s", v)
+	}
+
+	// First Ctrl-C stops the run (once), the view says so; a second
+	// aborts and quits.
+	m, cmd = update(t, m, tea.KeyPressMsg{Code: 'c', Mod: tea.ModCtrl})
+	if interrupted != 1 || cmd != nil || !strings.Contains(m.Render(), "stopping") {
+		t.Fatalf("first Ctrl-C: interrupted %d, cmd %v\n%s", interrupted, cmd, m.Render())
+	}
+	m, _ = update(t, m, tea.KeyPressMsg{Code: 'q', Text: "q"})
+	if interrupted != 1 || m.Aborted {
+		t.Fatal("q after Ctrl-C should change nothing")
+	}
+	m, cmd = update(t, m, tea.KeyPressMsg{Code: 'c', Mod: tea.ModCtrl})
+	if !m.Aborted || cmd == nil {
+		t.Fatal("second Ctrl-C should abort and quit")
+	}
+	if m.View().Content != "" {
+		t.Error("a finished view should be empty so the results replace it")
+	}
+}
+
+// A sweep shows per-point rates and the last point's percentiles; the
+// run's end quits the program.
+func TestModelSweepAndDone(t *testing.T) {
+	m := New(nil, nil)
+	m, _ = update(t, m, SnapshotMsg(live.Snapshot{Title: "bench xfer WRITE", Total: 4, Done: 2, OK: 2, Unit: "points",
+		Rate: []float64{1, 4}, CurGBps: 4, AvgGBps: 2.5, Points: []string{"WRITE 4 KiB x 1", "WRITE 8 KiB x 1"},
+		Latency: report.Percentiles{P50: 0.012, P99: 0.030}}))
+	v := m.Render()
+	for _, want := range []string{"2/4 points", "4.00 GB/s now", "2.50 GB/s avg", "p50 12.0 µs  p99 30.0 µs (WRITE 8 KiB x 1)"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("view lacks %q:\n%s", want, v)
+		}
+	}
+	m, cmd := update(t, m, DoneMsg{})
+	if cmd == nil || m.Aborted {
+		t.Error("DoneMsg should quit without aborting")
+	}
+}
