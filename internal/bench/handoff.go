@@ -19,6 +19,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -58,14 +59,15 @@ type HandoffOptions struct {
 	Exe           string   // endpoint children; default this program
 	ExeArgs       []string // arguments before the role; default serve
 	ChildEnv      []string
-	Records       io.Writer // JSON lines, one per request (nil: none)
 	// OnStart, if set, is called once both endpoints are set up (chaos
 	// and fault tests use it to kill or stop them mid-run).
-	OnStart  func(prefill, decode *Endpoint)
-	Version  string
-	Seed     uint64
-	Log      *slog.Logger
-	Progress io.Writer
+	OnStart func(prefill, decode *Endpoint)
+	Version string
+	Seed    uint64
+	Log     *slog.Logger
+	// Live receives a Start, then a Request per finished request (warm-up
+	// ones marked), phases and warnings (nil: nobody listens).
+	Live live.Sink
 }
 
 // Validate checks the options.
@@ -173,6 +175,10 @@ type HandoffSummary struct {
 	EfficiencyXfer    float64            `json:"efficiency_vs_xfer,omitempty"`
 	LeakedBlocks      int64              `json:"leaked_blocks"`
 	Histogram         string             `json:"handoff_histogram,omitempty"`
+	// StageHistograms holds the other stages' histograms (same encoding,
+	// nanoseconds), keyed by their summary field: "transfer_ms", "post_ms",
+	// "finish_to_post_ms", "completion_to_ready_ms", "registration_rtt_ms".
+	StageHistograms map[string]string `json:"stage_histograms,omitempty"`
 }
 
 // HandoffResult is the whole run.
@@ -336,6 +342,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if o.Prefill != "" {
 		res.Config["endpoints"] = "remote " + o.Prefill + " / " + o.Decode
 	}
+	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
 	pe, err := startEndpoint(ctx, &o, "prefill", o.Prefill)
 	if err != nil {
 		return nil, err
@@ -390,7 +397,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}
 	}
-	res.Summary = h.summarize(dsetup.MemcpyGBps)
+	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
 	if res.Summary.LeakedBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
@@ -402,6 +409,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
 	}
 	if o.XferRef && runErr == nil && res.Summary.Requests > 0 {
+		live.Emit(o.Live, live.Phase{Text: "bench xfer reference"})
 		if gbps, err := h.xferReference(ctx, backend.Name, res); err != nil {
 			res.Warn("bench xfer reference: " + err.Error())
 		} else if gbps > 0 {
@@ -409,12 +417,8 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			res.Summary.EfficiencyXfer = res.Summary.BandwidthGBps / gbps
 		}
 	}
-	if o.Records != nil {
-		enc := json.NewEncoder(o.Records)
-		_ = enc.Encode(map[string]any{"schema": "nixlctl.records/v1", "command": res.Command, "protocol": o.Protocol, "started_at": res.StartedAt})
-		for _, r := range h.records {
-			_ = enc.Encode(r)
-		}
+	for _, w := range res.Warnings {
+		live.Emit(o.Live, live.Warning{Text: w})
 	}
 	res.Finish()
 	if runErr != nil && ctx.Err() != nil {
@@ -525,6 +529,8 @@ func (h *handoff) run(ctx context.Context) error {
 	}
 	h.records = make([]HandoffRecord, n)
 	h.start = mono.Now()
+	live.Emit(o.Live, live.Start{Title: "bench " + o.Protocol, Total: n, Unit: "requests"})
+	live.Emit(o.Live, live.Phase{Text: "measuring"})
 	var wg sync.WaitGroup
 	var firstErr error
 	var errMu sync.Mutex
@@ -534,16 +540,9 @@ func (h *handoff) run(ctx context.Context) error {
 		r.Warmup = i < o.Warmup
 		h.mu.Lock()
 		h.records[i] = r
-		done := 0
-		for _, x := range h.records {
-			if x.ID != "" {
-				done++
-			}
-		}
 		h.mu.Unlock()
-		if o.Progress != nil && (done%max(1, n/10) == 0 || done == n) {
-			fmt.Fprintf(o.Progress, "[%d/%d] %s handoff %.2f ms\n", done, n, o.Protocol, r.HandoffMS)
-		}
+		live.Emit(o.Live, live.Request{Bytes: r.Bytes, Latency: time.Duration(r.HandoffMS * 1e6),
+			OK: r.Error == "" && r.CorruptBlocks == 0, Warmup: r.Warmup})
 		if r.Error != "" && ctx.Err() != nil {
 			errMu.Lock()
 			firstErr = ctx.Err()
@@ -713,14 +712,17 @@ func splitHostPort(ep string) (string, int, error) {
 	return host, p, err
 }
 
-func (h *handoff) summarize(memcpy float64) HandoffSummary {
+// SummarizeHandoff computes a run's summary from its records (warm-up
+// ones left out), with memcpy the reference bandwidth in GB/s. The
+// references and leak counts that do not come from records stay zero.
+func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 	s := HandoffSummary{MemcpyGBps: memcpy}
 	hand, xfer, post, f2p, comp, reg := report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
 	var firstHS, steadyHS []float64
 	var gbps []float64
 	var first, last int64
 	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
-	for _, r := range h.records {
+	for _, r := range records {
 		if r.FirstHandshake {
 			firstHS = append(firstHS, r.HandshakeMS)
 		}
@@ -774,6 +776,13 @@ func (h *handoff) summarize(memcpy float64) HandoffSummary {
 	s.HandoffLatencyMS, s.TransferMS, s.PostMS, s.FinishToPostMS, s.CompletionMS, s.RegRTTMS =
 		hand.In(u), xfer.In(u), post.In(u), f2p.In(u), comp.In(u), reg.In(u)
 	s.Histogram, _ = hand.Encode()
+	s.StageHistograms = map[string]string{}
+	for k, h := range map[string]*report.Histogram{"transfer_ms": xfer, "post_ms": post, "finish_to_post_ms": f2p,
+		"completion_to_ready_ms": comp, "registration_rtt_ms": reg} {
+		if h.Count() > 0 {
+			s.StageHistograms[k], _ = h.Encode()
+		}
+	}
 	s.FirstHandshakeMS = mean(firstHS)
 	s.SteadyHandshakeMS = mean(steadyHS)
 	s.TransferGBps = median(gbps)

@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -15,6 +19,10 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 		return report.WriteJSON(w, res)
 	case report.FormatCSV:
 		return handoffCSV(res).WriteCSV(w)
+	case report.FormatProm:
+		return res.WriteProm(w)
+	case report.FormatMarkdown:
+		return handoffMarkdown(w, res)
 	}
 	s := res.Summary
 	c := res.Config
@@ -29,6 +37,37 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 		load = fmt.Sprintf("open loop, %.3g requests/s (Poisson)", r)
 	}
 	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c["warmup"], load, c["prefix_hit"])
+	if err := stageTable(s).WriteText(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if err := resultTable(res).WriteText(w); err != nil {
+		return err
+	}
+	for _, warn := range res.Warnings {
+		fmt.Fprintf(w, "WARNING: %s\n", warn)
+	}
+	return nil
+}
+
+func handoffMarkdown(w io.Writer, res *HandoffResult) error {
+	c := res.Config
+	fmt.Fprintf(w, "**bench %s** %s, %v tokens, TP %v -> %v, over %s %s\n\n", res.Protocol, res.Model, islLabel(c["isl"]),
+		c["prefill_tp"], c["decode_tp"], res.Backend, res.Env.BackendVersion)
+	if err := stageTable(res.Summary).WriteMarkdown(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if err := resultTable(res).WriteMarkdown(w); err != nil {
+		return err
+	}
+	for _, warn := range res.Warnings {
+		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
+	}
+	return nil
+}
+
+func stageTable(s HandoffSummary) *report.Table {
 	t := &report.Table{Columns: []report.Column{{Name: "Stage (ms)"}, {Name: "p50", Align: report.Right}, {Name: "p90", Align: report.Right},
 		{Name: "p99", Align: report.Right}, {Name: "p99.9", Align: report.Right}, {Name: "max", Align: report.Right}, {Name: "mean", Align: report.Right}}}
 	row := func(name string, p report.Percentiles) {
@@ -43,10 +82,11 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	row("transfer", s.TransferMS)
 	row("done -> decode ready", s.CompletionMS)
 	row("handoff (KV ready -> decode ready)", s.HandoffLatencyMS)
-	if err := t.WriteText(w); err != nil {
-		return err
-	}
-	fmt.Fprintln(w)
+	return t
+}
+
+func resultTable(res *HandoffResult) *report.Table {
+	s := res.Summary
 	k := &report.Table{Columns: []report.Column{{Name: "Result"}, {Name: "Value", Align: report.Right}}}
 	k.AddRow("requests ok / failed", fmt.Sprintf("%d / %d", s.Requests-s.Failed, s.Failed))
 	k.AddRow("corrupt blocks", report.Int(int64(s.CorruptBlocks)))
@@ -67,13 +107,7 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	k.AddRow("expired leases (prefill)", report.Int(p.ExpiredLeases))
 	k.AddRow("failed transfers / notifications", fmt.Sprintf("%d / %d", p.FailedTransfers+d.FailedTransfers, p.FailedNotifs+d.FailedNotifs))
 	k.AddRow("unknown-request / malformed messages", fmt.Sprintf("%d / %d", p.UnknownNotifs+d.UnknownNotifs, p.MalformedNotifs+d.MalformedNotifs+p.MalformedControl+d.MalformedControl))
-	if err := k.WriteText(w); err != nil {
-		return err
-	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
-	return nil
+	return k
 }
 
 func islLabel(v any) string {
@@ -107,4 +141,186 @@ func handoffCSV(res *HandoffResult) *report.Table {
 			g(r.TransferMS), g(r.CompletionMS), g(r.HandoffMS), fmt.Sprint(r.CorruptBlocks), r.Error)
 	}
 	return t
+}
+
+func init() {
+	report.RegisterKind(func() report.Result { return new(HandoffResult) }, "bench pull", "bench push", "bench sglang")
+}
+
+// Render implements report.Result.
+func (res *HandoffResult) Render(w io.Writer, f report.Format) error { return WriteHandoff(w, f, res) }
+
+// Metrics implements report.Result. The efficiency ratios are stable
+// (the gate's default); latency metrics carry their stage's histogram,
+// throughput metrics the handoff histogram.
+func (res *HandoffResult) Metrics() []report.Metric {
+	s := res.Summary
+	hand, _ := decodeHist(s.Histogram)
+	var out []report.Metric
+	m := func(key, unit string, v float64, better report.Better, stable bool, dist *report.Histogram) {
+		out = append(out, report.Metric{Key: key, Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
+	}
+	if s.MemcpyGBps > 0 {
+		m("efficiency_vs_memcpy", "ratio", s.EfficiencyMemcpy, report.HigherIsBetter, true, hand)
+	}
+	if s.XferGBps > 0 {
+		m("efficiency_vs_xfer", "ratio", s.EfficiencyXfer, report.HigherIsBetter, true, hand)
+	}
+	m("bandwidth_gbps", "GB/s", s.BandwidthGBps, report.HigherIsBetter, false, hand)
+	m("requests_per_s", "1/s", s.RequestsPerS, report.HigherIsBetter, false, hand)
+	m("transfer_gbps_p50", "GB/s", s.TransferGBps, report.HigherIsBetter, false, nil)
+	pcts := func(key string, p report.Percentiles, dist *report.Histogram) {
+		if p.Count == 0 {
+			return
+		}
+		m(key+".p50", "ms", p.P50, report.LowerIsBetter, false, dist)
+		m(key+".p90", "ms", p.P90, report.LowerIsBetter, false, dist)
+		m(key+".p99", "ms", p.P99, report.LowerIsBetter, false, dist)
+		m(key+".p999", "ms", p.P999, report.LowerIsBetter, false, dist)
+		m(key+".max", "ms", p.Max, report.LowerIsBetter, false, dist)
+	}
+	pcts("handoff_latency_ms", s.HandoffLatencyMS, hand)
+	for _, st := range []struct {
+		key string
+		p   report.Percentiles
+	}{{"transfer_ms", s.TransferMS}, {"post_ms", s.PostMS}, {"finish_to_post_ms", s.FinishToPostMS},
+		{"completion_to_ready_ms", s.CompletionMS}, {"registration_rtt_ms", s.RegRTTMS}} {
+		d, _ := decodeHist(s.StageHistograms[st.key])
+		pcts(st.key, st.p, d)
+	}
+	m("failed", "requests", float64(s.Failed), report.LowerIsBetter, false, nil)
+	m("corrupt_blocks", "blocks", float64(s.CorruptBlocks), report.LowerIsBetter, false, nil)
+	m("leaked_blocks", "blocks", float64(s.LeakedBlocks), report.LowerIsBetter, false, nil)
+	return out
+}
+
+// Figure implements report.Plottable: the handoff latency's histogram and
+// CDF, from the records when loaded, else from the stored histogram.
+func (res *HandoffResult) Figure() (report.Figure, error) {
+	ser := report.LatencySeries{Label: "handoff (KV ready -> decode ready)"}
+	xfer := report.LatencySeries{Label: "transfer (posted -> data in place)"}
+	for _, r := range res.Records {
+		if r.Warmup || r.Error != "" {
+			continue
+		}
+		ser.Values = append(ser.Values, r.HandoffMS)
+		if r.TransferMS > 0 {
+			xfer.Values = append(xfer.Values, r.TransferMS)
+		}
+	}
+	if len(ser.Values) == 0 {
+		var err error
+		if ser.Hist, err = decodeHist(res.Summary.Histogram); err != nil {
+			return report.Figure{}, err
+		}
+		if xfer.Hist, err = decodeHist(res.Summary.StageHistograms["transfer_ms"]); err != nil {
+			return report.Figure{}, err
+		}
+	}
+	title := fmt.Sprintf("bench %s: %s, %s tokens, TP %v -> %v, %d requests", res.Protocol, res.Model, islLabel(res.Config["isl"]),
+		res.Config["prefill_tp"], res.Config["decode_tp"], res.Summary.Requests)
+	series := []report.LatencySeries{ser}
+	if len(xfer.Values) > 0 || (xfer.Hist != nil && xfer.Hist.Count() > 0) {
+		series = append(series, xfer)
+	}
+	return report.LatencyFigure(title, time.Millisecond, series...)
+}
+
+// WriteProm implements report.PromExporter: every measured request that
+// moved data is one transfer (its transfer and post times, bytes and
+// descriptors), and the engines' own counters give the failure and
+// expiry counters. vLLM observes one transfer per NIXL handle, i.e. per
+// TP rank pair; a record sums a request's ranks, so with TP > 1 counts are
+// per request, not per handle.
+func (res *HandoffResult) WriteProm(w io.Writer) error {
+	if len(res.Records) == 0 && res.Summary.Requests > 0 {
+		return fmt.Errorf("-o prom needs the per-request records: run with --records FILE or --save DIR, or show a saved result whose records file is present")
+	}
+	v := report.NewVLLMTransfers(map[string]string{"source": "nixlctl", "command": res.Command, "model_name": res.Model, "backend": res.Backend})
+	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
+	for _, r := range res.Records {
+		if r.Warmup || r.Error != "" || r.TransferMS <= 0 {
+			continue
+		}
+		v.Observe(ms(r.TransferMS), ms(r.PostMS), r.Bytes, r.Descriptors)
+	}
+	p, d := res.Prefill, res.Decode
+	v.FailedTransfers = float64(p.FailedTransfers + d.FailedTransfers)
+	v.FailedNotifs = float64(p.FailedNotifs + d.FailedNotifs)
+	v.ExpiredKV = float64(p.ExpiredLeases)
+	return v.Write(w)
+}
+
+// handoffRecordsHeader is the first line of a records file.
+type handoffRecordsHeader struct {
+	Schema    string    `json:"schema"`
+	Command   string    `json:"command"`
+	Protocol  string    `json:"protocol"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// WriteRecords implements report.RecordsKeeper: a header line, then one
+// JSON line per request.
+func (res *HandoffResult) WriteRecords(w io.Writer) (int, error) {
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(handoffRecordsHeader{Schema: report.RecordsSchema, Command: res.Command, Protocol: res.Protocol, StartedAt: res.StartedAt}); err != nil {
+		return 0, err
+	}
+	for _, r := range res.Records {
+		if err := enc.Encode(r); err != nil {
+			return 0, err
+		}
+	}
+	return len(res.Records), nil
+}
+
+// ReadRecords implements report.RecordsKeeper: it loads a records file of
+// the same command and recomputes the summary from it, keeping what does
+// not come from records (the memcpy and bench xfer references, blocks
+// still held).
+func (res *HandoffResult) ReadRecords(r io.Reader) error {
+	recs, err := ReadHandoffRecords(r, res.Command)
+	if err != nil {
+		return err
+	}
+	old := res.Summary
+	s := SummarizeHandoff(recs, old.MemcpyGBps)
+	s.XferGBps, s.LeakedBlocks = old.XferGBps, old.LeakedBlocks
+	if s.XferGBps > 0 {
+		s.EfficiencyXfer = s.BandwidthGBps / s.XferGBps
+	}
+	res.Records, res.Summary = recs, s
+	return nil
+}
+
+// ReadHandoffRecords reads a records file written by bench pull, push or
+// sglang; command, when set, must match its header.
+func ReadHandoffRecords(r io.Reader, command string) ([]HandoffRecord, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	if !sc.Scan() {
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("records: empty file")
+	}
+	var h handoffRecordsHeader
+	if err := json.Unmarshal(sc.Bytes(), &h); err != nil || h.Schema != report.RecordsSchema {
+		return nil, fmt.Errorf("records: the first line is not a %s header", report.RecordsSchema)
+	}
+	if command != "" && h.Command != command {
+		return nil, fmt.Errorf("records are from %q, the result from %q", h.Command, command)
+	}
+	var recs []HandoffRecord
+	for line := 2; sc.Scan(); line++ {
+		if len(strings.TrimSpace(sc.Text())) == 0 {
+			continue
+		}
+		var rec HandoffRecord
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return nil, fmt.Errorf("records line %d: %v", line, err)
+		}
+		recs = append(recs, rec)
+	}
+	return recs, sc.Err()
 }

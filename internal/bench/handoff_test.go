@@ -75,11 +75,13 @@ func TestHandoffAcrossProcesses(t *testing.T) {
 func TestHandoffOpenLoopPrefixHitScatteredRecords(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
 	o.Inproc, o.Rate, o.PrefixHit, o.Scattered, o.Requests = true, 200, 0.25, true, 12
-	var recs strings.Builder
-	o.Records = &recs
 	res, err := RunHandoff(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var recs strings.Builder
+	if n, err := res.WriteRecords(&recs); err != nil || n != 13 {
+		t.Fatalf("WriteRecords: %d, %v", n, err)
 	}
 	if res.Summary.Failed != 0 || res.Summary.CorruptBlocks != 0 {
 		t.Fatalf("%+v", res.Summary)

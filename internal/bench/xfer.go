@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -49,8 +49,9 @@ type XferOptions struct {
 	Target  TargetSpec
 	Version string
 	Log     *slog.Logger
-	// Progress receives one line per finished sweep point (nil: none).
-	Progress io.Writer
+	// Live receives a Start, then a Point per finished sweep point, and
+	// warnings as they happen (nil: nobody listens).
+	Live live.Sink
 }
 
 // TargetSpec says where the target runs.
@@ -170,6 +171,10 @@ type XferPoint struct {
 	Consistency     string             `json:"consistency,omitempty"`
 	Transport       string             `json:"transport,omitempty"`
 	Histogram       string             `json:"latency_histogram,omitempty"`
+	// Stage histograms (same encoding): vLLM's transfer and post times
+	// for -o prom, and whoever wants to merge them later.
+	TxHistogram   string `json:"tx_histogram,omitempty"`
+	PostHistogram string `json:"post_histogram,omitempty"`
 }
 
 type xferRun struct {
@@ -205,6 +210,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 		NumIter: o.NumIter, WarmupIter: o.WarmupIter, PipelineDepth: o.PipelineDepth, TotalBufferSize: size,
 		DRAMAlloc: o.DRAMAlloc, CheckConsistency: o.CheckConsistency, RecreateXfer: o.RecreateXfer,
 		DescOrder: map[bool]string{false: "sequential", true: "random"}[o.RandomOrder], Notif: o.Notif, Shape: o.Shape}
+	live.Emit(o.Live, live.Phase{Text: "setting up the target"})
 	r, err := setupXfer(ctx, &o, res, size)
 	if err != nil {
 		return nil, err
@@ -214,6 +220,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	res.Env.Transport = r.transp
 	if strings.Contains(r.transp, "tcp") && strings.Contains(r.transp, "rma: emulated") {
 		res.Warn("TCP fallback: RMA runs as software emulation over TCP active messages; expect a fraction of shared-memory or RDMA bandwidth")
+		live.Emit(o.Live, live.Warning{Text: "TCP fallback: RMA emulated over TCP"})
 	}
 	var points [][2]int
 	for b := o.StartBlock; b <= o.MaxBlock; b *= 2 {
@@ -221,6 +228,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			points = append(points, [2]int{b, n}) // descriptors wrap around a smaller buffer
 		}
 	}
+	live.Emit(o.Live, live.Start{Title: "bench xfer " + res.Config.Op, Total: len(points), Unit: "points"})
+	live.Emit(o.Live, live.Phase{Text: "sweeping"})
 	for i, pt := range points {
 		if ctx.Err() != nil {
 			break
@@ -233,13 +242,13 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			return res, err
 		}
 		res.Points = append(res.Points, p)
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "[%d/%d] %s %s x %d: %s, p99 %s\n", i+1, len(points), res.Config.Op,
-				report.Bytes(int64(p.BlockSize)), p.BatchSize, report.GBps(p.BandwidthGBps*1e9),
-				report.Duration(time.Duration(p.LatencyUS.P99*1e3)))
-		}
-		if strings.HasPrefix(p.Consistency, "FAILED") {
-			res.Warn(fmt.Sprintf("consistency check failed at block %d batch %d: %s", p.BlockSize, p.BatchSize, p.Consistency))
+		failed := strings.HasPrefix(p.Consistency, "FAILED")
+		live.Emit(o.Live, live.Point{Label: p.Series(), Bytes: p.Bytes, Elapsed: time.Duration(p.Seconds * 1e9),
+			Requests: p.Iterations, P50: time.Duration(p.LatencyUS.P50 * 1e3), P99: time.Duration(p.LatencyUS.P99 * 1e3), OK: !failed})
+		if failed {
+			w := fmt.Sprintf("consistency check failed at block %d batch %d: %s", p.BlockSize, p.BatchSize, p.Consistency)
+			res.Warn(w)
+			live.Emit(o.Live, live.Warning{Text: w})
 		}
 	}
 	res.Finish()
@@ -598,6 +607,8 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 		DescriptorsPerS: float64(iters*batch) / elapsed.Seconds()}
 	p.PostNSPerDesc = p.PostUS.Mean * 1e3 / float64(batch)
 	p.Histogram, _ = lat.Encode()
+	p.TxHistogram, _ = tx.Encode()
+	p.PostHistogram, _ = post.Encode()
 	ref, err := r.reference(block, slotOffs[0], elapsed)
 	if err != nil {
 		return XferPoint{}, fmt.Errorf("reference copy (%s): %w", r.ref, err)

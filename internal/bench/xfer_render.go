@@ -18,6 +18,10 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 		return report.WriteJSON(w, res)
 	case report.FormatCSV:
 		return xferCSV(res).WriteCSV(w)
+	case report.FormatProm:
+		return res.WriteProm(w)
+	case report.FormatMarkdown:
+		return xferMarkdown(w, res)
 	}
 	c := res.Config
 	fmt.Fprintf(w, "bench xfer: %s %s->%s over %s (%s), target %s, initiator buffer %s, target buffer %s, %s\n",
@@ -113,4 +117,110 @@ func xferCSV(res *XferResult) *report.Table {
 			g(p.LatencyUS.Max), g(p.DescriptorsPerS), g(p.PostNSPerDesc), g(p.MemcpyGBps), g(p.Efficiency), p.Consistency, res.Config.Reference)
 	}
 	return t
+}
+
+func xferMarkdown(w io.Writer, res *XferResult) error {
+	c := res.Config
+	fmt.Fprintf(w, "**bench xfer** %s %s->%s over %s (%s), target %s\n\n", c.Op, c.InitiatorSeg, c.TargetSeg, res.Env.Backend,
+		res.Env.BackendVersion, c.Target)
+	if err := xferTable(res).WriteMarkdown(w); err != nil {
+		return err
+	}
+	for _, warn := range res.Warnings {
+		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
+	}
+	return nil
+}
+
+func init() {
+	report.RegisterKind(func() report.Result { return new(XferResult) }, "bench xfer")
+}
+
+// Render implements report.Result.
+func (res *XferResult) Render(w io.Writer, f report.Format) error { return WriteXfer(w, f, res) }
+
+// Series names the point in metrics and plots: "WRITE 4 KiB x 1".
+func (p XferPoint) Series() string {
+	return fmt.Sprintf("%s %s x %d", p.Op, report.Bytes(int64(p.BlockSize)), p.BatchSize)
+}
+
+// Metrics implements report.Result: per point, the efficiency against
+// memcpy (stable across machines, the gate's default), bandwidth and the
+// request latency percentiles, each tied to the point's latency histogram.
+func (res *XferResult) Metrics() []report.Metric {
+	var out []report.Metric
+	for _, p := range res.Points {
+		dist, _ := decodeHist(p.Histogram)
+		m := func(key, unit string, v float64, better report.Better, stable bool) {
+			out = append(out, report.Metric{Key: key, Series: p.Series(), Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
+		}
+		if p.MemcpyGBps > 0 {
+			m("efficiency", "ratio", p.Efficiency, report.HigherIsBetter, true)
+		}
+		m("bandwidth_gbps", "GB/s", p.BandwidthGBps, report.HigherIsBetter, false)
+		m("latency_us.p50", "µs", p.LatencyUS.P50, report.LowerIsBetter, false)
+		m("latency_us.p90", "µs", p.LatencyUS.P90, report.LowerIsBetter, false)
+		m("latency_us.p99", "µs", p.LatencyUS.P99, report.LowerIsBetter, false)
+		m("latency_us.p999", "µs", p.LatencyUS.P999, report.LowerIsBetter, false)
+		m("latency_us.max", "µs", p.LatencyUS.Max, report.LowerIsBetter, false)
+		m("descriptors_per_s", "1/s", p.DescriptorsPerS, report.HigherIsBetter, false)
+		m("post_ns_per_desc", "ns", p.PostNSPerDesc, report.LowerIsBetter, false)
+		out = append(out, report.Metric{Key: "memcpy_gbps", Series: p.Series(), Value: p.MemcpyGBps, Unit: "GB/s", Better: report.HigherIsBetter})
+	}
+	return out
+}
+
+// decodeHist decodes an encoded histogram; an empty string is no
+// histogram (results from before histograms were kept).
+func decodeHist(s string) (*report.Histogram, error) {
+	if s == "" {
+		return nil, nil
+	}
+	return report.DecodeHistogram(s)
+}
+
+// Figure implements report.Plottable: bandwidth and p99 latency against
+// block size, one line per batch size.
+func (res *XferResult) Figure() (report.Figure, error) {
+	var pts []report.SweepPoint
+	for _, p := range res.Points {
+		pts = append(pts, report.SweepPoint{Block: p.BlockSize, Batch: p.BatchSize, GBps: p.BandwidthGBps,
+			P50US: p.LatencyUS.P50, P99US: p.LatencyUS.P99, EfficiencyPct: p.Efficiency * 100})
+	}
+	title := fmt.Sprintf("bench xfer %s %s->%s over %s", res.Config.Op, res.Config.InitiatorSeg, res.Config.TargetSeg, res.Env.Backend)
+	if res.Env.Transport != "" {
+		title += " (" + shortTransport(res.Env.Transport) + ")"
+	}
+	return report.SweepFigure(title, pts)
+}
+
+// shortTransport keeps a plot title to one line.
+func shortTransport(t string) string {
+	if len(t) > 40 {
+		return t[:40] + "…"
+	}
+	return t
+}
+
+// WriteProm implements report.PromExporter: every timed request of every
+// point as one vLLM transfer (its tx and post times from the point's
+// histograms; bytes block x batch; descriptors batch). A failed transfer
+// ends a sweep with an error, so the failure counters stay 0.
+func (res *XferResult) WriteProm(w io.Writer) error {
+	v := report.NewVLLMTransfers(map[string]string{"source": "nixlctl", "command": res.Command, "backend": res.Env.Backend})
+	for _, p := range res.Points {
+		tx, err := decodeHist(p.TxHistogram)
+		if err != nil {
+			return err
+		}
+		post, err := decodeHist(p.PostHistogram)
+		if err != nil {
+			return err
+		}
+		if tx == nil || post == nil {
+			return fmt.Errorf("point %s has no tx/post histograms (a result from an older nixlctl): cannot write prom", p.Series())
+		}
+		v.ObserveHistograms(tx, post, int64(p.BlockSize)*int64(p.BatchSize), p.BatchSize)
+	}
+	return v.Write(w)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
@@ -101,7 +102,8 @@ func TestRunXferInprocWithNotifsAndRecreate(t *testing.T) {
 	}
 }
 
-// cancelOnWrite cancels a context at the first progress line.
+// cancelOnWrite cancels a context at the first progress line (bench ec's
+// test still reports progress through an io.Writer).
 type cancelOnWrite struct{ cancel func() }
 
 func (c cancelOnWrite) Write(p []byte) (int, error) { c.cancel(); return len(p), nil }
@@ -110,7 +112,11 @@ func TestRunXferInterrupted(t *testing.T) {
 	o := smallXfer(nixl.Write)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	o.Progress = cancelOnWrite{cancel}
+	o.Live = live.Func(func(e live.Event) { // cancel once the first point is in
+		if _, ok := e.(live.Point); ok {
+			cancel()
+		}
+	})
 	res, err := RunXfer(ctx, o)
 	if err == nil || res == nil || !res.Interrupted || len(res.Points) != 1 {
 		t.Fatalf("interrupted after the first point: err %v, result %+v", err, res)
