@@ -33,11 +33,14 @@ type ioStreams struct {
 	In        io.Reader
 	Out       io.Writer
 	ErrOut    io.Writer
+	StdinTTY  bool
 	StdoutTTY bool
+	StderrTTY bool
 }
 
 func systemStreams() *ioStreams {
-	return &ioStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr, StdoutTTY: term.IsTerminal(int(os.Stdout.Fd()))}
+	return &ioStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr, StdinTTY: term.IsTerminal(int(os.Stdin.Fd())),
+		StdoutTTY: term.IsTerminal(int(os.Stdout.Fd())), StderrTTY: term.IsTerminal(int(os.Stderr.Fd()))}
 }
 
 // app carries what every command needs once the global flags are resolved.
@@ -45,6 +48,10 @@ type app struct {
 	io     *ioStreams
 	format report.Format
 	log    *slog.Logger
+	args   []string // the command line after "nixlctl", recorded in results
+	// interrupt stops the running command as the first Ctrl-C does (the
+	// TUI calls it: in raw mode Ctrl-C is a key press, not a signal).
+	interrupt func()
 }
 
 // Main runs nixlctl with os.Args and returns the exit code.
@@ -83,7 +90,8 @@ type errInterrupted struct{ sig os.Signal }
 func (e errInterrupted) Error() string { return "interrupted by " + e.sig.String() }
 
 func run(ctx context.Context, ios *ioStreams, args []string) int {
-	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(ios.ErrOut, nil))}
+	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(ios.ErrOut, nil)), args: args,
+		interrupt: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGINT) }}
 	root := newRootCmd(a)
 	root.SetArgs(args)
 	root.SetIn(ios.In)

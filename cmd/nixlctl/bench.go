@@ -10,6 +10,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -55,6 +56,7 @@ type benchXferOptions struct {
 	Tokens           int    `mapstructure:"tokens"`
 	TP               int    `mapstructure:"tp"`
 	KVBlockSize      int    `mapstructure:"kv-block-size"`
+	measureOptions   `mapstructure:",squash"`
 }
 
 const benchXferLong = `A nixlbench-compatible transfer sweep: for each block size from
@@ -155,6 +157,7 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f.Int("tokens", 4096, "tokens per request for --model")
 	f.Int("tp", 1, "tensor-parallel size for --model")
 	f.Int("kv-block-size", 16, "KV block size in tokens for --model")
+	addMeasureFlags(cmd, false)
 	return cmd
 }
 
@@ -188,7 +191,7 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		StartBatch: o.StartBatch, MaxBatch: o.MaxBatch, NumIter: o.NumIter, WarmupIter: o.WarmupIter,
 		LargeBlkIterFtr: o.LargeBlkIterFtr, PipelineDepth: o.PipelineDepth, CheckConsistency: o.CheckConsistency,
 		DRAMAlloc: o.DRAMAlloc, HugePages: o.HugePages, RecreateXfer: o.RecreateXfer, Notif: o.Notif,
-		Target: bench.TargetSpec{Inproc: o.Inproc, Addr: o.Target}, Version: version, Log: a.log, Progress: a.io.ErrOut}
+		Target: bench.TargetSpec{Inproc: o.Inproc, Addr: o.Target}, Version: version, Log: a.log}
 	if x.StartBlock, err = size("start-block-size", o.StartBlock); err != nil {
 		return err
 	}
@@ -232,9 +235,21 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 	if err := checkBackendName(o.Backend); err != nil {
 		return err
 	}
-	res, runErr := bench.RunXfer(ctx, x)
+	if err := o.measureOptions.validate(); err != nil {
+		return err
+	}
+	var res *bench.XferResult
+	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		x.Live = sink
+		var err error
+		res, err = bench.RunXfer(ctx, x)
+		if res == nil {
+			return nil, err
+		}
+		return res, err
+	})
 	if res != nil {
-		if err := bench.WriteXfer(a.io.Out, a.format, res); err != nil {
+		if err := a.render(res); err != nil {
 			return err
 		}
 		for _, p := range res.Points {

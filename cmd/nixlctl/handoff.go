@@ -15,49 +15,51 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
 )
 
 type handoffOptions struct {
-	Backend       string        `mapstructure:"backend"`
-	Model         string        `mapstructure:"model"`
-	ModelConfig   string        `mapstructure:"model-config"`
-	KVDType       string        `mapstructure:"kv-dtype"`
-	BlockSize     int           `mapstructure:"block-size"`
-	Layout        string        `mapstructure:"layout"`
-	KVCacheLayout string        `mapstructure:"kv-cache-layout"`
-	PrefillTP     int           `mapstructure:"prefill-tp"`
-	DecodeTP      int           `mapstructure:"decode-tp"`
-	Requests      int           `mapstructure:"requests"`
-	Warmup        int           `mapstructure:"warmup"`
-	ISL           int           `mapstructure:"isl"`
-	ISLDist       string        `mapstructure:"isl-dist"`
-	ISLMin        int           `mapstructure:"isl-min"`
-	ISLMax        int           `mapstructure:"isl-max"`
-	ISLMean       float64       `mapstructure:"isl-mean"`
-	ISLStd        float64       `mapstructure:"isl-std"`
-	Trace         string        `mapstructure:"trace"`
-	Rate          float64       `mapstructure:"rate"`
-	Concurrency   int           `mapstructure:"concurrency"`
-	PrefixHit     float64       `mapstructure:"prefix-hit"`
-	Fragmentation string        `mapstructure:"fragmentation"`
-	NoMerge       bool          `mapstructure:"no-merge"`
-	NumBlocks     int           `mapstructure:"num-blocks"`
-	PrefillTime   time.Duration `mapstructure:"prefill-time"`
-	Lease         time.Duration `mapstructure:"kv-lease-duration"`
-	RegTimeout    time.Duration `mapstructure:"registration-timeout"`
-	ChunkTokens   int           `mapstructure:"chunk-tokens"`
-	Verify        string        `mapstructure:"verify"`
-	DRAMAlloc     string        `mapstructure:"dram-alloc"`
-	Mem           string        `mapstructure:"mem"`
-	Device        int           `mapstructure:"device"`
-	DecodeDevice  int           `mapstructure:"decode-device"`
-	XferRef       bool          `mapstructure:"xfer-reference"`
-	Inproc        bool          `mapstructure:"inproc"`
-	Prefill       string        `mapstructure:"prefill"`
-	Decode        string        `mapstructure:"decode"`
-	Records       string        `mapstructure:"records"`
-	Seed          uint64        `mapstructure:"seed"`
+	Backend        string        `mapstructure:"backend"`
+	Model          string        `mapstructure:"model"`
+	ModelConfig    string        `mapstructure:"model-config"`
+	KVDType        string        `mapstructure:"kv-dtype"`
+	BlockSize      int           `mapstructure:"block-size"`
+	Layout         string        `mapstructure:"layout"`
+	KVCacheLayout  string        `mapstructure:"kv-cache-layout"`
+	PrefillTP      int           `mapstructure:"prefill-tp"`
+	DecodeTP       int           `mapstructure:"decode-tp"`
+	Requests       int           `mapstructure:"requests"`
+	Warmup         int           `mapstructure:"warmup"`
+	ISL            int           `mapstructure:"isl"`
+	ISLDist        string        `mapstructure:"isl-dist"`
+	ISLMin         int           `mapstructure:"isl-min"`
+	ISLMax         int           `mapstructure:"isl-max"`
+	ISLMean        float64       `mapstructure:"isl-mean"`
+	ISLStd         float64       `mapstructure:"isl-std"`
+	Trace          string        `mapstructure:"trace"`
+	Rate           float64       `mapstructure:"rate"`
+	Concurrency    int           `mapstructure:"concurrency"`
+	PrefixHit      float64       `mapstructure:"prefix-hit"`
+	Fragmentation  string        `mapstructure:"fragmentation"`
+	NoMerge        bool          `mapstructure:"no-merge"`
+	NumBlocks      int           `mapstructure:"num-blocks"`
+	PrefillTime    time.Duration `mapstructure:"prefill-time"`
+	Lease          time.Duration `mapstructure:"kv-lease-duration"`
+	RegTimeout     time.Duration `mapstructure:"registration-timeout"`
+	ChunkTokens    int           `mapstructure:"chunk-tokens"`
+	Verify         string        `mapstructure:"verify"`
+	DRAMAlloc      string        `mapstructure:"dram-alloc"`
+	Mem            string        `mapstructure:"mem"`
+	Device         int           `mapstructure:"device"`
+	DecodeDevice   int           `mapstructure:"decode-device"`
+	XferRef        bool          `mapstructure:"xfer-reference"`
+	Inproc         bool          `mapstructure:"inproc"`
+	Prefill        string        `mapstructure:"prefill"`
+	Decode         string        `mapstructure:"decode"`
+	Seed           uint64        `mapstructure:"seed"`
+	measureOptions `mapstructure:",squash"`
 }
 
 var protocolHelp = map[string]string{
@@ -176,8 +178,8 @@ func newHandoffCmd(a *app, proto string) *cobra.Command {
 	f.Bool("inproc", false, "run both endpoints in this process")
 	f.String("prefill", "", "use a prefill endpoint started with serve prefill --listen (host:port)")
 	f.String("decode", "", "use a decode endpoint started with serve decode --listen (host:port)")
-	f.String("records", "", "write one JSON line per request to this file")
 	f.Uint64("seed", 1, "random seed (prompt lengths, arrivals, block placement)")
+	addMeasureFlags(cmd, true)
 	return cmd
 }
 
@@ -197,7 +199,7 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 		ISL:  bench.ISL{Dist: o.ISLDist, Fixed: o.ISL, Min: o.ISLMin, Max: o.ISLMax, Mean: o.ISLMean, Std: o.ISLStd},
 		Rate: o.Rate, Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Merge: !o.NoMerge, NumBlocks: o.NumBlocks,
 		PrefillPerTok: o.PrefillTime, Lease: o.Lease, RegTimeout: o.RegTimeout, ChunkTokens: o.ChunkTokens, DRAMAlloc: o.DRAMAlloc,
-		XferRef: o.XferRef, Inproc: o.Inproc, Prefill: o.Prefill, Decode: o.Decode, Version: version, Seed: o.Seed, Log: a.log, Progress: a.io.ErrOut}
+		XferRef: o.XferRef, Inproc: o.Inproc, Prefill: o.Prefill, Decode: o.Decode, Version: version, Seed: o.Seed, Log: a.log}
 	switch o.Fragmentation {
 	case "contiguous":
 	case "scattered":
@@ -238,19 +240,23 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 	if err := checkBackendName(o.Backend); err != nil {
 		return err
 	}
-	var recf io.WriteCloser
-	if o.Records != "" {
-		if recf, err = os.Create(o.Records); err != nil {
-			return errkind.BadInputf("--records: %v", err)
-		}
-		defer recf.Close()
-		h.Records = recf
+	if err := o.measureOptions.validate(); err != nil {
+		return err
 	}
-	res, runErr := bench.RunHandoff(ctx, h)
+	var res *bench.HandoffResult
+	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		h.Live = sink
+		var err error
+		res, err = bench.RunHandoff(ctx, h)
+		if res == nil {
+			return nil, err
+		}
+		return res, err
+	})
 	if res == nil {
 		return runErr
 	}
-	if err := bench.WriteHandoff(a.io.Out, a.format, res); err != nil {
+	if err := a.render(res); err != nil {
 		return err
 	}
 	if runErr != nil {

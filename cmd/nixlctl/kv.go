@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -204,5 +205,11 @@ func runKVLayout(_ context.Context, a *app, o kvLayoutOptions) error {
 		}
 		out = append(out, an)
 	}
-	return report.WriteKVLayout(a.io.Out, a.format, out)
+	if err := report.WriteKVLayout(a.io.Out, a.format, out); err != nil {
+		if errors.Is(err, report.ErrFormat) {
+			return errkind.BadInput(err)
+		}
+		return err
+	}
+	return nil
 }

@@ -54,11 +54,11 @@ func newRootCmd(a *app) *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return errkind.BadInput(err) })
 	pf := root.PersistentFlags()
-	pf.StringP("output", "o", "", "output format: table, json or csv (default: table on a terminal, json otherwise)")
+	pf.StringP("output", "o", "", "output format: table, json, csv, markdown or prom (default: table on a terminal, json otherwise)")
 	pf.String("log-level", "warn", "log level on stderr: debug, info, warn or error")
 	pf.String("config", "", "config file (default: ./nixlctl.yaml if present, or $NIXLCTL_CONFIG)")
 
-	root.AddCommand(newKVCmd(a), newBenchCmd(a), newServeCmd(a), newVersionCmd(a))
+	root.AddCommand(newKVCmd(a), newBenchCmd(a), newReportCmd(a), newGateCmd(a), newServeCmd(a), newVersionCmd(a))
 	return root
 }
 

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+type gateOptions struct {
+	Baseline      string   `mapstructure:"baseline"`
+	Results       []string `mapstructure:"result"`
+	MaxRegression string   `mapstructure:"max-regression"`
+	Metrics       []string `mapstructure:"metric"`
+	Repeat        int      `mapstructure:"repeat"`
+}
+
+const gateLong = `Compare a result with a baseline and fail on a regression, for CI.
+
+By default the gate compares the efficiency ratios (bench xfer: efficiency per
+sweep point; bench pull|push|sglang: efficiency_vs_memcpy and, when measured,
+efficiency_vs_xfer): each is measured against a reference taken in the same run
+on the same machine, so it carries across machines and noisy neighbours.
+Absolute numbers only when named: --metric bandwidth_gbps, --metric
+handoff_latency_ms.p99, --metric latency_us.p99 (a key selects it at every sweep
+point; "key[WRITE 4 KiB x 1]" one point).
+
+Each metric's verdict: pass (within --max-regression), improvement, noise (worse
+by more than allowed, but the latency histograms behind it are not shifted
+towards slower by a Mann-Whitney U test, p < 0.01 with Cliff's |delta| >= 0.147,
+or the baseline lies within the range of three or more runs), or regression.
+
+Runs: --result FILE|DIR (repeatable) takes the median of those results; without
+--result, --repeat N runs the command recorded in the baseline (its "args")
+N times with this nixlctl and takes the median.
+
+The Markdown summary goes to stdout (-o markdown or table) and is appended to
+$GITHUB_STEP_SUMMARY when that is set. Exit codes: 0 pass, 1 regression,
+2 usage error (bad flags, unreadable or mismatched files).`
+
+func newGateCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "gate --baseline FILE (--result FILE... | --repeat N)",
+		Short: "Fail CI on a performance regression against a baseline",
+		Long:  gateLong,
+		Example: `  nixlctl gate --baseline ci/baseline-push/ --result run/
+  nixlctl gate --baseline base.json --result a.json --result b.json --result c.json --max-regression 3%
+  nixlctl gate --baseline base.json --repeat 3 --metric efficiency --metric latency_us.p99`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o gateOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runGate(cmd.Context(), a, o)
+		},
+	}
+	f := cmd.Flags()
+	f.String("baseline", "", "the baseline result (file or --save directory)")
+	f.StringArray("result", nil, "a result to judge (repeatable: the median is judged)")
+	f.String("max-regression", "5%", "allowed change in the worse direction: 5% or 0.05")
+	f.StringArray("metric", nil, "gate on this metric key instead of the efficiency ratios (repeatable)")
+	f.Int("repeat", 0, "without --result: run the baseline's command this many times")
+	return cmd
+}
+
+// parseFraction reads "5%" or "0.05".
+func parseFraction(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	pct := strings.HasSuffix(t, "%")
+	v, err := strconv.ParseFloat(strings.TrimSuffix(t, "%"), 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("--max-regression %q: want a percentage like 5%% or a fraction like 0.05", s)
+	}
+	if pct {
+		v /= 100
+	}
+	return v, nil
+}
+
+func runGate(ctx context.Context, a *app, o gateOptions) error {
+	if o.Baseline == "" {
+		return errkind.BadInputf("--baseline is required")
+	}
+	maxReg, err := parseFraction(o.MaxRegression)
+	if err != nil {
+		return errkind.BadInput(err)
+	}
+	switch {
+	case len(o.Results) > 0 && o.Repeat > 0:
+		return errkind.BadInputf("use --result or --repeat, not both")
+	case len(o.Results) == 0 && o.Repeat <= 0:
+		return errkind.BadInputf("give --result FILE (repeatable) or --repeat N")
+	}
+	base, err := loadResult(o.Baseline)
+	if err != nil {
+		return err
+	}
+	var runs []report.Result
+	for _, p := range o.Results {
+		l, err := loadResult(p)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, l.Result)
+	}
+	for i := 0; i < o.Repeat; i++ {
+		r, err := rerun(ctx, a, base.Result.Header(), i+1, o.Repeat)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics})
+	if err != nil {
+		return errkind.BadInput(err)
+	}
+	var md bytes.Buffer
+	if err := g.WriteMarkdown(&md); err != nil {
+		return err
+	}
+	if path := os.Getenv("GITHUB_STEP_SUMMARY"); path != "" {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = f.Write(append(md.Bytes(), '\n'))
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			a.log.Warn("GITHUB_STEP_SUMMARY", "err", err)
+		}
+	}
+	switch a.format {
+	case report.FormatJSON:
+		err = report.WriteJSON(a.io.Out, g)
+	case report.FormatCSV:
+		err = g.Table().WriteCSV(a.io.Out)
+	case report.FormatTable:
+		if _, err = fmt.Fprintln(a.io.Out, g.Headline()); err == nil {
+			err = g.Table().WriteText(a.io.Out)
+		}
+	case report.FormatMarkdown:
+		_, err = a.io.Out.Write(md.Bytes())
+	default:
+		return errkind.BadInput(report.FormatError("gate", a.format))
+	}
+	if err != nil {
+		return err
+	}
+	if !g.Passed {
+		n := 0
+		for _, r := range g.Rows {
+			if r.Verdict == report.Regression {
+				n++
+			}
+		}
+		return errkind.CheckFailedf("%d metric(s) regressed beyond %s", n, o.MaxRegression)
+	}
+	return nil
+}
+
+// flagsNotRerun are the baseline's flags a re-run drops: where it wrote
+// its output, and how it showed progress. Those with a value take it.
+var flagsNotRerun = map[string]bool{"output": true, "o": true, "save": true, "plot": true, "records": true, "tui": false}
+
+// rerunArgs removes flagsNotRerun from args (in any of the forms --f v,
+// --f=v, -o v, -ov) and asks for JSON without a terminal view.
+func rerunArgs(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		name, hasValue := "", false
+		switch {
+		case strings.HasPrefix(arg, "--"):
+			name, _, hasValue = strings.Cut(arg[2:], "=")
+		case strings.HasPrefix(arg, "-o"):
+			name, hasValue = "o", len(arg) > 2
+		default:
+			out = append(out, arg)
+			continue
+		}
+		takesValue, drop := flagsNotRerun[name]
+		if !drop {
+			out = append(out, arg)
+			continue
+		}
+		if takesValue && !hasValue {
+			i++ // skip the value
+		}
+	}
+	return append(out, "-o", "json", "--tui=off")
+}
+
+// rerun runs the baseline's command again with this nixlctl.
+func rerun(ctx context.Context, a *app, base *report.Meta, i, n int) (report.Result, error) {
+	if len(base.Args) == 0 {
+		return nil, errkind.BadInputf("--repeat: the baseline does not record its command line (an older result); run it yourself and pass --result")
+	}
+	exe, err := bench.SelfExe()
+	if err != nil {
+		return nil, err
+	}
+	args := rerunArgs(base.Args)
+	fmt.Fprintf(a.io.ErrOut, "gate: run %d/%d: nixlctl %s\n", i, n, strings.Join(args, " "))
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, a.io.ErrOut
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("gate: run %d of %q failed: %w", i, strings.Join(args, " "), err)
+	}
+	r, err := report.DecodeResult(out.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("gate: run %d: %w", i, err)
+	}
+	return r, nil
+}

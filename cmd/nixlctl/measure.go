@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/plots"
+	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/tui"
+)
+
+// tuiDelay is how long a run goes before the automatic TUI appears:
+// short runs just print their result.
+const tuiDelay = 3 * time.Second
+
+// measureOptions are the flags every measuring command shares.
+type measureOptions struct {
+	TUI     string `mapstructure:"tui"`
+	Plot    string `mapstructure:"plot"`
+	Save    string `mapstructure:"save"`
+	Records string `mapstructure:"records"`
+}
+
+// addMeasureFlags declares --tui, --plot, --save and, for commands that
+// keep per-request records, --records.
+func addMeasureFlags(cmd *cobra.Command, records bool) {
+	f := cmd.Flags()
+	f.String("tui", "auto", "live terminal view: auto (when stdin and stdout are terminals, once the run passes 3 s), on, off; --tui alone means on")
+	f.Lookup("tui").NoOptDefVal = "on"
+	f.String("plot", "", "draw the result into this .png or .svg file")
+	f.String("save", "", "keep result.json, records.jsonl and manifest.json in this directory (see nixlctl report show)")
+	if records {
+		f.String("records", "", "write one JSON line per request to this file (a header line first)")
+	}
+}
+
+func (o *measureOptions) validate() error {
+	switch strings.ToLower(o.TUI) {
+	case "auto", "":
+		o.TUI = "auto"
+	case "on", "true", "1":
+		o.TUI = "on"
+	case "off", "false", "0":
+		o.TUI = "off"
+	default:
+		return errkind.BadInputf("--tui %q: want auto, on or off", o.TUI)
+	}
+	if o.Plot != "" {
+		if _, err := plots.FormatOf(o.Plot); err != nil {
+			return errkind.BadInput(err)
+		}
+	}
+	return nil
+}
+
+// runner is a measuring command's run: it reports progress to sink and
+// returns its result (nil when nothing was measured) and error.
+type runner func(ctx context.Context, sink live.Sink) (report.Result, error)
+
+// measure runs a measuring command with a live display: the TUI when stdin
+// and stdout are terminals and --tui allows it, else the progress bar on
+// stderr. It then records the command line in the result and writes the
+// records, the saved directory and the plot that were asked for; the
+// caller renders the result to stdout.
+func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (report.Result, error) {
+	useTUI := mo.TUI != "off" && a.io.StdinTTY && a.io.StdoutTTY
+	if mo.TUI == "on" && !useTUI {
+		a.log.Info("--tui needs stdin and stdout to be terminals; showing progress on stderr instead")
+	}
+	var res report.Result
+	var err error
+	if useTUI {
+		delay := tuiDelay
+		if mo.TUI == "on" {
+			delay = 0
+		}
+		res, err = a.withTUI(ctx, delay, run)
+	} else {
+		p := live.NewProgress(a.io.ErrOut, a.io.StderrTTY)
+		res, err = run(ctx, p)
+		p.Close()
+	}
+	if res == nil {
+		return nil, err
+	}
+	if ferr := a.keep(res, mo); ferr != nil {
+		return res, errors.Join(err, ferr)
+	}
+	return res, err
+}
+
+// withTUI runs with the terminal UI, started after delay if the run is
+// still going. A second Ctrl-C in the UI re-sends the interrupt, which the
+// signal handler turns into exit 130 once the terminal is restored.
+func (a *app) withTUI(ctx context.Context, delay time.Duration, run runner) (report.Result, error) {
+	stats := live.NewStats(nil)
+	type outcome struct {
+		res report.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		r, err := run(ctx, stats)
+		done <- outcome{r, err}
+	}()
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-timer.C:
+	}
+	p := tea.NewProgram(tui.New(stats, a.interrupt), tea.WithInput(a.io.In), tea.WithOutput(a.io.Out), tea.WithoutSignalHandler())
+	ui := make(chan tea.Model, 1)
+	go func() {
+		m, err := p.Run()
+		if err != nil {
+			a.log.Warn("terminal view", "err", err)
+		}
+		ui <- m
+	}()
+	var o outcome
+	select {
+	case o = <-done:
+		p.Send(tui.DoneMsg{})
+		m := <-ui
+		if mm, ok := m.(tui.Model); ok && mm.Aborted {
+			a.interrupt()
+		}
+	case m := <-ui: // the view quit first: a second Ctrl-C
+		if mm, ok := m.(tui.Model); ok && mm.Aborted {
+			a.interrupt()
+		}
+		o = <-done
+	}
+	return o.res, o.err
+}
+
+// keep records the command line, then writes --records, --save and --plot.
+func (a *app) keep(res report.Result, mo measureOptions) error {
+	h := res.Header()
+	h.Args = a.args
+	if mo.Records != "" {
+		rk, ok := res.(report.RecordsKeeper)
+		if !ok {
+			return fmt.Errorf("%s keeps no per-request records", h.Command)
+		}
+		f, err := os.Create(mo.Records)
+		if err != nil {
+			return errkind.BadInputf("--records: %v", err)
+		}
+		sum := sha256.New()
+		n, err := rk.WriteRecords(io.MultiWriter(f, sum))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("--records %s: %w", mo.Records, err)
+		}
+		h.RecordsFile = &report.RecordsRef{Path: mo.Records, Schema: report.RecordsSchema, Count: n, SHA256: hex.EncodeToString(sum.Sum(nil))}
+	}
+	if mo.Save != "" {
+		if err := os.MkdirAll(mo.Save, 0o755); err != nil {
+			return fmt.Errorf("--save: %w", err)
+		}
+	}
+	if mo.Plot != "" {
+		pl, ok := res.(report.Plottable)
+		if !ok {
+			return fmt.Errorf("--plot: %s has nothing to plot", h.Command)
+		}
+		fig, err := pl.Figure()
+		if err == nil {
+			err = plots.Save(mo.Plot, fig)
+		}
+		if err != nil {
+			return fmt.Errorf("--plot %s: %w", mo.Plot, err)
+		}
+	}
+	if mo.Save != "" {
+		var extra []string
+		if mo.Plot != "" && filepath.Dir(mo.Plot) == filepath.Clean(mo.Save) {
+			extra = append(extra, filepath.Base(mo.Plot))
+		}
+		given := h.RecordsFile
+		if _, err := report.Save(mo.Save, res, extra...); err != nil {
+			return fmt.Errorf("--save %s: %w", mo.Save, err)
+		}
+		// What stdout shows is read from here, not from inside DIR.
+		switch {
+		case given != nil:
+			h.RecordsFile = given
+		case h.RecordsFile != nil:
+			h.RecordsFile.Path = filepath.Join(mo.Save, h.RecordsFile.Path)
+		}
+	}
+	return nil
+}
+
+// render writes res to stdout in the chosen format; a format the kind
+// cannot write is bad input.
+func (a *app) render(res report.Result) error {
+	err := res.Render(a.io.Out, a.format)
+	if errors.Is(err, report.ErrFormat) {
+		return errkind.BadInput(err)
+	}
+	return err
+}
