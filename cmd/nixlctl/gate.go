@@ -34,10 +34,12 @@ Absolute numbers only when named: --metric bandwidth_gbps, --metric
 handoff_latency_ms.p99, --metric latency_us.p99 (a key selects it at every sweep
 point; "key[WRITE 4 KiB x 1]" one point).
 
-Each metric's verdict: pass (within --max-regression), improvement, noise (worse
-by more than allowed, but the latency histograms behind it are not shifted
-towards slower by a Mann-Whitney U test, p < 0.01 with Cliff's |delta| >= 0.147,
-or the baseline lies within the range of three or more runs), or regression.
+Each metric's verdict: pass (within --max-regression either way), regression
+(worse by more than allowed), improvement (better by more), or noise: a change
+beyond the allowance that the latency histograms behind the metric do not
+confirm (a Mann-Whitney U test on the buckets: "slower" or "faster" needs
+p < 0.01 and Cliff's |delta| >= 0.147), or, with three runs or more, a baseline
+within the runs' range. Only regressions fail.
 
 Runs: --result FILE|DIR (repeatable) takes the median of those results; without
 --result, --repeat N runs the command recorded in the baseline (its "args")

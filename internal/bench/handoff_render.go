@@ -112,6 +112,11 @@ func resultTable(res *HandoffResult) *report.Table {
 
 func islLabel(v any) string {
 	isl, ok := v.(ISL)
+	if m, isMap := v.(map[string]any); isMap {
+		// A result read back from JSON: the config's ISL is a plain map.
+		b, _ := json.Marshal(m)
+		ok = json.Unmarshal(b, &isl) == nil
+	}
 	if !ok {
 		return fmt.Sprint(v)
 	}

@@ -83,7 +83,7 @@ func craftedXfer(t *testing.T) *XferResult {
 
 func craftedHandoff(t *testing.T) *HandoffResult {
 	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: engine.ProtoPush, Backend: "ucx", Model: "llama-3.1-8b",
-		Config: map[string]any{"isl": 512, "kv_dtype": "bf16", "prefill_tp": 1, "decode_tp": 1, "block_size": 16,
+		Config: map[string]any{"isl": map[string]any{"Dist": "fixed", "Fixed": 512}, "kv_dtype": "bf16", "prefill_tp": 1, "decode_tp": 1, "block_size": 16,
 			"fragmentation": "contiguous", "dram_alloc": "mmap", "endpoints": "process", "concurrency": 2, "warmup": 1, "prefix_hit": 0},
 		Prefill: engine.Stats{ExpiredLeases: 1, FailedTransfers: 0}, Decode: engine.Stats{FailedNotifs: 1}}
 	for i := range 6 {

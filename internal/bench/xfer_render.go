@@ -194,10 +194,12 @@ func (res *XferResult) Figure() (report.Figure, error) {
 	return report.SweepFigure(title, pts)
 }
 
-// shortTransport keeps a plot title to one line.
+// shortTransport keeps a plot title to one line: the RMA path, without
+// the lanes and error mode that follow it.
 func shortTransport(t string) string {
-	if len(t) > 40 {
-		return t[:40] + "…"
+	t, _, _ = strings.Cut(t, ";")
+	if r := []rune(t); len(r) > 40 {
+		return string(r[:39]) + "…"
 	}
 	return t
 }

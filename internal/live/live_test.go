@@ -39,8 +39,9 @@ func TestStatsRequests(t *testing.T) {
 	if s.Done != 4 || s.OK != 2 || s.Failed != 1 || s.Warmup != 1 || s.Bytes != 2e9 || s.Fraction() != 1 || len(s.Warnings) != 1 {
 		t.Fatalf("%+v", s)
 	}
-	// 1 GB in each of the 2nd and 3rd intervals: 2 GB/s there, 0 in the 1st.
-	if len(s.Rate) != 3 || s.Rate[0] != 0 || s.Rate[1] != 2 || s.Rate[2] != 2 || s.AvgGBps != 2e9/1.5/1e9 {
+	// 1 GB in each of the 2nd and 3rd intervals, nothing in the 1st.
+	per := 1 / RateInterval.Seconds()
+	if len(s.Rate) != 3 || s.Rate[0] != 0 || s.Rate[1] != per || s.Rate[2] != per || s.AvgGBps != 2/(3*RateInterval.Seconds()) {
 		t.Errorf("rates %v avg %v", s.Rate, s.AvgGBps)
 	}
 	if math.Abs(s.Latency.P50-4) > 0.01 || s.Latency.Count != 2 {

@@ -9,7 +9,7 @@ import (
 
 // RateInterval is the width of one bandwidth sample of a request stream
 // (one sparkline cell).
-const RateInterval = 500 * time.Millisecond
+const RateInterval = time.Second
 
 // curWindow is how many RateIntervals the current bandwidth averages.
 const curWindow = 4
@@ -21,7 +21,8 @@ const maxHistory = 120 // sparkline cells and gauge samples kept per series
 type Stats struct {
 	mu       sync.Mutex
 	now      func() time.Time
-	start    time.Time
+	began    time.Time // NewStats: the run's elapsed time counts from here
+	start    time.Time // Start: rate intervals count from here
 	s        Snapshot
 	lat      *report.Histogram
 	buckets  []int64 // bytes per RateInterval since start
@@ -81,7 +82,8 @@ func NewStats(now func() time.Time) *Stats {
 	if now == nil {
 		now = time.Now
 	}
-	return &Stats{now: now, start: now(), lat: report.NewHistogram(), gaugeIdx: map[string]int{}}
+	t := now()
+	return &Stats{now: now, began: t, start: t, lat: report.NewHistogram(), gaugeIdx: map[string]int{}}
 }
 
 // Emit implements Sink.
@@ -178,7 +180,8 @@ func (st *Stats) Snapshot() Snapshot {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	s := st.s
-	s.Elapsed = st.now().Sub(st.start)
+	s.Elapsed = st.now().Sub(st.began)
+	sinceStart := st.now().Sub(st.start)
 	s.Warnings = append([]string(nil), s.Warnings...)
 	s.Points = append([]string(nil), s.Points...)
 	s.Gauges = make([]GaugeSeries, len(st.s.Gauges))
@@ -197,7 +200,7 @@ func (st *Stats) Snapshot() Snapshot {
 	}
 	// A request stream: complete intervals only, so the last cell is not
 	// a partial one that always reads low.
-	full := int(s.Elapsed / RateInterval)
+	full := int(sinceStart / RateInterval)
 	full = min(full, len(st.buckets))
 	from := max(0, full-maxHistory)
 	s.Rate = make([]float64, 0, full-from)
@@ -212,8 +215,8 @@ func (st *Stats) Snapshot() Snapshot {
 			s.CurGBps += r / float64(w)
 		}
 	}
-	if s.Elapsed > 0 {
-		s.AvgGBps = float64(s.Bytes) / s.Elapsed.Seconds() / 1e9
+	if sinceStart > 0 {
+		s.AvgGBps = float64(s.Bytes) / sinceStart.Seconds() / 1e9
 	}
 	if st.lat.Count() > 0 {
 		s.Latency = st.lat.In(time.Millisecond)

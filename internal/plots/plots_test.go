@@ -53,7 +53,7 @@ func figures(t *testing.T) map[string]report.Figure {
 		}
 		rss = append(rss, s)
 	}
-	rf, err := report.RSSFigure("probe ucx-leak", rss)
+	rf, err := report.RSSFigure("probe ucx-leak (synthetic example data)", rss)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func figures(t *testing.T) map[string]report.Figure {
 		}
 		leases = append(leases, report.LeaseSpan{ID: "req-" + string(rune('a'+i)), Start: start, End: start + 1 + rng.Float64()*3, Outcome: out})
 	}
-	tf, err := report.LeaseTimelineFigure("lease-chaos", leases)
+	tf, err := report.LeaseTimelineFigure("lease-chaos (synthetic example data)", leases)
 	if err != nil {
 		t.Fatal(err)
 	}

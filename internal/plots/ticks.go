@@ -11,7 +11,7 @@ import (
 // logTicks marks a log axis. Base 2 puts ticks on powers of two (labelled
 // as sizes when bytes is set: 4K, 1M), thinned to at most about eight
 // labels so they never overlap. Base 10 puts them on 1, 2 and 5 times
-// powers of ten when the axis spans less than two decades, else on powers
+// powers of ten when the axis spans three decades or less, else on powers
 // of ten only; gonum's own LogTicks labels nothing on an axis inside one
 // decade.
 type logTicks struct {
@@ -41,7 +41,7 @@ func (t logTicks) Ticks(min, max float64) []plot.Tick {
 	}
 	lo, hi := int(math.Floor(math.Log10(min))), int(math.Ceil(math.Log10(max)))
 	mults := []float64{1}
-	if hi-lo <= 2 {
+	if hi-lo <= 3 {
 		mults = []float64{1, 2, 5}
 	}
 	for e := lo; e <= hi; e++ {
@@ -102,6 +102,21 @@ func short(v float64) string {
 type linTicks struct{ integer bool }
 
 func (t linTicks) Ticks(min, max float64) []plot.Tick {
+	if t.integer && max-min >= 1 && max-min <= 1e6 {
+		// Whole steps of 1, 2 or 5 times a power of ten, about five labels.
+		step := 1.0
+		for _, m := range []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 1e4, 1e5} {
+			if (max-min)/m <= 6 {
+				step = m
+				break
+			}
+		}
+		var ts []plot.Tick
+		for v := math.Ceil(min/step) * step; v <= max; v += step {
+			ts = append(ts, plot.Tick{Value: v, Label: short(v)})
+		}
+		return ts
+	}
 	ts := plot.DefaultTicks{}.Ticks(min, max)
 	for i := range ts {
 		if ts[i].Label == "" {

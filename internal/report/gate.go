@@ -60,8 +60,9 @@ type GateReport struct {
 // Gate compares result runs (their median) with a baseline. The rules,
 // per selected metric:
 //
-//   - change within MaxRegression in the worse direction: pass; better by
-//     more than that: improvement;
+//   - change within MaxRegression either way: pass; better by more than
+//     that: improvement, unless the latency distributions behind it are
+//     not faster (then noise);
 //   - worse by more: a regression, unless it looks like noise, which
 //     takes one of: the latency distributions behind the metric (merged
 //     over the runs) are not shifted towards slower by a Mann-Whitney U
@@ -144,6 +145,10 @@ func (row *GateRow) judge(bm Metric, allowed float64) {
 	switch {
 	case row.Worse <= allowed && row.Worse >= -allowed:
 		row.Verdict, row.Why = Pass, "within "+limit
+	case row.Worse < 0 && row.shift != nil && !row.shift.Faster():
+		// Symmetric with regressions: a gain the distributions do not
+		// show is not claimed either.
+		row.Verdict, row.Why = Noise, fmt.Sprintf("better by %s, but the latency distributions are not faster (%s)", pct(-row.Worse), row.shift)
 	case row.Worse < 0:
 		row.Verdict, row.Why = Improvement, fmt.Sprintf("better by %s", pct(-row.Worse))
 	case base == 0:

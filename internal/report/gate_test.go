@@ -20,6 +20,7 @@ func TestGateDecisions(t *testing.T) {
 		{"regression: 20% less, latencies clearly slower", []Result{fake(0.64, latencies(400, 2.5, 0.4))}, GateOptions{MaxRegression: 0.05}, Regression, false},
 		{"improvement", []Result{fake(0.96, latencies(400, 1.7, 0.4))}, GateOptions{MaxRegression: 0.05}, Improvement, true},
 		{"noise: the ratio fell but the latencies did not move", []Result{fake(0.64, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05}, Noise, true},
+		{"noise: the ratio rose but the latencies did not move", []Result{fake(0.96, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05}, Noise, true},
 		{"noise: baseline within the range of three runs", []Result{fake(0.70, nil), fake(0.72, nil), fake(0.85, nil)}, GateOptions{MaxRegression: 0.05}, Noise, true},
 		{"regression: three runs all below", []Result{fake(0.70, nil), fake(0.72, nil), fake(0.71, nil)}, GateOptions{MaxRegression: 0.05}, Regression, false},
 		{"absolute metric on request", []Result{fake(0.80, latencies(400, 2.6, 0.4))}, GateOptions{MaxRegression: 0.05, Metrics: []string{"p99_ms"}}, Pass, true},

@@ -83,6 +83,9 @@ func (s Shift) Real() bool { return s.P < ShiftAlpha && math.Abs(s.Delta) >= Shi
 // Slower reports a real shift towards higher latency.
 func (s Shift) Slower() bool { return s.Real() && s.Delta > 0 }
 
+// Faster reports a real shift towards lower latency.
+func (s Shift) Faster() bool { return s.Real() && s.Delta < 0 }
+
 // String is a short verdict: "slower (p<0.001, δ=+0.81)", "same (p=0.42)".
 func (s Shift) String() string {
 	if s.NA == 0 || s.NB == 0 {
