@@ -293,7 +293,7 @@ func (g *GateReport) WriteMarkdown(w io.Writer) error {
 	if err := g.Table().WriteMarkdown(w); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\nNoise test: Mann-Whitney U on the latency histograms behind each metric; \"slower\" needs p < %g and Cliff's |δ| ≥ %g.\n", ShiftAlpha, ShiftMinDelta)
+	_, err := fmt.Fprintf(w, "\nNoise test: Mann-Whitney U on the latency histograms behind each metric; \"slower\" or \"faster\" needs p < %g and Cliff's |δ| ≥ %g.\n", ShiftAlpha, ShiftMinDelta)
 	return err
 }
 
