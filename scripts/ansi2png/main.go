@@ -47,9 +47,9 @@ var (
 )
 
 type style struct {
-	fg         color.RGBA
-	bold, dim  bool
-	hasFg, rev bool
+	fg        color.RGBA
+	bold, dim bool
+	hasFg     bool
 }
 
 type cell struct {
