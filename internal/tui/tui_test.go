@@ -2,6 +2,7 @@ package tui
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,4 +100,45 @@ func TestModelSweepAndDone(t *testing.T) {
 	if cmd == nil || m.Aborted {
 		t.Error("DoneMsg should quit without aborting")
 	}
+}
+
+// The whole program runs headless, as in CI: no input (so no terminal is
+// opened or queried), output into a buffer; the run's end quits it.
+func TestProgramHeadless(t *testing.T) {
+	st := live.NewStats(nil)
+	st.Emit(live.Start{Title: "bench pull", Total: 2, Unit: "requests"})
+	st.Emit(live.Request{Bytes: 1 << 20, Latency: time.Millisecond, OK: true})
+	var out strings.Builder
+	p := tea.NewProgram(New(st, nil), tea.WithInput(nil), tea.WithOutput(&syncWriter{w: &out}),
+		tea.WithWindowSize(100, 20), tea.WithoutSignalHandler())
+	done := make(chan tea.Model, 1)
+	go func() {
+		m, err := p.Run()
+		if err != nil {
+			t.Error(err)
+		}
+		done <- m
+	}()
+	time.Sleep(2 * Refresh)
+	p.Send(DoneMsg{})
+	select {
+	case m := <-done:
+		if m.(Model).Aborted {
+			t.Error("a finished run is not an abort")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the program did not quit on DoneMsg")
+	}
+}
+
+// syncWriter serialises writes: the program writes from its own goroutine.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
