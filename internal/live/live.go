@@ -54,11 +54,13 @@ type Gauge struct {
 	Unit   string
 }
 
-// Fit is a straight line fitted to a gauge series (RSS growth).
+// Fit is a straight line fitted to a gauge series (RSS growth). Slope is
+// in Unit, which the emitter picks for reading ("MB/min": 2.5 means 2.5
+// MB per minute); R2 is the fit's coefficient of determination.
 type Fit struct {
 	Series string
-	Slope  float64 // per second
-	Unit   string  // of the slope, e.g. "MB/min" for display after scaling
+	Slope  float64
+	Unit   string
 	R2     float64
 }
 
