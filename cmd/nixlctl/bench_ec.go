@@ -13,6 +13,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -41,6 +42,7 @@ type benchECOptions struct {
 	Records          string        `mapstructure:"records"`
 	Inproc           bool          `mapstructure:"inproc"`
 	Producer         string        `mapstructure:"producer"`
+	measureOptions   `mapstructure:",squash"`
 }
 
 const benchECLong = `Encoder-cache (EPD) transfers as vLLM's ECCPUConnector moves them: an encoder
@@ -123,6 +125,7 @@ func newBenchECCmd(a *app) *cobra.Command {
 	f.String("records", "", "write one JSON line per image request to this file")
 	f.Bool("inproc", false, "run the encoder in this process")
 	f.String("producer", "", "use an encoder started with serve encoder --listen (host:port)")
+	addMeasureFlags(cmd, false)
 	return cmd
 }
 
@@ -130,7 +133,7 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	x := bench.ECOptions{Backend: o.Backend, Requests: o.Requests, ImagesPerRequest: o.ImagesPerRequest,
 		UniqueImages: o.UniqueImages, ZipfS: o.ZipfS, Consumers: o.Consumers, AckTimeout: o.AckTimeout,
 		EncodeTime: o.EncodeTime, Overlap: o.Overlap, Verify: o.Verify, Warmup: o.Warmup, Seed: o.Seed,
-		Producer: bench.ProducerSpec{Inproc: o.Inproc, Addr: o.Producer}, Version: version, Log: a.log, Progress: a.io.ErrOut}
+		Producer: bench.ProducerSpec{Inproc: o.Inproc, Addr: o.Producer}, Version: version, Log: a.log}
 	if o.Backend != "auto" && o.Backend != "" {
 		if _, ok := nixl.Lookup(o.Backend); !ok {
 			return errkind.BadInputf("--backend: unknown backend %q (available: auto, %s)", o.Backend, strings.Join(nixl.Backends(), ", "))
@@ -191,9 +194,22 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		defer f.Close()
 		x.Records = f
 	}
-	res, runErr := bench.RunEC(ctx, x)
+	if err := o.measureOptions.validate(); err != nil {
+		return err
+	}
+	mo := o.measureOptions
+	mo.Records = "" // bench ec writes its own records (x.Records)
+	var res *bench.ECResult
+	_, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		x.Live = sink
+		var err error
+		if res, err = bench.RunEC(ctx, x); res == nil {
+			return nil, err
+		}
+		return res, err
+	})
 	if res != nil {
-		if err := bench.WriteEC(a.io.Out, a.format, res); err != nil {
+		if err := a.render(res); err != nil {
 			return err
 		}
 		if n := res.Summary.FailuresByStatus[engine.FailTagMismatch]; n > 0 {

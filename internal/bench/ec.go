@@ -20,6 +20,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -52,7 +53,9 @@ type ECOptions struct {
 	Records  io.Writer // JSON lines, one per image request (nil: none)
 	Version  string
 	Log      *slog.Logger
-	Progress io.Writer
+	// Live receives a Start, then a Request per image request's transfer
+	// or hit (nil: nobody listens).
+	Live live.Sink
 }
 
 // ProducerSpec says where the encoder runs.
@@ -344,9 +347,12 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 			return nil, err
 		}
 	}
+	live.Emit(o.Live, live.Phase{Text: "warm-up"})
 	if err := r.warmup(ctx, consumers); err != nil {
 		return nil, err
 	}
+	live.Emit(o.Live, live.Start{Title: "bench ec " + c.Direction, Total: o.Requests * o.ImagesPerRequest, Unit: "images"})
+	live.Emit(o.Live, live.Phase{Text: "measuring"})
 
 	var wg sync.WaitGroup
 	for i, cons := range consumers {
@@ -375,6 +381,9 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	}
 	res.Env.Transport = res.Summary.Transport
 	r.warnings(res)
+	for _, w := range res.Warnings {
+		live.Emit(o.Live, live.Warning{Text: w})
+	}
 	res.Finish()
 	if r.recErr != nil {
 		return res, fmt.Errorf("--records: %w", r.recErr)
@@ -558,13 +567,18 @@ func (r *ecRun) record(q int, recs []ECRecord) {
 		}
 	}
 	r.done++
-	if p := r.o.Progress; p != nil {
-		every := max(1, r.o.Requests/10)
-		if r.done%every == 0 || r.done == r.o.Requests {
-			fmt.Fprintf(p, "[%d/%d] images %d: %d transfers (p50 %s), %d hits, %d failed\n", r.done, r.o.Requests, s.Images,
-				s.Transfers, report.Duration(time.Duration(r.lat.In(time.Nanosecond).P50)), s.Hits, s.Failed)
-		}
+	for _, rec := range recs {
+		// Hits move no bytes but finish an image: progress, not bandwidth.
+		live.Emit(r.o.Live, live.Request{Bytes: rec.Bytes * int64(b2i(rec.Outcome == engine.OutcomeTransfer)),
+			Latency: time.Duration(rec.TotalMS * 1e6), OK: rec.Outcome == engine.OutcomeTransfer || rec.Outcome == engine.OutcomeHit})
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (r *ecRun) finish(res *ECResult, consumers []*engine.Consumer) {

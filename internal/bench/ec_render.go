@@ -19,6 +19,23 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 		return report.WriteJSON(w, res)
 	case report.FormatCSV:
 		return ecCSV(res).WriteCSV(w)
+	case report.FormatMarkdown:
+		fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
+			res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
+		if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+		if err := ecSummaryTable(res).WriteMarkdown(w); err != nil {
+			return err
+		}
+		for _, warn := range res.Warnings {
+			fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
+		}
+		return nil
+	case report.FormatProm:
+		// vLLM's nixl_* metrics describe KV transfers, not the encoder cache.
+		return report.FormatError("bench ec", f)
 	}
 	c, s := res.Config, res.Summary
 	who := "consumer READs"
@@ -41,28 +58,13 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 	fmt.Fprintf(w, "regions: producer %s (%s blocks), consumer %s (%s blocks) each\n\n",
 		report.Bytes(int64(c.ProducerRegion)), report.Int(int64(c.ProducerBlocks)), report.Bytes(int64(c.ConsumerRegion)), report.Int(int64(c.ConsumerBlocks)))
 
-	lat := &report.Table{Columns: []report.Column{{Name: "Stage"}, {Name: "Count", Align: report.Right}, {Name: "p50", Align: report.Right},
-		{Name: "p90", Align: report.Right}, {Name: "p99", Align: report.Right}, {Name: "p99.9", Align: report.Right}, {Name: "max", Align: report.Right}}}
-	row := func(name string, p report.Percentiles) {
-		d := func(x float64) string { return report.Duration(msDur(x)) }
-		lat.AddRow(name, report.Int(p.Count), d(p.P50), d(p.P90), d(p.P99), d(p.P999), d(p.Max))
-	}
-	row("cold transfer (req -> blocks in place)", s.LatencyMS)
-	row("  ack (XferReq -> XferAck)", s.AckMS)
-	row("  transfer", s.TransferMS)
-	row("warm hit (local cache)", s.HitLatencyMS)
+	lat := ecLatencyTable(s)
 	if err := lat.WriteText(w); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
 
-	sum := &report.Table{Columns: []report.Column{{Name: "Images"}, {Name: "Transfers", Align: report.Right}, {Name: "Hits", Align: report.Right},
-		{Name: "Failed", Align: report.Right}, {Name: "Hit rate", Align: report.Right}, {Name: "Bytes moved", Align: report.Right},
-		{Name: "Transfer GB/s", Align: report.Right}, {Name: "memcpy GB/s", Align: report.Right}, {Name: "Efficiency", Align: report.Right},
-		{Name: "Warm speed-up", Align: report.Right}}}
-	sum.AddRow(report.Int(int64(s.Images)), report.Int(int64(s.Transfers)), report.Int(int64(s.Hits)), report.Int(int64(s.Failed)),
-		fmt.Sprintf("%.1f%%", 100*s.HitRate), report.Bytes(s.Bytes), report.Float(s.TransferGBps), report.Float(res.Reference.MemcpyGBps),
-		fmt.Sprintf("%.2f", res.Reference.Efficiency), speedup(s.WarmSpeedup))
+	sum := ecSummaryTable(res)
 	if err := sum.WriteText(w); err != nil {
 		return err
 	}
@@ -119,4 +121,76 @@ func ecCSV(res *ECResult) *report.Table {
 		g(res.Reference.Efficiency), g(s.WarmSpeedup), fmt.Sprint(s.Evictions), fmt.Sprint(s.PinnedSkips),
 		fmt.Sprint(s.ProducerEvictions), fmt.Sprint(s.NotReadyRetries), statusList(s.FailuresByStatus))
 	return t
+}
+
+func init() {
+	report.RegisterKind(func() report.Result { return new(ECResult) }, "bench ec")
+}
+
+// Render implements report.Result.
+func (res *ECResult) Render(w io.Writer, f report.Format) error { return WriteEC(w, f, res) }
+
+// Metrics implements report.Result: the efficiency against memcpy of the
+// same bytes (stable, the gate's default), transfer bandwidth and the cold
+// latency percentiles, tied to the cold latency histogram; hits and
+// failures beside them.
+func (res *ECResult) Metrics() []report.Metric {
+	s := res.Summary
+	cold, _ := decodeHist(s.Histogram)
+	var out []report.Metric
+	m := func(key, unit string, v float64, better report.Better, stable bool, dist *report.Histogram) {
+		out = append(out, report.Metric{Key: key, Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
+	}
+	if res.Reference.MemcpyGBps > 0 {
+		m("efficiency", "ratio", res.Reference.Efficiency, report.HigherIsBetter, true, cold)
+	}
+	m("transfer_gbps", "GB/s", s.TransferGBps, report.HigherIsBetter, false, cold)
+	m("cold_gbps", "GB/s", s.ColdGBps, report.HigherIsBetter, false, cold)
+	for _, q := range []struct {
+		k string
+		v float64
+	}{{"p50", s.LatencyMS.P50}, {"p90", s.LatencyMS.P90}, {"p99", s.LatencyMS.P99}, {"p999", s.LatencyMS.P999}, {"max", s.LatencyMS.Max}} {
+		m("latency_ms."+q.k, "ms", q.v, report.LowerIsBetter, false, cold)
+	}
+	m("hit_latency_ms.p50", "ms", s.HitLatencyMS.P50, report.LowerIsBetter, false, nil)
+	m("hit_latency_ms.p99", "ms", s.HitLatencyMS.P99, report.LowerIsBetter, false, nil)
+	m("failed", "images", float64(s.Failed), report.LowerIsBetter, false, nil)
+	return out
+}
+
+// Figure implements report.Plottable: the cold transfer latency's
+// histogram and CDF.
+func (res *ECResult) Figure() (report.Figure, error) {
+	cold, err := decodeHist(res.Summary.Histogram)
+	if err != nil {
+		return report.Figure{}, err
+	}
+	title := fmt.Sprintf("bench ec %s: %s, %d images, %d consumers", res.Config.Direction, res.Config.Model, res.Summary.Images, res.Config.Consumers)
+	return report.LatencyFigure(title, time.Millisecond, report.LatencySeries{Label: "cold transfer (request -> blocks in place)", Hist: cold})
+}
+
+func ecLatencyTable(s ECSummary) *report.Table {
+	lat := &report.Table{Columns: []report.Column{{Name: "Stage"}, {Name: "Count", Align: report.Right}, {Name: "p50", Align: report.Right},
+		{Name: "p90", Align: report.Right}, {Name: "p99", Align: report.Right}, {Name: "p99.9", Align: report.Right}, {Name: "max", Align: report.Right}}}
+	row := func(name string, p report.Percentiles) {
+		d := func(x float64) string { return report.Duration(msDur(x)) }
+		lat.AddRow(name, report.Int(p.Count), d(p.P50), d(p.P90), d(p.P99), d(p.P999), d(p.Max))
+	}
+	row("cold transfer (req -> blocks in place)", s.LatencyMS)
+	row("  ack (XferReq -> XferAck)", s.AckMS)
+	row("  transfer", s.TransferMS)
+	row("warm hit (local cache)", s.HitLatencyMS)
+	return lat
+}
+
+func ecSummaryTable(res *ECResult) *report.Table {
+	s := res.Summary
+	sum := &report.Table{Columns: []report.Column{{Name: "Images"}, {Name: "Transfers", Align: report.Right}, {Name: "Hits", Align: report.Right},
+		{Name: "Failed", Align: report.Right}, {Name: "Hit rate", Align: report.Right}, {Name: "Bytes moved", Align: report.Right},
+		{Name: "Transfer GB/s", Align: report.Right}, {Name: "memcpy GB/s", Align: report.Right}, {Name: "Efficiency", Align: report.Right},
+		{Name: "Warm speed-up", Align: report.Right}}}
+	sum.AddRow(report.Int(int64(s.Images)), report.Int(int64(s.Transfers)), report.Int(int64(s.Hits)), report.Int(int64(s.Failed)),
+		fmt.Sprintf("%.1f%%", 100*s.HitRate), report.Bytes(s.Bytes), report.Float(s.TransferGBps), report.Float(res.Reference.MemcpyGBps),
+		fmt.Sprintf("%.2f", res.Reference.Efficiency), speedup(s.WarmSpeedup))
+	return sum
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -137,7 +138,14 @@ func TestRunECInterrupted(t *testing.T) {
 	o.Requests = 200
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	o.Progress = cancelOnWrite{cancel}
+	n := 0
+	o.Live = live.Func(func(e live.Event) { // cancel after a few images
+		if _, ok := e.(live.Request); ok {
+			if n++; n == 5 {
+				cancel()
+			}
+		}
+	})
 	res, err := RunEC(ctx, o)
 	if err == nil || res == nil || !res.Interrupted || res.Summary.Requests == 0 || res.Summary.Requests >= 200 {
 		t.Fatalf("interrupted run: err %v, result %+v", err, res)

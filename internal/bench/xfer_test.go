@@ -102,12 +102,6 @@ func TestRunXferInprocWithNotifsAndRecreate(t *testing.T) {
 	}
 }
 
-// cancelOnWrite cancels a context at the first progress line (bench ec's
-// test still reports progress through an io.Writer).
-type cancelOnWrite struct{ cancel func() }
-
-func (c cancelOnWrite) Write(p []byte) (int, error) { c.cancel(); return len(p), nil }
-
 func TestRunXferInterrupted(t *testing.T) {
 	o := smallXfer(nixl.Write)
 	ctx, cancel := context.WithCancel(context.Background())
