@@ -74,8 +74,9 @@ func (b Better) String() string {
 
 // Metric is one comparable number of a result.
 type Metric struct {
-	// Key is the field's path in the result's JSON, dots between levels:
-	// "efficiency", "handoff_latency_ms.p99". `gate --metric` selects by it.
+	// Key names the number as its field in the result's summary (or sweep
+	// point) is named, dots between levels: "efficiency",
+	// "handoff_latency_ms.p99". `gate --metric` selects by it.
 	Key string
 	// Series names the point of a sweep the value belongs to ("WRITE 4 KiB
 	// x 1"); empty for whole-run metrics.
