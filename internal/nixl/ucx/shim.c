@@ -43,12 +43,23 @@ struct nx_ctx {
     char            name[256];
     size_t          namelen;
 
+    struct pend    *pending;    /* UCX requests in flight (under mu) */
     uint64_t        pong;       /* last connect-probe token answered (under mu) */
     uint64_t        ping_token; /* next token (under mu) */
 
     pthread_mutex_t qmu; /* notification queue */
     struct nx_notif *qhead, *qtail;
     uint64_t        malformed;
+};
+
+/* Every UCX request we hold is linked here (the links live in the
+ * request's user area, reserved with request_size) until its callback
+ * frees it. When an agent goes away with operations that will never
+ * complete (a dead peer), the rest are released before the worker is
+ * destroyed: UCX 1.13 asserts on requests its user never released. */
+struct pend {
+    struct pend *next, *prev;
+    nx_ctx_t    *c;
 };
 
 struct nx_peer {
@@ -80,7 +91,46 @@ struct nx_xfer {
     int          queued;
     nx_xfer_t   *next_active, *prev_active;
     int          free_when_idle; /* released while UCX still owns requests */
+    void        *am_buf;         /* the notification being sent */
 };
+
+static void pend_add(nx_ctx_t *c, void *req)
+{
+    struct pend *n = req;
+    n->c           = c;
+    n->prev        = NULL;
+    n->next        = c->pending;
+    if (c->pending) {
+        c->pending->prev = n;
+    }
+    c->pending = n;
+}
+
+static void pend_del(void *req)
+{
+    struct pend *n = req;
+    if (req == NULL || n->c == NULL) {
+        return;
+    }
+    if (n->prev) {
+        n->prev->next = n->next;
+    } else {
+        n->c->pending = n->next;
+    }
+    if (n->next) {
+        n->next->prev = n->prev;
+    }
+    n->c = NULL;
+}
+
+/* done_req is what every completion callback does with its request. */
+static void done_req(void *req)
+{
+    if (req != NULL) {
+        pend_del(req);
+        ucp_request_free(req);
+    }
+}
 
 /* A transfer's state is published with release stores, after its times,
  * so that Go can read both without a call into C. */
@@ -123,6 +173,8 @@ int nx_global_init(char *err, size_t errlen)
     p.field_mask        = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features          = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;
+    p.field_mask |= UCP_PARAM_FIELD_REQUEST_SIZE;
+    p.request_size = sizeof(struct pend);
     st                  = ucp_init(&p, cfg, &g_ctx);
     ucp_config_release(cfg);
     if (st != UCS_OK) {
@@ -233,9 +285,7 @@ static void rndv_done(void *req, ucs_status_t st, size_t length, void *user)
         free(r->buf);
     }
     free(r);
-    if (req != NULL) {
-        ucp_request_free(req);
-    }
+    done_req(req);
 }
 
 static ucs_status_t am_recv(void *arg, const void *header, size_t header_length, void *data,
@@ -267,6 +317,8 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
             rndv_done(NULL, UCS_OK, length, r);
         } else if (UCS_PTR_IS_ERR(sp)) {
             rndv_done(NULL, UCS_PTR_STATUS(sp), 0, r);
+        } else {
+            pend_add(c, sp);
         }
         return UCS_OK;
     }
@@ -294,9 +346,7 @@ static void op_done(void *req, ucs_status_t st, void *user)
     if (st != UCS_OK && x->err == UCS_OK) {
         x->err = st;
     }
-    if (req != NULL) {
-        ucp_request_free(req);
-    }
+    done_req(req);
     if (--x->outstanding == 0) {
         if (x->free_when_idle) {
             xfer_free(x);
@@ -313,6 +363,9 @@ static int track(nx_xfer_t *x, ucs_status_ptr_t sp)
         return 0;
     }
     x->all_inline = 0;
+    if (!UCS_PTR_IS_ERR(sp)) {
+        pend_add(x->c, sp);
+    }
     if (UCS_PTR_IS_ERR(sp)) {
         if (x->err == UCS_OK) {
             x->err = UCS_PTR_STATUS(sp);
@@ -337,9 +390,7 @@ static void am_sent(void *req, ucs_status_t st, void *user)
 {
     (void)st;
     free(user);
-    if (req != NULL) {
-        ucp_request_free(req);
-    }
+    done_req(req);
 }
 
 /* send_am sends [u16 name length][sender name][msg] as one active message;
@@ -364,6 +415,45 @@ static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size
     ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, NX_AM_ID, NULL, 0, buf, total, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(buf);
+    } else {
+        pend_add(c, sp);
+    }
+    return sp;
+}
+
+/* xfer_am_sent completes a transfer's notification: the transfer is done
+ * only once UCX finished sending it, and fails if the send failed. */
+static void xfer_am_sent(void *req, ucs_status_t st, void *user)
+{
+    nx_xfer_t *x = user;
+    free(x->am_buf);
+    x->am_buf = NULL;
+    op_done(req, st, user);
+}
+
+static ucs_status_ptr_t send_xfer_am(nx_xfer_t *x)
+{
+    nx_ctx_t *c     = x->c;
+    size_t    total = 2 + c->namelen + x->nlen;
+    char     *buf   = malloc(total);
+    if (buf == NULL) {
+        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+    }
+    uint16_t nl = (uint16_t)c->namelen;
+    memcpy(buf, &nl, 2);
+    memcpy(buf + 2, c->name, c->namelen);
+    memcpy(buf + 2 + c->namelen, x->notif, x->nlen);
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags        = UCP_AM_SEND_FLAG_REPLY;
+    prm.cb.send      = xfer_am_sent;
+    prm.user_data    = x;
+    x->am_buf        = buf;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(x->peer->ep, NX_AM_ID, NULL, 0, buf, total, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        free(buf);
+        x->am_buf = NULL;
     }
     return sp;
 }
@@ -448,12 +538,9 @@ static void advance(nx_xfer_t *x)
                 return;
             }
             set_state(x, NX_NOTIFYING);
-            /* The transfer is done once UCX accepted the notification; a
-             * pending AM completes on its own and frees its buffer. */
-            ucs_status_ptr_t sp = send_am(x->c, x->peer, x->notif, x->nlen);
-            if (UCS_PTR_IS_ERR(sp) && x->err == UCS_OK) {
-                x->err = UCS_PTR_STATUS(sp);
-            }
+            /* Done when the notification's send completed (an error fails
+             * the transfer rather than losing the notification). */
+            track(x, send_xfer_am(x));
             continue;
         }
         case NX_NOTIFYING:
@@ -674,12 +761,10 @@ static void probe_sent(void *req, ucs_status_t st, void *user)
 {
     (void)st;
     free(user);
-    if (req != NULL) {
-        ucp_request_free(req);
-    }
+    done_req(req);
 }
 
-static ucs_status_ptr_t send_token(ucp_ep_h ep, unsigned id, uint64_t token, int reply)
+static ucs_status_ptr_t send_token(nx_ctx_t *c, ucp_ep_h ep, unsigned id, uint64_t token, int reply)
 {
     uint64_t *buf = malloc(sizeof(*buf));
     if (buf == NULL) {
@@ -695,6 +780,8 @@ static ucs_status_ptr_t send_token(ucp_ep_h ep, unsigned id, uint64_t token, int
     ucs_status_ptr_t sp = ucp_am_send_nbx(ep, id, NULL, 0, buf, sizeof(*buf), &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(buf);
+    } else {
+        pend_add(c, sp);
     }
     return sp;
 }
@@ -712,7 +799,7 @@ static ucs_status_t am_ping(void *arg, const void *header, size_t header_length,
         return UCS_OK;
     }
     memcpy(&token, data, sizeof(token));
-    send_token(param->reply_ep, NX_AM_PONG, token, 0);
+    send_token(arg, param->reply_ep, NX_AM_PONG, token, 0);
     return UCS_OK;
 }
 
@@ -841,7 +928,16 @@ void nx_ctx_destroy(nx_ctx_t *c)
     wake_eventfd(c->wakefd);
     pthread_join(c->thread, NULL);
     pthread_mutex_lock(&c->mu);
-    progress_locked(c);
+    /* Let what can still finish finish, then release the rest. */
+    uint64_t deadline = nx_now_ns() + 1000000000ull;
+    do {
+        progress_locked(c);
+    } while (c->pending != NULL && nx_now_ns() < deadline);
+    while (c->pending != NULL) {
+        void *req = c->pending;
+        pend_del(req);
+        ucp_request_free(req);
+    }
     ucp_worker_destroy(c->worker);
     pthread_mutex_unlock(&c->mu);
     close(c->epfd);
@@ -936,9 +1032,7 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
 static void flush_done(void *req, ucs_status_t st, void *user)
 {
     *(ucs_status_t *)user = st;
-    if (req != NULL) {
-        ucp_request_free(req);
-    }
+    done_req(req);
 }
 
 nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mode, char *err, size_t errlen)
@@ -989,6 +1083,7 @@ nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mo
         } else if (UCS_PTR_IS_ERR(sp)) {
             *slot = UCS_PTR_STATUS(sp);
         } else {
+            pend_add(c, sp);
             uint64_t deadline = nx_now_ns() + 10000000000ull;
             while (*slot == UCS_INPROGRESS && nx_now_ns() < deadline) {
                 progress_locked(c);
@@ -1006,7 +1101,7 @@ nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mo
          * to us, so neither side is torn down with wire-up half done (UCX
          * 1.13 asserts when a peer-mode tcp endpoint fails then). */
         uint64_t         token = ++c->ping_token;
-        ucs_status_ptr_t sp    = send_token(p->ep, NX_AM_PING, token, 1);
+        ucs_status_ptr_t sp    = send_token(c, p->ep, NX_AM_PING, token, 1);
         if (UCS_PTR_IS_ERR(sp)) {
             fst = UCS_PTR_STATUS(sp);
         } else {
@@ -1106,10 +1201,8 @@ int nx_peer_destroy(nx_ctx_t *c, nx_peer_t *p)
             while (ucp_request_check_status(sp) == UCS_INPROGRESS && nx_now_ns() < deadline) {
                 progress_locked(c);
             }
-            if (ucp_request_check_status(sp) != UCS_INPROGRESS) {
-                ucp_request_free(sp);
-                closed = 1;
-            }
+            closed = ucp_request_check_status(sp) != UCS_INPROGRESS;
+            ucp_request_free(sp); /* released either way: UCX finishes it */
         }
     }
     /* Transfers still in flight towards this peer can never finish now. */
