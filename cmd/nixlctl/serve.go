@@ -11,6 +11,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/probe"
 )
 
 func newServeCmd(a *app) *cobra.Command {
@@ -21,7 +22,7 @@ func newServeCmd(a *app) *cobra.Command {
 themselves as child processes on loopback; run them by hand to put the two sides
 on different hosts or under a debugger.`,
 	}
-	cmd.AddCommand(newServeTargetCmd(a))
+	cmd.AddCommand(newServeTargetCmd(a), newServeLeakPeerCmd(a))
 	return cmd
 }
 
@@ -87,4 +88,37 @@ func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
 			a.log.Warn("session ended", "err", err)
 		}
 	}
+}
+
+type serveLeakPeerOptions struct {
+	Stdio bool `mapstructure:"stdio"`
+}
+
+// newServeLeakPeerCmd is the child that probe ucx-leak and probe env start
+// for each side of their transfers; users have no reason to run it.
+func newServeLeakPeerCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "leak-peer",
+		Short:  "Serve one side of probe ucx-leak / probe env transfers (started by nixlctl itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o serveLeakPeerOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			if !o.Stdio {
+				return errkind.BadInputf("leak-peer needs --stdio")
+			}
+			// UCX may print to stdout: keep the real stdout for replies.
+			ctrl, err := probe.SeparateStdout()
+			if err != nil {
+				return err
+			}
+			defer ctrl.Close()
+			return probe.ServeLeakPeer(cmd.Context(), os.Stdin, ctrl, a.log)
+		},
+	}
+	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
+	return cmd
 }

@@ -186,7 +186,7 @@ type LeakResult struct {
 // LeakConfig echoes what ran, so a result describes itself.
 type LeakConfig struct {
 	Backends              []string          `json:"backends"`
-	Matrix                []string          `json:"matrix"`
+	Matrix                []EnvAxis         `json:"matrix"` // values as set; "default" = unset
 	LibraryDefaults       map[string]string `json:"library_defaults,omitempty"`
 	DurationS             float64           `json:"duration_s"`
 	IntervalS             float64           `json:"interval_s"`
@@ -357,11 +357,11 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 	if known {
 		axes = append(axes, EnvAxis{Key: RcacheUnreleasedVar, Values: []string{"", "1024"}})
 	} else {
-		why := "is not among the variables it prints"
+		why := "does not know it (it is not among the variables ucp_config_print lists), so setting it would change nothing"
 		if !readable {
 			why = "could not be asked (it refused this environment's UCX_* settings)"
 		}
-		res.Warn(fmt.Sprintf("%s left out of the matrix: the UCX library here (libucp %s) %s, so setting it would change nothing (it is UCX's global rcache limit in newer releases)",
+		res.Warn(fmt.Sprintf("%s left out of the matrix: libucp %s, the UCX library this process loaded, %s",
 			RcacheUnreleasedVar, res.Config.UCXLibrary, why))
 		res.Notes = append(res.Notes, fmt.Sprintf("%s is unknown to libucp %s: the matrix varies %s only; use a newer UCX (or --env) to test the second fix.",
 			RcacheUnreleasedVar, res.Config.UCXLibrary, HookModeVar))
@@ -382,19 +382,42 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 		return nil, fmt.Errorf("the matrix has %d configurations (limit %d): fewer --env values or backends", len(configs), maxConfigs)
 	}
 	for _, a := range axes {
-		res.Config.Matrix = append(res.Config.Matrix, a.String())
+		labels := make([]string, len(a.Values))
+		for i, v := range a.Values {
+			labels[i] = valueLabel(v)
+		}
+		res.Config.Matrix = append(res.Config.Matrix, EnvAxis{Key: a.Key, Values: labels})
 		if v, ok := os.LookupEnv(a.Key); ok {
 			res.Warn(fmt.Sprintf("your environment sets %s=%s; each configuration sets or unsets it itself", a.Key, v))
 		}
 	}
 	res.Config.LibraryDefaults = libraryDefaults(axes, res.Config.UCXLibrary)
 
+	// A backend that cannot run here gets one SKIPPED row, not one per
+	// configuration.
+	skipped := map[string]bool{}
+	for _, b := range o.Backends {
+		if why := backendUnusable(b); why != "" {
+			skipped[b] = true
+			res.Configs = append(res.Configs, ConfigResult{Backend: b, Label: "(every configuration)", Env: map[string]string{},
+				Verdict: Skipped, Reason: why, Samples: []Sample{}})
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "[%s] %s: %s\n", b, Skipped, why)
+			}
+		}
+	}
+	var run []leakConfig
+	for _, c := range configs {
+		if !skipped[c.backend] {
+			run = append(run, c)
+		}
+	}
 	var transports []string
-	for i, c := range configs {
+	for i, c := range run {
 		if ctx.Err() != nil {
 			break
 		}
-		cr := runConfig(ctx, &o, shape, axes, c, fmt.Sprintf("[%d/%d %s %s]", i+1, len(configs), c.backend, c.label))
+		cr := runConfig(ctx, &o, shape, axes, c, fmt.Sprintf("[%d/%d %s %s]", i+1, len(run), c.backend, c.label))
 		res.Configs = append(res.Configs, cr)
 		if cr.Transport != "" {
 			transports = append(transports, cr.Transport)
@@ -481,6 +504,18 @@ func libraryDefaults(axes []EnvAxis, libVersion string) map[string]string {
 	return out
 }
 
+// backendUnusable says why a backend cannot run here ("" if it can).
+func backendUnusable(name string) string {
+	b, ok := nixl.Lookup(name)
+	if !ok {
+		return fmt.Sprintf("backend %s is not built into this nixlctl", name)
+	}
+	if ok, why := b.Available(); !ok {
+		return fmt.Sprintf("backend %s unavailable: %s", name, why)
+	}
+	return ""
+}
+
 // runConfig runs one configuration in fresh processes and judges it.
 func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis, c leakConfig, tag string) ConfigResult {
 	cr := ConfigResult{Backend: c.backend, Env: c.set, Label: c.label, Samples: []Sample{}}
@@ -489,18 +524,9 @@ func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis,
 			fmt.Fprintf(o.Progress, "%s "+format+"\n", append([]any{tag}, a...)...)
 		}
 	}
-	b, ok := nixl.Lookup(c.backend)
-	if !ok {
-		cr.Verdict, cr.Reason = Skipped, fmt.Sprintf("backend %s is not built into this nixlctl", c.backend)
-		progress("%s: %s", Skipped, cr.Reason)
-		return cr
+	if b, ok := nixl.Lookup(c.backend); ok {
+		cr.BackendVersion = b.Version()
 	}
-	if ok, why := b.Available(); !ok {
-		cr.Verdict, cr.Reason = Skipped, fmt.Sprintf("backend %s unavailable: %s", c.backend, why)
-		progress("%s: %s", Skipped, cr.Reason)
-		return cr
-	}
-	cr.BackendVersion = b.Version()
 	fail := func(err error) ConfigResult {
 		if ctx.Err() != nil {
 			cr.Interrupted = true
