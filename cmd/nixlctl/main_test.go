@@ -62,6 +62,9 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"probe", "ucx-leak", "--model", "nope"}, exitUsage, `unknown model "nope"`},
 		{[]string{"probe", "ucx-leak", "--tokens", "100000000"}, exitUsage, "--tokens must be between"},
 		{[]string{"probe", "ucx-leak", "--model", "llama-3.1-405b", "--tokens", "131072"}, exitUsage, "pool per side"},
+		{[]string{"probe", "env", "--requests", "-1"}, exitUsage, "--requests must be between 0 and 10000"},
+		{[]string{"probe", "env", "--backend", "rdma"}, exitUsage, `--backend "rdma": want auto, ucx or nixl`},
+		{[]string{"probe", "env", "--requests", "0", "-o", "json"}, exitOK, ""},
 	}
 	for _, tc := range tests {
 		code, _, stderr := runCLI(t, nil, tc.args...)

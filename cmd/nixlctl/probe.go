@@ -191,6 +191,76 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	return runErr
 }
 
+type probeEnvOptions struct {
+	Backend  string `mapstructure:"backend"`
+	Requests int    `mapstructure:"requests"`
+	PeerMode bool   `mapstructure:"peer-mode"`
+}
+
+const probeEnvLong = `One screen that tells what transfers on this host will really use:
+
+  UCX       the library nixlctl loaded and ucx_info's view of it (version, build
+            flags), transports and devices (ucx_info -d), the settings that
+            decide the path (UCX_TLS, UCX_NET_DEVICES, the memory-hook and
+            rcache variables), set or default
+  NIXL      whether the nixl backend is built in and can run, its library and
+            plugins (NIXL_PLUGIN_DIR)
+  CUDA      driver version and GPUs (libcuda.so.1 loaded at run time), or why not
+  system    RLIMIT_MEMLOCK and huge pages
+  path      proof: a short loopback between a receiver and a sender process over
+            the real backend (--backend, auto = nixl when available), KV-shaped
+            WRITEs, every written block verified at the receiver, with
+            UCX_PROTO_INFO=y (and UCX_PROTO_ENABLE=y on UCX 1.13) and nixlctl's
+            own lane report: "this transfer used <transport> on <device>"
+  path with peer error handling
+            (--peer-mode, ucx backend) the same loopback with UCX's peer error
+            handling, NIXL's default, to show what NIXL agents here would get
+
+then warnings for risky settings: TCP only, no shared memory between processes on
+one host, transports or devices UCX lacks, the decode-side leak settings, peer
+error handling on UCX 1.13, VRAM without UCX CUDA transports, a low memlock limit
+with RDMA, and a loud one when the transfer fell back to TCP. Warnings do not
+change the exit code.`
+
 func newProbeEnvCmd(a *app) *cobra.Command {
-	return &cobra.Command{Use: "env", Hidden: true}
+	cmd := &cobra.Command{
+		Use:   "env",
+		Short: "The transport doctor: what UCX/NIXL/CUDA offer, risky settings, and a proof transfer",
+		Long:  probeEnvLong,
+		Example: `  nixlctl probe env
+  UCX_TLS=tcp,self nixlctl probe env
+  nixlctl probe env --requests 0 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o probeEnvOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runProbeEnv(cmd.Context(), a, o)
+		},
+	}
+	f := cmd.Flags()
+	f.String("backend", "auto", "backend for the loopback: auto, ucx or nixl (auto: nixl when available, else ucx)")
+	f.Int("requests", 20, "loopback requests (0: no loopback)")
+	f.Bool("peer-mode", true, "also run the loopback with peer error handling (ucx backend)")
+	return cmd
+}
+
+func runProbeEnv(ctx context.Context, a *app, o probeEnvOptions) error {
+	if o.Requests < 0 || o.Requests > 10000 {
+		return errkind.BadInputf("--requests must be between 0 and 10000 (got %d)", o.Requests)
+	}
+	switch o.Backend {
+	case "auto", "ucx", "nixl":
+	default:
+		return errkind.BadInputf("--backend %q: want auto, ucx or nixl", o.Backend)
+	}
+	res, err := probe.RunEnv(ctx, probe.EnvOptions{Backend: o.Backend, Requests: o.Requests, PeerModeCheck: o.PeerMode,
+		Version: version, Log: a.log})
+	if res != nil {
+		if werr := probe.WriteEnv(a.io.Out, a.format, res); werr != nil {
+			return werr
+		}
+	}
+	return err
 }

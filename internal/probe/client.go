@@ -35,6 +35,10 @@ type peerClient struct {
 	done chan error
 	err  *tailBuffer // the peer's stderr (its last 256 KiB)
 	stop func() bool
+
+	closeOnce  sync.Once
+	closeStats PeerStats
+	closeErr   error
 }
 
 // callTimeout bounds one control call: a peer that does not answer is
@@ -126,8 +130,14 @@ func (c *peerClient) failed(op string, err error) error {
 func (c *peerClient) Stderr() string { return c.err.String() }
 
 // Close asks the peer to exit and waits for it, killing it after a grace
-// period; it returns the peer's final counters when it answered.
+// period; it returns the peer's final counters when it answered. Calling
+// it again returns the same.
 func (c *peerClient) Close() (PeerStats, error) {
+	c.closeOnce.Do(func() { c.closeStats, c.closeErr = c.close() })
+	return c.closeStats, c.closeErr
+}
+
+func (c *peerClient) close() (PeerStats, error) {
 	c.mu.Lock()
 	var st PeerStats
 	var werr error

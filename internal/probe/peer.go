@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
@@ -80,7 +81,7 @@ func (s *Shape) perRequest() (descs int, bytes int64) {
 
 // PeerRequest is one control request.
 type PeerRequest struct {
-	Op string `json:"op"` // setup, load_md, start, stats, stop, info, close
+	Op string `json:"op"` // setup, load_md, start, stats, stop, verify, info, close
 
 	// setup
 	Role       string      `json:"role,omitempty"` // receiver or sender
@@ -102,6 +103,12 @@ type PeerRequest struct {
 
 	// info: the transport towards Remote ("" = the loaded peer).
 	Remote string `json:"remote,omitempty"`
+
+	// start (sender): first fill every block of the pool with its tag
+	// pattern; verify (receiver): check every block written so far.
+	// Block b of region r is tagged TagKey(TagSeed, r, b).
+	Tag     bool   `json:"tag,omitempty"`
+	TagSeed uint64 `json:"tag_seed,omitempty"`
 }
 
 // PeerStats are a peer's cumulative counters.
@@ -129,6 +136,12 @@ type PeerReply struct {
 	Info      nixl.Info `json:"info,omitempty"`
 	Transport string    `json:"transport,omitempty"`
 	Stats     PeerStats `json:"stats,omitempty"`
+
+	// verify: blocks that held data, how many of them were wrong, and
+	// the first wrong one.
+	Written int    `json:"written,omitempty"`
+	Corrupt int    `json:"corrupt,omitempty"`
+	First   string `json:"first,omitempty"`
 }
 
 // SeparateStdout keeps the process's standard output for a control
@@ -252,6 +265,8 @@ func (p *peerState) do(req PeerRequest) (PeerReply, error) {
 	case "stop":
 		p.stopDrive()
 		return PeerReply{Stats: p.stats()}, nil
+	case "verify":
+		return p.verify(req.TagSeed)
 	case "info":
 		remote := req.Remote
 		if remote == "" {
@@ -381,6 +396,15 @@ func (p *peerState) start(req PeerRequest) error {
 		return errors.New("start: rate and count must be >= 0")
 	}
 	s := p.shape
+	if req.Tag {
+		data := p.pool.Bytes()
+		for i, r := range s.Regions {
+			for b := 0; b < s.PoolBlocks; b++ {
+				off := r.Offset + int64(b)*r.BlockBytes
+				engine.FillTags(data[off:off+r.BlockBytes], engine.TagKey(req.TagSeed, uint64(i), uint64(b)))
+			}
+		}
+	}
 	var local, remote []nixl.Desc
 	for _, r := range s.Regions {
 		for b := 0; b < s.PoolBlocks; b++ {
@@ -504,6 +528,42 @@ func (p *peerState) one(ld, rd nixl.Dlist, idx []int, notif string) (int64, erro
 		return 0, err
 	}
 	return x.Bytes(), nil
+}
+
+// verify checks every block of the pool that holds data against the tag
+// it must carry; blocks still all zero were not written (a fresh mapping
+// is zero), a written block with the wrong tag landed in the wrong place
+// or only in part.
+func (p *peerState) verify(seed uint64) (PeerReply, error) {
+	var rep PeerReply
+	data := p.pool.Bytes()
+	s := p.shape
+	for i, r := range s.Regions {
+		for b := 0; b < s.PoolBlocks; b++ {
+			off := r.Offset + int64(b)*r.BlockBytes
+			blk := data[off : off+r.BlockBytes]
+			if allZero(blk) {
+				continue
+			}
+			rep.Written++
+			if m := engine.CheckTags(blk, engine.TagKey(seed, uint64(i), uint64(b))); m != nil {
+				if rep.Corrupt == 0 {
+					rep.First = fmt.Sprintf("region %d block %d: %v", i, b, m)
+				}
+				rep.Corrupt++
+			}
+		}
+	}
+	return rep, nil
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *peerState) stopDrive() {
