@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 )
@@ -48,7 +47,12 @@ var peerBinary = sync.OnceValues(func() (string, error) {
 	}
 	peerDir = dir
 	out := filepath.Join(dir, "peer.test")
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "test", "-c", "-o", out, ".")
+	// go test puts its own GOROOT/bin first on the PATH of the tests.
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("build the peer without -race: %w", err)
+	}
+	cmd := exec.Command(gobin, "test", "-c", "-o", out, ".")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build the peer without -race: %v\n%s", err, b)
 	}

@@ -517,7 +517,7 @@ func (p *peerState) one(ld, rd nixl.Dlist, idx []int, notif string) (int64, erro
 			// Let it finish: releasing a request in flight is an error.
 			for st == nixl.InProgress {
 				time.Sleep(time.Millisecond)
-				st, err = p.agent.XferStatus(x)
+				st, _ = p.agent.XferStatus(x)
 			}
 			return 0, errStopped
 		default:
