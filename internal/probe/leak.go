@@ -393,31 +393,36 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 	}
 	res.Config.LibraryDefaults = libraryDefaults(axes, res.Config.UCXLibrary)
 
-	// A backend that cannot run here gets one SKIPPED row, not one per
-	// configuration.
-	skipped := map[string]bool{}
+	// A backend that cannot run here gets one SKIPPED row, in its place,
+	// not one per configuration.
+	skip := map[string]string{}
+	runnable := 0
 	for _, b := range o.Backends {
-		if why := backendUnusable(b); why != "" {
-			skipped[b] = true
-			res.Configs = append(res.Configs, ConfigResult{Backend: b, Label: "(every configuration)", Env: map[string]string{},
-				Verdict: Skipped, Reason: why, Samples: []Sample{}})
-			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "[%s] %s: %s\n", b, Skipped, why)
-			}
+		if skip[b] = backendUnusable(b); skip[b] != "" && o.Progress != nil {
+			fmt.Fprintf(o.Progress, "[%s] %s: %s\n", b, Skipped, skip[b])
 		}
 	}
-	var run []leakConfig
 	for _, c := range configs {
-		if !skipped[c.backend] {
-			run = append(run, c)
+		if skip[c.backend] == "" {
+			runnable++
 		}
 	}
 	var transports []string
-	for i, c := range run {
+	done, n := map[string]bool{}, 0
+	for _, c := range configs {
 		if ctx.Err() != nil {
 			break
 		}
-		cr := runConfig(ctx, &o, shape, axes, c, fmt.Sprintf("[%d/%d %s %s]", i+1, len(run), c.backend, c.label))
+		if why := skip[c.backend]; why != "" {
+			if !done[c.backend] {
+				done[c.backend] = true
+				res.Configs = append(res.Configs, ConfigResult{Backend: c.backend, Label: "(every configuration)", Env: map[string]string{},
+					Verdict: Skipped, Reason: why, Samples: []Sample{}})
+			}
+			continue
+		}
+		n++
+		cr := runConfig(ctx, &o, shape, axes, c, fmt.Sprintf("[%d/%d %s %s]", n, runnable, c.backend, c.label))
 		res.Configs = append(res.Configs, cr)
 		if cr.Transport != "" {
 			transports = append(transports, cr.Transport)
