@@ -164,16 +164,12 @@ func inspectUCX() UCXReport {
 		}
 	}
 	r.RcacheLimit, _ = UCXKnows(RcacheUnreleasedVar)
-	path, err := exec.LookPath("ucx_info")
-	if err != nil {
-		r.InfoProblems = "ucx_info is not on PATH (Debian: apt install ucx-utils): no device list"
+	path, build, match := FindUCXInfo()
+	if path == "" {
+		r.InfoProblems = "no ucx_info that runs, beside libucp or on PATH (Debian: apt install ucx-utils): no device list"
 		return r
 	}
-	r.InfoPath = path
-	if out, err := exec.Command(path, "-v").Output(); err == nil {
-		r.Info = ParseUCXVersion(string(out))
-	}
-	r.InfoMatches = r.Info.Version == r.Library
+	r.InfoPath, r.Info, r.InfoMatches = path, build, match
 	// ucx_info -d honours UCX_TLS and UCX_NET_DEVICES; the list of what
 	// exists must not, so they are unset for it.
 	cmd := exec.Command(path, "-d")
@@ -371,7 +367,7 @@ func checkSettings(res *EnvResult) {
 		}
 	}
 	if len(noPeer) > 0 {
-		msg := fmt.Sprintf("UCX %s: %s cannot serve endpoints with peer error handling (no \"peer failure\" in ucx_info -d). NIXL's UCX backend uses peer mode by default, so two NIXL agents on this host do not get shared memory; nixlctl's own ucx backend uses error mode none towards same-host peers (it watches the peer's process itself) to keep it.",
+		msg := fmt.Sprintf("UCX %s: %s cannot serve endpoints with peer error handling (no \"peer failure\" in ucx_info -d). NIXL's UCX backend uses peer mode by default, so NIXL agents on one host cannot use them and fall back to what can (cma, tcp); nixlctl's own ucx backend uses error mode none towards same-host peers (it watches the peer's process itself) to keep them.",
 			u.Library, strings.Join(noPeer, ", "))
 		if strings.HasPrefix(u.Library, "1.13") {
 			res.Warn(msg)
@@ -530,7 +526,7 @@ func provePath(ctx context.Context, o EnvOptions, backend string, extra []string
 	recv.Close()
 	// UCX prints its tables in the process that does the operation; the
 	// receiver's may hold the notification path.
-	p.Protocols = append(ParseProtoInfo(send.Stderr()), ParseProtoInfo(recv.Stderr())...)
+	p.Protocols = uniqueTables(append(ParseProtoInfo(send.Stderr()), ParseProtoInfo(recv.Stderr())...))
 	if len(p.Protocols) == 0 {
 		p.ProtocolNote = fmt.Sprintf("UCX_PROTO_INFO=y: libucp %s printed no protocol tables", UCXLibraryVersion())
 		if strings.HasPrefix(UCXLibraryVersion(), "1.13") {
@@ -542,6 +538,40 @@ func provePath(ctx context.Context, o EnvOptions, backend string, extra []string
 		p.Error = "no request completed"
 	}
 	return p
+}
+
+// uniqueTables drops repeats: UCX prints a table per endpoint
+// configuration, and every agent of both processes prints its own.
+func uniqueTables(ts []ProtoTable) []ProtoTable {
+	var out []ProtoTable
+	seen := map[string]bool{}
+	for _, t := range ts {
+		key := t.Operation
+		for _, r := range t.Ranges {
+			key += "|" + r.Range + "|" + r.Description + "|" + r.Config
+		}
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// amTransports lists the transports UCX's tables put active messages on.
+func amTransports(ts []ProtoTable) []string {
+	var out []string
+	for _, t := range ts {
+		if !strings.HasPrefix(t.Operation, "active message") {
+			continue
+		}
+		for _, r := range t.Ranges {
+			if !contains(out, r.Config) {
+				out = append(out, r.Config)
+			}
+		}
+	}
+	return out
 }
 
 // pathUsed says in words what carried the WRITEs, from UCX's own
@@ -599,6 +629,10 @@ func judgePath(res *EnvResult, p *PathReport, what string) {
 	if p.BlocksCorrupt > 0 {
 		res.Warn(fmt.Sprintf("loopback transfer%s: %d of %d blocks arrived wrong; first: %s", what, p.BlocksCorrupt, p.BlocksChecked, p.FirstCorrupt))
 	}
+	if am := amTransports(p.Protocols); !p.TCP && len(am) > 0 && strings.Contains(strings.Join(am, ","), "tcp") {
+		res.Notes = append(res.Notes, fmt.Sprintf("Per UCX's protocol tables, active messages (notifications, rendezvous control) ran over %s; the data (RMA) used %s.",
+			describeTL(strings.Join(am, ",")), p.Used))
+	}
 	if p.TCP {
 		res.Warn(fmt.Sprintf("TCP FALLBACK: this transfer used %s. Between two processes on one host that means no shared memory; between hosts, no RDMA. Check UCX_TLS/UCX_NET_DEVICES and the UCX build (transports: %s)",
 			p.Used, strings.Join(transportNames(res.UCX.Devices), ", ")))
@@ -615,7 +649,7 @@ func judgePeerMode(res *EnvResult) {
 		return
 	}
 	if p.TCP && res.Path != nil && !res.Path.TCP {
-		res.Warn(fmt.Sprintf("with peer error handling (NIXL's UCX default) the same loopback used %s instead of %s: NIXL agents on this host would fall back to TCP",
+		res.Warn(fmt.Sprintf("with peer error handling (NIXL's UCX default) the same loopback used %s instead of %s: peer-mode endpoints on this UCX fall back to TCP, and NIXL agents running on it may too (where NIXL is installed, probe env --backend nixl shows its own path)",
 			p.Used, res.Path.Used))
 	}
 }

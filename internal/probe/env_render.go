@@ -140,7 +140,11 @@ func envRows(res *EnvResult) [][3]string {
 			add(sec, "used", "this transfer used "+p.Used)
 		}
 		if p.Transport != "" {
-			add(sec, "lanes", p.Transport)
+			key := "lanes"
+			if p.Backend != "ucx" {
+				key = "agent"
+			}
+			add(sec, key, p.Transport)
 		}
 		if p.Requests > 0 {
 			add(sec, "verified", fmt.Sprintf("%s moved, %d written blocks checked at the receiver, %d wrong; %d notifications", report.Bytes(p.Bytes), p.BlocksChecked, p.BlocksCorrupt, p.Notifs))

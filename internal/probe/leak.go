@@ -391,7 +391,7 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 			res.Warn(fmt.Sprintf("your environment sets %s=%s; each configuration sets or unsets it itself", a.Key, v))
 		}
 	}
-	res.Config.LibraryDefaults = libraryDefaults(axes, res.Config.UCXLibrary)
+	res.Config.LibraryDefaults = libraryDefaults(axes)
 
 	// A backend that cannot run here gets one SKIPPED row, in its place,
 	// not one per configuration.
@@ -484,13 +484,9 @@ func allSame(xs []string) bool {
 // libraryDefaults asks ucx_info -c for the defaults of the matrix's
 // variables, when ucx_info is the same UCX version as the library this
 // process loaded (another UCX's defaults would mislead).
-func libraryDefaults(axes []EnvAxis, libVersion string) map[string]string {
-	path, err := exec.LookPath("ucx_info")
-	if err != nil {
-		return nil
-	}
-	v, err := exec.Command(path, "-v").Output()
-	if err != nil || ParseUCXVersion(string(v)).Version != libVersion {
+func libraryDefaults(axes []EnvAxis) map[string]string {
+	path, _, match := FindUCXInfo()
+	if !match {
 		return nil
 	}
 	cmd := exec.Command(path, "-c", "-a")
