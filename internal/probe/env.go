@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -555,7 +556,21 @@ func uniqueTables(ts []ProtoTable) []ProtoTable {
 			out = append(out, t)
 		}
 	}
-	return out
+	// A table cut short (its process exited while printing) repeats the
+	// start of a whole one.
+	var whole []ProtoTable
+	for i, t := range out {
+		cut := false
+		for j, u := range out {
+			if i != j && u.Operation == t.Operation && len(u.Ranges) > len(t.Ranges) && slices.Equal(u.Ranges[:len(t.Ranges)], t.Ranges) {
+				cut = true
+			}
+		}
+		if !cut {
+			whole = append(whole, t)
+		}
+	}
+	return whole
 }
 
 // amTransports lists the transports UCX's tables put active messages on.

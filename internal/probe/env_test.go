@@ -213,3 +213,16 @@ func TestWriteEnv(t *testing.T) {
 		t.Errorf("CSV:\n%s", b.String())
 	}
 }
+
+func TestUniqueTables(t *testing.T) {
+	put := ProtoTable{Operation: "remote memory write by ucp_put* from host memory to host", Ranges: []ProtoRange{{"0..inf", "zero-copy", "cma/memory"}}}
+	am := ProtoTable{Operation: "active message by ucp_am_send* from host memory", Ranges: []ProtoRange{{"0..92", "short", "tcp/lo"}, {"93..inf", "copy-in", "tcp/lo"}}}
+	cut := ProtoTable{Operation: am.Operation, Ranges: am.Ranges[:1]}
+	got := uniqueTables([]ProtoTable{put, am, put, cut, am})
+	if d := cmp.Diff([]ProtoTable{put, am}, got); d != "" {
+		t.Error(d)
+	}
+	if got := amTransports(got); len(got) != 1 || got[0] != "tcp/lo" {
+		t.Errorf("am transports: %q", got)
+	}
+}
