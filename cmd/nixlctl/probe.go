@@ -100,7 +100,7 @@ func newProbeUCXLeakCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.String("backends", "ucx,nixl", "backends to probe, comma-separated (one that cannot run here is skipped)")
 	f.StringArray("env", nil, "another matrix axis KEY=V1,V2 (repeatable; '|' separates values that contain commas)")
-	f.String("duration", "60s", "sampling time per configuration")
+	f.String("duration", "30s", "sampling time per configuration")
 	f.String("interval", "1s", "time between samples")
 	f.String("warmup", "10s", "samples before this are not fitted")
 	f.String("model", "llama-3.2-1b", "model preset whose KV blocks are moved")
