@@ -454,6 +454,9 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 	}
 	res.Notes = append(res.Notes, leakNotes(&o, res, transports)...)
 	res.Recommendation = recommend(res.Configs)
+	if o.SelfTestLeakMBPerS > 0 {
+		res.Recommendation = selfTestVerdict(res.Configs, o.SelfTestLeakMBPerS*60)
+	}
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
@@ -683,6 +686,31 @@ func rateLabel(r float64) string {
 		return "back to back"
 	}
 	return fmt.Sprintf("%g", r)
+}
+
+// selfTestVerdict replaces the advice when the receiver leaked on
+// purpose: did the probe see the leak, at about its rate?
+func selfTestVerdict(cs []ConfigResult, want float64) string {
+	var seen, missed []string
+	for _, c := range cs {
+		if c.Verdict == Skipped || c.Verdict == Failed {
+			continue
+		}
+		name := fmt.Sprintf("%s %s (%s, %.3g MB/min)", c.Backend, c.Label, c.Verdict, c.SlopeMBPerMin)
+		if c.Verdict == Leak && c.SlopeMBPerMin > 0.75*want && c.SlopeMBPerMin < 1.25*want {
+			seen = append(seen, name)
+		} else {
+			missed = append(missed, name)
+		}
+	}
+	msg := fmt.Sprintf("Self-test: the receiver leaked %.3g MB/min on purpose. ", want)
+	switch {
+	case len(seen)+len(missed) == 0:
+		return msg + "No configuration ran to the end."
+	case len(missed) == 0:
+		return msg + "The probe saw it in every configuration, within 25%: " + strings.Join(seen, "; ") + "."
+	}
+	return msg + "The probe MISSED it (not LEAK within 25% of that rate) in: " + strings.Join(missed, "; ") + ". Check the host's load, or run longer."
 }
 
 // recommend turns the verdicts into advice, naming the stable settings.

@@ -18,8 +18,12 @@ func WriteLeak(w io.Writer, f report.Format, res *LeakResult) error {
 		return leakCSV(res).WriteCSV(w)
 	}
 	c := res.Config
-	fmt.Fprintf(w, "probe ucx-leak: %d configurations on libucp %s; the receiver sampled every %s for %s (first %gs warm-up)\n",
-		len(res.Configs), c.UCXLibrary, report.Seconds(c.IntervalS), report.Seconds(c.DurationS), res.Thresholds.WarmupS)
+	plural := "s"
+	if len(res.Configs) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(w, "probe ucx-leak: %d configuration%s on libucp %s; the receiver sampled every %s for %s (first %gs warm-up)\n",
+		len(res.Configs), plural, c.UCXLibrary, report.Seconds(c.IntervalS), report.Seconds(c.DurationS), res.Thresholds.WarmupS)
 	fmt.Fprintf(w, "traffic: %s, %d tokens per request: %s descriptors, %s per request, %s requests a second\n",
 		c.Model, c.Tokens, report.Int(int64(c.DescriptorsPerRequest)), report.Bytes(c.BytesPerRequest), rateLabel(c.Rate))
 	seen := map[string]bool{}

@@ -52,6 +52,9 @@ func TestUCXLeakSeesADeliberateLeak(t *testing.T) {
 	if c.Sender.Requests == 0 || c.Receiver.Leaked == 0 || c.Receiver.ChurnOps == 0 || c.Receiver.Notifs == 0 {
 		t.Errorf("the run did not do what it says: sender %+v receiver %+v", c.Sender, c.Receiver)
 	}
+	if !strings.Contains(res.Recommendation, "The probe saw it in every configuration") {
+		t.Errorf("self-test recommendation: %s", res.Recommendation)
+	}
 	if !strings.Contains(progress.String(), "LEAK") || !strings.Contains(progress.String(), "requests sent") {
 		t.Errorf("progress lines:\n%s", progress.String())
 	}
