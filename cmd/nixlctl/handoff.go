@@ -310,7 +310,11 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 		return errkind.BadInputf("use exactly one of --stdio and --listen")
 	}
 	if o.Stdio {
-		return engine.ServeEndpoint(ctx, os.Stdin, os.Stdout, a.log)
+		ctrl, err := engine.SeparateStdout() // libraries that print must not corrupt the channel
+		if err != nil {
+			return err
+		}
+		return engine.ServeEndpoint(ctx, os.Stdin, ctrl, a.log)
 	}
 	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
 		return engine.ServeEndpoint(ctx, rw, rw, a.log)

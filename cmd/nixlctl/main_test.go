@@ -90,6 +90,18 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"kv", "layout", "-o", "xml"}, exitUsage, `unknown output format "xml"`},
 		{[]string{"kv", "layout", "--log-level", "loud"}, exitUsage, "--log-level"},
 		{[]string{"nosuch"}, exitUsage, "unknown command"},
+		{[]string{"probe", "ucx-leak", "--env", "UCX_TLS"}, exitUsage, `--env "UCX_TLS": want KEY=VALUE`},
+		{[]string{"probe", "ucx-leak", "--env", "=x"}, exitUsage, "is not a variable name"},
+		{[]string{"probe", "ucx-leak", "--interval", "0"}, exitUsage, "--interval must be > 0"},
+		{[]string{"probe", "ucx-leak", "--interval", "-2s"}, exitUsage, "--interval must be > 0"},
+		{[]string{"probe", "ucx-leak", "--duration", "1s", "--interval", "5s"}, exitUsage, "longer than --duration"},
+		{[]string{"probe", "ucx-leak", "--churn-max", "lots"}, exitUsage, "--churn-max"},
+		{[]string{"probe", "ucx-leak", "--model", "nope"}, exitUsage, `unknown model "nope"`},
+		{[]string{"probe", "ucx-leak", "--tokens", "100000000"}, exitUsage, "--tokens must be between"},
+		{[]string{"probe", "ucx-leak", "--model", "llama-3.1-405b", "--tokens", "131072"}, exitUsage, "pool per side"},
+		{[]string{"probe", "env", "--requests", "-1"}, exitUsage, "--requests must be between 0 and 10000"},
+		{[]string{"probe", "env", "--backend", "rdma"}, exitUsage, `--backend "rdma": want auto, ucx or nixl`},
+		{[]string{"probe", "env", "--requests", "0", "-o", "json"}, exitOK, ""},
 	}
 	for _, tc := range tests {
 		code, _, stderr := runCLI(t, nil, tc.args...)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/probe"
 )
 
 func newServeCmd(a *app) *cobra.Command {
@@ -23,7 +24,7 @@ func newServeCmd(a *app) *cobra.Command {
 themselves as child processes on loopback; run them by hand to put the two sides
 on different hosts or under a debugger.`,
 	}
-	cmd.AddCommand(newServeTargetCmd(a), newServeEngineCmd(a, "prefill"), newServeEngineCmd(a, "decode"), newServeEncoderCmd(a))
+	cmd.AddCommand(newServeTargetCmd(a), newServeEngineCmd(a, "prefill"), newServeEngineCmd(a, "decode"), newServeEncoderCmd(a), newServeLeakPeerCmd(a))
 	return cmd
 }
 
@@ -65,7 +66,11 @@ func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
 	case o.Stdio == (o.Listen != ""):
 		return errkind.BadInputf("use exactly one of --stdio and --listen")
 	case o.Stdio:
-		return engine.ServeXferTarget(ctx, os.Stdin, os.Stdout, a.log)
+		ctrl, err := engine.SeparateStdout() // libraries that print must not corrupt the channel
+		if err != nil {
+			return err
+		}
+		return engine.ServeXferTarget(ctx, os.Stdin, ctrl, a.log)
 	}
 	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
 		return engine.ServeXferTarget(ctx, rw, rw, a.log)
@@ -141,7 +146,11 @@ func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
 	case o.Stdio == (o.Listen != ""):
 		return errkind.BadInputf("use exactly one of --stdio and --listen")
 	case o.Stdio:
-		return engine.ServeEncoder(ctx, os.Stdin, os.Stdout, a.log)
+		ctrl, err := engine.SeparateStdout()
+		if err != nil {
+			return err
+		}
+		return engine.ServeEncoder(ctx, os.Stdin, ctrl, a.log)
 	}
 	ln, err := net.Listen("tcp", strings.TrimPrefix(o.Listen, "tcp://"))
 	if err != nil {
@@ -165,4 +174,37 @@ func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
 			a.log.Warn("session ended", "err", err)
 		}
 	}
+}
+
+type serveLeakPeerOptions struct {
+	Stdio bool `mapstructure:"stdio"`
+}
+
+// newServeLeakPeerCmd is the child that probe ucx-leak and probe env start
+// for each side of their transfers; users have no reason to run it.
+func newServeLeakPeerCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "leak-peer",
+		Short:  "Serve one side of probe ucx-leak / probe env transfers (started by nixlctl itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o serveLeakPeerOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			if !o.Stdio {
+				return errkind.BadInputf("leak-peer needs --stdio")
+			}
+			// UCX may print to stdout: keep the real stdout for replies.
+			ctrl, err := engine.SeparateStdout()
+			if err != nil {
+				return err
+			}
+			defer ctrl.Close()
+			return probe.ServeLeakPeer(cmd.Context(), os.Stdin, ctrl, a.log)
+		},
+	}
+	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
+	return cmd
 }

@@ -2,6 +2,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +47,8 @@ struct nx_ctx {
     struct pend    *pending;    /* UCX requests in flight (under mu) */
     uint64_t        pong;       /* last connect-probe token answered (under mu) */
     uint64_t        ping_token; /* next token (under mu) */
+
+    atomic_int      pace_ms; /* >0: progress only every pace_ms (nx_ctx_set_progress_pace) */
 
     pthread_mutex_t qmu; /* notification queue */
     struct nx_notif *qhead, *qtail;
@@ -725,11 +728,48 @@ int nx_send_notif(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
 
 /* ---- progress thread -------------------------------------------------- */
 
+/* ---- paced progress (nixlctl probe ucx-leak --progress-interval) ------
+ * A paced worker is progressed once, then left alone for pace_ms whatever
+ * happens on it: worker events are not waited for, and wake-ups from posts
+ * only end the sleep when the agent stops. This starves UCX progress on
+ * purpose, the way a busy engine thread does, so that work UCX defers to
+ * ucp_worker_progress (its rcache invalidation queue) piles up. Unpaced
+ * agents (the default) never reach this code. */
+void nx_ctx_set_progress_pace(nx_ctx_t *c, int ms)
+{
+    atomic_store(&c->pace_ms, ms > 0 ? ms : 0);
+    wake_eventfd(c->wakefd);
+}
+
+static void paced_progress(nx_ctx_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    progress_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    uint64_t deadline = nx_now_ns() + (uint64_t)atomic_load(&c->pace_ms) * 1000000ull;
+    for (;;) {
+        uint64_t now = nx_now_ns();
+        if (atomic_load(&c->stop) || now >= deadline) {
+            return;
+        }
+        struct pollfd pfd = {.fd = c->wakefd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)((deadline - now + 999999) / 1000000)) > 0) {
+            uint64_t v;
+            ssize_t  r = read(c->wakefd, &v, sizeof(v));
+            (void)r;
+        }
+    }
+}
+
 static void *progress_main(void *arg)
 {
     nx_ctx_t          *c = arg;
     struct epoll_event ev[4];
     while (!atomic_load(&c->stop)) {
+        if (atomic_load(&c->pace_ms) > 0) {
+            paced_progress(c);
+            continue;
+        }
         pthread_mutex_lock(&c->mu);
         progress_locked(c);
         ucs_status_t st = c->efd >= 0 ? ucp_worker_arm(c->worker) : UCS_OK;

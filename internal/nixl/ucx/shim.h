@@ -40,6 +40,7 @@ void      nx_ctx_destroy(nx_ctx_t *c);
 int       nx_ctx_address(nx_ctx_t *c, void **addr, size_t *len);
 int       nx_ctx_notify_fd(nx_ctx_t *c);
 uint64_t  nx_ctx_malformed_notifs(nx_ctx_t *c);
+void      nx_ctx_set_progress_pace(nx_ctx_t *c, int ms);
 
 int   nx_mem_map(nx_ctx_t *c, uint64_t addr, size_t len, int allocate, nx_mem_t **out, char *err, size_t errlen);
 void *nx_mem_addr(nx_mem_t *m);

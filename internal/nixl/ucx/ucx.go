@@ -119,6 +119,12 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	if c == nil {
 		return nil, fmt.Errorf("ucx agent %s: %s", cfg.Name, cerr(buf[:]))
 	}
+	if pace, err := progressPace(); err != nil {
+		C.nx_ctx_destroy(c)
+		return nil, err
+	} else if pace > 0 {
+		C.nx_ctx_set_progress_pace(c, C.int(pace/time.Millisecond))
+	}
 	fd, err := syscall.Dup(int(C.nx_ctx_notify_fd(c)))
 	if err != nil {
 		C.nx_ctx_destroy(c)
@@ -130,6 +136,28 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	go a.watchNotifs()
 	go a.watchPeers()
 	return a, nil
+}
+
+// ProgressIntervalEnv paces an agent's progress thread: with a duration
+// (e.g. "200ms") the worker is progressed once per interval and never
+// woken early by its events, which starves UCX of progress on purpose
+// (`nixlctl probe ucx-leak --progress-interval`). Unset or "0": the
+// thread sleeps on the worker's event fd as usual.
+const ProgressIntervalEnv = "NIXLCTL_UCX_PROGRESS_INTERVAL"
+
+func progressPace() (time.Duration, error) {
+	s := os.Getenv(ProgressIntervalEnv)
+	if s == "" || s == "0" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > time.Minute {
+		return 0, fmt.Errorf("%s=%q: want a duration between 1ms and 1m, like 200ms", ProgressIntervalEnv, s)
+	}
+	if d > 0 && d < time.Millisecond {
+		d = time.Millisecond
+	}
+	return d, nil
 }
 
 // errMode picks UCX's error handling towards a peer. Debian's UCX 1.13

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/probe"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+func newProbeCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "probe",
+		Short: "Diagnose the transfer stack: UCX memory growth, what transport is really used",
+		Long: `Diagnostics that are not benchmarks: "probe ucx-leak" measures whether the receiving
+(decode) side's memory grows under KV transfers and which UCX settings stop it;
+"probe env" tells what UCX, NIXL, CUDA and the system offer, warns about risky
+settings, and proves the path with a short transfer.`,
+	}
+	cmd.AddCommand(newProbeUCXLeakCmd(a), newProbeEnvCmd(a))
+	return cmd
+}
+
+type probeUCXLeakOptions struct {
+	Backends         string   `mapstructure:"backends"`
+	Env              []string `mapstructure:"env"`
+	Duration         string   `mapstructure:"duration"`
+	Interval         string   `mapstructure:"interval"`
+	Warmup           string   `mapstructure:"warmup"`
+	Model            string   `mapstructure:"model"`
+	ModelConfig      string   `mapstructure:"model-config"`
+	Tokens           int      `mapstructure:"tokens"`
+	KVBlockSize      int      `mapstructure:"kv-block-size"`
+	Rate             float64  `mapstructure:"rate"`
+	ChurnRate        float64  `mapstructure:"churn-rate"`
+	ChurnSlots       int      `mapstructure:"churn-slots"`
+	ChurnMin         string   `mapstructure:"churn-min"`
+	ChurnMax         string   `mapstructure:"churn-max"`
+	ProgressInterval string   `mapstructure:"progress-interval"`
+	SelfTestLeak     float64  `mapstructure:"self-test-leak"`
+}
+
+const probeUCXLeakLong = `Does the decode side's memory grow while it receives KV caches, and which UCX
+settings stop it? For each configuration of a matrix of UCX settings, start a
+fresh receiver process (decode-like: a registered KV pool, notifications drained,
+and an allocation churn of mmap/munmap calls made through libc, sized like
+Python's arenas and PyTorch's CPU buffers: the calls UCX's memory hooks intercept)
+and a fresh sender (prefill-like: KV-shaped WRITEs into the receiver's pool, one
+descriptor per block per layer region, with a notification each), sample the
+receiver's RSS, VmData, mappings and open fds every --interval for --duration, and
+fit a least-squares line to RSS after --warmup.
+
+The default matrix is UCX_MEM_MMAP_HOOK_MODE = library default and none, times
+UCX_RCACHE_MAX_UNRELEASED = library default and 1024 where the UCX library knows
+that variable (UCX 1.13 does not: the result says so). --env KEY=V1,V2 adds an
+axis (or replaces a default one); separate values that contain commas with '|':
+--env 'UCX_TLS=tcp,self|all'; "default" means the variable unset. Every backend
+of --backends runs the whole matrix; one that is not built in or cannot run here
+is skipped with the reason.
+
+Verdicts (MB = 10^6 bytes):
+  LEAK          slope >= 2 MB/min with R² >= 0.9, and both halves of the window
+                grow at >= 1 MB/min (a single step is not a leak)
+  STABLE        slope < 2 MB/min and fitted growth < 4 MB
+  INCONCLUSIVE  anything else: run longer
+then a recommendation naming the settings that were stable.
+
+--progress-interval D makes the receiver's UCX worker progress only every D (ucx
+backend), starving it the way a busy engine thread can, so that work UCX defers
+to progress (its registration cache's invalidation queue) piles up.
+
+Progress goes to stderr, one line per sample. Ctrl-C stops and prints what was
+measured.`
+
+const probeUCXLeakExample = `  nixlctl probe ucx-leak
+  nixlctl probe ucx-leak --duration 10m --progress-interval 200ms
+  nixlctl probe ucx-leak --env 'UCX_TLS=default|tcp,self' -o json > leak.json
+  nixlctl probe ucx-leak --backends ucx --self-test-leak 2 --duration 30s`
+
+func newProbeUCXLeakCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ucx-leak",
+		Short:   "Measure the decode side's memory growth under KV transfers per UCX setting",
+		Long:    probeUCXLeakLong,
+		Example: probeUCXLeakExample,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o probeUCXLeakOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runProbeUCXLeak(cmd.Context(), a, o)
+		},
+	}
+	d := probe.DefaultChurn
+	f := cmd.Flags()
+	f.String("backends", "ucx,nixl", "backends to probe, comma-separated (one that cannot run here is skipped)")
+	f.StringArray("env", nil, "another matrix axis KEY=V1,V2 (repeatable; '|' separates values that contain commas)")
+	f.String("duration", "30s", "sampling time per configuration")
+	f.String("interval", "1s", "time between samples")
+	f.String("warmup", "10s", "samples before this are not fitted")
+	f.String("model", "llama-3.2-1b", "model preset whose KV blocks are moved")
+	f.String("model-config", "", "like --model, from a HuggingFace config.json")
+	f.Int("tokens", 1024, "tokens per request")
+	f.Int("kv-block-size", 16, "KV block size in tokens")
+	f.Float64("rate", 10, "requests per second (0: back to back)")
+	f.Float64("churn-rate", d.Rate, "receiver allocation replacements per second (0: none)")
+	f.Int("churn-slots", d.Slots, "receiver live allocations")
+	f.String("churn-min", "256K", "smallest churn allocation")
+	f.String("churn-max", "32M", "largest churn allocation")
+	f.String("progress-interval", "0", "progress the receiver's UCX worker only this often (ucx backend; 0: normal)")
+	f.Float64("self-test-leak", 0, "make the receiver leak this many MB a second on purpose (checks the probe)")
+	return cmd
+}
+
+func parseDurationFlag(flag, s string, allowZero bool) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, errkind.BadInputf("--%s %q: not a duration (like 500ms, 30s, 10m)", flag, s)
+	}
+	if d < 0 || (d == 0 && !allowZero) {
+		return 0, errkind.BadInputf("--%s must be > 0 (got %s)", flag, s)
+	}
+	return d, nil
+}
+
+func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
+	x := probe.LeakOptions{Rate: o.Rate, Tokens: o.Tokens, SelfTestLeakMBPerS: o.SelfTestLeak, Thresholds: probe.DefaultThresholds,
+		Version: version, Log: a.log, Progress: a.io.ErrOut}
+	var err error
+	if x.Duration, err = parseDurationFlag("duration", o.Duration, false); err != nil {
+		return err
+	}
+	if x.Interval, err = parseDurationFlag("interval", o.Interval, false); err != nil {
+		return err
+	}
+	warm, err := parseDurationFlag("warmup", o.Warmup, true)
+	if err != nil {
+		return err
+	}
+	x.Thresholds.WarmupS = warm.Seconds()
+	if x.ProgressInterval, err = parseDurationFlag("progress-interval", o.ProgressInterval, true); err != nil {
+		return err
+	}
+	for _, b := range strings.Split(o.Backends, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			x.Backends = append(x.Backends, b)
+		}
+	}
+	for _, e := range o.Env {
+		ax, err := probe.ParseEnvAxis(e)
+		if err != nil {
+			return errkind.BadInput(err)
+		}
+		x.Axes = append(x.Axes, ax)
+	}
+	x.Churn = probe.ChurnConfig{Rate: o.ChurnRate, Slots: o.ChurnSlots}
+	for _, s := range []struct {
+		flag, v string
+		dst     *int64
+	}{{"churn-min", o.ChurnMin, &x.Churn.Min}, {"churn-max", o.ChurnMax, &x.Churn.Max}} {
+		n, err := report.ParseSize(s.v)
+		if err != nil {
+			return errkind.BadInputf("--%s: %v", s.flag, err)
+		}
+		*s.dst = n
+	}
+	m, err := loadModel(o.Model, o.ModelConfig)
+	if err != nil {
+		return err
+	}
+	if x.Spec, err = kvSpec(m, "", o.KVBlockSize, "flash-attn", "HND", 1, 1, false); err != nil {
+		return err
+	}
+	if err := x.Validate(); err != nil {
+		return errkind.BadInput(err)
+	}
+	if _, err := probe.KVShape(x.Spec, x.Tokens); err != nil {
+		return errkind.BadInput(err)
+	}
+	res, runErr := probe.RunUCXLeak(ctx, x)
+	if res != nil {
+		if err := probe.WriteLeak(a.io.Out, a.format, res); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+type probeEnvOptions struct {
+	Backend  string `mapstructure:"backend"`
+	Requests int    `mapstructure:"requests"`
+	PeerMode bool   `mapstructure:"peer-mode"`
+}
+
+const probeEnvLong = `One screen that tells what transfers on this host will really use:
+
+  UCX       the library nixlctl loaded and ucx_info's view of it (version, build
+            flags), transports and devices (ucx_info -d), the settings that
+            decide the path (UCX_TLS, UCX_NET_DEVICES, the memory-hook and
+            rcache variables), set or default
+  NIXL      whether the nixl backend is built in and can run, its library and
+            plugins (NIXL_PLUGIN_DIR)
+  CUDA      driver version and GPUs (libcuda.so.1 loaded at run time), or why not
+  system    RLIMIT_MEMLOCK and huge pages
+  path      proof: a short loopback between a receiver and a sender process over
+            the real backend (--backend, auto = nixl when available), KV-shaped
+            WRITEs, every written block verified at the receiver, with
+            UCX_PROTO_INFO=y (and UCX_PROTO_ENABLE=y on UCX 1.13) and nixlctl's
+            own lane report: "this transfer used <transport> on <device>"
+  path with peer error handling
+            (--peer-mode, ucx backend) the same loopback with UCX's peer error
+            handling, NIXL's default, to show what NIXL agents here would get
+
+then warnings for risky settings: TCP only, no shared memory between processes on
+one host, transports or devices UCX lacks, the decode-side leak settings, peer
+error handling on UCX 1.13, VRAM without UCX CUDA transports, a low memlock limit
+with RDMA, and a loud one when the transfer fell back to TCP. Warnings do not
+change the exit code.`
+
+func newProbeEnvCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "env",
+		Short: "The transport doctor: what UCX/NIXL/CUDA offer, risky settings, and a proof transfer",
+		Long:  probeEnvLong,
+		Example: `  nixlctl probe env
+  UCX_TLS=tcp,self nixlctl probe env
+  nixlctl probe env --requests 0 -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o probeEnvOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runProbeEnv(cmd.Context(), a, o)
+		},
+	}
+	f := cmd.Flags()
+	f.String("backend", "auto", "backend for the loopback: auto, ucx or nixl (auto: nixl when available, else ucx)")
+	f.Int("requests", 20, "loopback requests (0: no loopback)")
+	f.Bool("peer-mode", true, "also run the loopback with peer error handling (ucx backend)")
+	return cmd
+}
+
+func runProbeEnv(ctx context.Context, a *app, o probeEnvOptions) error {
+	if o.Requests < 0 || o.Requests > 10000 {
+		return errkind.BadInputf("--requests must be between 0 and 10000 (got %d)", o.Requests)
+	}
+	switch o.Backend {
+	case "auto", "ucx", "nixl":
+	default:
+		return errkind.BadInputf("--backend %q: want auto, ucx or nixl", o.Backend)
+	}
+	res, err := probe.RunEnv(ctx, probe.EnvOptions{Backend: o.Backend, Requests: o.Requests, PeerModeCheck: o.PeerMode,
+		Version: version, Log: a.log})
+	if res != nil {
+		if werr := probe.WriteEnv(a.io.Out, a.format, res); werr != nil {
+			return werr
+		}
+	}
+	return err
+}

@@ -1,0 +1,116 @@
+package probe
+
+/*
+#cgo pkg-config: ucx
+#cgo CFLAGS: -O2 -Wall
+#cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucp/api/ucp.h>
+
+// nxp_ucx_config prints the UCP configuration as the library reads it from
+// the environment (UCX_*=value lines, hidden ones too). The caller frees
+// the string.
+static char *nxp_ucx_config(void)
+{
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) {
+        return NULL;
+    }
+    char  *buf = NULL;
+    size_t len = 0;
+    FILE  *f   = open_memstream(&buf, &len);
+    if (f != NULL) {
+        ucp_config_print(cfg, f, NULL, (ucs_config_print_flags_t)(UCS_CONFIG_PRINT_CONFIG | UCS_CONFIG_PRINT_HIDDEN));
+        fclose(f);
+    }
+    ucp_config_release(cfg);
+    return buf;
+}
+// nxp_ucp_path is the file libucp was loaded from (NULL if unknown).
+static const char *nxp_ucp_path(void)
+{
+    Dl_info info;
+    if (dladdr((void *)ucp_get_version_string, &info) != 0 && info.dli_fname != NULL) {
+        return info.dli_fname;
+    }
+    return NULL;
+}
+*/
+import "C"
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"unsafe"
+)
+
+// UCXLibraryVersion is the version of the libucp this process runs on.
+func UCXLibraryVersion() string { return C.GoString(C.ucp_get_version_string()) }
+
+// UCXKnows reports whether the UCP library in this process has the
+// configuration variable name (UCX_ prefix optional) among the variables
+// it prints. (ucp_config_modify cannot tell: UCX 1.13 accepts any name.)
+// ok is false when the library could not read its configuration.
+func UCXKnows(name string) (known, ok bool) {
+	cfg := UCXLibraryConfig()
+	if cfg == nil {
+		return false, false
+	}
+	if !strings.HasPrefix(name, "UCX_") {
+		name = "UCX_" + name
+	}
+	_, known = cfg[name]
+	return known, true
+}
+
+// UCXLibraryConfig is the UCP configuration as the library in this
+// process reads it (environment applied), parsed into variables. nil when
+// the library refuses its environment.
+func UCXLibraryConfig() map[string]string {
+	s := C.nxp_ucx_config()
+	if s == nil {
+		return nil
+	}
+	defer C.free(unsafe.Pointer(s))
+	return ParseUCXConfig(C.GoString(s))
+}
+
+// UCXLibraryPath is the libucp file this process loaded ("" if unknown).
+func UCXLibraryPath() string { return C.GoString(C.nxp_ucp_path()) }
+
+// FindUCXInfo finds the ucx_info of the UCX this process loaded: the one
+// installed beside the library (a UCX under its own prefix, put first on
+// LD_LIBRARY_PATH for NIXL), else the one on PATH. match says whether its
+// version is the library's; another UCX's ucx_info can print the wrong
+// devices, or crash against the loaded libraries.
+func FindUCXInfo() (path string, build UCXBuild, match bool) {
+	lib := UCXLibraryVersion()
+	var cands []string
+	if p := UCXLibraryPath(); p != "" {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		cands = append(cands, filepath.Join(filepath.Dir(p), "..", "bin", "ucx_info"))
+	}
+	if p, err := exec.LookPath("ucx_info"); err == nil {
+		cands = append(cands, p)
+	}
+	for _, c := range cands {
+		out, err := exec.Command(c, "-v").Output()
+		if err != nil {
+			continue // missing, or cannot run against the loaded libraries
+		}
+		b := ParseUCXVersion(string(out))
+		if b.Version == lib {
+			return filepath.Clean(c), b, true
+		}
+		if path == "" || build.Version == "" {
+			path, build = filepath.Clean(c), b
+		}
+	}
+	return path, build, false
+}
