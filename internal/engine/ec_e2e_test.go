@@ -48,6 +48,13 @@ type ecEncoder struct {
 // startEncoder runs a producer as a child process over UCX.
 func startEncoder(t *testing.T, regionBytes int, listen string, pinLease time.Duration) *ecEncoder {
 	t.Helper()
+	return startEncoderIn(t, regionBytes, listen, pinLease, "")
+}
+
+// startEncoderIn puts the producer's region file in shmDir ("" for
+// /dev/shm).
+func startEncoderIn(t *testing.T, regionBytes int, listen string, pinLease time.Duration, shmDir string) *ecEncoder {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,7 @@ func startEncoder(t *testing.T, regionBytes int, listen string, pinLease time.Du
 		t.Fatal(err)
 	}
 	rep, err := c.Call(EncoderRequest{Op: "setup", Backend: "ucx", Name: "ec-producer-test", RegionBytes: regionBytes,
-		BlockBytes: ecBlock, CompatHash: ecHash, Listen: listen, PinLeaseMS: int(pinLease / time.Millisecond)})
+		BlockBytes: ecBlock, CompatHash: ecHash, Listen: listen, PinLeaseMS: int(pinLease / time.Millisecond), ShmDir: shmDir})
 	if err != nil {
 		c.Close()
 		t.Fatal(err)
@@ -279,7 +286,10 @@ func TestECNacks(t *testing.T) {
 
 func TestECProducerKilledMidRun(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	enc := startEncoder(t, 8*ecSmall, "", 0)
+	// A directory of its own: other test processes sweep /dev/shm for
+	// dead owners' regions and would take the file this test looks for.
+	shmDir := t.TempDir()
+	enc := startEncoderIn(t, 8*ecSmall, "", 0, shmDir)
 	p, path := enc.endpoint, enc.path
 	for _, mm := range []string{"a", "b", "c"} {
 		enc.encode(t, mm, ecSmall)
@@ -322,7 +332,7 @@ func TestECProducerKilledMidRun(t *testing.T) {
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("the killed producer's region should be left behind: %v", err)
 	}
-	removed, _ := CleanStaleRegions("")
+	removed, _ := CleanStaleRegions(shmDir)
 	if !contains(removed, path) {
 		t.Errorf("stale region %s not removed (removed %v)", path, removed)
 	}

@@ -38,6 +38,7 @@ type EncoderRequest struct {
 	CompatHash  string `json:"compat_hash,omitempty"`
 	Listen      string `json:"listen,omitempty"`
 	PinLeaseMS  int    `json:"pin_lease_ms,omitempty"`
+	ShmDir      string `json:"shm_dir,omitempty"` // where the region file goes (default /dev/shm)
 
 	// encode
 	MMHash  string `json:"mm_hash,omitempty"`
@@ -98,7 +99,7 @@ func encoderDo(ctx context.Context, pp **Producer, req EncoderRequest, log *slog
 		}
 		np, err := StartProducer(ctx, ProducerConfig{Name: req.Name, Backend: req.Backend, RegionBytes: req.RegionBytes,
 			BlockBytes: req.BlockBytes, CompatHash: req.CompatHash, Listen: req.Listen,
-			PinLease: time.Duration(req.PinLeaseMS) * time.Millisecond, Log: log})
+			PinLease: time.Duration(req.PinLeaseMS) * time.Millisecond, ShmDir: req.ShmDir, Log: log})
 		if err != nil {
 			return EncoderReply{}, err
 		}
