@@ -514,6 +514,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 		reqs[k] = q
 	}
 
+	var samples [][2]time.Duration // post and transfer time per timed request
 	// run posts n requests keeping `depth` in flight; record says whether
 	// to measure them.
 	run := func(n int, record bool) error {
@@ -563,10 +564,10 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				active[k] = false
 				done++
 				if record {
+					// Kept raw and binned after the timed loop, so the
+					// histograms cost the measurement nothing.
 					t := r.agent.Telemetry(reqs[k])
-					post.Record(t.PostDuration)
-					tx.Record(t.XferDuration)
-					lat.Record(t.Total())
+					samples = append(samples, [2]time.Duration{t.PostDuration, t.XferDuration})
 				}
 				if posted < n {
 					if err := repost(k); err != nil {
@@ -585,11 +586,17 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 			return XferPoint{}, err
 		}
 	}
+	samples = make([][2]time.Duration, 0, iters)
 	start := time.Now()
 	if err := run(iters, true); err != nil {
 		return XferPoint{}, err
 	}
 	elapsed := time.Since(start)
+	for _, sm := range samples {
+		post.Record(sm[0])
+		tx.Record(sm[1])
+		lat.Record(sm[0] + sm[1])
+	}
 	if o.Notif {
 		// Drain what the target received so its queue does not grow.
 		if _, err := r.target.Call(engine.TargetRequest{Op: "notifs"}); err != nil {

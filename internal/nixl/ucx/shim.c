@@ -39,6 +39,7 @@ struct nx_ctx {
     int             notifyfd; /* eventfd Go waits on for notifications */
     atomic_int      stop;
     int             inflight; /* transfers not yet DONE/ERROR (under mu) */
+    uint64_t        now_hint; /* a fresh clock reading finish may reuse (under mu) */
     nx_xfer_t      *ready;    /* transfers whose outstanding ops reached 0 (under mu) */
     nx_xfer_t      *active;   /* transfers in flight, doubly linked (under mu) */
     char            name[256];
@@ -476,7 +477,9 @@ static void activate(nx_xfer_t *x)
 static void finish(nx_xfer_t *x, int state)
 {
     nx_ctx_t *c = x->c;
-    x->pub.t_done = nx_now_ns();
+    /* Completing inside the post: the post's end time is the completion
+     * time (saves a clock read per request on the fast path). */
+    x->pub.t_done = c->now_hint ? c->now_hint : nx_now_ns();
     set_state(x, state);
     if (x->prev_active) {
         x->prev_active->next_active = x->next_active;
@@ -637,7 +640,9 @@ int nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x)
         }
     }
     x->pub.t_post1 = nx_now_ns();
+    c->now_hint    = x->pub.t_post1;
     advance(x);
+    c->now_hint = 0;
     st = xstate(x);
     /* Operations that did not complete in place need progress; the
      * caller usually polls, but measured here, completions come sooner
