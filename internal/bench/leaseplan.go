@@ -117,7 +117,7 @@ func PlanFor(scenario string, lc engine.LeaseConfig) (ChaosPlan, error) {
 	case ScenarioDecodeStall:
 		p.About = "decode is SIGSTOPped for two leases, then continues: its queued requests' leases lapse"
 		p.DecodeHold = frac(0.4)
-		p.StallDecodeAt = frac(0.5) // 0 done, 1 decoding, 2-7 queued
+		p.StallDecodeAt = frac(0.55) // 0 done, 1 decoding, 2-7 queued; between two heartbeats
 		p.StallFor = frac(2)
 	case ScenarioAbortBeforeRd:
 		p.About = "the router aborts queued requests behind one that keeps waiting (and heartbeating)"

@@ -455,6 +455,11 @@ func (t *HeartbeatTracker) Stop(localID string) bool {
 	return true
 }
 
+// Retry lets the next Due emit at once: decode could not send the last
+// batch (no handshake with the engine yet) and sends it a step later,
+// once the handshake it started is done.
+func (t *HeartbeatTracker) Retry() { t.emitted = false }
+
 // Tracked is the number of requests being heartbeated.
 func (t *HeartbeatTracker) Tracked() int { return len(t.local) }
 
