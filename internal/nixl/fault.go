@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -20,8 +21,12 @@ type Faults struct {
 	DelayNotif  float64
 	DelayNotifs time.Duration
 	NotifPrefix string
-	// Outgoing SendNotif calls that match NotifPrefix are dropped.
-	DropSend float64
+	// Outgoing SendNotif calls that match NotifPrefix are dropped, at
+	// random, or with DropSendEvenly spread evenly: matching send k
+	// (from 0) is dropped when floor((k+1)*DropSend) > floor(k*DropSend),
+	// so 0.5 drops every other one and never two in a row.
+	DropSend       float64
+	DropSendEvenly bool
 	// PostXferReq fails without posting; XferStatus reports a request
 	// failed although it ran (the request is waited for on release).
 	FailPost   float64
@@ -49,6 +54,7 @@ type FaultyAgent struct {
 
 	mu      sync.Mutex
 	rng     *rand.Rand
+	sends   int // matching SendNotif calls so far (DropSendEvenly)
 	stats   FaultStats
 	held    []heldNotif
 	failed  map[XferReq]bool
@@ -185,7 +191,16 @@ func (a *FaultyAgent) NotifReady() <-chan struct{} { return a.merged }
 // SendNotif drops matching notifications with probability DropSend.
 func (a *FaultyAgent) SendNotif(remote string, msg []byte) error {
 	a.mu.Lock()
-	drop := a.matches(msg) && a.roll(a.f.DropSend)
+	var drop bool
+	if a.matches(msg) {
+		if a.f.DropSendEvenly {
+			k := float64(a.sends)
+			drop = math.Floor((k+1)*a.f.DropSend) > math.Floor(k*a.f.DropSend)
+			a.sends++
+		} else {
+			drop = a.roll(a.f.DropSend)
+		}
+	}
 	if drop {
 		a.stats.DroppedSends++
 	}

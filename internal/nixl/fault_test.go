@@ -100,6 +100,38 @@ func TestFaultsNotifications(t *testing.T) {
 	}
 }
 
+func TestFaultsDropSendEvenly(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, tc := range []struct {
+		frac float64
+		want string // per matching send: s sent, d dropped
+	}{
+		{0.5, "sdsdsdsd"},
+		{0.25, "sssdsssd"},
+		{0.75, "sdddsddd"},
+		{0, "ssssssss"},
+		{1, "dddddddd"},
+	} {
+		fake := newFake()
+		a := WithFaults(fake, Faults{DropSend: tc.frac, DropSendEvenly: true, NotifPrefix: "HB:"})
+		got := ""
+		for range 8 {
+			n := len(fake.sent)
+			a.SendNotif("p", []byte("HB:x"))
+			a.SendNotif("p", []byte("other")) // not matching: never dropped, not counted
+			if len(fake.sent) == n+2 {
+				got += "s"
+			} else {
+				got += "d"
+			}
+		}
+		a.Close()
+		if got != tc.want {
+			t.Errorf("drop %.2f evenly: %s, want %s", tc.frac, got, tc.want)
+		}
+	}
+}
+
 func TestFaultsRequests(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	fake := newFake()
