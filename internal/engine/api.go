@@ -77,6 +77,17 @@ type LoadRequest struct {
 	Bootstrap    string         `json:"bootstrap,omitempty"` // SGLang bootstrap server host:port
 }
 
+// AbortRequest asks decode to abort a request the router gave it; only a
+// request still waiting for a slot can be aborted.
+type AbortRequest struct {
+	ID string `json:"id"` // the router's request id
+}
+
+// AbortReply says whether the request was found in decode's queue.
+type AbortReply struct {
+	Aborted bool `json:"aborted"`
+}
+
 // LoadReply is decode's account of one request. Times are CLOCK_MONOTONIC
 // nanoseconds (comparable across processes on one host).
 type LoadReply struct {
@@ -88,6 +99,7 @@ type LoadReply struct {
 	HandshakeMS        float64 `json:"handshake_ms"`
 	FirstHandshake     bool    `json:"first_handshake"`
 	TArrive            int64   `json:"t_arrive"`
+	TScheduled         int64   `json:"t_scheduled,omitempty"` // got a decode slot (0: no slots configured)
 	TRegSent           int64   `json:"t_reg_sent,omitempty"`
 	TPostStart         int64   `json:"t_post_start,omitempty"`
 	TPostEnd           int64   `json:"t_post_end,omitempty"`
@@ -116,4 +128,17 @@ type FreedEvent struct {
 	LogicalDescs int   `json:"logical_descriptors,omitempty"`
 	Bytes        int64 `json:"bytes,omitempty"`
 	Failed       bool  `json:"failed,omitempty"`
+	// The lease: what the blocks weigh, the last heartbeat that renewed
+	// it (0: none), how many did, and its deadline when it ended.
+	HeldBytes  int64 `json:"held_bytes"`
+	TLastRenew int64 `json:"t_last_renew,omitempty"`
+	Renewals   int   `json:"renewals,omitempty"`
+	TDeadline  int64 `json:"t_deadline,omitempty"`
+}
+
+// ScheduledEvent reports decode giving a request a slot (lease-chaos).
+type ScheduledEvent struct {
+	RouterID  string `json:"router_id"`
+	RequestID string `json:"request_id"`
+	T         int64  `json:"t"`
 }

@@ -27,9 +27,41 @@ type decodeState struct {
 	e    *Engine
 	mu   sync.Mutex
 	reqs map[string]*dreq
+
+	// tracker heartbeats the prefill engines of every request from its
+	// arrival to its KV (pull and push; nil for SGLang); hb is the state
+	// of the handshakes heartbeats need, by prefill engine.
+	tracker *HeartbeatTracker
+	hb      map[string]*hbPeer
+	// The scheduler: with slots > 0, requests past the running ones wait
+	// in queue, first come first served.
+	slots   int
+	running int
+	queue   []*waiter
 }
 
-func newDecodeState(e *Engine) *decodeState { return &decodeState{e: e, reqs: map[string]*dreq{}} }
+type hbPeer struct {
+	ready, busy bool
+	failedAt    int64
+}
+
+type waiter struct {
+	router string
+	ready  chan struct{} // closed when the request gets a slot
+	abort  chan struct{} // closed when the router aborts it
+	done   bool          // got a slot or was aborted (under mu)
+}
+
+func newDecodeState(e *Engine) *decodeState {
+	s := &decodeState{e: e, reqs: map[string]*dreq{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
+	if e.cfg.Protocol != ProtoSGLang {
+		s.tracker = NewHeartbeatTracker(e.cfg.LeaseConfig().HeartbeatInterval())
+	}
+	return s
+}
+
+// errAborted: the router aborted a request while it waited for a slot.
+var errAborted = errors.New("aborted while queued")
 
 // Load receives one request's KV with the engine's protocol and reports
 // the stages. Failures come back in LoadReply.Error with the timings so far.
@@ -37,19 +69,256 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 	e := s.e
 	e.c.requests.Add(1)
 	rep := LoadReply{RequestID: r.ID + "-" + randHex(4), TArrive: mono.Now()}
-	var err error
-	switch e.cfg.Protocol {
-	case ProtoPull:
-		err = s.pull(ctx, r, &rep)
-	case ProtoPush:
-		err = s.push(ctx, r, &rep)
-	case ProtoSGLang:
-		err = e.sgl.load(ctx, r, &rep)
+	// Heartbeats start on arrival, not when the request is scheduled:
+	// the wait in the queue is what they are for.
+	s.track(rep.RequestID, r.Params)
+	err := s.acquire(ctx, r.ID)
+	if err == nil {
+		if s.slots > 0 {
+			rep.TScheduled = mono.Now()
+			if e.cfg.LeaseEvents {
+				e.emit("scheduled", ScheduledEvent{RouterID: r.ID, RequestID: rep.RequestID, T: rep.TScheduled})
+			}
+		}
+		switch e.cfg.Protocol {
+		case ProtoPull:
+			err = s.pull(ctx, r, &rep)
+		case ProtoPush:
+			err = s.push(ctx, r, &rep)
+		case ProtoSGLang:
+			err = e.sgl.load(ctx, r, &rep)
+		}
+		s.untrack(rep.RequestID)
+		s.releaseAfter(e.cfg.DecodeHold)
+	} else {
+		s.untrack(rep.RequestID)
 	}
 	if err != nil {
 		rep.Error = err.Error()
 	}
 	return rep, nil
+}
+
+func (s *decodeState) track(local string, p TransferParams) {
+	if s.tracker == nil || p.RemoteEngineID == "" || p.RemoteRequestID == "" {
+		return
+	}
+	s.mu.Lock()
+	s.tracker.Track(local, HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, p.RemoteRequestID)
+	s.mu.Unlock()
+}
+
+func (s *decodeState) untrack(local string) {
+	if s.tracker == nil {
+		return
+	}
+	s.mu.Lock()
+	s.tracker.Stop(local)
+	s.mu.Unlock()
+}
+
+// acquire waits for a decode slot (none needed without slots).
+func (s *decodeState) acquire(ctx context.Context, router string) error {
+	if s.slots <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	if s.running < s.slots && len(s.queue) == 0 {
+		s.running++
+		s.mu.Unlock()
+		return nil
+	}
+	w := &waiter{router: router, ready: make(chan struct{}), abort: make(chan struct{})}
+	s.queue = append(s.queue, w)
+	s.mu.Unlock()
+	select {
+	case <-w.ready:
+		return nil
+	case <-w.abort:
+		return errAborted
+	case <-ctx.Done():
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.done { // got the slot meanwhile: give it back
+			select {
+			case <-w.ready:
+				s.handOffLocked()
+			default:
+			}
+			return ctx.Err()
+		}
+		w.done = true
+		s.removeLocked(w)
+		return ctx.Err()
+	}
+}
+
+func (s *decodeState) removeLocked(w *waiter) {
+	for i, x := range s.queue {
+		if x == w {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// handOffLocked passes a freed slot to the first waiter, or frees it.
+func (s *decodeState) handOffLocked() {
+	for len(s.queue) > 0 {
+		w := s.queue[0]
+		s.queue = s.queue[1:]
+		if w.done {
+			continue
+		}
+		w.done = true
+		close(w.ready)
+		return
+	}
+	s.running--
+}
+
+// releaseAfter gives the slot back once the request has decoded for hold.
+func (s *decodeState) releaseAfter(hold time.Duration) {
+	if s.slots <= 0 {
+		return
+	}
+	release := func() {
+		s.mu.Lock()
+		s.handOffLocked()
+		s.mu.Unlock()
+	}
+	if hold <= 0 {
+		release()
+		return
+	}
+	time.AfterFunc(hold, release)
+}
+
+// Abort takes a request out of decode's queue (vLLM: the request finishes
+// as aborted, and its heartbeats stop). A request that already has a slot
+// is not aborted.
+func (s *decodeState) Abort(router string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.queue {
+		if w.router == router && !w.done {
+			w.done = true
+			s.removeLocked(w)
+			close(w.abort)
+			s.e.c.aborted.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+func (s *decodeState) stats(st *Stats) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.Queued = len(s.queue)
+}
+
+// heartbeatLoop is the heartbeat half of decode's engine step: every
+// step, send the batches that are due to every rank of their prefill
+// engine. An engine decode has not shaken hands with yet gets a
+// handshake started in the background and its batch a step after it is
+// done (vLLM's proactive handshake).
+func (s *decodeState) heartbeatLoop() {
+	e := s.e
+	defer e.wg.Done()
+	t := time.NewTicker(e.cfg.Step)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := mono.Now()
+		s.mu.Lock()
+		batches := s.tracker.Due(now)
+		var send []HeartbeatBatch
+		retry := false
+		for _, b := range batches {
+			p := s.hb[b.Target.EngineID]
+			if p == nil {
+				p = &hbPeer{}
+				s.hb[b.Target.EngineID] = p
+			}
+			switch {
+			case p.ready:
+				send = append(send, b)
+			case p.busy:
+				retry = true
+			case p.failedAt != 0 && now-p.failedAt < int64(e.cfg.LeaseConfig().HeartbeatInterval()):
+				// The engine did not answer lately: try again at the next interval.
+			default:
+				p.busy, retry = true, true
+				go s.heartbeatHandshake(b.Target, p)
+			}
+		}
+		if retry {
+			s.tracker.Retry()
+		}
+		s.mu.Unlock()
+		for _, b := range send {
+			s.sendHeartbeat(b)
+		}
+	}
+}
+
+func (s *decodeState) heartbeatHandshake(t HeartbeatTarget, p *hbPeer) {
+	e := s.e
+	var ranks []int
+	var pairs [][2]int
+	for pr := 0; pr < max(t.TPSize, 1); pr++ {
+		ranks = append(ranks, pr)
+		for d := range e.ranks {
+			pairs = append(pairs, [2]int{d, pr})
+		}
+	}
+	_, _, err := e.handshake(e.ctx, t.EngineID, t.Endpoint, ranks, pairs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.busy = false
+	if err != nil {
+		p.failedAt = mono.Now()
+		e.log.Debug("heartbeat handshake failed", "engine", t.EngineID, "err", err)
+		return
+	}
+	p.ready, p.failedAt = true, 0
+}
+
+// sendHeartbeat sends one batch from every local rank to every rank of
+// the prefill engine (a rank that gets it twice just renews twice).
+func (s *decodeState) sendHeartbeat(b HeartbeatBatch) {
+	e := s.e
+	e.remotesMu.Lock()
+	re := e.remotes[b.Target.EngineID]
+	e.remotesMu.Unlock()
+	if re == nil {
+		s.mu.Lock()
+		if p := s.hb[b.Target.EngineID]; p != nil {
+			p.ready = false // forgotten after a failure: shake hands again
+		}
+		s.mu.Unlock()
+		return
+	}
+	msg := b.Message()
+	for d, rk := range e.ranks {
+		for pr := 0; pr < max(b.Target.TPSize, 1); pr++ {
+			name := re.agentName(d, pr)
+			if name == "" {
+				continue
+			}
+			if err := rk.agent.SendNotif(name, msg); err != nil {
+				e.c.failedNotifs.Add(1)
+				e.log.Debug("heartbeat not sent", "engine", b.Target.EngineID, "err", err)
+				continue
+			}
+			e.c.heartbeatsSent.Add(1)
+		}
+	}
 }
 
 // localShare allocates decode's blocks for the part of the request it

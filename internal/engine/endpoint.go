@@ -11,8 +11,9 @@ import (
 )
 
 // ServeEndpoint runs one engine endpoint over an RPC channel: "setup"
-// creates the engine (once), then "prefill" or "load", "stats", "info".
-// Events ("freed") flow back unasked. It returns when the channel closes.
+// creates the engine (once), then "prefill" or "load", "abort", "stats",
+// "info". Events ("freed"; with lease events "heartbeat", "leases",
+// "scheduled") flow back unasked. It returns when the channel closes.
 func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
 	srv := NewRPCServer(w)
 	var mu sync.Mutex
@@ -72,6 +73,20 @@ func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logg
 			return nil, fmt.Errorf("load: %w", err)
 		}
 		return e.dec.Load(ctx, r)
+	})
+	srv.Handle("abort", func(ctx context.Context, params json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		if e.dec == nil {
+			return nil, errors.New("this endpoint is a prefill engine")
+		}
+		var r AbortRequest
+		if err := json.Unmarshal(params, &r); err != nil {
+			return nil, fmt.Errorf("abort: %w", err)
+		}
+		return AbortReply{Aborted: e.dec.Abort(r.ID)}, nil
 	})
 	srv.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
 		e, err := get()

@@ -56,16 +56,38 @@ type Config struct {
 	// SGLang, its bootstrap server) binds; default tcp://127.0.0.1:0.
 	SideChannel string `json:"side_channel"`
 	// Lease is how long prefill keeps a finished request's blocks for its
-	// consumers (vLLM's kv_lease_duration); RegTimeout is push mode's
-	// decode-side registration watchdog.
-	Lease      time.Duration `json:"lease"`
-	RegTimeout time.Duration `json:"reg_timeout"`
+	// consumers (vLLM's kv_lease_duration) until a heartbeat extends it;
+	// LeasePolicy, FixedTimeout and Reaper complete the lease
+	// configuration (LeaseConfig). RegTimeout is push mode's decode-side
+	// registration watchdog.
+	Lease        time.Duration `json:"lease"`
+	LeasePolicy  LeasePolicy   `json:"lease_policy,omitempty"`
+	FixedTimeout time.Duration `json:"fixed_timeout,omitempty"`
+	Reaper       ReaperMode    `json:"reaper,omitempty"`
+	RegTimeout   time.Duration `json:"reg_timeout"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
-	// ReapEvery is how often prefill scans its lease table (an engine step).
-	ReapEvery time.Duration `json:"reap_every"`
-	Faults    *nixl.Faults  `json:"faults,omitempty"`
-	Seed      uint64        `json:"seed"`
+	// Step is the engine's step: prefill applies the heartbeats it got
+	// and reaps expired leases once per step, decode sends the heartbeats
+	// that are due once per step, as vLLM does in its forward loop.
+	Step time.Duration `json:"step"`
+	// DecodeSlots bounds how many requests decode runs at once (0: no
+	// bound); the others wait in its queue, first come first served, and
+	// are heartbeated meanwhile. DecodeHold keeps a request's slot that
+	// long after its KV arrived (its decoding).
+	DecodeSlots int           `json:"decode_slots,omitempty"`
+	DecodeHold  time.Duration `json:"decode_hold,omitempty"`
+	// LeaseEvents makes prefill report its lease table over time
+	// ("leases" samples, "heartbeat" events) and decode its scheduling
+	// ("scheduled" events), for lease-chaos.
+	LeaseEvents bool         `json:"lease_events,omitempty"`
+	Faults      *nixl.Faults `json:"faults,omitempty"`
+	Seed        uint64       `json:"seed"`
+}
+
+// LeaseConfig is the engine's lease configuration.
+func (c Config) LeaseConfig() LeaseConfig {
+	return LeaseConfig{Policy: c.LeasePolicy, Duration: c.Lease, Timeout: c.FixedTimeout, Reaper: c.Reaper}
 }
 
 // Spec is the engine's KV layout.
@@ -116,12 +138,27 @@ type Stats struct {
 	MalformedControl int64 `json:"malformed_side_channel_msgs"`
 	BlocksInUse      int64 `json:"blocks_in_use"`
 	BlocksTotal      int64 `json:"blocks_total"`
-	Heartbeats       int64 `json:"heartbeats"`
+	// Heartbeats counts heartbeat messages received (prefill);
+	// HeartbeatsSent those sent and HeartbeatsLost those a fault plan
+	// dropped (decode).
+	Heartbeats     int64 `json:"heartbeats"`
+	HeartbeatsSent int64 `json:"heartbeats_sent,omitempty"`
+	HeartbeatsLost int64 `json:"heartbeats_lost,omitempty"`
+	// Prefill's lease table: what it did, what it holds, and the most
+	// leases seen past their deadline but not released after a step.
+	Leases               *LeaseStats `json:"leases,omitempty"`
+	LeasesHeld           int         `json:"leases_held"`
+	ExpiredUnreleased    int         `json:"expired_unreleased"`
+	ExpiredUnreleasedMax int         `json:"expired_unreleased_max"`
+	// Decode's queue: requests waiting for a slot, and aborted there.
+	Queued  int   `json:"queued,omitempty"`
+	Aborted int64 `json:"aborted,omitempty"`
 }
 
 type counters struct {
 	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
+	heartbeatsSent, aborted                                                      atomic.Int64
 }
 
 // rank is one TP rank: its own agent and pool.
@@ -197,9 +234,17 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if cfg.RegTimeout <= 0 {
 		cfg.RegTimeout = 480 * time.Second
 	}
-	if cfg.ReapEvery <= 0 {
-		cfg.ReapEvery = 10 * time.Millisecond
+	if cfg.Step <= 0 {
+		cfg.Step = 10 * time.Millisecond
 	}
+	if cfg.DecodeSlots < 0 || cfg.DecodeHold < 0 {
+		return nil, fmt.Errorf("decode_slots and decode_hold must be >= 0")
+	}
+	lc, err := cfg.LeaseConfig().Normalize()
+	if err != nil {
+		return nil, err
+	}
+	cfg.LeasePolicy, cfg.Lease, cfg.FixedTimeout, cfg.Reaper = lc.Policy, lc.Duration, lc.Timeout, lc.Reaper
 	hash, err := cfg.CompatHash()
 	if err != nil {
 		return nil, err
@@ -278,6 +323,10 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		e.wg.Add(1)
 		go e.pre.reaper()
 	}
+	if e.dec != nil && e.dec.tracker != nil && cfg.LeaseConfig().HeartbeatInterval() > 0 {
+		e.wg.Add(1)
+		go e.dec.heartbeatLoop()
+	}
 	ok = true
 	return e, nil
 }
@@ -329,11 +378,24 @@ func (e *Engine) Info() map[string]string {
 
 // Stats snapshots the counters.
 func (e *Engine) Stats() Stats {
-	return Stats{Requests: e.c.requests.Load(), Handshakes: e.c.handshakes.Load(), HandshakeFails: e.c.handshakeFails.Load(),
+	st := Stats{Requests: e.c.requests.Load(), Handshakes: e.c.handshakes.Load(), HandshakeFails: e.c.handshakeFails.Load(),
 		MalformedNotifs: e.c.malformed.Load(), UnknownNotifs: e.c.unknown.Load(), DuplicateNotifs: e.c.duplicate.Load(),
 		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
-		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total())}
+		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
+		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load()}
+	for _, rk := range e.ranks {
+		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
+			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)
+		}
+	}
+	if e.pre != nil {
+		e.pre.stats(&st)
+	}
+	if e.dec != nil {
+		e.dec.stats(&st)
+	}
+	return st
 }
 
 // Close stops everything and releases the pools.
@@ -420,7 +482,8 @@ func (e *Engine) route(rk *rank, from string, m []byte) {
 			e.badNotif("heartbeat received by a decode engine", from, s)
 			return
 		}
-		e.pre.onHeartbeat(strings.Split(s[3:], ","))
+		ids, _ := ParseHeartbeat(s)
+		e.pre.onHeartbeat(ids)
 	case e.sgl != nil && e.dec != nil && isSGLangNotif(s):
 		e.sgl.onNotif(rk, from, s)
 	default:

@@ -22,7 +22,7 @@ type preq struct {
 	tokens     int
 	blocks     []int
 	tFinish    int64
-	deadline   int64 // lease expiry (mono ns)
+	bytes      int64 // what the blocks weigh on all ranks
 	// pull: completion notifications per rank, and how many each expects.
 	seen, want []int
 	rankDone   []bool
@@ -139,17 +139,25 @@ type pendingReg struct {
 type prefillState struct {
 	e  *Engine
 	mu sync.Mutex
+	// leases holds every finished request until its consumers are done
+	// or its lease expires; heartbeats wait in hbPending for the next
+	// step, as vLLM reads notifications once per engine step.
+	leases       *LeaseTable
+	hbPending    [][]string
+	expiredHeld  int
+	expiredHeldM int
 	// reqs by prefill id; byRouter maps the base id to prefill ids so a
 	// registration finds its request whatever suffix decode gave it.
 	reqs      map[string]*preq
 	byBase    map[string]*preq
+	reaped    map[string]*Lease       // reaped, not yet freed
 	regs      []map[string]pendingReg // per rank: registrations not matched yet, by base id
 	wake      []chan struct{}
 	unmatched []int // per rank: staged requests without a matched registration
 }
 
 func newPrefillState(e *Engine) *prefillState {
-	s := &prefillState{e: e, reqs: map[string]*preq{}, byBase: map[string]*preq{}}
+	s := &prefillState{e: e, reqs: map[string]*preq{}, byBase: map[string]*preq{}, leases: NewLeaseTable(e.cfg.LeaseConfig())}
 	for range e.ranks {
 		s.regs = append(s.regs, map[string]pendingReg{})
 		s.wake = append(s.wake, make(chan struct{}, 1))
@@ -198,7 +206,11 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 		}
 	}
 	q := &preq{id: r.ID + "-" + randHex(4), router: r.ID, key: r.Key, tokens: r.Tokens, blocks: blocks, tFinish: mono.Now()}
-	q.deadline = q.tFinish + int64(e.cfg.Lease)
+	for _, rk := range e.ranks {
+		for i := range rk.pool.Rank.Regions {
+			q.bytes += rk.pool.BlockLen(i) * int64(len(blocks))
+		}
+	}
 	q.seen, q.want, q.rankDone = make([]int, len(e.ranks)), make([]int, len(e.ranks)), make([]bool, len(e.ranks))
 	if e.cfg.Protocol == ProtoPush {
 		q.push = make([]*pushRank, len(e.ranks))
@@ -209,6 +221,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	s.mu.Lock()
 	s.reqs[q.id] = q
 	s.byBase[BaseRequestID(q.id)] = q
+	s.leases.Grant(q.id, q.bytes, q.tFinish)
 	if q.push != nil {
 		for i := range e.ranks {
 			s.unmatched[i]++
@@ -257,18 +270,52 @@ func (s *prefillState) onConsumed(rk *rank, from, id string, n int) {
 	}
 }
 
-// onHeartbeat extends the leases of the listed requests to at least now +
-// 2/3 of the lease; it never shortens one and ignores unknown ids.
+// onHeartbeat queues a heartbeat for the next step, which extends the
+// leases it names (LeaseTable.Renew: never shorter, unknown ids ignored).
 func (s *prefillState) onHeartbeat(ids []string) {
 	s.e.c.heartbeats.Add(1)
-	ext := mono.Now() + int64(s.e.cfg.Lease)*2/3
+	s.mu.Lock()
+	s.hbPending = append(s.hbPending, ids)
+	s.mu.Unlock()
+}
+
+// HeartbeatEvent is prefill applying one heartbeat (lease-chaos timelines).
+type HeartbeatEvent struct {
+	T       int64 `json:"t"`
+	IDs     int   `json:"ids"`
+	Renewed int   `json:"renewed"`
+}
+
+// LeaseSample is prefill's lease table at one step (lease-chaos).
+type LeaseSample struct {
+	T           int64 `json:"t"`
+	Held        int   `json:"held"`
+	HeldBytes   int64 `json:"held_bytes"`
+	ExpiredHeld int   `json:"expired_held"`
+}
+
+// renewIDs maps heartbeat ids to the leases' ids: prefill's own id, or in
+// push mode the id decode knows (the router's, without prefill's suffix).
+func (s *prefillState) renewIDs(ids []string) []string {
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if _, ok := s.reqs[id]; !ok {
+			if q := s.byBase[BaseRequestID(id)]; q != nil {
+				id = q.id
+			}
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+func (s *prefillState) stats(st *Stats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range ids {
-		if q := s.reqs[id]; q != nil && ext > q.deadline {
-			q.deadline = ext
-		}
-	}
+	ls := s.leases.Stats()
+	st.Leases = &ls
+	st.LeasesHeld = s.leases.Len()
+	st.ExpiredUnreleased, st.ExpiredUnreleasedMax = s.expiredHeld, s.expiredHeldM
 }
 
 // free releases a request's blocks once (poisoning them, so a late reader
@@ -280,10 +327,17 @@ func (s *prefillState) free(q *preq, reason string) {
 		return
 	}
 	delete(s.reqs, q.id)
+	ev := FreedEvent{ID: q.id, RouterID: q.router, Reason: reason, Blocks: len(q.blocks), TFinish: q.tFinish, TFreed: mono.Now(), HeldBytes: q.bytes}
+	if l, ok := s.leases.Get(q.id); ok {
+		ev.TLastRenew, ev.Renewals, ev.TDeadline = l.LastRenew, l.Renewals, l.Deadline
+		s.leases.Release(q.id)
+	} else if l := s.reaped[q.id]; l != nil {
+		ev.TLastRenew, ev.Renewals, ev.TDeadline = l.LastRenew, l.Renewals, l.Deadline
+		delete(s.reaped, q.id)
+	}
 	if s.byBase[BaseRequestID(q.id)] == q {
 		delete(s.byBase, BaseRequestID(q.id))
 	}
-	ev := FreedEvent{ID: q.id, RouterID: q.router, Reason: reason, Blocks: len(q.blocks), TFinish: q.tFinish, TFreed: mono.Now()}
 	for _, n := range q.seen {
 		ev.Consumers += n
 	}
@@ -318,11 +372,12 @@ func (s *prefillState) free(q *preq, reason string) {
 	s.e.emit("freed", ev)
 }
 
-// reaper frees requests whose lease expired, scanning the whole table
-// every engine step.
+// reaper is the lease half of prefill's engine step: apply the heartbeats
+// that arrived since the last step, then free the requests whose lease
+// expired (the whole table, or head-only as vLLM did before PR #50789).
 func (s *prefillState) reaper() {
 	defer s.e.wg.Done()
-	t := time.NewTicker(s.e.cfg.ReapEvery)
+	t := time.NewTicker(s.e.cfg.Step)
 	defer t.Stop()
 	for {
 		select {
@@ -330,30 +385,53 @@ func (s *prefillState) reaper() {
 			return
 		case <-t.C:
 		}
-		now := mono.Now()
-		var expired []*preq
-		s.mu.Lock()
-		for _, q := range s.reqs {
-			if now > q.deadline && !s.writesInFlight(q) {
-				expired = append(expired, q)
-			}
-		}
-		s.mu.Unlock()
-		for _, q := range expired {
-			s.free(q, "expired")
-		}
+		s.step(mono.Now())
 	}
 }
 
-// writesInFlight: blocks under a posted WRITE cannot be freed until it
-// completes (the data is still being read).
-func (s *prefillState) writesInFlight(q *preq) bool {
-	for _, pr := range q.push {
-		if pr.posted > pr.done {
-			return true
+func (s *prefillState) step(now int64) {
+	events := s.e.cfg.LeaseEvents
+	var hbs []HeartbeatEvent
+	var expired []*preq
+	s.mu.Lock()
+	for _, ids := range s.hbPending {
+		n := s.leases.Renew(s.renewIDs(ids), now)
+		if events {
+			hbs = append(hbs, HeartbeatEvent{T: now, IDs: len(ids), Renewed: n})
 		}
 	}
-	return false
+	s.hbPending = s.hbPending[:0]
+	for _, l := range s.leases.Reap(now) {
+		if q := s.reqs[l.ID]; q != nil {
+			expired = append(expired, q)
+			if s.reaped == nil {
+				s.reaped = map[string]*Lease{}
+			}
+			s.reaped[l.ID] = l
+		}
+	}
+	// What the reaper left behind past its deadline (the head-only leak);
+	// the ones reaped above are counted as held until they are freed.
+	n, _ := s.leases.ExpiredHeld(now)
+	s.expiredHeld = n
+	s.expiredHeldM = max(s.expiredHeldM, n)
+	var sample LeaseSample
+	if events {
+		sample = LeaseSample{T: now, Held: s.leases.Len() + len(expired), HeldBytes: s.leases.HeldBytes(), ExpiredHeld: n}
+		for _, q := range expired {
+			sample.HeldBytes += q.bytes
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range hbs {
+		s.e.emit("heartbeat", h)
+	}
+	for _, q := range expired {
+		s.free(q, "expired")
+	}
+	if events {
+		s.e.emit("leases", sample)
+	}
 }
 
 // --- push ------------------------------------------------------------
@@ -554,6 +632,11 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 	s.mu.Lock()
 	p.writes = append(p.writes, writes...)
 	p.posted += len(writes)
+	if len(writes) > 0 {
+		// Blocks under a WRITE cannot be freed until it ends (they are
+		// still being read): the reaper passes them by meanwhile.
+		s.leases.Pin(q.id, true)
+	}
 	p.tPostStart, p.tPostEnd = t0, mono.Now()
 	p.descs, p.logical, p.bytes = descs, logical, bytes
 	s.mu.Unlock()
@@ -592,9 +675,14 @@ func (s *prefillState) pollWrites(rk *rank, q *preq) {
 	p.failed = p.failed || failed > 0
 	all := true
 	anyFailed := false
+	inFlight := false
 	for _, pr := range q.push {
 		all = all && pr.reg != nil && pr.posted > 0 && pr.done == pr.posted
 		anyFailed = anyFailed || pr.failed
+		inFlight = inFlight || pr.posted > pr.done
+	}
+	if !inFlight {
+		s.leases.Pin(q.id, false)
 	}
 	s.mu.Unlock()
 	if all && !anyFailed {
