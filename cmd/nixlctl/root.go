@@ -58,7 +58,7 @@ func newRootCmd(a *app) *cobra.Command {
 	pf.String("log-level", "warn", "log level on stderr: debug, info, warn or error")
 	pf.String("config", "", "config file (default: ./nixlctl.yaml if present, or $NIXLCTL_CONFIG)")
 
-	root.AddCommand(newKVCmd(a), newBenchCmd(a), newProbeCmd(a), newReportCmd(a), newGateCmd(a), newServeCmd(a), newVersionCmd(a))
+	root.AddCommand(newKVCmd(a), newBenchCmd(a), newProbeCmd(a), newReportCmd(a), newGateCmd(a), newLeaseChaosCmd(a), newServeCmd(a), newVersionCmd(a))
 	return root
 }
 

@@ -441,13 +441,13 @@ type handoff struct {
 }
 
 func (h *handoff) collectFreed() {
-	for ev := range h.pe.rpc.Events() {
+	forEachEvent(h.pe, func(ev engine.Event) {
 		if ev.Name != "freed" {
-			continue
+			return
 		}
 		var f engine.FreedEvent
 		if json.Unmarshal(ev.Data, &f) != nil {
-			continue
+			return
 		}
 		h.mu.Lock()
 		h.freed[f.RouterID] = f
@@ -457,7 +457,7 @@ func (h *handoff) collectFreed() {
 		if ch != nil {
 			ch <- f
 		}
-	}
+	})
 }
 
 // waitFreed waits (bounded) for prefill to report a request's release.

@@ -126,11 +126,13 @@ func (s *decodeState) acquire(ctx context.Context, router string) error {
 	if s.running < s.slots && len(s.queue) == 0 {
 		s.running++
 		s.mu.Unlock()
+		s.queued(router)
 		return nil
 	}
 	w := &waiter{router: router, ready: make(chan struct{}), abort: make(chan struct{})}
 	s.queue = append(s.queue, w)
 	s.mu.Unlock()
+	s.queued(router)
 	select {
 	case <-w.ready:
 		return nil
@@ -150,6 +152,14 @@ func (s *decodeState) acquire(ctx context.Context, router string) error {
 		w.done = true
 		s.removeLocked(w)
 		return ctx.Err()
+	}
+}
+
+// queued tells lease-chaos that a request took its place in the queue
+// (or a slot), so the next one can be sent without overtaking it.
+func (s *decodeState) queued(router string) {
+	if s.e != nil && s.e.cfg.LeaseEvents {
+		s.e.emit("queued", ScheduledEvent{RouterID: router, T: mono.Now()})
 	}
 }
 

@@ -1,0 +1,767 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// LeaseChaosOptions configure `nixlctl lease-chaos`: every selected
+// scenario under every selected policy, each on a fresh pair of prefill
+// and decode processes with compressed time.
+type LeaseChaosOptions struct {
+	Scenarios []string
+	Policies  []engine.LeasePolicy
+	Lease     time.Duration // kv_lease_duration, compressed
+	Timeout   time.Duration // the fixed policy's timeout
+	Reaper    engine.ReaperMode
+	Protocol  string // pull or push
+	Backend   string
+	Spec      kv.Spec
+	ISL       int
+	// Slack is how late a free may come beyond what the protocol promises
+	// before a scenario fails (process scheduling, RPC hops).
+	Slack    time.Duration
+	Exe      string   // endpoint children; default this program
+	ExeArgs  []string // arguments before the role; default serve
+	ChildEnv []string
+	Version  string
+	Seed     uint64
+	Log      *slog.Logger
+	Live     live.Sink
+}
+
+// Validate checks the options.
+func (o *LeaseChaosOptions) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	known := map[string]bool{}
+	for _, s := range Scenarios() {
+		known[s] = true
+	}
+	if len(o.Scenarios) == 0 {
+		bad("no scenario selected")
+	}
+	for _, s := range o.Scenarios {
+		if !known[s] {
+			bad("scenario %q: want one of %s", s, strings.Join(Scenarios(), ", "))
+		}
+	}
+	if len(o.Policies) == 0 {
+		bad("no policy selected")
+	}
+	for _, p := range o.Policies {
+		if p != engine.PolicyLease && p != engine.PolicyFixed {
+			bad("policy %q: want lease or fixed", p)
+		}
+	}
+	if o.Protocol != engine.ProtoPull && o.Protocol != engine.ProtoPush {
+		bad("protocol %q: lease-chaos runs pull or push (SGLang has no leases)", o.Protocol)
+	}
+	if o.Lease < 300*time.Millisecond {
+		bad("--lease %v: want at least 300ms (real processes need the margin)", o.Lease)
+	}
+	if o.ISL <= 0 || o.ISL > kv.MaxTokens {
+		bad("--isl must be between 1 and %d", kv.MaxTokens)
+	}
+	if _, err := (engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}).Normalize(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.Spec.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// LeaseChaosResult is a whole lease-chaos run (real processes, or the
+// simulator with --sim).
+type LeaseChaosResult struct {
+	report.Meta
+	Mode      string           `json:"mode"` // real or sim
+	Protocol  string           `json:"protocol,omitempty"`
+	Backend   string           `json:"backend,omitempty"`
+	Model     string           `json:"model"`
+	Config    map[string]any   `json:"config"`
+	Scenarios []ScenarioResult `json:"scenarios"`
+	Passed    int              `json:"passed"`
+	Failed    int              `json:"failed"`
+	Interrupted bool             `json:"interrupted,omitempty"`
+}
+
+// RunLeaseChaos runs the scenarios. A scenario that fails its expectation
+// is a result, not an error; errors are for runs that could not happen.
+func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	spec, _ := o.Spec.Normalize()
+	o.Spec = spec
+	backend, err := nixl.Resolve(o.Backend)
+	if err != nil {
+		return nil, err
+	}
+	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "real", Protocol: o.Protocol,
+		Backend: backend.Name, Model: spec.Model.Name}
+	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
+	if backend.Name == "ucx" {
+		res.Env.UCX = backend.Version()
+	}
+	var policies []string
+	for _, p := range o.Policies {
+		policies = append(policies, string(p))
+	}
+	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policies, "lease": o.Lease.String(), "timeout": o.Timeout.String(),
+		"reaper": string(o.Reaper), "protocol": o.Protocol, "model": spec.Model.Name, "isl": o.ISL, "kv_dtype": spec.DType,
+		"block_size": spec.BlockSize, "slack": o.Slack.String(), "backend": backend.Name}
+	total := len(o.Scenarios) * len(o.Policies)
+	live.Emit(o.Live, live.Start{Title: "lease-chaos", Total: total, Unit: "scenarios"})
+	t0 := time.Now()
+	for _, sc := range o.Scenarios {
+		for _, pol := range o.Policies {
+			if ctx.Err() != nil {
+				break
+			}
+			lc, _ := engine.LeaseConfig{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
+			live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("%s under %s", sc, pol)})
+			r, err := runScenario(ctx, &o, backend.Name, sc, lc, t0)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				r.Errors = append(r.Errors, err.Error())
+				r.Passed = false
+				res.Warn(fmt.Sprintf("%s under %s: %v", sc, pol, err))
+			}
+			res.Scenarios = append(res.Scenarios, r)
+			if r.Passed {
+				res.Passed++
+			} else {
+				res.Failed++
+			}
+			live.Emit(o.Live, live.Request{OK: r.Passed, Latency: time.Duration(r.Seconds * float64(time.Second))})
+		}
+	}
+	res.Finish()
+	if ctx.Err() != nil {
+		res.Interrupted = true
+		res.Warn("interrupted: the run stopped early")
+		return res, ctx.Err()
+	}
+	return res, nil
+}
+
+// chaosRun is one scenario on one pair of endpoints.
+type chaosRun struct {
+	o      *LeaseChaosOptions
+	plan   ChaosPlan
+	lc     engine.LeaseConfig
+	base   engine.Config
+	t0     int64 // mono ns of request 0
+	live   live.Sink
+	liveT0 time.Time
+
+	mu         sync.Mutex
+	pe, de     *Endpoint
+	pGen       int
+	psetup     engine.SetupReply
+	freed      map[string]engine.FreedEvent // by router id
+	samples    []engine.LeaseSample
+	heartbeats []int64
+	faults     []TimelineFault
+	grants     map[string]int64 // router id -> lease granted (mono)
+	loads      map[string]engine.LoadReply
+	loadErr    map[string]string
+	tKill      int64 // decode killed
+	tAbort     int64
+	aborted    map[string]bool
+	lastD      engine.Stats
+	pStats     []engine.Stats // of dead prefill generations
+	decodeDead bool
+	stalled    bool
+	prefillDie int64
+	// inQueue[i] closes when request i took its place on decode (or will
+	// not): request i+1 waits for it, so the queue keeps the plan's order.
+	inQueue []chan struct{}
+	inOnce  []sync.Once
+}
+
+func (c *chaosRun) markQueued(i int) {
+	if i >= 0 && i < len(c.inQueue) {
+		c.inOnce[i].Do(func() { close(c.inQueue[i]) })
+	}
+}
+
+func reqID(i int) string { return fmt.Sprintf("chaos-%03d", i) }
+
+func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc engine.LeaseConfig, liveT0 time.Time) (ScenarioResult, error) {
+	r := ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: o.Protocol, Mode: "real",
+		LeaseS: lc.Duration.Seconds(), TimeoutS: lc.Timeout.Seconds(), ExtensionS: lc.Extension().Seconds(), IntervalS: lc.HeartbeatInterval().Seconds()}
+	plan, err := PlanFor(scenario, lc)
+	if err != nil {
+		return r, err
+	}
+	r.StepS, r.Requests = plan.Step.Seconds(), plan.Requests
+	per := o.Spec.BlocksFor(kv.FullAttention, o.ISL)
+	base := engine.Config{Backend: backend, Protocol: o.Protocol, Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
+		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, DRAMAlloc: "mmap", Merge: true,
+		Verify: engine.Sparse, Lease: lc.Duration, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
+		RegTimeout: max(lc.Duration, time.Second), Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
+	c := &chaosRun{o: o, plan: plan, lc: lc, base: base, live: o.Live, liveT0: liveT0, freed: map[string]engine.FreedEvent{},
+		grants: map[string]int64{}, loads: map[string]engine.LoadReply{}, loadErr: map[string]string{}, aborted: map[string]bool{},
+		inQueue: make([]chan struct{}, plan.Requests), inOnce: make([]sync.Once, plan.Requests)}
+	for i := range c.inQueue {
+		c.inQueue[i] = make(chan struct{})
+	}
+	defer c.close()
+	if err := c.startPrefill(ctx); err != nil {
+		return r, err
+	}
+	if err := c.startDecode(ctx); err != nil {
+		return r, err
+	}
+	start := time.Now()
+	c.drive(ctx)
+	c.settle(ctx)
+	r.Seconds = time.Since(start).Seconds()
+	c.finish(&r, per)
+	Judge(plan, lc, &r, o.Slack)
+	if ctx.Err() != nil {
+		return r, ctx.Err()
+	}
+	return r, nil
+}
+
+func (c *chaosRun) handoffOptions() *HandoffOptions {
+	return &HandoffOptions{Exe: c.o.Exe, ExeArgs: c.o.ExeArgs, ChildEnv: c.o.ChildEnv, Log: c.o.Log}
+}
+
+func (c *chaosRun) startPrefill(ctx context.Context) error {
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "")
+	if err != nil {
+		return err
+	}
+	cfg := c.base
+	cfg.Role, cfg.EngineID = engine.RolePrefill, fmt.Sprintf("prefill-%d", c.pGen)
+	var setup engine.SetupReply
+	if err := ep.rpc.Call(ctx, "setup", cfg, &setup); err != nil {
+		ep.close()
+		return fmt.Errorf("prefill setup: %w", err)
+	}
+	c.mu.Lock()
+	c.pe, c.psetup = ep, setup
+	c.mu.Unlock()
+	go c.collectPrefill(ep)
+	return nil
+}
+
+func (c *chaosRun) startDecode(ctx context.Context) error {
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "")
+	if err != nil {
+		return err
+	}
+	cfg := c.base
+	cfg.Role, cfg.EngineID, cfg.Seed = engine.RoleDecode, "decode-0", c.base.Seed+1
+	cfg.DecodeSlots, cfg.DecodeHold = c.plan.DecodeSlots, c.plan.DecodeHold
+	if c.plan.HBLoss > 0 {
+		cfg.Faults = &nixl.Faults{DropSend: c.plan.HBLoss, DropSendEvenly: true, NotifPrefix: "HB:"}
+	}
+	if err := ep.rpc.Call(ctx, "setup", cfg, nil); err != nil {
+		ep.close()
+		return fmt.Errorf("decode setup: %w", err)
+	}
+	c.mu.Lock()
+	c.de = ep
+	c.mu.Unlock()
+	go c.collectDecode(ctx, ep)
+	return nil
+}
+
+func (c *chaosRun) close() {
+	c.mu.Lock()
+	pe, de, stalled := c.pe, c.de, c.stalled
+	c.mu.Unlock()
+	if stalled && de != nil {
+		_ = de.Signal(syscall.SIGCONT)
+	}
+	de.close()
+	pe.close()
+}
+
+// collectPrefill keeps what a prefill generation reports: frees, lease
+// table samples, heartbeats applied.
+func (c *chaosRun) collectPrefill(ep *Endpoint) {
+	forEachEvent(ep, func(ev engine.Event) {
+		c.mu.Lock()
+		switch ev.Name {
+		case "freed":
+			var f engine.FreedEvent
+			if json.Unmarshal(ev.Data, &f) == nil {
+				c.freed[f.RouterID] = f
+			}
+		case "leases":
+			var s engine.LeaseSample
+			if json.Unmarshal(ev.Data, &s) == nil {
+				c.samples = append(c.samples, s)
+				live.Emit(c.live, live.Gauge{Series: "leases held", At: time.Since(c.liveT0), Value: float64(s.Held), Unit: "leases"})
+			}
+		case "heartbeat":
+			var h engine.HeartbeatEvent
+			if json.Unmarshal(ev.Data, &h) == nil {
+				c.heartbeats = append(c.heartbeats, h.T)
+			}
+		}
+		c.mu.Unlock()
+	})
+}
+
+// forEachEvent hands f the endpoint's events until its connection is gone
+// and what it sent before is drained.
+func forEachEvent(ep *Endpoint, f func(engine.Event)) {
+	for {
+		select {
+		case ev := <-ep.rpc.Events():
+			f(ev)
+		case <-ep.rpc.Done():
+			for {
+				select {
+				case ev := <-ep.rpc.Events():
+					f(ev)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// collectDecode kills decode on the plan's cue and keeps its last stats
+// (a killed decode answers no more).
+func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
+	stop := make(chan struct{})
+	go func() {
+		defer close(stop)
+		forEachEvent(ep, func(ev engine.Event) {
+			var s engine.ScheduledEvent
+			if json.Unmarshal(ev.Data, &s) != nil {
+				return
+			}
+			switch {
+			case ev.Name == "queued":
+				var i int
+				if _, err := fmt.Sscanf(s.RouterID, "chaos-%d", &i); err == nil {
+					c.markQueued(i)
+				}
+			case ev.Name == "scheduled" && c.plan.KillDecodeOnSchedule >= 0 && s.RouterID == reqID(c.plan.KillDecodeOnSchedule):
+				c.killDecode("SIGKILL decode as " + s.RouterID + " starts its transfer")
+			}
+		})
+	}()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		skip := c.stalled || c.decodeDead
+		c.mu.Unlock()
+		if skip {
+			continue
+		}
+		var st engine.Stats
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		if ep.rpc.Call(cctx, "stats", nil, &st) == nil {
+			c.mu.Lock()
+			c.lastD = st
+			c.mu.Unlock()
+		}
+		cancel()
+	}
+}
+
+func (c *chaosRun) fault(what string) int64 {
+	now := mono.Now()
+	c.mu.Lock()
+	c.faults = append(c.faults, TimelineFault{T: float64(now-c.t0) / 1e9, What: what})
+	c.mu.Unlock()
+	live.Emit(c.live, live.Phase{Text: what})
+	return now
+}
+
+func (c *chaosRun) killDecode(what string) {
+	c.mu.Lock()
+	if c.decodeDead {
+		c.mu.Unlock()
+		return
+	}
+	c.decodeDead = true
+	de := c.de
+	c.mu.Unlock()
+	_ = de.Signal(syscall.SIGKILL)
+	t := c.fault(what)
+	c.mu.Lock()
+	c.tKill = t
+	c.mu.Unlock()
+}
+
+// drive plays the plan: arrivals, faults, and each request's way through
+// prefill and decode, until every request has an outcome.
+func (c *chaosRun) drive(ctx context.Context) {
+	p := c.plan
+	c.t0 = mono.Now()
+	at := func(d time.Duration) <-chan time.Time { return time.After(time.Duration(c.t0 + int64(d) - mono.Now())) }
+	var faults sync.WaitGroup
+	faultAt := func(d time.Duration, f func()) {
+		faults.Add(1)
+		go func() {
+			defer faults.Done()
+			select {
+			case <-at(d):
+				f()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	if p.KillDecodeAt > 0 {
+		faultAt(p.KillDecodeAt, func() { c.killDecode("SIGKILL decode") })
+	}
+	if p.StallDecodeAt > 0 {
+		faultAt(p.StallDecodeAt, func() {
+			c.mu.Lock()
+			c.stalled = true
+			de := c.de
+			c.mu.Unlock()
+			_ = de.Signal(syscall.SIGSTOP)
+			c.fault(fmt.Sprintf("SIGSTOP decode for %v", p.StallFor))
+			select {
+			case <-time.After(p.StallFor):
+			case <-ctx.Done():
+			}
+			_ = de.Signal(syscall.SIGCONT)
+			c.mu.Lock()
+			c.stalled = false
+			c.mu.Unlock()
+			c.fault("SIGCONT decode")
+		})
+	}
+	if len(p.Abort) > 0 {
+		faultAt(p.AbortAt, func() {
+			t := c.fault(fmt.Sprintf("router aborts %d queued requests", len(p.Abort)))
+			c.mu.Lock()
+			c.tAbort = t
+			de := c.de
+			c.mu.Unlock()
+			for _, i := range p.Abort {
+				var ar engine.AbortReply
+				if err := de.rpc.Call(ctx, "abort", engine.AbortRequest{ID: reqID(i)}, &ar); err == nil && ar.Aborted {
+					c.mu.Lock()
+					c.aborted[reqID(i)] = true
+					c.mu.Unlock()
+				}
+			}
+		})
+	}
+	restarted := make(chan struct{})
+	if p.KillPrefillAt > 0 {
+		faultAt(p.KillPrefillAt, func() {
+			defer close(restarted)
+			c.mu.Lock()
+			pe := c.pe
+			c.mu.Unlock()
+			var st engine.Stats
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			if pe.rpc.Call(sctx, "stats", nil, &st) == nil {
+				c.mu.Lock()
+				c.pStats = append(c.pStats, st)
+				c.mu.Unlock()
+			}
+			cancel()
+			_ = pe.Signal(syscall.SIGKILL)
+			c.prefillDie = c.fault("SIGKILL prefill")
+			pe.close()
+			c.mu.Lock()
+			c.pGen++
+			c.mu.Unlock()
+			if err := c.startPrefill(ctx); err != nil {
+				c.o.Log.Error("restarting prefill", "err", err)
+				return
+			}
+			c.fault("new prefill up")
+		})
+	} else {
+		close(restarted)
+	}
+	var wg sync.WaitGroup
+	for i := range p.Requests {
+		select {
+		case <-at(p.Arrival(i)):
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if p.KillPrefillAt > 0 && i >= p.RestartWave {
+			<-restarted
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.one(ctx, i)
+		}()
+	}
+	wg.Wait()
+	faults.Wait()
+}
+
+// one takes request i through prefill and decode as the router does.
+func (c *chaosRun) one(ctx context.Context, i int) {
+	defer c.markQueued(i)
+	id := reqID(i)
+	// Send the load after the previous request is in decode's queue.
+	inOrder := func() {
+		if i == 0 {
+			return
+		}
+		select {
+		case <-c.inQueue[i-1]:
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+	}
+	key := c.o.Seed<<20 ^ uint64(i+1)
+	c.mu.Lock()
+	pe, de, psetup := c.pe, c.de, c.psetup
+	c.mu.Unlock()
+	var pr engine.PrefillReply
+	var lr engine.LoadReply
+	var perr, derr error
+	switch c.o.Protocol {
+	case engine.ProtoPull:
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		if perr == nil {
+			c.mu.Lock()
+			c.grants[id] = pr.TFinish
+			c.mu.Unlock()
+			inOrder()
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: pr.Params}, &lr)
+		}
+	case engine.ProtoPush:
+		host, port, _ := splitHostPort(psetup.SideChannel)
+		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
+			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: engine.ProtoPush}
+		// The router sends both at once; decode's arrival is when prefill
+		// is done, as in the plan, so prefill goes first here.
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		if perr == nil {
+			c.mu.Lock()
+			c.grants[id] = pr.TFinish
+			c.mu.Unlock()
+			inOrder()
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: coords}, &lr)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case perr != nil:
+		c.loadErr[id] = "prefill: " + perr.Error()
+	case derr != nil:
+		c.loadErr[id] = "decode: " + derr.Error()
+	default:
+		c.loads[id] = lr
+	}
+}
+
+// settle waits until prefill holds no lease (or the leases that are left
+// could not end in time), so expiries are seen.
+func (c *chaosRun) settle(ctx context.Context) {
+	wait := c.lc.Initial() + c.lc.Extension() + 2*time.Second
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		c.mu.Lock()
+		pe := c.pe
+		c.mu.Unlock()
+		var st engine.Stats
+		if err := pe.rpc.Call(ctx, "stats", nil, &st); err != nil {
+			return
+		}
+		if st.LeasesHeld == 0 && st.BlocksInUse == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3 * c.plan.Step) // the last events
+}
+
+// finish turns what the run saw into the scenario's numbers.
+func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
+	c.mu.Lock()
+	pe, de, dead := c.pe, c.de, c.decodeDead
+	c.mu.Unlock()
+	var ps, ds engine.Stats
+	if err := pe.rpc.Call(context.Background(), "stats", nil, &ps); err != nil {
+		r.Errors = append(r.Errors, "prefill stats: "+err.Error())
+	}
+	if !dead {
+		if err := de.rpc.Call(context.Background(), "stats", nil, &ds); err != nil {
+			r.Errors = append(r.Errors, "decode stats: "+err.Error())
+		}
+	} else {
+		c.mu.Lock()
+		ds = c.lastD
+		ds.BlocksInUse = 0 // its memory died with it
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end := mono.Now()
+	sec := func(ns int64) float64 { return float64(ns-c.t0) / 1e9 }
+	reclaim, death := report.NewHistogram(), report.NewHistogram()
+	tl := &LeaseTimeline{Faults: c.faults}
+	var deadGBs float64
+	for i := range c.plan.Requests {
+		id := reqID(i)
+		f, freed := c.freed[id]
+		lr, loaded := c.loads[id]
+		consumed := freed && (f.Reason == "consumed" || f.Reason == "pushed")
+		expired := freed && f.Reason == "expired"
+		var tGone int64 // when decode gave the request up
+		switch {
+		case c.aborted[id]:
+			r.Aborted++
+			tGone = c.tAbort
+		case loaded && lr.Error == "" && lr.CorruptBlocks == 0:
+			r.Completed++
+			if expired && f.TFreed < lr.TXferDone {
+				r.CorruptAccepted++ // decode took data prefill had freed
+			}
+		case loaded:
+			r.Failed++
+			r.Recomputed++ // decode is alive: kv_load_failure_policy=recompute
+			if expired && (lr.CorruptBlocks > 0 || strings.Contains(lr.Error, "watchdog")) {
+				r.LateReadsDetected++
+			}
+		case dead && !consumed:
+			r.Lost++
+			tGone = c.tKill
+		case dead:
+			r.Completed++ // the KV was read; decode died after
+		default:
+			r.Failed++
+			if msg := c.loadErr[id]; msg != "" {
+				r.Errors = append(r.Errors, id+": "+msg)
+			}
+		}
+		if loaded && lr.TScheduled > 0 {
+			r.MaxQueueWaitS = max(r.MaxQueueWaitS, float64(lr.TScheduled-lr.TArrive)/1e9)
+		}
+		if consumed {
+			r.Consumed++
+		}
+		gt := c.grants[id]
+		if gt == 0 {
+			continue
+		}
+		out := "held"
+		tEnd := end
+		if freed {
+			out, tEnd = map[bool]string{true: "consumed", false: f.Reason}[consumed], f.TFreed
+		}
+		tl.Leases = append(tl.Leases, TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
+		if expired {
+			r.ExpiredLeases++
+			if tGone == 0 { // decode was alive and meant to read it
+				r.PrematureFrees++
+			}
+			reclaim.Record(time.Duration(f.TFreed - max(f.TLastRenew, f.TFinish)))
+			if tGone > 0 {
+				death.Record(time.Duration(f.TFreed - tGone))
+			}
+		}
+		// Dead from when decode gave it up, or (alive) from its deadline.
+		start := tGone
+		if start == 0 && freed && f.TDeadline > 0 && f.TFreed > f.TDeadline && expired {
+			start = f.TDeadline
+		}
+		if start > 0 && tEnd > start {
+			bytes := f.HeldBytes
+			if bytes == 0 {
+				bytes = int64(blocksPerRequest) * c.blockBytes()
+			}
+			deadGBs += float64(bytes) / 1e9 * float64(tEnd-start) / 1e9
+		}
+	}
+	r.DeadBlockGBs = deadGBs
+	r.ReclaimLatencyS, r.DeathToFreeS = reclaim.In(time.Second), death.In(time.Second)
+	for _, s := range c.samples {
+		r.ExpiredUnreleased = max(r.ExpiredUnreleased, s.ExpiredHeld)
+	}
+	if n := len(c.samples); n > 0 {
+		r.ExpiredUnreleasedEnd = c.samples[n-1].ExpiredHeld
+	}
+	r.HeartbeatsSent, r.HeartbeatsLost = ds.HeartbeatsSent, ds.HeartbeatsLost
+	r.HeartbeatsRecvd = int64(len(c.heartbeats))
+	r.LeakedBlocks = ps.BlocksInUse + ds.BlocksInUse
+	sort.Slice(tl.Leases, func(i, j int) bool { return tl.Leases[i].Start < tl.Leases[j].Start })
+	for _, h := range c.heartbeats {
+		tl.Heartbeats = append(tl.Heartbeats, sec(h))
+	}
+	// Samples every step: keep at most about 2,000.
+	stride := max(1, len(c.samples)/2000)
+	for k, s := range c.samples {
+		if k%stride == 0 || k == len(c.samples)-1 {
+			tl.Held = append(tl.Held, TimelineSample{T: sec(s.T), Held: s.Held, ExpiredHeld: s.ExpiredHeld, HeldBytes: s.HeldBytes})
+		}
+	}
+	r.Timeline = tl
+	r.Outcome = outcomeLine(r)
+}
+
+func (c *chaosRun) blockBytes() int64 {
+	var b int64
+	for _, reg := range c.o.Spec.Rank(0, 0).Regions {
+		b += reg.BlockBytes
+	}
+	return b
+}
+
+// outcomeLine says what happened in one line.
+func outcomeLine(r *ScenarioResult) string {
+	parts := []string{fmt.Sprintf("%d/%d completed", r.Completed, r.Requests)}
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(r.Recomputed, "recomputed")
+	add(r.Lost, "lost with decode")
+	add(r.Aborted, "aborted")
+	add(r.ExpiredLeases, "leases expired")
+	add(r.PrematureFrees, "premature frees")
+	add(r.LateReadsDetected, "late reads caught")
+	add(r.ExpiredUnreleased, "expired but held (max)")
+	add(r.CorruptAccepted, "CORRUPT ACCEPTED")
+	if r.LeakedBlocks > 0 {
+		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))
+	}
+	return strings.Join(parts, ", ")
+}
