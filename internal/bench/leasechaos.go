@@ -91,14 +91,14 @@ func (o *LeaseChaosOptions) Validate() error {
 // simulator with --sim).
 type LeaseChaosResult struct {
 	report.Meta
-	Mode      string           `json:"mode"` // real or sim
-	Protocol  string           `json:"protocol,omitempty"`
-	Backend   string           `json:"backend,omitempty"`
-	Model     string           `json:"model"`
-	Config    map[string]any   `json:"config"`
-	Scenarios []ScenarioResult `json:"scenarios"`
-	Passed    int              `json:"passed"`
-	Failed    int              `json:"failed"`
+	Mode        string           `json:"mode"` // real or sim
+	Protocol    string           `json:"protocol,omitempty"`
+	Backend     string           `json:"backend,omitempty"`
+	Model       string           `json:"model"`
+	Config      map[string]any   `json:"config"`
+	Scenarios   []ScenarioResult `json:"scenarios"`
+	Passed      int              `json:"passed"`
+	Failed      int              `json:"failed"`
 	Interrupted bool             `json:"interrupted,omitempty"`
 }
 

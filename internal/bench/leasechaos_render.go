@@ -13,7 +13,9 @@ func init() {
 }
 
 // Render implements report.Result.
-func (res *LeaseChaosResult) Render(w io.Writer, f report.Format) error { return WriteLeaseChaos(w, f, res) }
+func (res *LeaseChaosResult) Render(w io.Writer, f report.Format) error {
+	return WriteLeaseChaos(w, f, res)
+}
 
 // Series names a scenario run: "decode-crash lease".
 func (r ScenarioResult) Series() string {
