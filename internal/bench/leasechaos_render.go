@@ -74,6 +74,7 @@ func (res *LeaseChaosResult) Figure() (report.Figure, error) {
 		return report.Figure{}, fmt.Errorf("no lease timelines to plot")
 	}
 	fig.Title = fmt.Sprintf("lease-chaos (%s): lease %s", res.Mode, res.Config["lease"])
+	fig.Columns = 2 // a scenario a row: its leases, then the number held
 	return fig, nil
 }
 

@@ -76,8 +76,13 @@ func Write(w io.Writer, format string, f report.Figure) (err error) {
 			return err
 		}
 	}
-	width := panelWidth * vg.Length(len(ps))
-	height := panelHeight + titleHeight
+	cols := len(ps)
+	if f.Columns > 0 && f.Columns < cols {
+		cols = f.Columns
+	}
+	rows := (len(ps) + cols - 1) / cols
+	width := panelWidth * vg.Length(cols)
+	height := panelHeight*vg.Length(rows) + titleHeight
 	var canvas interface {
 		vg.CanvasSizer
 		io.WriterTo
@@ -100,11 +105,17 @@ func Write(w io.Writer, format string, f report.Figure) (err error) {
 		dc.FillText(sty, vg.Point{X: width / 2, Y: height - vg.Points(6)}, f.Title)
 	}
 	area := draw.Crop(dc, 0, 0, 0, -titleHeight)
-	tiles := draw.Tiles{Rows: 1, Cols: len(ps), PadX: vg.Points(12), PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
-	grid := [][]*plot.Plot{ps}
+	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Points(12), PadY: vg.Points(10), PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
+	grid := make([][]*plot.Plot, rows)
+	for r := range grid {
+		grid[r] = make([]*plot.Plot, cols)
+	}
+	for i, p := range ps {
+		grid[i/cols][i%cols] = p
+	}
 	cs := plot.Align(grid, tiles, area)
 	for i, p := range ps {
-		p.Draw(cs[0][i])
+		p.Draw(cs[i/cols][i%cols])
 	}
 	_, err = canvas.WriteTo(w)
 	return err
@@ -112,6 +123,9 @@ func Write(w io.Writer, format string, f report.Figure) (err error) {
 
 var classColors = map[string]color.Color{
 	"released": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	"consumed": color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	"held":     color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	"lost":     color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 	"ok":       color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	"expired":  color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 	"failed":   color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},

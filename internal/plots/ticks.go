@@ -92,7 +92,9 @@ func short(v float64) string {
 	case av >= 1e6:
 		return strconv.FormatFloat(v, 'g', 3, 64)
 	case av >= 1:
-		return strconv.FormatFloat(v, 'f', -1, 64)
+		// Six significant digits: 1.2, not 1.2000000000000002 (a tick
+		// accumulated in floating point).
+		return strconv.FormatFloat(v, 'g', 6, 64)
 	}
 	return strconv.FormatFloat(v, 'g', 3, 64)
 }

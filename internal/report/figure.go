@@ -14,6 +14,8 @@ import (
 type Figure struct {
 	Title  string
 	Panels []Panel
+	// Columns is how many panels go in a row (0: all in one row).
+	Columns int
 }
 
 // Scale is an axis scale.
