@@ -1435,6 +1435,13 @@ func recommendLease(rows []SweepRow) (int, string) {
 		if runner >= 0 {
 			fmt.Fprintf(&sb, " (next: %s, %.1f GB·s)", rows[runner].Name(), rows[runner].DeadBlockGBs)
 		}
+		shortest := true
+		for _, i := range leases {
+			shortest = shortest && rows[i].LeaseS >= b.LeaseS
+		}
+		if shortest && len(leases) > 1 {
+			sb.WriteString("; it is the shortest lease tried: sweep shorter ones to find where premature frees start")
+		}
 		var unsafe []string
 		for _, i := range leases {
 			if rows[i].PrematureFrees > 0 {

@@ -552,6 +552,7 @@ func TestSweepLeaseRecommendation(t *testing.T) {
 		says []string
 	}{
 		{[]SweepRow{row(5, 10, 3), row(10, 20, 0), row(30, 60, 0), fixed}, 1, []string{"lease 10.0 s", "20.0 GB·s", "no premature free", "lease 5.00 s freed 3", "fixed 480 s: 5000.0 GB·s"}},
+		{[]SweepRow{row(30, 60, 0), row(10, 20, 0), fixed}, 1, []string{"lease 10.0 s", "shortest lease tried", "(next: lease 30.0 s, 60.0 GB·s)"}},
 		{[]SweepRow{row(5, 10, 9), row(10, 20, 2), row(30, 60, 2), fixed}, 1, []string{"no lease avoided premature frees", "lease 10.0 s freed the fewest", "(2)"}},
 		{[]SweepRow{fixed}, -1, []string{"no lease"}},
 	} {
