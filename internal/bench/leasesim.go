@@ -686,6 +686,9 @@ func (c *simCore) killPrefill(p *simPrefill) {
 // timeline.
 func (c *simCore) endLease(p *simPrefill, r *simReq, l *engine.Lease, outcome string) {
 	delete(p.byLease, l)
+	// Dead from when decode gave the request up (a lease granted after
+	// that, to a decode already dead, from its grant), else from its
+	// deadline if it outlived it (reaped a step late, or leaked).
 	start := int64(-1)
 	if r.state == rsLost || r.state == rsAborted {
 		start = max(r.giveUp, l.Granted)
