@@ -17,20 +17,34 @@ import (
 )
 
 type leaseChaosOptions struct {
-	Scenario       []string      `mapstructure:"scenario"`
-	Policy         []string      `mapstructure:"policy"`
-	Lease          time.Duration `mapstructure:"kv-lease-duration"`
-	Timeout        time.Duration `mapstructure:"timeout"`
-	Reaper         string        `mapstructure:"reaper"`
-	Protocol       string        `mapstructure:"protocol"`
-	Backend        string        `mapstructure:"backend"`
-	Model          string        `mapstructure:"model"`
-	ModelConfig    string        `mapstructure:"model-config"`
-	KVDType        string        `mapstructure:"kv-dtype"`
-	BlockSize      int           `mapstructure:"block-size"`
-	ISL            int           `mapstructure:"isl"`
-	Slack          time.Duration `mapstructure:"slack"`
-	Seed           uint64        `mapstructure:"seed"`
+	Scenario    []string      `mapstructure:"scenario"`
+	Policy      []string      `mapstructure:"policy"`
+	Lease       time.Duration `mapstructure:"kv-lease-duration"`
+	Timeout     time.Duration `mapstructure:"timeout"`
+	Reaper      string        `mapstructure:"reaper"`
+	Protocol    string        `mapstructure:"protocol"`
+	Backend     string        `mapstructure:"backend"`
+	Model       string        `mapstructure:"model"`
+	ModelConfig string        `mapstructure:"model-config"`
+	KVDType     string        `mapstructure:"kv-dtype"`
+	BlockSize   int           `mapstructure:"block-size"`
+	ISL         int           `mapstructure:"isl"`
+	Slack       time.Duration `mapstructure:"slack"`
+	Seed        uint64        `mapstructure:"seed"`
+	// --sim
+	Sim            bool          `mapstructure:"sim"`
+	Requests       int           `mapstructure:"requests"`
+	Rate           float64       `mapstructure:"rate"`
+	Decodes        int           `mapstructure:"decodes"`
+	Slots          int           `mapstructure:"slots"`
+	DecodeTime     time.Duration `mapstructure:"decode-time"`
+	PrefillTime    time.Duration `mapstructure:"prefill-time"`
+	TransferTime   time.Duration `mapstructure:"transfer-time"`
+	Step           time.Duration `mapstructure:"step"`
+	CrashEvery     time.Duration `mapstructure:"crash-every"`
+	RestartAfter   time.Duration `mapstructure:"restart-after"`
+	HBLoss         float64       `mapstructure:"hb-loss"`
+	SweepLease     []string      `mapstructure:"sweep-lease"`
 	measureOptions `mapstructure:",squash"`
 }
 
@@ -68,13 +82,28 @@ their decode was gone), reclaim latency (last heartbeat -> free), fault -> free,
 the longest queue wait and the heartbeats sent, lost and applied; and a
 PASS/FAIL line with the expectation it checks. The exit status is 1 when a
 scenario fails. The JSON result carries every lease's timeline for plots
-(--plot) and the TUI.`
+(--plot) and the TUI.
+
+--sim drives the same state machines (prefill's lease table, decode's
+heartbeat tracker) with a virtual clock and an event queue instead of
+processes: the scenarios above in virtual time (judged the same way), then a
+long run of traffic: --requests arriving at --rate (Poisson) on --decodes
+decode engines of --slots slots, each request decoding for --decode-time
+(exponential), each decode crashing every --crash-every on average and coming
+back after --restart-after, each heartbeat lost with probability --hb-loss.
+--sweep-lease 5s,10s,30s,60s,120s runs the same traffic (same seed: the same
+arrivals and crashes) for each lease and the fixed timeout, prints dead-block
+GB·s, premature frees, expired leases and heartbeat traffic side by side, and
+recommends the lease with the least dead KV among those that free nothing
+early. With --sim the lease defaults to vLLM's 30 s (timeout 480 s).`
 
 const leaseChaosExample = `  nixlctl lease-chaos
   nixlctl lease-chaos --scenario decode-crash,decode-overload --policy lease
   nixlctl lease-chaos --policy fixed --timeout 3s --scenario decode-overload   # a short fixed timeout frees too early
   nixlctl lease-chaos --reaper head-only --scenario abort-before-read          # vLLM #58222
-  nixlctl lease-chaos --protocol push --kv-lease-duration 2s --plot leases.png`
+  nixlctl lease-chaos --protocol push --kv-lease-duration 2s --plot leases.png
+  nixlctl lease-chaos --sim --sweep-lease 5s,10s,30s,60s,120s
+  nixlctl lease-chaos --sim --scenario decode-crash --requests 200000 --rate 500 --hb-loss 0.3 --sweep-lease 10s,30s`
 
 func newLeaseChaosCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
@@ -94,7 +123,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.StringSlice("scenario", bench.Scenarios(), "scenarios to run: "+strings.Join(bench.Scenarios(), ", "))
 	f.StringSlice("policy", []string{"lease", "fixed"}, "policies: lease (heartbeat-renewed) and/or fixed (one timeout)")
-	f.Duration("kv-lease-duration", 3*time.Second, "lease duration (heartbeats every sixth, extension two thirds)")
+	f.Duration("kv-lease-duration", 0, "lease duration, heartbeats every sixth, extension two thirds (default 3s; 30s with --sim)")
 	f.Duration("timeout", 0, "the fixed policy's timeout (default 16 x the lease, as 480 s is to 30 s)")
 	f.String("reaper", "full", "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
 	f.String("protocol", "pull", "pull (decode READs) or push (prefill WRITEs)")
@@ -106,6 +135,19 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f.Int("isl", 256, "prompt tokens of each request")
 	f.Duration("slack", 250*time.Millisecond, "how late a free may be beyond the protocol's promise before a scenario fails")
 	f.Uint64("seed", 1, "seed")
+	f.Bool("sim", false, "simulate in virtual time instead of running processes")
+	f.Int("requests", 1_000_000, "--sim: requests of the traffic run (0: scenarios only)")
+	f.Float64("rate", 200, "--sim: arrivals per second (Poisson)")
+	f.Int("decodes", 4, "--sim: decode engines")
+	f.Int("slots", 16, "--sim: requests each decode runs at once")
+	f.Duration("decode-time", 250*time.Millisecond, "--sim: mean time a request keeps its slot (exponential)")
+	f.Duration("prefill-time", 50*time.Millisecond, "--sim: prefill time per request")
+	f.Duration("transfer-time", 5*time.Millisecond, "--sim: KV transfer time per request")
+	f.Duration("step", 20*time.Millisecond, "--sim: engine step (heartbeats and reaping happen at steps)")
+	f.Duration("crash-every", 10*time.Minute, "--sim: mean time between crashes of each decode (0: none)")
+	f.Duration("restart-after", 30*time.Second, "--sim: how long a crashed decode stays down")
+	f.Float64("hb-loss", 0.05, "--sim: probability that a heartbeat message is lost")
+	f.StringSlice("sweep-lease", nil, "--sim: lease durations to compare on the same traffic (e.g. 5s,10s,30s,60s,120s)")
 	addMeasureFlags(cmd, false)
 	return cmd
 }
@@ -125,14 +167,24 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	if err != nil {
 		return err
 	}
-	x := bench.LeaseChaosOptions{Scenarios: o.Scenario, Lease: o.Lease, Timeout: o.Timeout, Reaper: engine.ReaperMode(o.Reaper),
-		Protocol: o.Protocol, Backend: o.Backend, Spec: spec, ISL: o.ISL, Slack: o.Slack, Version: version, Seed: o.Seed, Log: a.log}
+	if o.Lease == 0 {
+		o.Lease = 3 * time.Second
+		if o.Sim {
+			o.Lease = engine.DefaultLeaseDuration
+		}
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 16 * o.Lease
+	}
+	var policies []engine.LeasePolicy
 	for _, p := range o.Policy {
-		x.Policies = append(x.Policies, engine.LeasePolicy(strings.TrimSpace(p)))
+		policies = append(policies, engine.LeasePolicy(strings.TrimSpace(p)))
 	}
-	if x.Timeout == 0 {
-		x.Timeout = 16 * x.Lease
+	if o.Sim {
+		return runLeaseSim(ctx, a, o, spec, policies)
 	}
+	x := bench.LeaseChaosOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: engine.ReaperMode(o.Reaper),
+		Protocol: o.Protocol, Backend: o.Backend, Spec: spec, ISL: o.ISL, Slack: o.Slack, Version: version, Seed: o.Seed, Log: a.log}
 	if err := x.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}
@@ -157,6 +209,58 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	}
 	if res.Failed > 0 {
 		return errkind.CheckFailedf("%d of %d scenarios failed", res.Failed, res.Failed+res.Passed)
+	}
+	return nil
+}
+
+func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec, policies []engine.LeasePolicy) error {
+	x := bench.LeaseSimOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout,
+		Reaper: engine.ReaperMode(o.Reaper), Spec: spec, ISL: o.ISL, Version: version,
+		Traffic: bench.TrafficOptions{Requests: o.Requests, Rate: o.Rate, Decodes: o.Decodes, Slots: o.Slots, DecodeTime: o.DecodeTime,
+			PrefillTime: o.PrefillTime, TransferTime: o.TransferTime, Step: o.Step, CrashEvery: o.CrashEvery,
+			RestartAfter: o.RestartAfter, HBLoss: o.HBLoss, Seed: o.Seed}}
+	if o.Requests < 0 {
+		return errkind.BadInputf("--requests %d: want 0 (scenarios only) or more", o.Requests)
+	}
+	if o.Requests > 0 {
+		t := x.Traffic
+		t.Lease = engine.LeaseConfig{Duration: o.Lease, Timeout: o.Timeout, Reaper: engine.ReaperMode(o.Reaper)}
+		t.BytesPerRequest = 1
+		if _, err := t.Validate(); err != nil {
+			return errkind.BadInput(err)
+		}
+	}
+	for _, s := range o.SweepLease {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil || d <= 0 {
+			return errkind.BadInputf("--sweep-lease %q: want durations like 5s,30s,2m", s)
+		}
+		x.Sweep = append(x.Sweep, d)
+	}
+	if len(x.Sweep) > 0 && o.Requests == 0 {
+		return errkind.BadInputf("--sweep-lease needs traffic: --requests > 0")
+	}
+	var res *bench.LeaseChaosResult
+	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		x.Live = sink
+		var err error
+		res, err = bench.RunLeaseSim(ctx, x)
+		if res == nil {
+			return nil, err
+		}
+		return res, err
+	})
+	if res == nil {
+		return runErr
+	}
+	if err := a.render(res); err != nil {
+		return err
+	}
+	if runErr != nil {
+		return runErr
+	}
+	if res.Failed > 0 {
+		return errkind.CheckFailedf("%d of %d simulated scenarios failed", res.Failed, res.Failed+res.Passed)
 	}
 	return nil
 }

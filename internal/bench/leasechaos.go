@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -91,15 +92,21 @@ func (o *LeaseChaosOptions) Validate() error {
 // simulator with --sim).
 type LeaseChaosResult struct {
 	report.Meta
-	Mode        string           `json:"mode"` // real or sim
-	Protocol    string           `json:"protocol,omitempty"`
-	Backend     string           `json:"backend,omitempty"`
-	Model       string           `json:"model"`
-	Config      map[string]any   `json:"config"`
-	Scenarios   []ScenarioResult `json:"scenarios"`
-	Passed      int              `json:"passed"`
-	Failed      int              `json:"failed"`
-	Interrupted bool             `json:"interrupted,omitempty"`
+	Mode      string           `json:"mode"` // real or sim
+	Protocol  string           `json:"protocol,omitempty"`
+	Backend   string           `json:"backend,omitempty"`
+	Model     string           `json:"model"`
+	Config    map[string]any   `json:"config"`
+	Scenarios []ScenarioResult `json:"scenarios"`
+	Passed    int              `json:"passed"`
+	Failed    int              `json:"failed"`
+	// --sim: requests simulated in all (traffic and sweep) and the wall
+	// time it took; the long traffic run and the lease sweep.
+	SimulatedRequests int            `json:"simulated_requests,omitempty"`
+	WallSeconds       float64        `json:"wall_seconds,omitempty"`
+	Traffic           *TrafficResult `json:"traffic,omitempty"`
+	Sweep             *Sweep         `json:"sweep,omitempty"`
+	Interrupted       bool           `json:"interrupted,omitempty"`
 }
 
 // RunLeaseChaos runs the scenarios. A scenario that fails its expectation
@@ -764,4 +771,110 @@ func outcomeLine(r *ScenarioResult) string {
 		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// LeaseSimOptions configure `lease-chaos --sim`: the same scenarios in
+// virtual time, a long traffic run, and an optional lease sweep over it.
+type LeaseSimOptions struct {
+	Scenarios []string
+	Policies  []engine.LeasePolicy
+	Lease     time.Duration
+	Timeout   time.Duration
+	Reaper    engine.ReaperMode
+	Spec      kv.Spec
+	ISL       int
+	// Traffic is the long run (its Lease and BytesPerRequest are filled
+	// from the fields above); Requests 0 skips it.
+	Traffic TrafficOptions
+	// Sweep lists lease durations to compare on the same traffic.
+	Sweep   []time.Duration
+	Version string
+	Live    live.Sink
+}
+
+// RunLeaseSim runs the simulator.
+func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, error) {
+	co := LeaseChaosOptions{Scenarios: o.Scenarios, Policies: o.Policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper,
+		Protocol: engine.ProtoPull, Spec: o.Spec, ISL: o.ISL}
+	if len(o.Scenarios) == 0 && o.Traffic.Requests > 0 {
+		co.Scenarios = []string{ScenarioDecodeCrash} // only to validate the rest
+	}
+	if err := co.Validate(); err != nil {
+		return nil, errkind.BadInput(err)
+	}
+	spec, _ := o.Spec.Normalize()
+	a, err := kv.Analyze(spec, o.ISL, spec.TP)
+	if err != nil {
+		return nil, err
+	}
+	geo := SimGeometry{BytesPerRequest: a.BytesPerRequest, BlocksPerRequest: a.BlocksPerRequest}
+	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "sim", Model: spec.Model.Name}
+	var policies []string
+	for _, p := range o.Policies {
+		policies = append(policies, string(p))
+	}
+	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policies, "lease": o.Lease.String(), "timeout": o.Timeout.String(),
+		"reaper": string(o.Reaper), "model": spec.Model.Name, "isl": o.ISL, "bytes_per_request": geo.BytesPerRequest}
+	t0 := time.Now()
+	total := len(o.Scenarios) * len(o.Policies)
+	if o.Traffic.Requests > 0 {
+		total += 1 + len(o.Sweep)
+		if len(o.Sweep) > 0 {
+			total++ // the fixed row
+		}
+	}
+	live.Emit(o.Live, live.Start{Title: "lease-chaos --sim", Total: total, Unit: "runs"})
+	for _, sc := range o.Scenarios {
+		for _, pol := range o.Policies {
+			if ctx.Err() != nil {
+				break
+			}
+			lc, _ := engine.LeaseConfig{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
+			p, _ := PlanFor(sc, lc)
+			r := SimulatePlan(p, lc, geo)
+			res.Scenarios = append(res.Scenarios, r)
+			if r.Passed {
+				res.Passed++
+			} else {
+				res.Failed++
+			}
+			live.Emit(o.Live, live.Request{OK: r.Passed})
+		}
+	}
+	if o.Traffic.Requests > 0 && ctx.Err() == nil {
+		to := o.Traffic
+		to.Lease = engine.LeaseConfig{Policy: engine.PolicyLease, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}
+		if len(o.Policies) == 1 {
+			to.Lease.Policy = o.Policies[0]
+		}
+		to.BytesPerRequest = geo.BytesPerRequest
+		live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("traffic: %s requests", report.Int(int64(to.Requests)))})
+		tr, err := SimulateTraffic(to)
+		if err != nil {
+			return nil, errkind.BadInput(err)
+		}
+		res.Traffic = &tr
+		res.SimulatedRequests += tr.SimulatedRequests
+		live.Emit(o.Live, live.Request{OK: true})
+		if len(o.Sweep) > 0 && ctx.Err() == nil {
+			live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("sweeping %d lease durations", len(o.Sweep))})
+			sw, err := SweepLease(to, o.Sweep)
+			if err != nil {
+				return nil, err
+			}
+			res.Sweep = &sw
+			for _, r := range sw.Rows {
+				res.SimulatedRequests += r.Result.SimulatedRequests
+				live.Emit(o.Live, live.Request{OK: true})
+			}
+		}
+	}
+	res.WallSeconds = time.Since(t0).Seconds()
+	res.Finish()
+	if ctx.Err() != nil {
+		res.Interrupted = true
+		res.Warn("interrupted: the run stopped early")
+		return res, ctx.Err()
+	}
+	return res, nil
 }

@@ -95,6 +95,18 @@ func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error 
 		for _, r := range res.Scenarios {
 			fmt.Fprintf(w, "- **%s** %s: %s\n", verdict(r), r.Series(), r.Expectation)
 		}
+		if res.Traffic != nil {
+			fmt.Fprintln(w, "\n```")
+			writeTraffic(w, res.Traffic)
+			fmt.Fprintln(w, "```")
+		}
+		if res.Sweep != nil {
+			fmt.Fprintln(w)
+			if err := res.Sweep.Table().WriteMarkdown(w); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "\n%s\n", res.Sweep.Recommendation)
+		}
 		for _, warn := range res.Warnings {
 			fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
 		}
@@ -117,10 +129,40 @@ func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error 
 		}
 		fmt.Fprintf(w, "\n%d passed, %d failed\n", res.Passed, res.Failed)
 	}
+	if res.Traffic != nil {
+		fmt.Fprintln(w)
+		writeTraffic(w, res.Traffic)
+	}
+	if res.Sweep != nil {
+		fmt.Fprintln(w)
+		if err := res.Sweep.Table().WriteText(w); err != nil {
+			return err
+		}
+	}
+	if res.Mode == "sim" && res.SimulatedRequests > 0 {
+		fmt.Fprintf(w, "\nsimulated %s requests in %s of wall time\n", report.Int(int64(res.SimulatedRequests)), report.Seconds(res.WallSeconds))
+	}
 	for _, warn := range res.Warnings {
 		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}
 	return nil
+}
+
+// writeTraffic says what the long simulated run did.
+func writeTraffic(w io.Writer, t *TrafficResult) {
+	fmt.Fprintf(w, "traffic (virtual time): %s requests, policy %s, lease %s (timeout %s), reaper %s\n", report.Int(int64(t.SimulatedRequests)),
+		t.Policy, report.Seconds(t.LeaseS), report.Seconds(t.TimeoutS), t.Reaper)
+	fmt.Fprintf(w, "  simulated %s in %s of wall time (%s events)%s\n", report.Seconds(t.SimulatedSeconds), report.Seconds(t.WallSeconds),
+		report.Int(t.Events), map[bool]string{true: ", STOPPED AT THE HORIZON", false: ""}[t.Truncated])
+	fmt.Fprintf(w, "  completed %s, failed %s (recomputed %s), lost with a decode %s (%d crashes)\n", report.Int(int64(t.Completed)),
+		report.Int(int64(t.Failed)), report.Int(int64(t.Recomputed)), report.Int(int64(t.Lost)), t.Crashes)
+	fmt.Fprintf(w, "  leases expired %s, premature frees %s, expired but held (max) %d, dead KV %s GB·s\n", report.Int(int64(t.ExpiredLeases)),
+		report.Int(int64(t.PrematureFrees)), t.MaxExpiredUnreleased, report.Float(t.DeadBlockGBs))
+	fmt.Fprintf(w, "  reclaim (last heartbeat -> free) p50 %s p99 %s; crash -> free p50 %s p99 %s\n", report.Seconds(t.ReclaimLatencyS.P50),
+		report.Seconds(t.ReclaimLatencyS.P99), report.Seconds(t.DeathToFreeS.P50), report.Seconds(t.DeathToFreeS.P99))
+	fmt.Fprintf(w, "  heartbeats %s sent, %s lost: %s msg/s, %s B/s; queue wait mean %s, max %s\n", report.Int(t.HeartbeatsSent),
+		report.Int(t.HeartbeatsLost), report.Float(t.HeartbeatMsgsPerS), report.Float(t.HeartbeatBytesPerS),
+		report.Seconds(t.MeanQueueWaitS), report.Seconds(t.MaxQueueWaitS))
 }
 
 func verdict(r ScenarioResult) string {
@@ -134,9 +176,9 @@ func leaseHeadline(res *LeaseChaosResult) string {
 	c := res.Config
 	var parts []string
 	if res.Mode == "real" {
-		parts = append(parts, fmt.Sprintf("real %s and decode processes, %s over %s (%s)", "prefill", res.Protocol, res.Env.Backend, res.Env.BackendVersion))
+		parts = append(parts, fmt.Sprintf("real prefill and decode processes, %s over %s (%s)", res.Protocol, res.Env.Backend, res.Env.BackendVersion))
 	} else {
-		parts = append(parts, "virtual-time simulation")
+		parts = append(parts, "virtual-time simulation of the same state machines")
 	}
 	parts = append(parts, fmt.Sprintf("%s, %v tokens a request", res.Model, c["isl"]))
 	if len(res.Scenarios) > 0 {

@@ -79,6 +79,25 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 		t.Errorf("decode-stall lease: %+v", s)
 	}
 
+	// The simulator agrees with the processes on the same plans: the same
+	// requests complete, die, are aborted, expire and are freed early.
+	geo := SimGeometry{BytesPerRequest: 1, BlocksPerRequest: 1}
+	for _, r := range res.Scenarios {
+		lc, _ := engine.LeaseConfig{Policy: engine.LeasePolicy(r.Policy), Duration: 1500 * time.Millisecond,
+			Timeout: 1500 * time.Millisecond * 33 / 10, Reaper: engine.ReapFull}.Normalize()
+		p, err := PlanFor(r.Scenario, lc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sim := SimulatePlan(p, lc, geo)
+		type counts struct{ Completed, Lost, Aborted, Expired, Premature int }
+		real := counts{r.Completed, r.Lost, r.Aborted, r.ExpiredLeases, r.PrematureFrees}
+		virt := counts{sim.Completed, sim.Lost, sim.Aborted, sim.ExpiredLeases, sim.PrematureFrees}
+		if real != virt {
+			t.Errorf("%s: processes %+v, simulator %+v", r.Series(), real, virt)
+		}
+	}
+
 	// The whole result renders and survives a round trip.
 	var b strings.Builder
 	if err := res.Render(&b, report.FormatTable); err != nil {

@@ -81,8 +81,9 @@ func TestSimulatePlanLeasePolicy(t *testing.T) {
 				}
 				switch sc {
 				case ScenarioDecodeOverload, ScenarioHeartbeatLoss, ScenarioSlowStep:
-					// Request 7 waits for 7 others: each holds 0.6 L plus a 1 ms read.
-					if w := 7 * (0.6*L.Seconds() + 0.001); math.Abs(r.MaxQueueWaitS-w) > 1e-6 {
+					// Request 7 waits for 7 others: each holds 0.6 L plus a 1 ms
+					// read; it arrives 7 gaps after the first.
+					if w := 7 * (0.6*L.Seconds() + 0.001 - p.ArrivalGap.Seconds()); math.Abs(r.MaxQueueWaitS-w) > 1e-6 {
 						t.Errorf("max queue wait %.6fs, want %.6fs", r.MaxQueueWaitS, w)
 					}
 					if r.HeartbeatsSent == 0 || r.HeartbeatsRecvd != r.HeartbeatsSent-r.HeartbeatsLost {
