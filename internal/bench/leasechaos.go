@@ -162,7 +162,7 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 			} else {
 				res.Failed++
 			}
-			live.Emit(o.Live, live.Request{OK: r.Passed, Latency: time.Duration(r.Seconds * float64(time.Second))})
+			live.Emit(o.Live, live.Request{OK: r.Passed})
 		}
 	}
 	res.Finish()
@@ -203,6 +203,7 @@ type chaosRun struct {
 	decodeDead bool
 	stalled    bool
 	prefillDie int64
+	lastGauge  int64
 	// inQueue[i] closes when request i took its place on decode (or will
 	// not): request i+1 waits for it, so the queue keeps the plan's order.
 	inQueue []chan struct{}
@@ -326,7 +327,11 @@ func (c *chaosRun) collectPrefill(ep *Endpoint) {
 			var s engine.LeaseSample
 			if json.Unmarshal(ev.Data, &s) == nil {
 				c.samples = append(c.samples, s)
-				live.Emit(c.live, live.Gauge{Series: "leases held", At: time.Since(c.liveT0), Value: float64(s.Held), Unit: "leases"})
+				// Every step is too often for a sparkline: one sample in 250 ms.
+				if s.T-c.lastGauge >= int64(250*time.Millisecond) {
+					c.lastGauge = s.T
+					live.Emit(c.live, live.Gauge{Series: "leases held", At: time.Since(c.liveT0), Value: float64(s.Held), Unit: "leases"})
+				}
 			}
 		case "heartbeat":
 			var h engine.HeartbeatEvent

@@ -183,8 +183,9 @@ func leaseHeadline(res *LeaseChaosResult) string {
 	parts = append(parts, fmt.Sprintf("%s, %v tokens a request", res.Model, c["isl"]))
 	if len(res.Scenarios) > 0 {
 		r := res.Scenarios[0]
+		// The lease policy's numbers, also when only the fixed policy ran.
 		parts = append(parts, fmt.Sprintf("lease %s (heartbeat every %s, extension %s), fixed timeout %s, reaper %s",
-			report.Seconds(r.LeaseS), report.Seconds(r.IntervalS), report.Seconds(r.ExtensionS), report.Seconds(r.TimeoutS), r.Reaper))
+			report.Seconds(r.LeaseS), report.Seconds(r.LeaseS/6), report.Seconds(r.LeaseS*2/3), report.Seconds(r.TimeoutS), r.Reaper))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -109,7 +109,9 @@ func (st *Stats) Emit(e Event) {
 		}
 		s.OK++
 		s.Bytes += e.Bytes
-		st.lat.Record(e.Latency)
+		if e.Latency > 0 { // outcomes without a latency (lease-chaos scenarios) count, but are not timed
+			st.lat.Record(e.Latency)
+		}
 		i := int(st.now().Sub(st.start) / RateInterval)
 		for len(st.buckets) <= i {
 			st.buckets = append(st.buckets, 0)

@@ -143,7 +143,7 @@ func (m Model) Render() string {
 	} else if s.Unit != "" {
 		fmt.Fprintf(&b, "%s%d %s\n", label("progress"), s.Done, s.Unit)
 	}
-	if s.AvgGBps > 0 || len(s.Rate) > 0 {
+	if s.AvgGBps > 0 || anyPositive(s.Rate) { // runs that move no bytes (lease-chaos) have no bandwidth line
 		spark := live.Sparkline(s.Rate, max(10, min(60, m.width-50)))
 		fmt.Fprintf(&b, "%s%s now  %s avg  %s\n", label("bandwidth"), report.GBps(s.CurGBps*1e9), report.GBps(s.AvgGBps*1e9), sparkStyle.Render(spark))
 	}
@@ -192,6 +192,15 @@ func (m Model) Render() string {
 		fmt.Fprintf(&b, "%s\n", labelStyle.Render(phase+"q or Ctrl-C stops and prints the results"))
 	}
 	return b.String()
+}
+
+func anyPositive(xs []float64) bool {
+	for _, x := range xs {
+		if x > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func trim(s string, n int) string {
