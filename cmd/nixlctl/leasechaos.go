@@ -188,27 +188,28 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	if err := x.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}
-	var res *bench.LeaseChaosResult
-	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	return a.runChaos(ctx, o.measureOptions, "scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink
+		return bench.RunLeaseChaos(ctx, x)
+	})
+}
+
+// runChaos runs real or simulated lease-chaos, renders the result and
+// fails the command (exit 1) when a scenario failed.
+func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run func(context.Context, live.Sink) (*bench.LeaseChaosResult, error)) error {
+	var res *bench.LeaseChaosResult
+	_, err := a.measureAndRender(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		var err error
-		res, err = bench.RunLeaseChaos(ctx, x)
-		if res == nil {
+		if res, err = run(ctx, sink); res == nil {
 			return nil, err
 		}
 		return res, err
 	})
-	if res == nil {
-		return runErr
-	}
-	if err := a.render(res); err != nil {
+	if err != nil || res == nil {
 		return err
 	}
-	if runErr != nil {
-		return runErr
-	}
 	if res.Failed > 0 {
-		return errkind.CheckFailedf("%d of %d scenarios failed", res.Failed, res.Failed+res.Passed)
+		return errkind.CheckFailedf("%d of %d %s failed", res.Failed, res.Failed+res.Passed, what)
 	}
 	return nil
 }
@@ -240,27 +241,8 @@ func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec,
 	if len(x.Sweep) > 0 && o.Requests == 0 {
 		return errkind.BadInputf("--sweep-lease needs traffic: --requests > 0")
 	}
-	var res *bench.LeaseChaosResult
-	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	return a.runChaos(ctx, o.measureOptions, "simulated scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink
-		var err error
-		res, err = bench.RunLeaseSim(ctx, x)
-		if res == nil {
-			return nil, err
-		}
-		return res, err
+		return bench.RunLeaseSim(ctx, x)
 	})
-	if res == nil {
-		return runErr
-	}
-	if err := a.render(res); err != nil {
-		return err
-	}
-	if runErr != nil {
-		return runErr
-	}
-	if res.Failed > 0 {
-		return errkind.CheckFailedf("%d of %d simulated scenarios failed", res.Failed, res.Failed+res.Passed)
-	}
-	return nil
 }

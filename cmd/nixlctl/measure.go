@@ -70,6 +70,20 @@ func (o *measureOptions) validate() error {
 // returns its result (nil when nothing was measured) and error.
 type runner func(ctx context.Context, sink live.Sink) (report.Result, error)
 
+// measureAndRender runs a measuring command (measure) and renders what it
+// measured, also when the run stopped early; it returns the result (nil
+// when nothing was measured) and the run's error.
+func (a *app) measureAndRender(ctx context.Context, mo measureOptions, run runner) (report.Result, error) {
+	res, runErr := a.measure(ctx, mo, run)
+	if res == nil {
+		return nil, runErr
+	}
+	if err := a.render(res); err != nil {
+		return res, err
+	}
+	return res, runErr
+}
+
 // measure runs a measuring command with a live display: the TUI when stdin
 // and stdout are terminals and --tui allows it, else the progress bar on
 // stderr. It then records the command line in the result and writes the

@@ -109,6 +109,28 @@ type LeaseChaosResult struct {
 	Interrupted       bool           `json:"interrupted,omitempty"`
 }
 
+// finish closes the result; an interrupted run keeps what it measured and
+// says so.
+func (res *LeaseChaosResult) finish(ctx context.Context) error {
+	res.Finish()
+	if ctx.Err() != nil {
+		res.Interrupted = true
+		res.Warn("interrupted: the run stopped early")
+	}
+	return ctx.Err()
+}
+
+// add keeps one scenario's result and tells the live view.
+func (res *LeaseChaosResult) add(r ScenarioResult, sink live.Sink) {
+	res.Scenarios = append(res.Scenarios, r)
+	if r.Passed {
+		res.Passed++
+	} else {
+		res.Failed++
+	}
+	live.Emit(sink, live.Request{OK: r.Passed})
+}
+
 // RunLeaseChaos runs the scenarios. A scenario that fails its expectation
 // is a result, not an error; errors are for runs that could not happen.
 func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult, error) {
@@ -156,22 +178,10 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 				r.Passed = false
 				res.Warn(fmt.Sprintf("%s under %s: %v", sc, pol, err))
 			}
-			res.Scenarios = append(res.Scenarios, r)
-			if r.Passed {
-				res.Passed++
-			} else {
-				res.Failed++
-			}
-			live.Emit(o.Live, live.Request{OK: r.Passed})
+			res.add(r, o.Live)
 		}
 	}
-	res.Finish()
-	if ctx.Err() != nil {
-		res.Interrupted = true
-		res.Warn("interrupted: the run stopped early")
-		return res, ctx.Err()
-	}
-	return res, nil
+	return res, res.finish(ctx)
 }
 
 // chaosRun is one scenario on one pair of endpoints.
@@ -837,13 +847,7 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 			lc, _ := engine.LeaseConfig{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
 			p, _ := PlanFor(sc, lc)
 			r := SimulatePlan(p, lc, geo)
-			res.Scenarios = append(res.Scenarios, r)
-			if r.Passed {
-				res.Passed++
-			} else {
-				res.Failed++
-			}
-			live.Emit(o.Live, live.Request{OK: r.Passed})
+			res.add(r, o.Live)
 		}
 	}
 	if o.Traffic.Requests > 0 && ctx.Err() == nil {
@@ -875,11 +879,5 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 		}
 	}
 	res.WallSeconds = time.Since(t0).Seconds()
-	res.Finish()
-	if ctx.Err() != nil {
-		res.Interrupted = true
-		res.Warn("interrupted: the run stopped early")
-		return res, ctx.Err()
-	}
-	return res, nil
+	return res, res.finish(ctx)
 }

@@ -898,6 +898,19 @@ func (c *simCore) reaped(p *simPrefill, l *engine.Lease) {
 
 // finish ends the run at end: leases still held count as dead up to then
 // and as leaked.
+// runToEnd runs the events out and closes the books at the last moment
+// something happened (or the horizon, if the run was cut there).
+func (c *simCore) runToEnd() int64 {
+	c.feed()
+	c.run()
+	end := c.lastActive
+	if c.truncated {
+		end = c.horizon
+	}
+	c.finish(end)
+	return end
+}
+
 func (c *simCore) finish(end int64) {
 	c.now = end
 	for _, p := range c.prefills {
@@ -1005,13 +1018,7 @@ func simulatePlan(p ChaosPlan, lc engine.LeaseConfig, g SimGeometry, everyStep b
 		max(p.KillPrefillAt, p.KillDecodeAt, p.StallDecodeAt, p.AbortAt)
 	c.horizon = int64(2*(work+lc.Initial()+lc.Extension()) + time.Minute)
 
-	c.feed()
-	c.run()
-	end := c.lastActive
-	if c.truncated {
-		end = c.horizon
-	}
-	c.finish(end)
+	end := c.runToEnd()
 
 	st := &c.st
 	r := ScenarioResult{
@@ -1273,13 +1280,7 @@ func simulateTraffic(o TrafficOptions, everyStep bool) (TrafficResult, error) {
 	span := time.Duration(float64(o.Requests) / o.Rate * 1e9)
 	c.horizon = int64(10*(span+o.PrefillTime+o.TransferTime+o.DecodeTime+lc.Initial()+lc.Extension()+o.RestartAfter) + time.Hour)
 
-	c.feed()
-	c.run()
-	end := c.lastActive
-	if c.truncated {
-		end = c.horizon
-	}
-	c.finish(end)
+	end := c.runToEnd()
 
 	st := &c.st
 	r := TrafficResult{
