@@ -198,10 +198,11 @@ type HandoffResult struct {
 
 // Endpoint is a connection to a prefill or decode endpoint.
 type Endpoint struct {
-	rpc  *engine.RPCClient
-	cmd  *exec.Cmd
-	stop func()
-	done chan error
+	rpc    *engine.RPCClient
+	cmd    *exec.Cmd
+	stop   func()
+	done   chan error
+	closed sync.Once
 }
 
 func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*Endpoint, error) {
@@ -260,6 +261,10 @@ func (ep *Endpoint) close() {
 	if ep == nil {
 		return
 	}
+	ep.closed.Do(ep.shutdown)
+}
+
+func (ep *Endpoint) shutdown() {
 	_ = ep.rpc.Close()
 	select {
 	case <-ep.done:
@@ -409,6 +414,10 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
 	}
 	if o.XferRef && runErr == nil && res.Summary.Requests > 0 {
+		// The reference allocates the run's working set again: give the
+		// endpoints' pools back first (both at once can exhaust memory).
+		pe.close()
+		de.close()
 		live.Emit(o.Live, live.Phase{Text: "bench xfer reference"})
 		if gbps, err := h.xferReference(ctx, backend.Name, res); err != nil {
 			res.Warn("bench xfer reference: " + err.Error())
@@ -827,7 +836,9 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	block := int(s.BytesPerRequest / float64(batch))
 	block = max(8, block/8*8)
 	depth := max(1, h.o.Concurrency)
-	iters := max(4, min(200, int(2e9/float64(block*batch))))
+	// At least three rounds of the pipeline, so it runs full for most of
+	// the timed phase (fewer iterations than its depth never fill it).
+	iters := max(3*depth, min(200, int(2e9/float64(block*batch))))
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: block, MaxBlock: block, StartBatch: batch, MaxBatch: batch,
 		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc,
 		TotalBufferSize: block * batch * depth, Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}

@@ -448,14 +448,12 @@ func provePath(ctx context.Context, o EnvOptions, backend string, extra []string
 	if err != nil {
 		return fail(err)
 	}
-	// UCX 1.13 prints protocol tables only with its new protocol code
-	// enabled; newer releases enable it by default.
+	// Newer releases print the protocol each operation chose. The
+	// loopback runs with the user's settings (it proves their path), so
+	// protocols v2 are not forced on a UCX that defaults to v1.
 	env := append([]string(nil), extra...)
 	if _, set := os.LookupEnv("UCX_PROTO_INFO"); !set {
 		env = append(env, "UCX_PROTO_INFO=y")
-	}
-	if _, set := os.LookupEnv("UCX_PROTO_ENABLE"); !set && strings.HasPrefix(UCXLibraryVersion(), "1.13") {
-		env = append(env, "UCX_PROTO_ENABLE=y")
 	}
 	p.Env = env
 	base := childEnv(nil, nil, env...)
@@ -530,9 +528,7 @@ func provePath(ctx context.Context, o EnvOptions, backend string, extra []string
 	p.Protocols = uniqueTables(append(ParseProtoInfo(send.Stderr()), ParseProtoInfo(recv.Stderr())...))
 	if len(p.Protocols) == 0 {
 		p.ProtocolNote = fmt.Sprintf("UCX_PROTO_INFO=y: libucp %s printed no protocol tables", UCXLibraryVersion())
-		if strings.HasPrefix(UCXLibraryVersion(), "1.13") {
-			p.ProtocolNote += " (1.13 was tried with UCX_PROTO_ENABLE=y too; it prints none)"
-		}
+		p.ProtocolNote += " (protocols v1 print none): the path above is inferred from the endpoint's lanes"
 	}
 	p.Used, p.TCP = pathUsed(p)
 	if p.Requests == 0 && p.Error == "" {
@@ -614,11 +610,14 @@ func pathUsed(p *PathReport) (string, bool) {
 	case strings.HasPrefix(rma, "shared-memory mapping"):
 		return "a shared-memory mapping (sysv/posix): a memcpy into the peer's segment", false
 	case strings.HasPrefix(rma, "emulated over active messages on "):
-		tl := strings.TrimPrefix(rma, "emulated over active messages on ")
-		return describeTL(tl) + ", RMA emulated over active messages", strings.Contains(tl, "tcp")
+		tl, _, _ := strings.Cut(strings.TrimPrefix(rma, "emulated over active messages on "), " (")
+		return describeTL(tl) + ", RMA emulated over active messages (each side copies every byte)", strings.Contains(tl, "tcp")
 	}
-	tl := strings.TrimSuffix(rma, " (zero-copy)")
-	return describeTL(tl) + " (zero-copy RMA)", strings.Contains(tl, "tcp")
+	tl, kind, _ := strings.Cut(rma, " (")
+	if kind = strings.TrimSuffix(kind, ")"); kind == "" || kind == "zero-copy" {
+		kind = "zero-copy"
+	}
+	return describeTL(tl) + " (" + kind + " RMA)", strings.Contains(tl, "tcp")
 }
 
 // describeTL turns "cma/memory" or "tcp/lo,tcp/eth0" into "cma on
@@ -651,6 +650,9 @@ func judgePath(res *EnvResult, p *PathReport, what string) {
 	if p.TCP {
 		res.Warn(fmt.Sprintf("TCP FALLBACK: this transfer used %s. Between two processes on one host that means no shared memory; between hosts, no RDMA. Check UCX_TLS/UCX_NET_DEVICES and the UCX build (transports: %s)",
 			p.Used, strings.Join(transportNames(res.UCX.Devices), ", ")))
+	} else if strings.Contains(p.Used, "RMA emulated over active messages") {
+		res.Warn(fmt.Sprintf("SOFTWARE RMA: this transfer used %s: UCX has no one-sided path to memory it did not allocate (cma is only a rendezvous lane with protocols v1), so each process copies every byte. Memory UCX allocates (bench xfer --dram-alloc ucx) is mapped instead; UCX 1.16+ (protocols v2) puts zero-copy over cma",
+			p.Used))
 	}
 }
 

@@ -155,6 +155,35 @@ uint64_t nx_now_ns(void)
 }
 
 const char *nx_ucx_version(void) { return ucp_get_version_string(); }
+
+/* nx_proto_v2 reports whether this UCX runs its protocols v2
+ * (UCX_PROTO_ENABLE=y in the configuration it reads, the environment
+ * included); 0 for v1 or a UCX that does not know the variable. */
+int nx_proto_v2(void)
+{
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) {
+        return 0;
+    }
+    char  *buf = NULL;
+    size_t len = 0;
+    FILE  *f   = open_memstream(&buf, &len);
+    if (f != NULL) {
+        ucp_config_print(cfg, f, NULL, (ucs_config_print_flags_t)(UCS_CONFIG_PRINT_CONFIG | UCS_CONFIG_PRINT_HIDDEN));
+        fclose(f);
+    }
+    ucp_config_release(cfg);
+    int v2 = 0;
+    if (buf != NULL) {
+        char *p = strstr(buf, "UCX_PROTO_ENABLE=");
+        if (p != NULL) {
+            char c = p[strlen("UCX_PROTO_ENABLE=")];
+            v2     = c == 'y' || c == 'Y' || c == '1' || c == 'o' || c == 'O';
+        }
+        free(buf);
+    }
+    return v2;
+}
 const char *nx_status_string(int status) { return ucs_status_string((ucs_status_t)status); }
 int         nx_status_peer_died(void) { return (int)UCS_ERR_CONNECTION_RESET; }
 void nx_free(void *p) { free(p); }

@@ -264,16 +264,60 @@ func (a *agent) transportsLocked(p *peer) string {
 	rma := "none"
 	if len(p.regions) > 0 {
 		r := p.regions[0]
-		switch {
-		case C.nx_rkey_mapped(a.c, r.rkey, C.uint64_t(r.Addr)) != 0:
-			rma = "shared-memory mapping (sysv/posix: a memcpy into the peer's segment)"
-		case strings.Contains(lanes, "rma_bw="):
-			rma = laneOf(lanes, "rma_bw") + " (zero-copy)"
-		default:
-			rma = "emulated over active messages on " + laneOf(lanes, "am")
-		}
+		rma = RMAPath(lanes, C.nx_rkey_mapped(a.c, r.rkey, C.uint64_t(r.Addr)) != 0, protoV2())
 	}
 	return fmt.Sprintf("rma: %s; lanes: %s; error handling: %s", rma, lanes, p.mode)
+}
+
+var protoV2 = sync.OnceValue(func() bool {
+	return C.nx_proto_v2() != 0 && versionAtLeast(Version(), 1, 16)
+})
+
+// RMAPath says how ucp_put/ucp_get reach a peer's memory, from the
+// endpoint's lanes and whether the peer's segment is mapped here.
+//
+// Protocols v1 (UCX 1.13's default) serve put/get only on "rma" lanes,
+// and only for memory the lane's domain can reach: a shared-memory
+// segment UCX allocated (sysv, posix: mapped, so a memcpy), or a network
+// transport with one-sided operations (InfiniBand, RoCE). cma offers only
+// zero-copy, so it is an rma_bw lane (rendezvous), never an rma one:
+// plain mmap'd memory between two processes goes over software RMA on the
+// active-message lane, every byte copied once by each side (strace shows
+// no process_vm_readv/writev; perf shows uct_mm_ep_am_bcopy). Protocols v2
+// (the default from UCX 1.16; 1.13's v2 did the same as v1 here) put and
+// get zero-copy on rma_bw lanes, cma included.
+func RMAPath(lanes string, mapped, v2 bool) string {
+	switch {
+	case mapped:
+		return "shared-memory mapping (sysv/posix: a memcpy into the peer's segment)"
+	case v2 && laneOf(lanes, "rma_bw") != "?":
+		return laneOf(lanes, "rma_bw") + " (zero-copy)"
+	}
+	for _, tl := range strings.Split(laneOf(lanes, "rma"), ",") {
+		if tl != "?" && !isSharedMemoryTL(tl) {
+			return tl + " (one-sided)"
+		}
+	}
+	return "emulated over active messages on " + laneOf(lanes, "am") + " (software RMA: each side copies every byte)"
+}
+
+// isSharedMemoryTL: transports that reach only segments they allocated.
+func isSharedMemoryTL(tl string) bool {
+	for _, p := range []string{"sysv/", "posix/", "xpmem/", "self/"} {
+		if strings.HasPrefix(tl, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// versionAtLeast compares a "1.13.1"-style version with major.minor.
+func versionAtLeast(v string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(v, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 func laneOf(lanes, use string) string {
@@ -532,8 +576,8 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	}
 	// Writes into a peer segment mapped here are plain memcpys: complete
 	// in place means visible at the peer, so they need no flush. (Not so
-	// for cma: below its zero-copy threshold UCX emulates puts with active
-	// messages, which complete locally before the peer applies them.)
+	// for software RMA over active messages, UCX 1.13's path for memory it
+	// did not allocate: puts complete locally before the peer applies them.)
 	if t := a.transportsLocked(pe); strings.HasPrefix(t, "rma: shared-memory") {
 		C.nx_peer_set_rma_local(p, 1)
 	}
