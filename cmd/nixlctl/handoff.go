@@ -109,7 +109,7 @@ loop with --rate (Poisson); --prefix-hit fraction of each prompt decode already
 holds (the remote block list is end-trimmed); --fragmentation scattered gives
 fragmented block tables (descriptors cannot merge).
 
-Per request it measures: handshake (first vs steady), registration round trip,
+Per request it measures: handshake (first vs steady), registration (decode -> prefill, one way),
 KV ready at prefill -> transfer posted, post time, transfer time, transfer done
 -> decode ready, and the handoff latency (KV ready -> decode ready); the summary
 has p50/p90/p99/p99.9/max, bandwidth, requests/s, failures, corrupt blocks,
@@ -288,9 +288,12 @@ backend, and the engines talk to each other over their own side channels
 
 --stdio takes the control channel on standard input and output (how the bench
 starts its children); --listen HOST:PORT accepts drivers over TCP, one at a
-time, for endpoints on other hosts.`, role),
-		Example: fmt.Sprintf(`  nixlctl serve %s --listen 0.0.0.0:7400
-  nixlctl bench push --prefill 10.0.0.1:7400 --decode 10.0.0.2:7400`, role),
+time, for endpoints started by hand (under a debugger, with other UCX
+settings). The engines' own side channels (handshake, SGLang bootstrap)
+bind to 127.0.0.1 for now, so prefill and decode must run on one host.`, role),
+		Example: `  nixlctl serve prefill --listen 127.0.0.1:7400 &
+  UCX_TLS=sm,self nixlctl serve decode --listen 127.0.0.1:7401 &
+  nixlctl bench push --prefill 127.0.0.1:7400 --decode 127.0.0.1:7401`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o serveEngineOptions

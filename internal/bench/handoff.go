@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -145,6 +146,25 @@ type HandoffRecord struct {
 	TStart         int64   `json:"t_start"`
 	TFinish        int64   `json:"t_finish"`
 	TReady         int64   `json:"t_ready"`
+
+	// push: decode's side of the stages prefill's release completes.
+	tRegSent, tXferDone int64
+}
+
+// applyPushFreed fills a push record's WRITE stages from prefill's
+// release of the request (the WRITE is prefill's).
+func (r *HandoffRecord) applyPushFreed(f engine.FreedEvent) {
+	ms := func(a, b int64) float64 {
+		if a == 0 || b == 0 || b < a {
+			return 0
+		}
+		return float64(b-a) / 1e6
+	}
+	r.Descriptors, r.LogicalDescs, r.Bytes = f.Descriptors, f.LogicalDescs, f.Bytes
+	r.RegRTTMS = ms(r.tRegSent, f.TRegReceived)
+	r.FinishToPostMS = ms(r.TFinish, f.TPostStart)
+	r.PostMS = ms(f.TPostStart, f.TPostEnd)
+	r.TransferMS = ms(f.TPostEnd, r.tXferDone)
 }
 
 // HandoffSummary is the headline of a run (fields named in the issue stay
@@ -168,7 +188,7 @@ type HandoffSummary struct {
 	DescriptorsPerReq float64            `json:"descriptors_per_request"`
 	LogicalDescsReq   float64            `json:"logical_descriptors_per_request"`
 	BytesPerRequest   float64            `json:"bytes_per_request"`
-	TransferGBps      float64            `json:"transfer_gbps_p50"` // one request's bytes / its transfer time, median
+	TransferGBps      float64            `json:"transfer_gbps_p50"` // one request's bytes / its post + transfer time, median
 	MemcpyGBps        float64            `json:"memcpy_gbps"`
 	EfficiencyMemcpy  float64            `json:"efficiency_vs_memcpy"`
 	XferGBps          float64            `json:"xfer_gbps,omitempty"`
@@ -330,6 +350,19 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		res.Env.UCX = backend.Version()
 	}
 	blocks := o.poolBlocks()
+	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
+		// Both engines' pools, in this host's memory: keep them under half
+		// of what is available (open loops and traces size for 64 requests
+		// of the longest prompt, which can be more than the machine has).
+		if avail := memAvailable(); avail > 0 {
+			per := blockBytesAllRanks(spec, spec.TP) + blockBytesAllRanks(spec, o.DecodeTP)
+			if limit := int(avail / 2 / max(per, 1)); blocks > limit {
+				res.Warn(fmt.Sprintf("KV pools cut from %d to %d blocks per engine to fit half of the %s of memory available (--num-blocks sets them)",
+					blocks, limit, report.Bytes(avail)))
+				blocks = max(limit, 1)
+			}
+		}
+	}
 	base := engine.Config{Backend: backend.Name, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize,
 		Layout: spec.Layout, Order: spec.Order, NumBlocks: blocks, DRAMAlloc: o.DRAMAlloc, Scattered: o.Scattered, Merge: o.Merge,
 		Verify: o.Verify, Lease: o.Lease, RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Seed: o.Seed, Mem: o.Mem}
@@ -392,10 +425,25 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if err := de.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Decode); err != nil {
 		res.Warn("decode stats: " + err.Error())
 	}
+	// The initiator's view of the path: decode READs in pull, prefill
+	// WRITEs in push and SGLang.
+	initiator := de
+	if o.Protocol != engine.ProtoPull {
+		initiator = pe
+	}
 	var info map[string]string
-	if err := de.rpc.Call(context.WithoutCancel(ctx), "info", nil, &info); err == nil {
+	if err := initiator.rpc.Call(context.WithoutCancel(ctx), "info", nil, &info); err == nil {
 		res.Transports = info
-		for _, v := range info {
+		keys := make([]string, 0, len(info))
+		for k := range info {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v := info[k]
+			if !strings.Contains(k, "transport:") {
+				continue
+			}
 			res.Env.Transport = v
 			if strings.Contains(v, "emulated over active messages on tcp") {
 				res.Warn("TCP fallback: RMA is emulated over TCP active messages")
@@ -509,8 +557,14 @@ func (h *handoff) drainFreed(d time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i := range h.records {
-		if f, ok := h.freed[h.records[i].ID]; ok {
-			h.records[i].Freed = f.Reason
+		r := &h.records[i]
+		if f, ok := h.freed[r.ID]; ok {
+			r.Freed = f.Reason
+			// A push whose release came after the request's own short
+			// wait gets its WRITE stages now.
+			if h.o.Protocol == engine.ProtoPush && r.Error == "" && r.Bytes == 0 && f.Bytes > 0 {
+				r.applyPushFreed(f)
+			}
 		}
 	}
 }
@@ -680,13 +734,11 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 		rec.PostMS = ms(lr.TPostStart, lr.TPostEnd)
 		rec.TransferMS = ms(lr.TPostEnd, lr.TXferDone)
 	case engine.ProtoPush:
-		// The WRITE is prefill's: its stage times come with the release.
+		// The WRITE is prefill's: its stage times come with the release
+		// (or, when that comes late, at the end of the run: drainFreed).
+		rec.tRegSent, rec.tXferDone = lr.TRegSent, lr.TXferDone
 		if f, ok := h.waitFreed(id, 3*time.Second); ok && rec.Error == "" {
-			rec.Descriptors, rec.LogicalDescs, rec.Bytes = f.Descriptors, f.LogicalDescs, f.Bytes
-			rec.RegRTTMS = ms(lr.TRegSent, f.TRegReceived)
-			rec.FinishToPostMS = ms(pr.TFinish, f.TPostStart)
-			rec.PostMS = ms(f.TPostStart, f.TPostEnd)
-			rec.TransferMS = ms(f.TPostEnd, lr.TXferDone)
+			rec.applyPushFreed(f)
 		}
 	case engine.ProtoSGLang:
 		rec.RegRTTMS = ms(lr.TRegSent, pr.TBootstrapped)
@@ -709,6 +761,35 @@ func (h *handoff) bytesPerBlock() int64 {
 		}
 	}
 	return b
+}
+
+// blockBytesAllRanks is what one block weighs on all ranks of an engine.
+func blockBytesAllRanks(spec kv.Spec, tp int) int64 {
+	spec.TP = tp
+	var b int64
+	for r := 0; r < tp; r++ {
+		for _, reg := range spec.Rank(r, 0).Regions {
+			b += reg.BlockBytes
+		}
+	}
+	return b
+}
+
+// memAvailable is MemAvailable from /proc/meminfo in bytes (0: unknown).
+func memAvailable() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }
 
 func splitHostPort(ep string) (string, int, error) {
@@ -762,8 +843,10 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 				st.h.Record(ms(st.v))
 			}
 		}
-		if r.TransferMS > 0 {
-			gbps = append(gbps, float64(r.Bytes)/1e6/r.TransferMS)
+		// Post and transfer together: where a transport copies inside the
+		// post (UCX-allocated shared memory), the transfer stage is ~0.
+		if t := r.PostMS + r.TransferMS; t > 0 && r.Bytes > 0 {
+			gbps = append(gbps, float64(r.Bytes)/1e6/t)
 		}
 		if first == 0 || r.TStart < first {
 			first = r.TStart

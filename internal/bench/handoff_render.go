@@ -32,10 +32,7 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
-	load := fmt.Sprintf("closed loop, concurrency %v", c["concurrency"])
-	if r, _ := c["rate"].(float64); r > 0 {
-		load = fmt.Sprintf("open loop, %.3g requests/s (Poisson)", r)
-	}
+	load := loadLabel(c)
 	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c["warmup"], load, c["prefix_hit"])
 	if err := stageTable(s).WriteText(w); err != nil {
 		return err
@@ -76,7 +73,7 @@ func stageTable(s HandoffSummary) *report.Table {
 		}
 		t.AddRow(name, report.Float(p.P50), report.Float(p.P90), report.Float(p.P99), report.Float(p.P999), report.Float(p.Max), report.Float(p.Mean))
 	}
-	row("registration round trip", s.RegRTTMS)
+	row("registration (decode -> prefill)", s.RegRTTMS)
 	row("KV ready -> posted", s.FinishToPostMS)
 	row("post", s.PostMS)
 	row("transfer", s.TransferMS)
@@ -108,6 +105,17 @@ func resultTable(res *HandoffResult) *report.Table {
 	k.AddRow("failed transfers / notifications", fmt.Sprintf("%d / %d", p.FailedTransfers+d.FailedTransfers, p.FailedNotifs+d.FailedNotifs))
 	k.AddRow("unknown-request / malformed messages", fmt.Sprintf("%d / %d", p.UnknownNotifs+d.UnknownNotifs, p.MalformedNotifs+d.MalformedNotifs+p.MalformedControl+d.MalformedControl))
 	return k
+}
+
+// loadLabel says how requests arrived.
+func loadLabel(c map[string]any) string {
+	if islLabel(c["isl"]) == "trace" {
+		return "open loop, arrivals from the trace"
+	}
+	if r, _ := c["rate"].(float64); r > 0 {
+		return fmt.Sprintf("open loop, %.3g requests/s (Poisson)", r)
+	}
+	return fmt.Sprintf("closed loop, concurrency %v", c["concurrency"])
 }
 
 func islLabel(v any) string {

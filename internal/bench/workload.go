@@ -12,11 +12,12 @@ import (
 
 // ISL says how long prompts are.
 type ISL struct {
-	Dist     string  // fixed, uniform, normal, trace
-	Fixed    int     // fixed
-	Min, Max int     // uniform; clipping bounds for normal
-	Mean     float64 // normal
-	Std      float64 // normal
+	Dist  string  `json:"dist"`  // fixed, uniform, normal, trace
+	Fixed int     `json:"fixed"` // fixed
+	Min   int     `json:"min"`   // uniform; clipping bounds for normal
+	Max   int     `json:"max"`
+	Mean  float64 `json:"mean"` // normal
+	Std   float64 `json:"std"`  // normal
 }
 
 // TraceEntry is one request of a JSON-lines trace: when it arrives
