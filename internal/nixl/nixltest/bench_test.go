@@ -10,7 +10,7 @@ import (
 // completion, telemetry) for one descriptor, in process, per op and size.
 func BenchmarkPostWait(b *testing.B) {
 	for _, op := range []nixl.Op{nixl.Write, nixl.Read} {
-		for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
+		for _, size := range []int{8, 4 << 10, 64 << 10, 1 << 20} {
 			b.Run(op.String()+"/"+sizeName(size), func(b *testing.B) {
 				init, _ := nixl.Open("ucx", nixl.Config{Name: "i"})
 				target, _ := nixl.Open("ucx", nixl.Config{Name: "t"})

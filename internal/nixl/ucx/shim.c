@@ -550,14 +550,14 @@ static void advance(nx_xfer_t *x)
             finish(x, NX_ERROR);
             return;
         }
-        ucp_request_param_t p = op_param(x);
         switch (st) {
         case NX_RUNNING:
             /* Like NIXL, a WRITE is only done once a flush says the data is
              * visible at the target; the notification follows it. Writes that
-             * a host-local transport (mapped shared memory, cma) completed in
+             * a host-local transport (mapped shared memory) completed in
              * place are visible already: the copy itself was the delivery. */
             if (x->op == NX_OP_WRITE && x->n > 0 && !(x->peer->rma_local && x->all_inline)) {
+                ucp_request_param_t p = op_param(x); /* only here: the fast path needs none */
                 set_state(x, NX_FLUSHING);
                 track(x, ucp_ep_flush_nbx(x->peer->ep, &p));
                 continue;
