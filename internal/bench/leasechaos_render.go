@@ -191,14 +191,11 @@ func leaseHeadline(res *LeaseChaosResult) string {
 }
 
 func leaseTable(res *LeaseChaosResult) *report.Table {
-	t := &report.Table{}
-	for _, c := range []report.Column{{Name: "scenario"}, {Name: "policy"}, {Name: "result"}, {Name: "done", Align: report.Right},
+	t := &report.Table{Columns: []report.Column{{Name: "scenario"}, {Name: "policy"}, {Name: "result"}, {Name: "done", Align: report.Right},
 		{Name: "expired", Align: report.Right}, {Name: "premature", Align: report.Right}, {Name: "caught", Align: report.Right},
 		{Name: "expired held", Align: report.Right}, {Name: "dead GB·s", Align: report.Right}, {Name: "reclaim p50", Align: report.Right},
 		{Name: "reclaim p99", Align: report.Right}, {Name: "fault->free max", Align: report.Right}, {Name: "max queue wait", Align: report.Right},
-		{Name: "heartbeats sent/lost/applied", Align: report.Right}} {
-		t.Columns = append(t.Columns, c)
-	}
+		{Name: "heartbeats sent/lost/applied", Align: report.Right}}}
 	sec := func(p report.Percentiles, v float64) string {
 		if p.Count == 0 {
 			return "-"

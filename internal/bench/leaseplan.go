@@ -166,10 +166,6 @@ func (p ChaosPlan) HeartbeatDropped(k int) bool {
 	return math.Floor(float64(k+1)*p.HBLoss) > math.Floor(float64(k)*p.HBLoss)
 }
 
-// Dies says whether decode dies in this plan (crash), so its leases are
-// expected to lapse.
-func (p ChaosPlan) decodeDies() bool { return p.KillDecodeOnSchedule >= 0 || p.KillDecodeAt > 0 }
-
 // ScenarioResult is one scenario under one policy: what was measured and
 // whether it met the scenario's expectation. The real runner and the
 // simulator both fill it.
