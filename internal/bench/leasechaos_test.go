@@ -15,8 +15,11 @@ import (
 
 // chaosOpts runs lease-chaos on child processes (this test binary) with a
 // short lease: 1.5 s, so heartbeats every 250 ms and a 1 s extension; the
-// fixed timeout (3.3 leases) is shorter than the overload's queue (4.2
-// leases), so the fixed policy shows its premature frees.
+// fixed timeout (2.7 leases) is shorter than the overload's queue (4.2
+// leases), so the fixed policy shows its premature frees. It sits at least
+// 0.16 leases from every request's queue wait in every scenario (overload
+// waits 0.6 L apart, the stall's requests resume at 2.5, 2.9, 3.3 ... L),
+// so which requests outlive it does not depend on scheduling noise.
 func chaosOpts(t *testing.T, proto string, scenarios ...string) LeaseChaosOptions {
 	t.Helper()
 	exe, err := os.Executable()
@@ -25,7 +28,7 @@ func chaosOpts(t *testing.T, proto string, scenarios ...string) LeaseChaosOption
 	}
 	lease := 1500 * time.Millisecond
 	return LeaseChaosOptions{Scenarios: scenarios, Policies: []engine.LeasePolicy{engine.PolicyLease, engine.PolicyFixed},
-		Lease: lease, Timeout: lease * 33 / 10, Reaper: engine.ReapFull, Protocol: proto, Backend: "ucx",
+		Lease: lease, Timeout: lease * 27 / 10, Reaper: engine.ReapFull, Protocol: proto, Backend: "ucx",
 		Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}, ISL: 128, Slack: 400 * time.Millisecond,
 		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 5}
 }
@@ -63,7 +66,7 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 		t.Errorf("decode-crash lease: %+v", crash)
 	}
 	fixedCrash := byName["decode-crash fixed"]
-	if fixedCrash.ReclaimLatencyS.Min < 4.9 || fixedCrash.DeadBlockGBs <= crash.DeadBlockGBs {
+	if fixedCrash.ReclaimLatencyS.Min < 4.0 || fixedCrash.DeadBlockGBs <= crash.DeadBlockGBs {
 		t.Errorf("fixed policy should hold dead blocks its whole timeout, longer than the lease: %+v vs %+v", fixedCrash, crash)
 	}
 	if o := byName["decode-overload lease"]; o.PrematureFrees != 0 || o.MaxQueueWaitS < 3*1.5 || o.HeartbeatsRecvd == 0 {
@@ -84,7 +87,7 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 	geo := SimGeometry{BytesPerRequest: 1, BlocksPerRequest: 1}
 	for _, r := range res.Scenarios {
 		lc, _ := engine.LeaseConfig{Policy: engine.LeasePolicy(r.Policy), Duration: 1500 * time.Millisecond,
-			Timeout: 1500 * time.Millisecond * 33 / 10, Reaper: engine.ReapFull}.Normalize()
+			Timeout: 1500 * time.Millisecond * 27 / 10, Reaper: engine.ReapFull}.Normalize()
 		p, err := PlanFor(r.Scenario, lc)
 		if err != nil {
 			t.Fatal(err)
@@ -93,7 +96,16 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 		type counts struct{ Completed, Lost, Aborted, Expired, Premature int }
 		real := counts{r.Completed, r.Lost, r.Aborted, r.ExpiredLeases, r.PrematureFrees}
 		virt := counts{sim.Completed, sim.Lost, sim.Aborted, sim.ExpiredLeases, sim.PrematureFrees}
-		if real != virt {
+		if real == virt {
+			continue
+		}
+		// Under the fixed timeout a live request's blocks go when its wait
+		// passes the timeout; with quarter-lease steps (slow-step) the
+		// reaper's step can land within 0.05 leases of the next request's
+		// READ, so the request nearest the timeout may fall either way.
+		near := r.Policy == "fixed" && r.Scenario == ScenarioSlowStep &&
+			real.Completed+real.Premature == virt.Completed+virt.Premature && abs(real.Premature-virt.Premature) <= 1
+		if !near {
 			t.Errorf("%s: processes %+v, simulator %+v", r.Series(), real, virt)
 		}
 	}
@@ -117,6 +129,13 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 	if _, err := res.Figure(); err != nil {
 		t.Errorf("figure: %v", err)
 	}
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // The head-only reaper (vLLM before PR #50789) leaks expired leases
