@@ -69,7 +69,7 @@ requests queue for several leases:
   decode-overload    the queue holds requests 4.2 leases: heartbeats keep them
   heartbeat-loss     the same with every other heartbeat dropped (fault wrapper)
   slow-step          the same with quarter-lease engine steps (heartbeats late)
-  decode-crash       SIGKILL decode as a request starts its transfer, 4 queued
+  decode-crash       decode is SIGKILLed with a request's transfer in flight, 4 queued
   decode-stall       SIGSTOP decode for two leases, then SIGCONT
   abort-before-read  the router aborts queued requests behind a waiting one
   prefill-restart    SIGKILL prefill with requests queued; a new one takes more

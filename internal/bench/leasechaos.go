@@ -300,6 +300,11 @@ func (c *chaosRun) startDecode(ctx context.Context) error {
 	if c.plan.HBLoss > 0 {
 		cfg.Faults = &nixl.Faults{DropSend: c.plan.HBLoss, DropSendEvenly: true, NotifPrefix: "HB:"}
 	}
+	if k := c.plan.KillDecodeOnSchedule; k >= 0 {
+		// Decode kills itself right after posting request k's transfer: a
+		// signal from here could come after a short READ had finished.
+		cfg.CrashAt = reqID(k)
+	}
 	if err := ep.rpc.Call(ctx, "setup", cfg, nil); err != nil {
 		ep.close()
 		return fmt.Errorf("decode setup: %w", err)
@@ -390,8 +395,8 @@ func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
 				if _, err := fmt.Sscanf(s.RouterID, "chaos-%d", &i); err == nil {
 					c.markQueued(i)
 				}
-			case ev.Name == "scheduled" && c.plan.KillDecodeOnSchedule >= 0 && s.RouterID == reqID(c.plan.KillDecodeOnSchedule):
-				c.killDecode("SIGKILL decode as " + s.RouterID + " starts its transfer")
+			case ev.Name == "crashing":
+				c.decodeDied(s.T, "decode SIGKILLed itself with "+s.RouterID+"'s transfer in flight")
 			}
 		})
 	}()
@@ -427,6 +432,18 @@ func (c *chaosRun) fault(what string) int64 {
 	c.mu.Unlock()
 	live.Emit(c.live, live.Phase{Text: what})
 	return now
+}
+
+// decodeDied records a crash decode did to itself (at t, mono ns).
+func (c *chaosRun) decodeDied(t int64, what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.decodeDead {
+		return
+	}
+	c.decodeDead, c.tKill = true, t
+	c.faults = append(c.faults, TimelineFault{T: float64(t-c.t0) / 1e9, What: what})
+	live.Emit(c.live, live.Phase{Text: what})
 }
 
 func (c *chaosRun) killDecode(what string) {

@@ -68,8 +68,9 @@ type ChaosPlan struct {
 
 	// KillDecodeOnSchedule >= 0 kills decode (SIGKILL) as soon as that
 	// request is scheduled: its transfer is in flight, the requests behind
-	// it are queued, and all of them are lost. KillDecodeAt > 0 kills at a
-	// fixed time instead.
+	// it are queued, and all of them are lost (real runs: decode kills
+	// itself right after posting that transfer). KillDecodeAt > 0 kills at
+	// a fixed time instead.
 	KillDecodeOnSchedule int           `json:"kill_decode_on_schedule"`
 	KillDecodeAt         time.Duration `json:"kill_decode_at"`
 	// StallDecodeAt > 0 stops decode (SIGSTOP) for StallFor, then
@@ -113,7 +114,7 @@ func PlanFor(scenario string, lc engine.LeaseConfig) (ChaosPlan, error) {
 		p.DecodeHold = frac(0.6)
 		p.Step = frac(0.25)
 	case ScenarioDecodeCrash:
-		p.About = "decode is SIGKILLed as a request starts its transfer, with more queued behind it"
+		p.About = "decode is SIGKILLed with a request's transfer in flight and more queued behind it"
 		p.DecodeHold = frac(0.5)
 		p.KillDecodeOnSchedule = 3 // at ~1.5 leases: 0-2 done, 3 in flight, 4-7 queued
 	case ScenarioDecodeStall:

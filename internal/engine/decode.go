@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -220,6 +222,23 @@ func (s *decodeState) Abort(router string) bool {
 		}
 	}
 	return false
+}
+
+// crashPoint SIGKILLs this process when the request is lease-chaos's
+// CrashAt: its transfer was just posted (READs in flight, or the push
+// registration on its way), so the crash lands inside the transfer every
+// time, not only when a signal from outside happens to. The event goes
+// out first (a pipe write is done before the process dies).
+func (s *decodeState) crashPoint(router string) {
+	if s.e.cfg.CrashAt == "" || s.e.cfg.CrashAt != router {
+		return
+	}
+	s.e.emit("crashing", ScheduledEvent{RouterID: router, T: mono.Now()})
+	if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+		s.e.log.Error("lease-chaos crash point: cannot kill this process", "err", err)
+		return
+	}
+	select {} // the process is being killed; SIGKILL cannot be caught
 }
 
 func (s *decodeState) stats(st *Stats) {
@@ -473,6 +492,9 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				}
 			}
 			res.postEnd = mono.Now()
+			if d == 0 {
+				s.crashPoint(r.ID)
+			}
 			for _, x := range reqs {
 				if err := waitXfer(ctx, rk.agent, x, 0); err != nil {
 					e.c.failedXfers.Add(1)
@@ -606,6 +628,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			sent++
 		}
 	}
+	s.crashPoint(r.ID)
 	var waitErr error
 	if sent == 0 {
 		waitErr = errors.New("no prefill rank took the registration")

@@ -80,9 +80,12 @@ type Config struct {
 	// LeaseEvents makes prefill report its lease table over time
 	// ("leases" samples, "heartbeat" events) and decode its scheduling
 	// ("scheduled" events), for lease-chaos.
-	LeaseEvents bool         `json:"lease_events,omitempty"`
-	Faults      *nixl.Faults `json:"faults,omitempty"`
-	Seed        uint64       `json:"seed"`
+	LeaseEvents bool `json:"lease_events,omitempty"`
+	// CrashAt (lease-chaos) makes decode SIGKILL itself right after it
+	// posted the transfer of this request (the router's id).
+	CrashAt string       `json:"crash_at,omitempty"`
+	Faults  *nixl.Faults `json:"faults,omitempty"`
+	Seed    uint64       `json:"seed"`
 }
 
 // LeaseConfig is the engine's lease configuration.
