@@ -251,7 +251,6 @@ type simCore struct {
 	blocks    int
 	everyStep bool
 	horizon   int64
-	fullFast  bool // full reaper, no pins: ExpiredHeld is 0 right after Reap (traffic mode skips the scan)
 
 	now      int64
 	seq      uint64
@@ -845,11 +844,9 @@ func (c *simCore) pstep(p *simPrefill, tok uint64) {
 		c.reaped(p, l)
 		active = true
 	}
-	if !c.fullFast {
-		n, _ := p.table.ExpiredHeld(c.now)
-		c.st.expiredHeldMax = max(c.st.expiredHeldMax, n)
-		c.st.expiredHeldEnd = n
-	}
+	n, _ := p.table.ExpiredHeld(c.now)
+	c.st.expiredHeldMax = max(c.st.expiredHeldMax, n)
+	c.st.expiredHeldEnd = n
 	c.sample(p)
 	if active {
 		c.lastActive = c.now
@@ -1251,7 +1248,6 @@ func simulateTraffic(o TrafficOptions, everyStep bool) (TrafficResult, error) {
 	wall := time.Now()
 	lc := o.Lease
 	c := newSimCore(lc, o.Step, o.TransferTime, o.BytesPerRequest, everyStep)
-	c.fullFast = lc.Reaper == engine.ReapFull
 	c.addPrefill()
 	for range o.Decodes {
 		c.addDecode(o.Slots)

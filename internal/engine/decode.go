@@ -75,7 +75,8 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 	// the wait in the queue is what they are for.
 	s.track(rep.RequestID, r.Params)
 	err := s.acquire(ctx, r.ID)
-	if err == nil {
+	scheduled := err == nil
+	if scheduled {
 		if s.slots > 0 {
 			rep.TScheduled = mono.Now()
 			if e.cfg.LeaseEvents {
@@ -90,10 +91,10 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 		case ProtoSGLang:
 			err = e.sgl.load(ctx, r, &rep)
 		}
-		s.untrack(rep.RequestID)
+	}
+	s.untrack(rep.RequestID) // the KV is in, failed, or the request was aborted
+	if scheduled {
 		s.releaseAfter(e.cfg.DecodeHold)
-	} else {
-		s.untrack(rep.RequestID)
 	}
 	if err != nil {
 		rep.Error = err.Error()

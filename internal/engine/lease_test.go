@@ -141,10 +141,19 @@ func TestHeadOnlyReaperLeaksBehindARenewedLease(t *testing.T) {
 	if n, b := tb.ExpiredHeld(now); n != 3 || b != 30 {
 		t.Errorf("expired but held: %d (%d B), want 3 (30 B)", n, b)
 	}
+	if n, _ := tb.ExpiredHeld(int64(3 * time.Second)); n != 0 {
+		t.Errorf("nothing had expired at 3 s, got %d", n)
+	}
+	if tb.HeldBytes() != 40 {
+		t.Errorf("held bytes %d, want 40", tb.HeldBytes())
+	}
 	// Once the head is consumed, the walk reaches the others.
 	tb.Release("a")
 	if got := tb.Reap(now); len(got) != 3 {
 		t.Errorf("after the head left: reaped %v", ids(got))
+	}
+	if tb.HeldBytes() != 0 || tb.Len() != 0 {
+		t.Errorf("empty table holds %d B in %d leases", tb.HeldBytes(), tb.Len())
 	}
 }
 

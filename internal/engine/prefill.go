@@ -150,7 +150,6 @@ type prefillState struct {
 	// registration finds its request whatever suffix decode gave it.
 	reqs      map[string]*preq
 	byBase    map[string]*preq
-	reaped    map[string]*Lease       // reaped, not yet freed
 	regs      []map[string]pendingReg // per rank: registrations not matched yet, by base id
 	wake      []chan struct{}
 	unmatched []int // per rank: staged requests without a matched registration
@@ -266,7 +265,7 @@ func (s *prefillState) onConsumed(rk *rank, from, id string, n int) {
 	}
 	s.mu.Unlock()
 	if all {
-		s.free(q, "consumed")
+		s.free(q, "consumed", nil)
 	}
 }
 
@@ -320,7 +319,9 @@ func (s *prefillState) stats(st *Stats) {
 
 // free releases a request's blocks once (poisoning them, so a late reader
 // is caught) and reports why.
-func (s *prefillState) free(q *preq, reason string) {
+// reaped is the lease the reaper already took out of the table (nil:
+// release it here).
+func (s *prefillState) free(q *preq, reason string, reaped *Lease) {
 	s.mu.Lock()
 	if s.reqs[q.id] != q {
 		s.mu.Unlock()
@@ -328,12 +329,12 @@ func (s *prefillState) free(q *preq, reason string) {
 	}
 	delete(s.reqs, q.id)
 	ev := FreedEvent{ID: q.id, RouterID: q.router, Reason: reason, Blocks: len(q.blocks), TFinish: q.tFinish, TFreed: mono.Now(), HeldBytes: q.bytes}
-	if l, ok := s.leases.Get(q.id); ok {
+	l := reaped
+	if l == nil {
+		l, _ = s.leases.Release(q.id)
+	}
+	if l != nil {
 		ev.TLastRenew, ev.Renewals, ev.TDeadline = l.LastRenew, l.Renewals, l.Deadline
-		s.leases.Release(q.id)
-	} else if l := s.reaped[q.id]; l != nil {
-		ev.TLastRenew, ev.Renewals, ev.TDeadline = l.LastRenew, l.Renewals, l.Deadline
-		delete(s.reaped, q.id)
 	}
 	if s.byBase[BaseRequestID(q.id)] == q {
 		delete(s.byBase, BaseRequestID(q.id))
@@ -391,8 +392,12 @@ func (s *prefillState) reaper() {
 
 func (s *prefillState) step(now int64) {
 	events := s.e.cfg.LeaseEvents
+	type expiry struct {
+		q *preq
+		l *Lease
+	}
 	var hbs []HeartbeatEvent
-	var expired []*preq
+	var expired []expiry
 	s.mu.Lock()
 	for _, ids := range s.hbPending {
 		n := s.leases.Renew(s.renewIDs(ids), now)
@@ -403,11 +408,7 @@ func (s *prefillState) step(now int64) {
 	s.hbPending = s.hbPending[:0]
 	for _, l := range s.leases.Reap(now) {
 		if q := s.reqs[l.ID]; q != nil {
-			expired = append(expired, q)
-			if s.reaped == nil {
-				s.reaped = map[string]*Lease{}
-			}
-			s.reaped[l.ID] = l
+			expired = append(expired, expiry{q, l})
 		}
 	}
 	// What the reaper left behind past its deadline (the head-only leak);
@@ -418,16 +419,16 @@ func (s *prefillState) step(now int64) {
 	var sample LeaseSample
 	if events {
 		sample = LeaseSample{T: now, Held: s.leases.Len() + len(expired), HeldBytes: s.leases.HeldBytes(), ExpiredHeld: n}
-		for _, q := range expired {
-			sample.HeldBytes += q.bytes
+		for _, x := range expired {
+			sample.HeldBytes += x.q.bytes
 		}
 	}
 	s.mu.Unlock()
 	for _, h := range hbs {
 		s.e.emit("heartbeat", h)
 	}
-	for _, q := range expired {
-		s.free(q, "expired")
+	for _, x := range expired {
+		s.free(x.q, "expired", x.l)
 	}
 	if events {
 		s.e.emit("leases", sample)
@@ -686,7 +687,7 @@ func (s *prefillState) pollWrites(rk *rank, q *preq) {
 	}
 	s.mu.Unlock()
 	if all && !anyFailed {
-		s.free(q, "pushed")
+		s.free(q, "pushed", nil)
 	}
 	// With a failed WRITE the blocks wait for the lease, as in vLLM.
 }
