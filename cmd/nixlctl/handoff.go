@@ -244,23 +244,16 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 		return err
 	}
 	var res *bench.HandoffResult
-	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	_, err = a.measureAndRender(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		h.Live = sink
 		var err error
-		res, err = bench.RunHandoff(ctx, h)
-		if res == nil {
+		if res, err = bench.RunHandoff(ctx, h); res == nil {
 			return nil, err
 		}
 		return res, err
 	})
-	if res == nil {
-		return runErr
-	}
-	if err := a.render(res); err != nil {
+	if err != nil || res == nil {
 		return err
-	}
-	if runErr != nil {
-		return runErr
 	}
 	if res.Summary.CorruptBlocks > 0 {
 		return errkind.CheckFailedf("%d corrupt blocks", res.Summary.CorruptBlocks)

@@ -223,23 +223,12 @@ func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec,
 	if o.Requests < 0 {
 		return errkind.BadInputf("--requests %d: want 0 (scenarios only) or more", o.Requests)
 	}
-	if o.Requests > 0 {
-		t := x.Traffic
-		t.Lease = engine.LeaseConfig{Duration: o.Lease, Timeout: o.Timeout, Reaper: engine.ReaperMode(o.Reaper)}
-		t.BytesPerRequest = 1
-		if _, err := t.Validate(); err != nil {
-			return errkind.BadInput(err)
-		}
-	}
 	for _, s := range o.SweepLease {
 		d, err := time.ParseDuration(strings.TrimSpace(s))
 		if err != nil || d <= 0 {
 			return errkind.BadInputf("--sweep-lease %q: want durations like 5s,30s,2m", s)
 		}
 		x.Sweep = append(x.Sweep, d)
-	}
-	if len(x.Sweep) > 0 && o.Requests == 0 {
-		return errkind.BadInputf("--sweep-lease needs traffic: --requests > 0")
 	}
 	return a.runChaos(ctx, o.measureOptions, "simulated scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink

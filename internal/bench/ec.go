@@ -287,10 +287,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		return nil, err
 	}
 	res := &ECResult{Meta: report.NewMeta("bench ec", o.Version)}
-	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
-	if backend.Name == "ucx" {
-		res.Env.UCX = backend.Version()
-	}
+	recordBackend(&res.Meta, backend.Name, backend.Version())
 	v := o.Vision
 	block := v.BlockBytes()
 	compat := sidechannel.ECCompatHash("nixlctl-"+o.Version, v.HFName, TorchDType(v.DType), block)

@@ -23,6 +23,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -154,17 +155,20 @@ type HandoffRecord struct {
 // applyPushFreed fills a push record's WRITE stages from prefill's
 // release of the request (the WRITE is prefill's).
 func (r *HandoffRecord) applyPushFreed(f engine.FreedEvent) {
-	ms := func(a, b int64) float64 {
-		if a == 0 || b == 0 || b < a {
-			return 0
-		}
-		return float64(b-a) / 1e6
-	}
 	r.Descriptors, r.LogicalDescs, r.Bytes = f.Descriptors, f.LogicalDescs, f.Bytes
-	r.RegRTTMS = ms(r.tRegSent, f.TRegReceived)
-	r.FinishToPostMS = ms(r.TFinish, f.TPostStart)
-	r.PostMS = ms(f.TPostStart, f.TPostEnd)
-	r.TransferMS = ms(f.TPostEnd, r.tXferDone)
+	r.RegRTTMS = stageMS(r.tRegSent, f.TRegReceived)
+	r.FinishToPostMS = stageMS(r.TFinish, f.TPostStart)
+	r.PostMS = stageMS(f.TPostStart, f.TPostEnd)
+	r.TransferMS = stageMS(f.TPostEnd, r.tXferDone)
+}
+
+// stageMS is the milliseconds from a to b, monotonic nanoseconds; 0 when
+// either is missing or they are out of order.
+func stageMS(a, b int64) float64 {
+	if a == 0 || b == 0 || b < a {
+		return 0
+	}
+	return float64(b-a) / 1e6
 }
 
 // HandoffSummary is the headline of a run (fields named in the issue stay
@@ -345,10 +349,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		return nil, err
 	}
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol, o.Version), Protocol: o.Protocol, Backend: backend.Name, Model: spec.Model.Name}
-	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
-	if backend.Name == "ucx" {
-		res.Env.UCX = backend.Version()
-	}
+	recordBackend(&res.Meta, backend.Name, backend.Version())
 	blocks := o.poolBlocks()
 	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
 		// Both engines' pools, in this host's memory: keep them under half
@@ -719,12 +720,7 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 		rec.Error = "corrupt: " + lr.Corrupt
 	}
 	rec.TFinish, rec.TReady = pr.TFinish, lr.TReady
-	ms := func(a, b int64) float64 {
-		if a == 0 || b == 0 || b < a {
-			return 0
-		}
-		return float64(b-a) / 1e6
-	}
+	ms := stageMS
 	rec.PrefillMS = ms(pr.TStart, pr.TFinish)
 	rec.HandoffMS = ms(pr.TFinish, lr.TReady)
 	rec.CompletionMS = ms(lr.TXferDone, lr.TReady)
@@ -750,18 +746,7 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 	return rec
 }
 
-func (h *handoff) bytesPerBlock() int64 {
-	var b int64
-	for tp := 0; tp < h.o.DecodeTP; tp++ {
-		d := h.o.Spec
-		d.TP = h.o.DecodeTP
-		r := d.Rank(tp, 0)
-		for _, reg := range r.Regions {
-			b += reg.BlockBytes
-		}
-	}
-	return b
-}
+func (h *handoff) bytesPerBlock() int64 { return blockBytesAllRanks(h.o.Spec, h.o.DecodeTP) }
 
 // blockBytesAllRanks is what one block weighs on all ranks of an engine.
 func blockBytesAllRanks(spec kv.Spec, tp int) int64 {
@@ -781,15 +766,11 @@ func memAvailable() int64 {
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			var kb int64
-			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb); err == nil {
-				return kb << 10
-			}
-		}
+	m, err := probe.ParseMemInfo(data)
+	if err != nil {
+		return 0
 	}
-	return 0
+	return m.AvailableBytes
 }
 
 func splitHostPort(ep string) (string, int, error) {

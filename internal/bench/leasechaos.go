@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -49,43 +50,54 @@ type LeaseChaosOptions struct {
 // Validate checks the options.
 func (o *LeaseChaosOptions) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	known := map[string]bool{}
-	for _, s := range Scenarios() {
-		known[s] = true
-	}
 	if len(o.Scenarios) == 0 {
-		bad("no scenario selected")
+		errs = append(errs, errors.New("no scenario selected"))
 	}
-	for _, s := range o.Scenarios {
-		if !known[s] {
+	if o.Protocol != engine.ProtoPull && o.Protocol != engine.ProtoPush {
+		errs = append(errs, fmt.Errorf("protocol %q: lease-chaos runs pull or push (SGLang has no leases)", o.Protocol))
+	}
+	if o.Lease < 300*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--lease %v: want at least 300ms (real processes need the margin)", o.Lease))
+	}
+	errs = append(errs, validateChaos(o.Scenarios, o.Policies, o.Lease, o.Timeout, o.Reaper, o.Spec, o.ISL)...)
+	return errors.Join(errs...)
+}
+
+// validateChaos checks what real and simulated runs share.
+func validateChaos(scenarios []string, policies []engine.LeasePolicy, lease, timeout time.Duration, reaper engine.ReaperMode, spec kv.Spec, isl int) []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	for _, s := range scenarios {
+		if !slices.Contains(Scenarios(), s) {
 			bad("scenario %q: want one of %s", s, strings.Join(Scenarios(), ", "))
 		}
 	}
-	if len(o.Policies) == 0 {
+	if len(policies) == 0 {
 		bad("no policy selected")
 	}
-	for _, p := range o.Policies {
+	for _, p := range policies {
 		if p != engine.PolicyLease && p != engine.PolicyFixed {
 			bad("policy %q: want lease or fixed", p)
 		}
 	}
-	if o.Protocol != engine.ProtoPull && o.Protocol != engine.ProtoPush {
-		bad("protocol %q: lease-chaos runs pull or push (SGLang has no leases)", o.Protocol)
-	}
-	if o.Lease < 300*time.Millisecond {
-		bad("--lease %v: want at least 300ms (real processes need the margin)", o.Lease)
-	}
-	if o.ISL <= 0 || o.ISL > kv.MaxTokens {
+	if isl <= 0 || isl > kv.MaxTokens {
 		bad("--isl must be between 1 and %d", kv.MaxTokens)
 	}
-	if _, err := (engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}).Normalize(); err != nil {
+	if _, err := (engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: lease, Timeout: timeout, Reaper: reaper}).Normalize(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := o.Spec.Validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return errs
+}
+
+func policyNames(ps []engine.LeasePolicy) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, string(p))
+	}
+	return out
 }
 
 // LeaseChaosResult is a whole lease-chaos run (real processes, or the
@@ -148,15 +160,8 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 	}
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "real", Protocol: o.Protocol,
 		Backend: backend.Name, Model: spec.Model.Name}
-	res.Env.Backend, res.Env.BackendVersion = backend.Name, backend.Version()
-	if backend.Name == "ucx" {
-		res.Env.UCX = backend.Version()
-	}
-	var policies []string
-	for _, p := range o.Policies {
-		policies = append(policies, string(p))
-	}
-	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policies, "lease": o.Lease.String(), "timeout": o.Timeout.String(),
+	recordBackend(&res.Meta, backend.Name, backend.Version())
+	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policyNames(o.Policies), "lease": o.Lease.String(), "timeout": o.Timeout.String(),
 		"reaper": string(o.Reaper), "protocol": o.Protocol, "model": spec.Model.Name, "isl": o.ISL, "kv_dtype": spec.DType,
 		"block_size": spec.BlockSize, "slack": o.Slack.String(), "backend": backend.Name}
 	total := len(o.Scenarios) * len(o.Policies)
@@ -209,10 +214,8 @@ type chaosRun struct {
 	tAbort     int64
 	aborted    map[string]bool
 	lastD      engine.Stats
-	pStats     []engine.Stats // of dead prefill generations
 	decodeDead bool
 	stalled    bool
-	prefillDie int64
 	lastGauge  int64
 	// inQueue[i] closes when request i took its place on decode (or will
 	// not): request i+1 waits for it, so the queue keeps the plan's order.
@@ -385,7 +388,7 @@ func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
 	go func() {
 		defer close(stop)
 		forEachEvent(ep, func(ev engine.Event) {
-			var s engine.ScheduledEvent
+			var s engine.DecodeEvent
 			if json.Unmarshal(ev.Data, &s) != nil {
 				return
 			}
@@ -526,16 +529,8 @@ func (c *chaosRun) drive(ctx context.Context) {
 			c.mu.Lock()
 			pe := c.pe
 			c.mu.Unlock()
-			var st engine.Stats
-			sctx, cancel := context.WithTimeout(ctx, time.Second)
-			if pe.rpc.Call(sctx, "stats", nil, &st) == nil {
-				c.mu.Lock()
-				c.pStats = append(c.pStats, st)
-				c.mu.Unlock()
-			}
-			cancel()
 			_ = pe.Signal(syscall.SIGKILL)
-			c.prefillDie = c.fault("SIGKILL prefill")
+			c.fault("SIGKILL prefill")
 			pe.close()
 			c.mu.Lock()
 			c.pGen++
@@ -744,7 +739,7 @@ func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
 		if start > 0 && tEnd > start {
 			bytes := f.HeldBytes
 			if bytes == 0 {
-				bytes = int64(blocksPerRequest) * c.blockBytes()
+				bytes = int64(blocksPerRequest) * blockBytesAllRanks(c.o.Spec, 1)
 			}
 			deadGBs += float64(bytes) / 1e9 * float64(tEnd-start) / 1e9
 		}
@@ -773,14 +768,6 @@ func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
 	}
 	r.Timeline = tl
 	r.Outcome = outcomeLine(r)
-}
-
-func (c *chaosRun) blockBytes() int64 {
-	var b int64
-	for _, reg := range c.o.Spec.Rank(0, 0).Regions {
-		b += reg.BlockBytes
-	}
-	return b
 }
 
 // outcomeLine says what happened in one line.
@@ -826,26 +813,42 @@ type LeaseSimOptions struct {
 
 // RunLeaseSim runs the simulator.
 func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, error) {
-	co := LeaseChaosOptions{Scenarios: o.Scenarios, Policies: o.Policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper,
-		Protocol: engine.ProtoPull, Spec: o.Spec, ISL: o.ISL}
-	if len(o.Scenarios) == 0 && o.Traffic.Requests > 0 {
-		co.Scenarios = []string{ScenarioDecodeCrash} // only to validate the rest
+	errs := validateChaos(o.Scenarios, o.Policies, o.Lease, o.Timeout, o.Reaper, o.Spec, o.ISL)
+	if len(o.Scenarios) == 0 && o.Traffic.Requests <= 0 {
+		errs = append(errs, errors.New("nothing to simulate: no scenario and no traffic"))
 	}
-	if err := co.Validate(); err != nil {
+	if len(o.Sweep) > 0 && o.Traffic.Requests <= 0 {
+		errs = append(errs, errors.New("--sweep-lease needs traffic: --requests > 0"))
+	}
+	var geo SimGeometry
+	if err := errors.Join(errs...); err == nil {
+		spec, _ := o.Spec.Normalize()
+		a, err := kv.Analyze(spec, o.ISL, spec.TP)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		geo = SimGeometry{BytesPerRequest: a.BytesPerRequest, BlocksPerRequest: a.BlocksPerRequest}
+	}
+	// The traffic run's lease is the one under test (the first policy when
+	// only one is selected), and its requests weigh what the model says.
+	to := o.Traffic
+	to.Lease = engine.LeaseConfig{Policy: engine.PolicyLease, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}
+	if len(o.Policies) == 1 {
+		to.Lease.Policy = o.Policies[0]
+	}
+	to.BytesPerRequest = geo.BytesPerRequest
+	if o.Traffic.Requests > 0 && len(errs) == 0 {
+		var err error
+		if to, err = to.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, errkind.BadInput(err)
 	}
 	spec, _ := o.Spec.Normalize()
-	a, err := kv.Analyze(spec, o.ISL, spec.TP)
-	if err != nil {
-		return nil, err
-	}
-	geo := SimGeometry{BytesPerRequest: a.BytesPerRequest, BlocksPerRequest: a.BlocksPerRequest}
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "sim", Model: spec.Model.Name}
-	var policies []string
-	for _, p := range o.Policies {
-		policies = append(policies, string(p))
-	}
-	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policies, "lease": o.Lease.String(), "timeout": o.Timeout.String(),
+	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policyNames(o.Policies), "lease": o.Lease.String(), "timeout": o.Timeout.String(),
 		"reaper": string(o.Reaper), "model": spec.Model.Name, "isl": o.ISL, "bytes_per_request": geo.BytesPerRequest}
 	t0 := time.Now()
 	total := len(o.Scenarios) * len(o.Policies)
@@ -868,16 +871,10 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 		}
 	}
 	if o.Traffic.Requests > 0 && ctx.Err() == nil {
-		to := o.Traffic
-		to.Lease = engine.LeaseConfig{Policy: engine.PolicyLease, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}
-		if len(o.Policies) == 1 {
-			to.Lease.Policy = o.Policies[0]
-		}
-		to.BytesPerRequest = geo.BytesPerRequest
 		live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("traffic: %s requests", report.Int(int64(to.Requests)))})
 		tr, err := SimulateTraffic(to)
 		if err != nil {
-			return nil, errkind.BadInput(err)
+			return nil, err
 		}
 		res.Traffic = &tr
 		res.SimulatedRequests += tr.SimulatedRequests

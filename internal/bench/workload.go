@@ -8,6 +8,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/report"
 )
 
 // ISL says how long prompts are.
@@ -104,4 +106,13 @@ func Arrivals(n int, rate float64, rng *rand.Rand) []time.Duration {
 		out[i] = time.Duration(t * float64(time.Second))
 	}
 	return out
+}
+
+// recordBackend says in a result which transfer backend ran, and which
+// UCX when it is nixlctl's own layer over it.
+func recordBackend(m *report.Meta, name, version string) {
+	m.Env.Backend, m.Env.BackendVersion = name, version
+	if name == "ucx" {
+		m.Env.UCX = version
+	}
 }

@@ -266,10 +266,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		return nil, err
 	}
 	r := &xferRun{o: o, log: o.Log, backend: backend.Name}
-	res.Env.BackendVersion = backend.Version()
-	if backend.Name == "ucx" {
-		res.Env.UCX = backend.Version()
-	}
+	recordBackend(&res.Meta, backend.Name, backend.Version())
 	vram := o.InitiatorSeg == nixl.VRAM || o.TargetSeg == nixl.VRAM
 	if vram {
 		if err := cuda.Err(); err != nil {

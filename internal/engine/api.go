@@ -136,9 +136,10 @@ type FreedEvent struct {
 	TDeadline  int64 `json:"t_deadline,omitempty"`
 }
 
-// ScheduledEvent reports decode giving a request a slot (lease-chaos).
-type ScheduledEvent struct {
-	RouterID  string `json:"router_id"`
-	RequestID string `json:"request_id"`
-	T         int64  `json:"t"`
+// DecodeEvent is decode reporting a step of a request (lease-chaos):
+// "queued" (it took its place in the queue, or a slot) and "crashing"
+// (CrashAt: decode is about to kill itself).
+type DecodeEvent struct {
+	RouterID string `json:"router_id"`
+	T        int64  `json:"t"`
 }

@@ -79,9 +79,6 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 	if scheduled {
 		if s.slots > 0 {
 			rep.TScheduled = mono.Now()
-			if e.cfg.LeaseEvents {
-				e.emit("scheduled", ScheduledEvent{RouterID: r.ID, RequestID: rep.RequestID, T: rep.TScheduled})
-			}
 		}
 		switch e.cfg.Protocol {
 		case ProtoPull:
@@ -162,7 +159,7 @@ func (s *decodeState) acquire(ctx context.Context, router string) error {
 // (or a slot), so the next one can be sent without overtaking it.
 func (s *decodeState) queued(router string) {
 	if s.e != nil && s.e.cfg.LeaseEvents {
-		s.e.emit("queued", ScheduledEvent{RouterID: router, T: mono.Now()})
+		s.e.emit("queued", DecodeEvent{RouterID: router, T: mono.Now()})
 	}
 }
 
@@ -234,7 +231,7 @@ func (s *decodeState) crashPoint(router string) {
 	if s.e.cfg.CrashAt == "" || s.e.cfg.CrashAt != router {
 		return
 	}
-	s.e.emit("crashing", ScheduledEvent{RouterID: router, T: mono.Now()})
+	s.e.emit("crashing", DecodeEvent{RouterID: router, T: mono.Now()})
 	if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
 		s.e.log.Error("lease-chaos crash point: cannot kill this process", "err", err)
 		return

@@ -13,7 +13,7 @@ import (
 // ServeEndpoint runs one engine endpoint over an RPC channel: "setup"
 // creates the engine (once), then "prefill" or "load", "abort", "stats",
 // "info". Events ("freed"; with lease events "heartbeat", "leases",
-// "scheduled") flow back unasked. It returns when the channel closes.
+// "queued", "crashing") flow back unasked. It returns when the channel closes.
 func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
 	srv := NewRPCServer(w)
 	var mu sync.Mutex

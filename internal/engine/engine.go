@@ -78,8 +78,8 @@ type Config struct {
 	DecodeSlots int           `json:"decode_slots,omitempty"`
 	DecodeHold  time.Duration `json:"decode_hold,omitempty"`
 	// LeaseEvents makes prefill report its lease table over time
-	// ("leases" samples, "heartbeat" events) and decode its scheduling
-	// ("scheduled" events), for lease-chaos.
+	// ("leases" samples, "heartbeat" events) and decode its queue
+	// ("queued" and, with CrashAt, "crashing" events), for lease-chaos.
 	LeaseEvents bool `json:"lease_events,omitempty"`
 	// CrashAt (lease-chaos) makes decode SIGKILL itself right after it
 	// posted the transfer of this request (the router's id).

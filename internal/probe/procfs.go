@@ -79,6 +79,7 @@ func parseKB(s string) (int64, error) {
 // MemInfo is the part of /proc/meminfo that `probe env` reports.
 type MemInfo struct {
 	TotalBytes     int64 `json:"total_bytes"`
+	AvailableBytes int64 `json:"available_bytes"`
 	HugePagesTotal int64 `json:"hugepages_total"`
 	HugePagesFree  int64 `json:"hugepages_free"`
 	HugePagesRsvd  int64 `json:"hugepages_rsvd"`
@@ -99,6 +100,8 @@ func ParseMemInfo(b []byte) (MemInfo, error) {
 		switch key {
 		case "MemTotal":
 			m.TotalBytes, err = parseKB(val)
+		case "MemAvailable":
+			m.AvailableBytes, err = parseKB(val)
 		case "Hugepagesize":
 			m.HugePageBytes, err = parseKB(val)
 		case "HugePages_Total":

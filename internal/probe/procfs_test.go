@@ -44,12 +44,12 @@ func TestParseProcStatus(t *testing.T) {
 }
 
 func TestParseMemInfo(t *testing.T) {
-	in := "MemTotal:       24684092 kB\nMemFree:        24000000 kB\nHugePages_Total:      16\nHugePages_Free:       10\nHugePages_Rsvd:        2\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n"
+	in := "MemTotal:       24684092 kB\nMemFree:        24000000 kB\nMemAvailable:   23100000 kB\nHugePages_Total:      16\nHugePages_Free:       10\nHugePages_Rsvd:        2\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n"
 	got, err := ParseMemInfo([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := MemInfo{TotalBytes: 24684092 << 10, HugePagesTotal: 16, HugePagesFree: 10, HugePagesRsvd: 2, HugePageBytes: 2 << 20}
+	want := MemInfo{TotalBytes: 24684092 << 10, AvailableBytes: 23100000 << 10, HugePagesTotal: 16, HugePagesFree: 10, HugePagesRsvd: 2, HugePageBytes: 2 << 20}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Error(d)
 	}

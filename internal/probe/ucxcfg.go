@@ -10,25 +10,6 @@ package probe
 #include <stdlib.h>
 #include <ucp/api/ucp.h>
 
-// nxp_ucx_config prints the UCP configuration as the library reads it from
-// the environment (UCX_*=value lines, hidden ones too). The caller frees
-// the string.
-static char *nxp_ucx_config(void)
-{
-    ucp_config_t *cfg;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) {
-        return NULL;
-    }
-    char  *buf = NULL;
-    size_t len = 0;
-    FILE  *f   = open_memstream(&buf, &len);
-    if (f != NULL) {
-        ucp_config_print(cfg, f, NULL, (ucs_config_print_flags_t)(UCS_CONFIG_PRINT_CONFIG | UCS_CONFIG_PRINT_HIDDEN));
-        fclose(f);
-    }
-    ucp_config_release(cfg);
-    return buf;
-}
 // nxp_ucp_path is the file libucp was loaded from (NULL if unknown).
 static const char *nxp_ucp_path(void)
 {
@@ -45,11 +26,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"unsafe"
+
+	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
 
 // UCXLibraryVersion is the version of the libucp this process runs on.
-func UCXLibraryVersion() string { return C.GoString(C.ucp_get_version_string()) }
+func UCXLibraryVersion() string { return ucx.Version() }
 
 // UCXKnows reports whether the UCP library in this process has the
 // configuration variable name (UCX_ prefix optional) among the variables
@@ -71,12 +53,11 @@ func UCXKnows(name string) (known, ok bool) {
 // process reads it (environment applied), parsed into variables. nil when
 // the library refuses its environment.
 func UCXLibraryConfig() map[string]string {
-	s := C.nxp_ucx_config()
-	if s == nil {
+	s := ucx.LibraryConfig()
+	if s == "" {
 		return nil
 	}
-	defer C.free(unsafe.Pointer(s))
-	return ParseUCXConfig(C.GoString(s))
+	return ParseUCXConfig(s)
 }
 
 // UCXLibraryPath is the libucp file this process loaded ("" if unknown).

@@ -43,16 +43,16 @@ func TestRMAPath(t *testing.T) {
 		{"am=tcp/lo rma_bw=tcp/lo", false, false, "emulated over active messages on tcp/lo (software RMA: each side copies every byte)"},
 		// RDMA: one-sided on the rma lane.
 		{"rma=rc_mlx5/mlx5_0:1 am=rc_mlx5/mlx5_0:1 rma_bw=rc_mlx5/mlx5_0:1", false, false, "rc_mlx5/mlx5_0:1 (one-sided)"},
-		// Protocols v2 (UCX 1.16+): zero-copy on the rma_bw lane.
+		// Protocols v2 (UCX 1.22): zero-copy on the rma_bw lane.
 		{"am=sysv/memory rma_bw=cma/memory", false, true, "cma/memory (zero-copy)"},
 	} {
 		if got := RMAPath(tc.lanes, tc.mapped, tc.v2); got != tc.want {
 			t.Errorf("%q mapped=%v v2=%v: %q, want %q", tc.lanes, tc.mapped, tc.v2, got, tc.want)
 		}
 	}
-	for v, want := range map[string]bool{"1.13.1": false, "1.16.0": true, "1.22.0": true, "2.0": true, "": false} {
-		if versionAtLeast(v, 1, 16) != want {
-			t.Errorf("versionAtLeast(%q, 1, 16) != %v", v, want)
+	for v, want := range map[string]bool{"1.13.1": false, "1.21.9": false, "1.22.0": true, "2.0": true, "": false} {
+		if versionAtLeast(v, 1, 22) != want {
+			t.Errorf("versionAtLeast(%q, 1, 22) != %v", v, want)
 		}
 	}
 }

@@ -156,14 +156,14 @@ uint64_t nx_now_ns(void)
 
 const char *nx_ucx_version(void) { return ucp_get_version_string(); }
 
-/* nx_proto_v2 reports whether this UCX runs its protocols v2
- * (UCX_PROTO_ENABLE=y in the configuration it reads, the environment
- * included); 0 for v1 or a UCX that does not know the variable. */
-int nx_proto_v2(void)
+/* nx_ucx_config prints the UCP configuration as the library reads it
+ * from the environment (UCX_*=value lines, hidden ones too); NULL when it
+ * refuses its environment. The caller frees the string. */
+char *nx_ucx_config(void)
 {
     ucp_config_t *cfg;
     if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) {
-        return 0;
+        return NULL;
     }
     char  *buf = NULL;
     size_t len = 0;
@@ -173,16 +173,7 @@ int nx_proto_v2(void)
         fclose(f);
     }
     ucp_config_release(cfg);
-    int v2 = 0;
-    if (buf != NULL) {
-        char *p = strstr(buf, "UCX_PROTO_ENABLE=");
-        if (p != NULL) {
-            char c = p[strlen("UCX_PROTO_ENABLE=")];
-            v2     = c == 'y' || c == 'Y' || c == '1' || c == 'o' || c == 'O';
-        }
-        free(buf);
-    }
-    return v2;
+    return buf;
 }
 const char *nx_status_string(int status) { return ucs_status_string((ucs_status_t)status); }
 int         nx_status_peer_died(void) { return (int)UCS_ERR_CONNECTION_RESET; }

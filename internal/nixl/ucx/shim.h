@@ -50,7 +50,7 @@ void  nx_mem_unmap(nx_ctx_t *c, nx_mem_t *m);
 nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mode, char *err, size_t errlen);
 void       nx_peer_fail(nx_ctx_t *c, nx_peer_t *p, int status);
 int        nx_rkey_mapped(nx_ctx_t *c, void *rkey, uint64_t raddr);
-int        nx_proto_v2(void);
+char      *nx_ucx_config(void);
 int        nx_peer_rkey(nx_ctx_t *c, nx_peer_t *p, const void *packed, void **rkey, char *err, size_t errlen);
 void       nx_rkey_destroy(nx_ctx_t *c, void *rkey);
 int        nx_peer_status(nx_peer_t *p);

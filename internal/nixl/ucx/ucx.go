@@ -269,8 +269,30 @@ func (a *agent) transportsLocked(p *peer) string {
 	return fmt.Sprintf("rma: %s; lanes: %s; error handling: %s", rma, lanes, p.mode)
 }
 
+// LibraryConfig is the UCP configuration as the library in this process
+// reads it (environment applied): UCX_*=value lines, hidden ones too; ""
+// when the library refuses its environment.
+func LibraryConfig() string {
+	s := C.nx_ucx_config()
+	if s == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(s))
+	return C.GoString(s)
+}
+
+// protoV2: this UCX runs its protocols v2 (UCX_PROTO_ENABLE=y) on a release
+// seen to put host memory zero-copy over cma with them: 1.22 (its protocol
+// table says so, docs/probe.md). Releases between 1.13 and 1.22 were not
+// seen here; they get v1's rules, which may call zero-copy emulated but
+// never the other way round.
 var protoV2 = sync.OnceValue(func() bool {
-	return C.nx_proto_v2() != 0 && versionAtLeast(Version(), 1, 16)
+	for _, line := range strings.Split(LibraryConfig(), "\n") {
+		if v, ok := strings.CutPrefix(line, "UCX_PROTO_ENABLE="); ok {
+			return strings.ContainsAny(v[:min(1, len(v))], "yY1oO") && versionAtLeast(Version(), 1, 22)
+		}
+	}
+	return false
 })
 
 // RMAPath says how ucp_put/ucp_get reach a peer's memory, from the
@@ -284,8 +306,8 @@ var protoV2 = sync.OnceValue(func() bool {
 // plain mmap'd memory between two processes goes over software RMA on the
 // active-message lane, every byte copied once by each side (strace shows
 // no process_vm_readv/writev; perf shows uct_mm_ep_am_bcopy). Protocols v2
-// (the default from UCX 1.16; 1.13's v2 did the same as v1 here) put and
-// get zero-copy on rma_bw lanes, cma included.
+// (UCX 1.22's default; 1.13's v2 did the same as v1 here) put and get
+// zero-copy on rma_bw lanes, cma included.
 func RMAPath(lanes string, mapped, v2 bool) string {
 	switch {
 	case mapped:
