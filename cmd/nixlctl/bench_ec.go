@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -116,7 +116,7 @@ func newBenchECCmd(a *app) *cobra.Command {
 	f.Int("consumers", 2, "consumers sharing the producer")
 	f.String("producer-region", "256M", "producer region size")
 	f.String("consumer-region", "64M", "region size of each consumer")
-	f.Duration("ack-timeout", engine.ECAckTimeout, "consumer ack timeout (vLLM's consumer_ack_timeout_s)")
+	f.Duration("ack-timeout", ec.ECAckTimeout, "consumer ack timeout (vLLM's consumer_ack_timeout_s)")
 	f.Duration("encode-time", 0, "simulated encoder time per image (the entry is not ready meanwhile)")
 	f.Bool("overlap", false, "ask the consumer without waiting for the encode to finish")
 	f.Bool("verify", true, "check every delivered block's tags (outside the timed path)")
@@ -212,7 +212,7 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		if err := a.render(res); err != nil {
 			return err
 		}
-		if n := res.Summary.FailuresByStatus[engine.FailTagMismatch]; n > 0 {
+		if n := res.Summary.FailuresByStatus[ec.FailTagMismatch]; n > 0 {
 			return errkind.CheckFailedf("%d encoder-cache deliveries had wrong bytes", n)
 		}
 	}

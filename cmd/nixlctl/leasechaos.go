@@ -8,9 +8,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
-	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -121,7 +122,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringSlice("scenario", bench.Scenarios(), "scenarios to run: "+strings.Join(bench.Scenarios(), ", "))
+	f.StringSlice("scenario", leasesim.Scenarios(), "scenarios to run: "+strings.Join(leasesim.Scenarios(), ", "))
 	f.StringSlice("policy", []string{"lease", "fixed"}, "policies: lease (heartbeat-renewed) and/or fixed (one timeout)")
 	f.Duration("kv-lease-duration", 0, "lease duration, heartbeats every sixth, extension two thirds (default 3s; 30s with --sim)")
 	f.Duration("timeout", 0, "the fixed policy's timeout (default 16 x the lease, as 480 s is to 30 s)")
@@ -170,20 +171,20 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	if o.Lease == 0 {
 		o.Lease = 3 * time.Second
 		if o.Sim {
-			o.Lease = engine.DefaultLeaseDuration
+			o.Lease = lease.DefaultDuration
 		}
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 16 * o.Lease
 	}
-	var policies []engine.LeasePolicy
+	var policies []lease.Policy
 	for _, p := range o.Policy {
-		policies = append(policies, engine.LeasePolicy(strings.TrimSpace(p)))
+		policies = append(policies, lease.Policy(strings.TrimSpace(p)))
 	}
 	if o.Sim {
 		return runLeaseSim(ctx, a, o, spec, policies)
 	}
-	x := bench.LeaseChaosOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: engine.ReaperMode(o.Reaper),
+	x := bench.LeaseChaosOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: lease.ReaperMode(o.Reaper),
 		Protocol: o.Protocol, Backend: o.Backend, Spec: spec, ISL: o.ISL, Slack: o.Slack, Version: version, Seed: o.Seed, Log: a.log}
 	if err := x.Validate(); err != nil {
 		return errkind.BadInput(err)
@@ -214,10 +215,10 @@ func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run 
 	return nil
 }
 
-func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec, policies []engine.LeasePolicy) error {
+func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec, policies []lease.Policy) error {
 	x := bench.LeaseSimOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout,
-		Reaper: engine.ReaperMode(o.Reaper), Spec: spec, ISL: o.ISL, Version: version,
-		Traffic: bench.TrafficOptions{Requests: o.Requests, Rate: o.Rate, Decodes: o.Decodes, Slots: o.Slots, DecodeTime: o.DecodeTime,
+		Reaper: lease.ReaperMode(o.Reaper), Spec: spec, ISL: o.ISL, Version: version,
+		Traffic: leasesim.TrafficOptions{Requests: o.Requests, Rate: o.Rate, Decodes: o.Decodes, Slots: o.Slots, DecodeTime: o.DecodeTime,
 			PrefillTime: o.PrefillTime, TransferTime: o.TransferTime, Step: o.Step, CrashEvery: o.CrashEvery,
 			RestartAfter: o.RestartAfter, HBLoss: o.HBLoss, Seed: o.Seed}}
 	if o.Requests < 0 {

@@ -11,9 +11,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/probe"
+	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 func newServeCmd(a *app) *cobra.Command {
@@ -70,10 +72,10 @@ func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
 		if err != nil {
 			return err
 		}
-		return engine.ServeXferTarget(ctx, os.Stdin, ctrl, a.log)
+		return xfertarget.Serve(ctx, os.Stdin, ctrl, a.log)
 	}
 	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
-		return engine.ServeXferTarget(ctx, rw, rw, a.log)
+		return xfertarget.Serve(ctx, rw, rw, a.log)
 	})
 }
 
@@ -150,7 +152,7 @@ func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
 		if err != nil {
 			return err
 		}
-		return engine.ServeEncoder(ctx, os.Stdin, ctrl, a.log)
+		return ec.ServeEncoder(ctx, os.Stdin, ctrl, a.log)
 	}
 	ln, err := net.Listen("tcp", strings.TrimPrefix(o.Listen, "tcp://"))
 	if err != nil {
@@ -168,7 +170,7 @@ func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
 			return err
 		}
 		a.log.Info("benchmark connected", "from", conn.RemoteAddr())
-		err = engine.ServeEncoder(ctx, conn, conn, a.log)
+		err = ec.ServeEncoder(ctx, conn, conn, a.log)
 		conn.Close()
 		if err != nil {
 			a.log.Warn("session ended", "err", err)

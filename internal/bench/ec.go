@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -126,12 +126,12 @@ func (o *ECOptions) Validate() error {
 // ECResult is a whole run.
 type ECResult struct {
 	report.Meta
-	Config      ECConfig               `json:"config"`
-	Summary     ECSummary              `json:"summary"`
-	Reference   ECReference            `json:"reference"`
-	Consumers   []engine.ConsumerStats `json:"consumers"`
-	Producer    *engine.ProducerStats  `json:"producer,omitempty"`
-	Interrupted bool                   `json:"interrupted,omitempty"`
+	Config      ECConfig           `json:"config"`
+	Summary     ECSummary          `json:"summary"`
+	Reference   ECReference        `json:"reference"`
+	Consumers   []ec.ConsumerStats `json:"consumers"`
+	Producer    *ec.ProducerStats  `json:"producer,omitempty"`
+	Interrupted bool               `json:"interrupted,omitempty"`
 }
 
 // ECConfig echoes what ran.
@@ -244,7 +244,7 @@ type ecRun struct {
 	o        *ECOptions
 	images   []ecImage
 	cdf      []float64
-	producer *engine.EncoderClient
+	producer *ec.EncoderClient
 	endpoint string
 
 	mu        sync.Mutex
@@ -319,7 +319,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	if o.Producer.Addr != "" {
 		listen = "tcp://0.0.0.0:0" // reachable from this host
 	}
-	rep, err := r.producer.Call(engine.EncoderRequest{Op: "setup", Backend: backend.Name, Name: "ec-producer",
+	rep, err := r.producer.Call(ec.EncoderRequest{Op: "setup", Backend: backend.Name, Name: "ec-producer",
 		RegionBytes: o.ProducerRegion, BlockBytes: block, CompatHash: compat, Listen: listen})
 	if err != nil {
 		return nil, err
@@ -329,7 +329,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		r.endpoint = reachable(rep.Endpoint, o.Producer.Addr)
 	}
 
-	consumers := make([]*engine.Consumer, o.Consumers)
+	consumers := make([]*ec.Consumer, o.Consumers)
 	defer func() {
 		for _, cons := range consumers {
 			if cons != nil {
@@ -338,7 +338,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		}
 	}()
 	for i := range consumers {
-		if consumers[i], err = engine.NewConsumer(engine.ConsumerConfig{Name: fmt.Sprintf("ec-consumer-%d", i), Backend: backend.Name,
+		if consumers[i], err = ec.NewConsumer(ec.ConsumerConfig{Name: fmt.Sprintf("ec-consumer-%d", i), Backend: backend.Name,
 			RegionBytes: o.ConsumerRegion, BlockBytes: block, CompatHash: compat, Direction: o.Direction,
 			AckTimeout: o.AckTimeout, Verify: o.Verify, Log: o.Log}); err != nil {
 			return nil, err
@@ -363,7 +363,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	}
 	wg.Wait()
 	r.finish(res, consumers)
-	if rep, err := r.producer.Call(engine.EncoderRequest{Op: "stats"}); err == nil {
+	if rep, err := r.producer.Call(ec.EncoderRequest{Op: "stats"}); err == nil {
 		res.Producer = rep.Stats
 		res.Summary.ProducerEvictions = rep.Stats.Cache.Evictions
 		res.Summary.ProducerPinnedSkips = rep.Stats.Cache.PinnedSkips
@@ -393,12 +393,12 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	return res, nil
 }
 
-func startProducer(ctx context.Context, o *ECOptions) (*engine.EncoderClient, string, error) {
+func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string, error) {
 	switch {
 	case o.Producer.Inproc:
-		return engine.StartEncoderInProcess(ctx, o.Log), "inproc", nil
+		return ec.StartEncoderInProcess(ctx, o.Log), "inproc", nil
 	case o.Producer.Addr != "":
-		c, err := engine.DialEncoder(ctx, o.Producer.Addr)
+		c, err := ec.DialEncoder(ctx, o.Producer.Addr)
 		return c, o.Producer.Addr, err
 	}
 	exe := o.Producer.Exe
@@ -412,7 +412,7 @@ func startProducer(ctx context.Context, o *ECOptions) (*engine.EncoderClient, st
 	if args == nil {
 		args = []string{"serve", "encoder", "--stdio"}
 	}
-	c, err := engine.StartEncoderProcess(ctx, exe, args, o.Producer.Env, os.Stderr)
+	c, err := ec.StartEncoderProcess(ctx, exe, args, o.Producer.Env, os.Stderr)
 	return c, "process", err
 }
 
@@ -477,7 +477,7 @@ func (r *ecRun) draw(q int) []ecImage {
 
 // warmup moves throwaway images so that connections, remote agents and
 // UCX endpoints exist before timing; they are dropped afterwards.
-func (r *ecRun) warmup(ctx context.Context, consumers []*engine.Consumer) error {
+func (r *ecRun) warmup(ctx context.Context, consumers []*ec.Consumer) error {
 	big := r.images[0]
 	for _, img := range r.images {
 		if img.bytes > big.bytes {
@@ -487,12 +487,12 @@ func (r *ecRun) warmup(ctx context.Context, consumers []*engine.Consumer) error 
 	for i, cons := range consumers {
 		for w := 0; w < r.o.Warmup; w++ {
 			h := fmt.Sprintf("warmup-%d-%d", i, w)
-			if _, err := r.producer.Call(engine.EncoderRequest{Op: "encode", MMHash: h, Bytes: big.bytes, Wait: true}); err != nil {
+			if _, err := r.producer.Call(ec.EncoderRequest{Op: "encode", MMHash: h, Bytes: big.bytes, Wait: true}); err != nil {
 				return fmt.Errorf("warm-up: %w", err)
 			}
-			out := cons.Step(ctx, []engine.Want{{MMHash: h, Peer: r.endpoint, Bytes: big.bytes}})
+			out := cons.Step(ctx, []ec.Want{{MMHash: h, Peer: r.endpoint, Bytes: big.bytes}})
 			cons.EndStep()
-			if out[0].Outcome != engine.OutcomeTransfer {
+			if out[0].Outcome != ec.OutcomeTransfer {
 				return fmt.Errorf("warm-up transfer failed: %s %s", out[0].Status, out[0].Err)
 			}
 			_ = cons.Drop(h)
@@ -503,22 +503,22 @@ func (r *ecRun) warmup(ctx context.Context, consumers []*engine.Consumer) error 
 
 // request is one request on consumer i: the orchestrator sends its
 // images to the encoder, then the consumer fetches them.
-func (r *ecRun) request(ctx context.Context, q, i int, cons *engine.Consumer) {
+func (r *ecRun) request(ctx context.Context, q, i int, cons *ec.Consumer) {
 	imgs := r.draw(q)
-	var wants []engine.Want
+	var wants []ec.Want
 	var recs []ECRecord
 	for _, img := range imgs {
-		_, err := r.producer.Call(engine.EncoderRequest{Op: "encode", MMHash: img.hash, Bytes: img.bytes,
+		_, err := r.producer.Call(ec.EncoderRequest{Op: "encode", MMHash: img.hash, Bytes: img.bytes,
 			DelayUS: r.o.EncodeTime.Microseconds(), Wait: !r.o.Overlap})
 		if err != nil {
 			st := FailEncode
-			if strings.Contains(err.Error(), engine.ErrExhausted.Error()) {
+			if strings.Contains(err.Error(), ec.ErrExhausted.Error()) {
 				st = FailProducerExhausted
 			}
-			recs = append(recs, ECRecord{Request: q, Consumer: i, MMHash: img.hash, Outcome: engine.OutcomeFailed, Status: st, Error: err.Error()})
+			recs = append(recs, ECRecord{Request: q, Consumer: i, MMHash: img.hash, Outcome: ec.OutcomeFailed, Status: st, Error: err.Error()})
 			continue
 		}
-		wants = append(wants, engine.Want{MMHash: img.hash, Peer: r.endpoint, Bytes: img.bytes})
+		wants = append(wants, ec.Want{MMHash: img.hash, Peer: r.endpoint, Bytes: img.bytes})
 	}
 	if len(wants) > 0 {
 		for _, out := range cons.Step(ctx, wants) {
@@ -545,11 +545,11 @@ func (r *ecRun) record(q int, recs []ECRecord) {
 		}
 		ns := func(x float64) time.Duration { return time.Duration(x * 1e6) }
 		switch rec.Outcome {
-		case engine.OutcomeHit:
+		case ec.OutcomeHit:
 			s.Hits++
 			s.HitBytes += rec.Bytes
 			r.hit.Record(ns(rec.TotalMS))
-		case engine.OutcomeTransfer:
+		case ec.OutcomeTransfer:
 			s.Transfers++
 			s.Bytes += rec.Bytes
 			r.lat.Record(ns(rec.TotalMS))
@@ -566,8 +566,8 @@ func (r *ecRun) record(q int, recs []ECRecord) {
 	r.done++
 	for _, rec := range recs {
 		// Hits move no bytes but finish an image: progress, not bandwidth.
-		live.Emit(r.o.Live, live.Request{Bytes: rec.Bytes * int64(b2i(rec.Outcome == engine.OutcomeTransfer)),
-			Latency: time.Duration(rec.TotalMS * 1e6), OK: rec.Outcome == engine.OutcomeTransfer || rec.Outcome == engine.OutcomeHit})
+		live.Emit(r.o.Live, live.Request{Bytes: rec.Bytes * int64(b2i(rec.Outcome == ec.OutcomeTransfer)),
+			Latency: time.Duration(rec.TotalMS * 1e6), OK: rec.Outcome == ec.OutcomeTransfer || rec.Outcome == ec.OutcomeHit})
 	}
 }
 
@@ -578,7 +578,7 @@ func b2i(b bool) int {
 	return 0
 }
 
-func (r *ecRun) finish(res *ECResult, consumers []*engine.Consumer) {
+func (r *ecRun) finish(res *ECResult, consumers []*ec.Consumer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.sum
@@ -645,7 +645,7 @@ func (r *ecRun) warnings(res *ECResult) {
 	if s.Images > 0 && s.Failed*10 > s.Images {
 		res.Warn(fmt.Sprintf("%d of %d image requests failed (see failures_by_status)", s.Failed, s.Images))
 	}
-	if n := s.FailuresByStatus[engine.FailTagMismatch]; n > 0 {
+	if n := s.FailuresByStatus[ec.FailTagMismatch]; n > 0 {
 		res.Warn(fmt.Sprintf("%d deliveries had wrong bytes (tag mismatch)", n))
 	}
 	if s.Transfers == 0 {

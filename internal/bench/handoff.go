@@ -23,7 +23,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
-	"github.com/nixlctl/nixlctl/internal/probe"
+	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -762,11 +762,7 @@ func blockBytesAllRanks(spec kv.Spec, tp int) int64 {
 
 // memAvailable is MemAvailable from /proc/meminfo in bytes (0: unknown).
 func memAvailable() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	m, err := probe.ParseMemInfo(data)
+	m, err := procfs.ReadMemInfo()
 	if err != nil {
 		return 0
 	}

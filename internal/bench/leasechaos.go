@@ -16,6 +16,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -27,10 +29,10 @@ import (
 // and decode processes with compressed time.
 type LeaseChaosOptions struct {
 	Scenarios []string
-	Policies  []engine.LeasePolicy
+	Policies  []lease.Policy
 	Lease     time.Duration // kv_lease_duration, compressed
 	Timeout   time.Duration // the fixed policy's timeout
-	Reaper    engine.ReaperMode
+	Reaper    lease.ReaperMode
 	Protocol  string // pull or push
 	Backend   string
 	Spec      kv.Spec
@@ -64,26 +66,26 @@ func (o *LeaseChaosOptions) Validate() error {
 }
 
 // validateChaos checks what real and simulated runs share.
-func validateChaos(scenarios []string, policies []engine.LeasePolicy, lease, timeout time.Duration, reaper engine.ReaperMode, spec kv.Spec, isl int) []error {
+func validateChaos(scenarios []string, policies []lease.Policy, leaseDur, timeout time.Duration, reaper lease.ReaperMode, spec kv.Spec, isl int) []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	for _, s := range scenarios {
-		if !slices.Contains(Scenarios(), s) {
-			bad("scenario %q: want one of %s", s, strings.Join(Scenarios(), ", "))
+		if !slices.Contains(leasesim.Scenarios(), s) {
+			bad("scenario %q: want one of %s", s, strings.Join(leasesim.Scenarios(), ", "))
 		}
 	}
 	if len(policies) == 0 {
 		bad("no policy selected")
 	}
 	for _, p := range policies {
-		if p != engine.PolicyLease && p != engine.PolicyFixed {
+		if p != lease.PolicyLease && p != lease.PolicyFixed {
 			bad("policy %q: want lease or fixed", p)
 		}
 	}
 	if isl <= 0 || isl > kv.MaxTokens {
 		bad("--isl must be between 1 and %d", kv.MaxTokens)
 	}
-	if _, err := (engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: lease, Timeout: timeout, Reaper: reaper}).Normalize(); err != nil {
+	if _, err := (lease.Config{Policy: lease.PolicyFixed, Duration: leaseDur, Timeout: timeout, Reaper: reaper}).Normalize(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := spec.Validate(); err != nil {
@@ -92,7 +94,7 @@ func validateChaos(scenarios []string, policies []engine.LeasePolicy, lease, tim
 	return errs
 }
 
-func policyNames(ps []engine.LeasePolicy) []string {
+func policyNames(ps []lease.Policy) []string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, string(p))
@@ -104,21 +106,21 @@ func policyNames(ps []engine.LeasePolicy) []string {
 // simulator with --sim).
 type LeaseChaosResult struct {
 	report.Meta
-	Mode      string           `json:"mode"` // real or sim
-	Protocol  string           `json:"protocol,omitempty"`
-	Backend   string           `json:"backend,omitempty"`
-	Model     string           `json:"model"`
-	Config    map[string]any   `json:"config"`
-	Scenarios []ScenarioResult `json:"scenarios"`
-	Passed    int              `json:"passed"`
-	Failed    int              `json:"failed"`
+	Mode      string                    `json:"mode"` // real or sim
+	Protocol  string                    `json:"protocol,omitempty"`
+	Backend   string                    `json:"backend,omitempty"`
+	Model     string                    `json:"model"`
+	Config    map[string]any            `json:"config"`
+	Scenarios []leasesim.ScenarioResult `json:"scenarios"`
+	Passed    int                       `json:"passed"`
+	Failed    int                       `json:"failed"`
 	// --sim: requests simulated in all (traffic and sweep) and the wall
 	// time it took; the long traffic run and the lease sweep.
-	SimulatedRequests int            `json:"simulated_requests,omitempty"`
-	WallSeconds       float64        `json:"wall_seconds,omitempty"`
-	Traffic           *TrafficResult `json:"traffic,omitempty"`
-	Sweep             *Sweep         `json:"sweep,omitempty"`
-	Interrupted       bool           `json:"interrupted,omitempty"`
+	SimulatedRequests int                     `json:"simulated_requests,omitempty"`
+	WallSeconds       float64                 `json:"wall_seconds,omitempty"`
+	Traffic           *leasesim.TrafficResult `json:"traffic,omitempty"`
+	Sweep             *leasesim.Sweep         `json:"sweep,omitempty"`
+	Interrupted       bool                    `json:"interrupted,omitempty"`
 }
 
 // finish closes the result; an interrupted run keeps what it measured and
@@ -133,7 +135,7 @@ func (res *LeaseChaosResult) finish(ctx context.Context) error {
 }
 
 // add keeps one scenario's result and tells the live view.
-func (res *LeaseChaosResult) add(r ScenarioResult, sink live.Sink) {
+func (res *LeaseChaosResult) add(r leasesim.ScenarioResult, sink live.Sink) {
 	res.Scenarios = append(res.Scenarios, r)
 	if r.Passed {
 		res.Passed++
@@ -172,7 +174,7 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 			if ctx.Err() != nil {
 				break
 			}
-			lc, _ := engine.LeaseConfig{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
+			lc, _ := lease.Config{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
 			live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("%s under %s", sc, pol)})
 			r, err := runScenario(ctx, &o, backend.Name, sc, lc, t0)
 			if err != nil {
@@ -192,8 +194,8 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 // chaosRun is one scenario on one pair of endpoints.
 type chaosRun struct {
 	o      *LeaseChaosOptions
-	plan   ChaosPlan
-	lc     engine.LeaseConfig
+	plan   leasesim.ChaosPlan
+	lc     lease.Config
 	base   engine.Config
 	t0     int64 // mono ns of request 0
 	live   live.Sink
@@ -206,7 +208,7 @@ type chaosRun struct {
 	freed      map[string]engine.FreedEvent // by router id
 	samples    []engine.LeaseSample
 	heartbeats []int64
-	faults     []TimelineFault
+	faults     []leasesim.TimelineFault
 	grants     map[string]int64 // router id -> lease granted (mono)
 	loads      map[string]engine.LoadReply
 	loadErr    map[string]string
@@ -231,10 +233,10 @@ func (c *chaosRun) markQueued(i int) {
 
 func reqID(i int) string { return fmt.Sprintf("chaos-%03d", i) }
 
-func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc engine.LeaseConfig, liveT0 time.Time) (ScenarioResult, error) {
-	r := ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: o.Protocol, Mode: "real",
+func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc lease.Config, liveT0 time.Time) (leasesim.ScenarioResult, error) {
+	r := leasesim.ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: o.Protocol, Mode: "real",
 		LeaseS: lc.Duration.Seconds(), TimeoutS: lc.Timeout.Seconds(), ExtensionS: lc.Extension().Seconds(), IntervalS: lc.HeartbeatInterval().Seconds()}
-	plan, err := PlanFor(scenario, lc)
+	plan, err := leasesim.PlanFor(scenario, lc)
 	if err != nil {
 		return r, err
 	}
@@ -262,7 +264,7 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	c.settle(ctx)
 	r.Seconds = time.Since(start).Seconds()
 	c.finish(&r, per)
-	Judge(plan, lc, &r, o.Slack)
+	leasesim.Judge(plan, lc, &r, o.Slack)
 	if ctx.Err() != nil {
 		return r, ctx.Err()
 	}
@@ -431,7 +433,7 @@ func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
 func (c *chaosRun) fault(what string) int64 {
 	now := mono.Now()
 	c.mu.Lock()
-	c.faults = append(c.faults, TimelineFault{T: float64(now-c.t0) / 1e9, What: what})
+	c.faults = append(c.faults, leasesim.TimelineFault{T: float64(now-c.t0) / 1e9, What: what})
 	c.mu.Unlock()
 	live.Emit(c.live, live.Phase{Text: what})
 	return now
@@ -445,7 +447,7 @@ func (c *chaosRun) decodeDied(t int64, what string) {
 		return
 	}
 	c.decodeDead, c.tKill = true, t
-	c.faults = append(c.faults, TimelineFault{T: float64(t-c.t0) / 1e9, What: what})
+	c.faults = append(c.faults, leasesim.TimelineFault{T: float64(t-c.t0) / 1e9, What: what})
 	live.Emit(c.live, live.Phase{Text: what})
 }
 
@@ -647,7 +649,7 @@ func (c *chaosRun) settle(ctx context.Context) {
 }
 
 // finish turns what the run saw into the scenario's numbers.
-func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
+func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 	c.mu.Lock()
 	pe, de, dead := c.pe, c.de, c.decodeDead
 	c.mu.Unlock()
@@ -670,7 +672,7 @@ func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
 	end := mono.Now()
 	sec := func(ns int64) float64 { return float64(ns-c.t0) / 1e9 }
 	reclaim, death := report.NewHistogram(), report.NewHistogram()
-	tl := &LeaseTimeline{Faults: c.faults}
+	tl := &leasesim.LeaseTimeline{Faults: c.faults}
 	var deadGBs float64
 	for i := range c.plan.Requests {
 		id := reqID(i)
@@ -720,7 +722,7 @@ func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
 		if freed {
 			out, tEnd = map[bool]string{true: "consumed", false: f.Reason}[consumed], f.TFreed
 		}
-		tl.Leases = append(tl.Leases, TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
+		tl.Leases = append(tl.Leases, leasesim.TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
 		if expired {
 			r.ExpiredLeases++
 			if tGone == 0 { // decode was alive and meant to read it
@@ -763,48 +765,26 @@ func (c *chaosRun) finish(r *ScenarioResult, blocksPerRequest int) {
 	stride := max(1, len(c.samples)/2000)
 	for k, s := range c.samples {
 		if k%stride == 0 || k == len(c.samples)-1 {
-			tl.Held = append(tl.Held, TimelineSample{T: sec(s.T), Held: s.Held, ExpiredHeld: s.ExpiredHeld, HeldBytes: s.HeldBytes})
+			tl.Held = append(tl.Held, leasesim.TimelineSample{T: sec(s.T), Held: s.Held, ExpiredHeld: s.ExpiredHeld, HeldBytes: s.HeldBytes})
 		}
 	}
 	r.Timeline = tl
-	r.Outcome = outcomeLine(r)
-}
-
-// outcomeLine says what happened in one line.
-func outcomeLine(r *ScenarioResult) string {
-	parts := []string{fmt.Sprintf("%d/%d completed", r.Completed, r.Requests)}
-	add := func(n int, what string) {
-		if n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, what))
-		}
-	}
-	add(r.Recomputed, "recomputed")
-	add(r.Lost, "lost with decode")
-	add(r.Aborted, "aborted")
-	add(r.ExpiredLeases, "leases expired")
-	add(r.PrematureFrees, "premature frees")
-	add(r.LateReadsDetected, "late reads caught")
-	add(r.ExpiredUnreleased, "expired but held (max)")
-	add(r.CorruptAccepted, "CORRUPT ACCEPTED")
-	if r.LeakedBlocks > 0 {
-		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))
-	}
-	return strings.Join(parts, ", ")
+	r.Outcome = leasesim.OutcomeLine(r)
 }
 
 // LeaseSimOptions configure `lease-chaos --sim`: the same scenarios in
 // virtual time, a long traffic run, and an optional lease sweep over it.
 type LeaseSimOptions struct {
 	Scenarios []string
-	Policies  []engine.LeasePolicy
+	Policies  []lease.Policy
 	Lease     time.Duration
 	Timeout   time.Duration
-	Reaper    engine.ReaperMode
+	Reaper    lease.ReaperMode
 	Spec      kv.Spec
 	ISL       int
 	// Traffic is the long run (its Lease and BytesPerRequest are filled
 	// from the fields above); Requests 0 skips it.
-	Traffic TrafficOptions
+	Traffic leasesim.TrafficOptions
 	// Sweep lists lease durations to compare on the same traffic.
 	Sweep   []time.Duration
 	Version string
@@ -820,19 +800,19 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	if len(o.Sweep) > 0 && o.Traffic.Requests <= 0 {
 		errs = append(errs, errors.New("--sweep-lease needs traffic: --requests > 0"))
 	}
-	var geo SimGeometry
+	var geo leasesim.SimGeometry
 	if err := errors.Join(errs...); err == nil {
 		spec, _ := o.Spec.Normalize()
 		a, err := kv.Analyze(spec, o.ISL, spec.TP)
 		if err != nil {
 			errs = append(errs, err)
 		}
-		geo = SimGeometry{BytesPerRequest: a.BytesPerRequest, BlocksPerRequest: a.BlocksPerRequest}
+		geo = leasesim.SimGeometry{BytesPerRequest: a.BytesPerRequest, BlocksPerRequest: a.BlocksPerRequest}
 	}
 	// The traffic run's lease is the one under test (the first policy when
 	// only one is selected), and its requests weigh what the model says.
 	to := o.Traffic
-	to.Lease = engine.LeaseConfig{Policy: engine.PolicyLease, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}
+	to.Lease = lease.Config{Policy: lease.PolicyLease, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}
 	if len(o.Policies) == 1 {
 		to.Lease.Policy = o.Policies[0]
 	}
@@ -864,15 +844,15 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 			if ctx.Err() != nil {
 				break
 			}
-			lc, _ := engine.LeaseConfig{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
-			p, _ := PlanFor(sc, lc)
-			r := SimulatePlan(p, lc, geo)
+			lc, _ := lease.Config{Policy: pol, Duration: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper}.Normalize()
+			p, _ := leasesim.PlanFor(sc, lc)
+			r := leasesim.SimulatePlan(p, lc, geo)
 			res.add(r, o.Live)
 		}
 	}
 	if o.Traffic.Requests > 0 && ctx.Err() == nil {
 		live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("traffic: %s requests", report.Int(int64(to.Requests)))})
-		tr, err := SimulateTraffic(to)
+		tr, err := leasesim.SimulateTraffic(to)
 		if err != nil {
 			return nil, err
 		}
@@ -881,7 +861,7 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 		live.Emit(o.Live, live.Request{OK: true})
 		if len(o.Sweep) > 0 && ctx.Err() == nil {
 			live.Emit(o.Live, live.Phase{Text: fmt.Sprintf("sweeping %d lease durations", len(o.Sweep))})
-			sw, err := SweepLease(to, o.Sweep)
+			sw, err := leasesim.SweepLease(to, o.Sweep)
 			if err != nil {
 				return nil, err
 			}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -15,15 +16,6 @@ func init() {
 // Render implements report.Result.
 func (res *LeaseChaosResult) Render(w io.Writer, f report.Format) error {
 	return WriteLeaseChaos(w, f, res)
-}
-
-// Series names a scenario run: "decode-crash lease".
-func (r ScenarioResult) Series() string {
-	s := r.Scenario + " " + r.Policy
-	if r.Reaper == "head-only" {
-		s += " head-only"
-	}
-	return s
 }
 
 // Metrics implements report.Result: per scenario, whether it passed (the
@@ -149,7 +141,7 @@ func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error 
 }
 
 // writeTraffic says what the long simulated run did.
-func writeTraffic(w io.Writer, t *TrafficResult) {
+func writeTraffic(w io.Writer, t *leasesim.TrafficResult) {
 	fmt.Fprintf(w, "traffic (virtual time): %s requests, policy %s, lease %s (timeout %s), reaper %s\n", report.Int(int64(t.SimulatedRequests)),
 		t.Policy, report.Seconds(t.LeaseS), report.Seconds(t.TimeoutS), t.Reaper)
 	fmt.Fprintf(w, "  simulated %s in %s of wall time (%s events)%s\n", report.Seconds(t.SimulatedSeconds), report.Seconds(t.WallSeconds),
@@ -165,7 +157,7 @@ func writeTraffic(w io.Writer, t *TrafficResult) {
 		report.Seconds(t.MeanQueueWaitS), report.Seconds(t.MaxQueueWaitS))
 }
 
-func verdict(r ScenarioResult) string {
+func verdict(r leasesim.ScenarioResult) string {
 	if r.Passed {
 		return "PASS"
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -26,9 +28,9 @@ func chaosOpts(t *testing.T, proto string, scenarios ...string) LeaseChaosOption
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease := 1500 * time.Millisecond
-	return LeaseChaosOptions{Scenarios: scenarios, Policies: []engine.LeasePolicy{engine.PolicyLease, engine.PolicyFixed},
-		Lease: lease, Timeout: lease * 27 / 10, Reaper: engine.ReapFull, Protocol: proto, Backend: "ucx",
+	leaseDur := 1500 * time.Millisecond
+	return LeaseChaosOptions{Scenarios: scenarios, Policies: []lease.Policy{lease.PolicyLease, lease.PolicyFixed},
+		Lease: leaseDur, Timeout: leaseDur * 27 / 10, Reaper: lease.ReapFull, Protocol: proto, Backend: "ucx",
 		Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}, ISL: 128, Slack: 400 * time.Millisecond,
 		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 5}
 }
@@ -41,11 +43,11 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-process scenarios take about two minutes")
 	}
-	res, err := RunLeaseChaos(context.Background(), chaosOpts(t, engine.ProtoPull, Scenarios()...))
+	res, err := RunLeaseChaos(context.Background(), chaosOpts(t, engine.ProtoPull, leasesim.Scenarios()...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Scenarios) != 2*len(Scenarios()) {
+	if len(res.Scenarios) != 2*len(leasesim.Scenarios()) {
 		t.Fatalf("%d scenario results", len(res.Scenarios))
 	}
 	for _, r := range res.Scenarios {
@@ -56,7 +58,7 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 			t.Errorf("%s: no timeline", r.Series())
 		}
 	}
-	byName := map[string]ScenarioResult{}
+	byName := map[string]leasesim.ScenarioResult{}
 	for _, r := range res.Scenarios {
 		byName[r.Series()] = r
 	}
@@ -84,15 +86,15 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 
 	// The simulator agrees with the processes on the same plans: the same
 	// requests complete, die, are aborted, expire and are freed early.
-	geo := SimGeometry{BytesPerRequest: 1, BlocksPerRequest: 1}
+	geo := leasesim.SimGeometry{BytesPerRequest: 1, BlocksPerRequest: 1}
 	for _, r := range res.Scenarios {
-		lc, _ := engine.LeaseConfig{Policy: engine.LeasePolicy(r.Policy), Duration: 1500 * time.Millisecond,
-			Timeout: 1500 * time.Millisecond * 27 / 10, Reaper: engine.ReapFull}.Normalize()
-		p, err := PlanFor(r.Scenario, lc)
+		lc, _ := lease.Config{Policy: lease.Policy(r.Policy), Duration: 1500 * time.Millisecond,
+			Timeout: 1500 * time.Millisecond * 27 / 10, Reaper: lease.ReapFull}.Normalize()
+		p, err := leasesim.PlanFor(r.Scenario, lc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sim := SimulatePlan(p, lc, geo)
+		sim := leasesim.SimulatePlan(p, lc, geo)
 		type counts struct{ Completed, Lost, Aborted, Expired, Premature int }
 		real := counts{r.Completed, r.Lost, r.Aborted, r.ExpiredLeases, r.PrematureFrees}
 		virt := counts{sim.Completed, sim.Lost, sim.Aborted, sim.ExpiredLeases, sim.PrematureFrees}
@@ -103,7 +105,7 @@ func TestLeaseChaosRealProcesses(t *testing.T) {
 		// passes the timeout; with quarter-lease steps (slow-step) the
 		// reaper's step can land within 0.05 leases of the next request's
 		// READ, so the request nearest the timeout may fall either way.
-		near := r.Policy == "fixed" && r.Scenario == ScenarioSlowStep &&
+		near := r.Policy == "fixed" && r.Scenario == leasesim.ScenarioSlowStep &&
 			real.Completed+real.Premature == virt.Completed+virt.Premature && abs(real.Premature-virt.Premature) <= 1
 		if !near {
 			t.Errorf("%s: processes %+v, simulator %+v", r.Series(), real, virt)
@@ -141,9 +143,9 @@ func abs(x int) int {
 // The head-only reaper (vLLM before PR #50789) leaks expired leases
 // behind a renewed one; lease-chaos catches it, the full reaper passes.
 func TestLeaseChaosHeadOnlyReaperFails(t *testing.T) {
-	o := chaosOpts(t, engine.ProtoPull, ScenarioAbortBeforeRd)
-	o.Policies = []engine.LeasePolicy{engine.PolicyLease}
-	o.Reaper = engine.ReapHeadOnly
+	o := chaosOpts(t, engine.ProtoPull, leasesim.ScenarioAbortBeforeRd)
+	o.Policies = []lease.Policy{lease.PolicyLease}
+	o.Reaper = lease.ReapHeadOnly
 	res, err := RunLeaseChaos(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -156,8 +158,8 @@ func TestLeaseChaosHeadOnlyReaperFails(t *testing.T) {
 
 // Push mode: the lease and heartbeats work the same when prefill WRITEs.
 func TestLeaseChaosPush(t *testing.T) {
-	o := chaosOpts(t, engine.ProtoPush, ScenarioDecodeOverload, ScenarioDecodeCrash)
-	o.Policies = []engine.LeasePolicy{engine.PolicyLease}
+	o := chaosOpts(t, engine.ProtoPush, leasesim.ScenarioDecodeOverload, leasesim.ScenarioDecodeCrash)
+	o.Policies = []lease.Policy{lease.PolicyLease}
 	res, err := RunLeaseChaos(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -170,11 +172,11 @@ func TestLeaseChaosPush(t *testing.T) {
 }
 
 func TestLeaseChaosValidate(t *testing.T) {
-	good := chaosOpts(t, engine.ProtoPull, ScenarioDecodeCrash)
+	good := chaosOpts(t, engine.ProtoPull, leasesim.ScenarioDecodeCrash)
 	for name, mut := range map[string]func(*LeaseChaosOptions){
 		"unknown scenario": func(o *LeaseChaosOptions) { o.Scenarios = []string{"decode-explodes"} },
 		"no scenario":      func(o *LeaseChaosOptions) { o.Scenarios = nil },
-		"unknown policy":   func(o *LeaseChaosOptions) { o.Policies = []engine.LeasePolicy{"maybe"} },
+		"unknown policy":   func(o *LeaseChaosOptions) { o.Policies = []lease.Policy{"maybe"} },
 		"sglang":           func(o *LeaseChaosOptions) { o.Protocol = engine.ProtoSGLang },
 		"tiny lease":       func(o *LeaseChaosOptions) { o.Lease = 10 * time.Millisecond },
 		"bad reaper":       func(o *LeaseChaosOptions) { o.Reaper = "tail-first" },

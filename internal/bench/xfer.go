@@ -12,12 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 // XferOptions configure `bench xfer`, nixlbench's sweep with KV-minded
@@ -181,7 +182,7 @@ type xferRun struct {
 	o        *XferOptions
 	log      *slog.Logger
 	agent    nixl.Agent
-	target   *engine.TargetClient
+	target   *xfertarget.Client
 	local    *nixl.Buffer
 	scratch  []byte       // memcpy reference destination (DRAM to DRAM)
 	vscratch *nixl.Buffer // device reference buffer (runs with VRAM)
@@ -294,7 +295,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator"}); err != nil {
 		return nil, err
 	}
-	if r.local, err = engine.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, o.DRAMAlloc, o.HugePages); err != nil {
+	if r.local, err = cuda.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, o.DRAMAlloc, o.HugePages); err != nil {
 		return nil, err
 	}
 	res.Config.InitiatorAlloc = r.local.Alloc
@@ -312,10 +313,10 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 
 	switch {
 	case o.Target.Inproc:
-		r.target = engine.StartTargetInProcess(ctx, o.Log)
+		r.target = xfertarget.StartInProcess(ctx, o.Log)
 		res.Config.Target = "inproc"
 	case o.Target.Addr != "":
-		if r.target, err = engine.DialTarget(ctx, o.Target.Addr); err != nil {
+		if r.target, err = xfertarget.Dial(ctx, o.Target.Addr); err != nil {
 			return nil, err
 		}
 		res.Config.Target = o.Target.Addr
@@ -330,12 +331,12 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		if args == nil {
 			args = []string{"serve", "target", "--stdio"}
 		}
-		if r.target, err = engine.StartTargetProcess(ctx, exe, args, o.Target.Env, os.Stderr); err != nil {
+		if r.target, err = xfertarget.StartProcess(ctx, exe, args, o.Target.Env, os.Stderr); err != nil {
 			return nil, err
 		}
 		res.Config.Target = "process"
 	}
-	rep, err := r.target.Call(engine.TargetRequest{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
+	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
 		Alloc: o.DRAMAlloc, HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
 	if err != nil {
 		return nil, err
@@ -350,7 +351,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if err != nil {
 		return nil, err
 	}
-	if _, err := r.target.Call(engine.TargetRequest{Op: "load_md", MD: md}); err != nil {
+	if _, err := r.target.Call(xfertarget.Request{Op: "load_md", MD: md}); err != nil {
 		return nil, err
 	}
 	r.transp = r.agent.Info().Details["transport:"+r.remote]
@@ -371,7 +372,7 @@ func segError(side string, mem nixl.MemType, err error) error {
 // probeSeg registers a small buffer of the target's memory type with the
 // initiator's agent, so a backend that cannot move it says so up front.
 func probeSeg(a nixl.Agent, mem nixl.MemType, dev int, alloc string) error {
-	b, err := engine.AllocSeg(a, mem, dev, 64<<10, alloc, false)
+	b, err := cuda.AllocSeg(a, mem, dev, 64<<10, alloc, false)
 	if err != nil {
 		return err
 	}
@@ -596,7 +597,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	}
 	if o.Notif {
 		// Drain what the target received so its queue does not grow.
-		if _, err := r.target.Call(engine.TargetRequest{Op: "notifs"}); err != nil {
+		if _, err := r.target.Call(xfertarget.Request{Op: "notifs"}); err != nil {
 			return XferPoint{}, err
 		}
 	}
@@ -694,12 +695,12 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 	for i, off := range offs {
 		spans[i] = nixl.Span{Off: off, Len: block}
 	}
-	key := func(i int) uint64 { return engine.TagKey(seed, uint64(i)) }
+	key := func(i int) uint64 { return blocktag.Key(seed, uint64(i)) }
 	if r.o.Op == nixl.Write {
-		if err := engine.FillSpans(r.local, spans, key); err != nil {
+		if err := blocktag.FillSpans(r.local, spans, key); err != nil {
 			return "FAILED: " + err.Error()
 		}
-	} else if _, err := r.target.Call(engine.TargetRequest{Op: "fill", Seed: seed, DescLen: block, Offsets: offs64}); err != nil {
+	} else if _, err := r.target.Call(xfertarget.Request{Op: "fill", Seed: seed, DescLen: block, Offsets: offs64}); err != nil {
 		return "FAILED: " + err.Error()
 	}
 	q, err := r.makeReq(block, offs, false)
@@ -714,7 +715,7 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 		return "FAILED: " + err.Error()
 	}
 	if r.o.Op == nixl.Write {
-		rep, err := r.target.Call(engine.TargetRequest{Op: "verify", Seed: seed, DescLen: block, Offsets: offs64})
+		rep, err := r.target.Call(xfertarget.Request{Op: "verify", Seed: seed, DescLen: block, Offsets: offs64})
 		if err != nil {
 			return "FAILED: " + err.Error()
 		}
@@ -723,7 +724,7 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 		}
 		return fmt.Sprintf("ok (%d descriptors)", n)
 	}
-	c, err := engine.CheckSpans(r.local, spans, key)
+	c, err := blocktag.CheckSpans(r.local, spans, key)
 	if err != nil {
 		return "FAILED: " + err.Error()
 	}

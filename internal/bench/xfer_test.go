@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -19,6 +20,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 func TestMain(m *testing.M) {
@@ -28,7 +30,7 @@ func TestMain(m *testing.M) {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		serve := engine.ServeEndpoint
 		if slices.Contains(os.Args, "target") {
-			serve = engine.ServeXferTarget
+			serve = xfertarget.Serve
 		}
 		if err := serve(context.Background(), os.Stdin, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -38,7 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	// ... and as the encoder of bench ec.
 	if os.Getenv("NIXLCTL_BENCH_TEST_ENCODER") == "1" {
-		if err := engine.ServeEncoder(context.Background(), os.Stdin, os.Stdout, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		if err := ec.ServeEncoder(context.Background(), os.Stdin, os.Stdout, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -226,7 +228,7 @@ func TestMixedReference(t *testing.T) {
 	} {
 		r := &xferRun{o: &XferOptions{InitiatorSeg: tc.init, TargetSeg: tc.targ, Op: tc.op}}
 		var err error
-		if r.local, err = engine.AllocSeg(nil, tc.init, 0, size, "mmap", false); err != nil {
+		if r.local, err = cuda.AllocSeg(nil, tc.init, 0, size, "mmap", false); err != nil {
 			t.Fatal(err)
 		}
 		if err := r.setupReference(size); err != nil {

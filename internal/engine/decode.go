@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
@@ -33,7 +33,7 @@ type decodeState struct {
 	// tracker heartbeats the prefill engines of every request from its
 	// arrival to its KV (pull and push; nil for SGLang); hb is the state
 	// of the handshakes heartbeats need, by prefill engine.
-	tracker *HeartbeatTracker
+	tracker *lease.HeartbeatTracker
 	hb      map[string]*hbPeer
 	// The scheduler: with slots > 0, requests past the running ones wait
 	// in queue, first come first served.
@@ -57,7 +57,7 @@ type waiter struct {
 func newDecodeState(e *Engine) *decodeState {
 	s := &decodeState{e: e, reqs: map[string]*dreq{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
 	if e.cfg.Protocol != ProtoSGLang {
-		s.tracker = NewHeartbeatTracker(e.cfg.LeaseConfig().HeartbeatInterval())
+		s.tracker = lease.NewHeartbeatTracker(e.cfg.LeaseConfig().HeartbeatInterval())
 	}
 	return s
 }
@@ -104,7 +104,7 @@ func (s *decodeState) track(local string, p TransferParams) {
 		return
 	}
 	s.mu.Lock()
-	s.tracker.Track(local, HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, p.RemoteRequestID)
+	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, p.RemoteRequestID)
 	s.mu.Unlock()
 }
 
@@ -264,7 +264,7 @@ func (s *decodeState) heartbeatLoop() {
 		now := mono.Now()
 		s.mu.Lock()
 		batches := s.tracker.Due(now)
-		var send []HeartbeatBatch
+		var send []lease.HeartbeatBatch
 		retry := false
 		for _, b := range batches {
 			p := s.hb[b.Target.EngineID]
@@ -294,7 +294,7 @@ func (s *decodeState) heartbeatLoop() {
 	}
 }
 
-func (s *decodeState) heartbeatHandshake(t HeartbeatTarget, p *hbPeer) {
+func (s *decodeState) heartbeatHandshake(t lease.HeartbeatTarget, p *hbPeer) {
 	e := s.e
 	var ranks []int
 	var pairs [][2]int
@@ -318,7 +318,7 @@ func (s *decodeState) heartbeatHandshake(t HeartbeatTarget, p *hbPeer) {
 
 // sendHeartbeat sends one batch from every local rank to every rank of
 // the prefill engine (a rank that gets it twice just renews twice).
-func (s *decodeState) sendHeartbeat(b HeartbeatBatch) {
+func (s *decodeState) sendHeartbeat(b lease.HeartbeatBatch) {
 	e := s.e
 	e.remotesMu.Lock()
 	re := e.remotes[b.Target.EngineID]
@@ -494,7 +494,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				s.crashPoint(r.ID)
 			}
 			for _, x := range reqs {
-				if err := waitXfer(ctx, rk.agent, x, 0); err != nil {
+				if err := nixl.WaitXfer(ctx, rk.agent, x, 0); err != nil {
 					e.c.failedXfers.Add(1)
 					res.err = err
 					return
@@ -526,42 +526,6 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	s.verify(r, local, start, rep)
 	return nil
-}
-
-// errStillRunning: a transfer outlived its timeout (DMA cannot be
-// aborted: the caller must keep its buffers until it ends).
-var errStillRunning = errors.New("transfer still running")
-
-// waitXfer polls a posted request until it leaves InProgress, ctx ends, or
-// timeout (0: none) passes. It yields for the first 200 µs (most transfers
-// end by then) and then sleeps 20 µs between polls, so many requests in
-// flight share the CPU.
-func waitXfer(ctx context.Context, a nixl.Agent, x nixl.XferReq, timeout time.Duration) error {
-	start := time.Now()
-	for {
-		st, err := a.XferStatus(x)
-		switch st {
-		case nixl.Done:
-			return nil
-		case nixl.Failed:
-			if err == nil {
-				err = errors.New("transfer failed")
-			}
-			return err
-		}
-		el := time.Since(start)
-		if timeout > 0 && el > timeout {
-			return fmt.Errorf("%w after %v", errStillRunning, timeout)
-		}
-		if el < 200*time.Microsecond {
-			runtime.Gosched()
-			continue
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
 }
 
 // push is the NixlPushConnector: decode registers its pre-allocated

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
@@ -60,11 +61,11 @@ type Config struct {
 	// LeasePolicy, FixedTimeout and Reaper complete the lease
 	// configuration (LeaseConfig). RegTimeout is push mode's decode-side
 	// registration watchdog.
-	Lease        time.Duration `json:"lease"`
-	LeasePolicy  LeasePolicy   `json:"lease_policy,omitempty"`
-	FixedTimeout time.Duration `json:"fixed_timeout,omitempty"`
-	Reaper       ReaperMode    `json:"reaper,omitempty"`
-	RegTimeout   time.Duration `json:"reg_timeout"`
+	Lease        time.Duration    `json:"lease"`
+	LeasePolicy  lease.Policy     `json:"lease_policy,omitempty"`
+	FixedTimeout time.Duration    `json:"fixed_timeout,omitempty"`
+	Reaper       lease.ReaperMode `json:"reaper,omitempty"`
+	RegTimeout   time.Duration    `json:"reg_timeout"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got
@@ -89,8 +90,8 @@ type Config struct {
 }
 
 // LeaseConfig is the engine's lease configuration.
-func (c Config) LeaseConfig() LeaseConfig {
-	return LeaseConfig{Policy: c.LeasePolicy, Duration: c.Lease, Timeout: c.FixedTimeout, Reaper: c.Reaper}
+func (c Config) LeaseConfig() lease.Config {
+	return lease.Config{Policy: c.LeasePolicy, Duration: c.Lease, Timeout: c.FixedTimeout, Reaper: c.Reaper}
 }
 
 // Spec is the engine's KV layout.
@@ -149,10 +150,10 @@ type Stats struct {
 	HeartbeatsLost int64 `json:"heartbeats_lost,omitempty"`
 	// Prefill's lease table: what it did, what it holds, and the most
 	// leases seen past their deadline but not released after a step.
-	Leases               *LeaseStats `json:"leases,omitempty"`
-	LeasesHeld           int         `json:"leases_held"`
-	ExpiredUnreleased    int         `json:"expired_unreleased"`
-	ExpiredUnreleasedMax int         `json:"expired_unreleased_max"`
+	Leases               *lease.Stats `json:"leases,omitempty"`
+	LeasesHeld           int          `json:"leases_held"`
+	ExpiredUnreleased    int          `json:"expired_unreleased"`
+	ExpiredUnreleasedMax int          `json:"expired_unreleased_max"`
 	// Decode's queue: requests waiting for a slot, and aborted there.
 	Queued  int   `json:"queued,omitempty"`
 	Aborted int64 `json:"aborted,omitempty"`
@@ -273,7 +274,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		}
 		rk.agent = a
 		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
-		if rk.buf, err = AllocSeg(a, cfg.Mem, cfg.Device, int(size), cfg.DRAMAlloc, false); err != nil {
+		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), cfg.DRAMAlloc, false); err != nil {
 			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)
 		}
 		if err := a.RegisterMem(rk.buf); err != nil {
@@ -485,7 +486,7 @@ func (e *Engine) route(rk *rank, from string, m []byte) {
 			e.badNotif("heartbeat received by a decode engine", from, s)
 			return
 		}
-		ids, _ := ParseHeartbeat(s)
+		ids, _ := lease.ParseHeartbeat(s)
 		e.pre.onHeartbeat(ids)
 	case e.sgl != nil && e.dec != nil && isSGLangNotif(s):
 		e.sgl.onNotif(rk, from, s)

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
@@ -109,7 +110,7 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	// The fixed policy sends none: a queued request outlives its timeout
 	// and its blocks are freed under it: the late READ sees poisoned tags.
 	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) {
-		c.LeasePolicy, c.FixedTimeout, c.DecodeHold = PolicyFixed, 300*time.Millisecond, 800*time.Millisecond
+		c.LeasePolicy, c.FixedTimeout, c.DecodeHold = lease.PolicyFixed, 300*time.Millisecond, 800*time.Millisecond
 	})
 	ctx := context.Background()
 	var chs []<-chan LoadReply
@@ -119,6 +120,13 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 		chs = append(chs, loadAsync(d, LoadRequest{ID: pr.Params.RemoteRequestID, Tokens: 32, Key: uint64(90 + i), Params: pr.Params}))
+		// The queue is first come first served: fx-0 must hold the slot
+		// (or wait in the queue) before fx-1 arrives.
+		waitFor(t, "decode to take request "+fmt.Sprint(i), func() bool {
+			d.dec.mu.Lock()
+			defer d.dec.mu.Unlock()
+			return d.dec.running+len(d.dec.queue) == i+1
+		})
 	}
 	first, second := <-chs[0], <-chs[1]
 	if first.Error != "" || first.CorruptBlocks != 0 {
@@ -189,7 +197,7 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 	// wanted), the router never gives decode the other two. The full
 	// reaper frees those at their lease; the head-only one stops at the
 	// first, which stays renewed.
-	for _, reaper := range []ReaperMode{ReapFull, ReapHeadOnly} {
+	for _, reaper := range []lease.ReaperMode{lease.ReapFull, lease.ReapHeadOnly} {
 		t.Run(string(reaper), func(t *testing.T) {
 			p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.Reaper = reaper; c.DecodeHold = 2 * time.Second })
 			ctx := context.Background()
@@ -209,10 +217,10 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 			c1 := loadAsync(d, LoadRequest{ID: "ho-1", Tokens: 16, Key: 2, Params: prs[1].Params})
 			time.Sleep(testLease + 300*time.Millisecond)
 			st := p.Stats()
-			if reaper == ReapFull && (st.ExpiredLeases != 2 || st.ExpiredUnreleasedMax != 0) {
+			if reaper == lease.ReapFull && (st.ExpiredLeases != 2 || st.ExpiredUnreleasedMax != 0) {
 				t.Errorf("full reaper: %+v", st)
 			}
-			if reaper == ReapHeadOnly && (st.ExpiredLeases != 0 || st.ExpiredUnreleased != 2) {
+			if reaper == lease.ReapHeadOnly && (st.ExpiredLeases != 0 || st.ExpiredUnreleased != 2) {
 				t.Errorf("head-only reaper should hold 2 expired leases behind ho-1: %+v", st)
 			}
 			if lr := <-c1; lr.Error != "" || lr.CorruptBlocks != 0 {
@@ -317,5 +325,17 @@ func TestHeartbeatLossEveryOther(t *testing.T) {
 	ds := d.Stats()
 	if ds.HeartbeatsLost == 0 || ds.HeartbeatsLost > ds.HeartbeatsSent/2+1 || p.Stats().ExpiredLeases != 0 {
 		t.Errorf("decode sent %d lost %d; prefill %+v", ds.HeartbeatsSent, ds.HeartbeatsLost, p.Stats())
+	}
+}
+
+// waitFor polls cond until it holds or 10 s pass (then the test fails).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
@@ -107,11 +108,11 @@ func blockKey(reqKey uint64, reg kv.Region, logical int) uint64 {
 	if reg.Part == kv.PartV {
 		part = 1
 	}
-	return TagKey(reqKey, uint64(reg.Layer), part, uint64(logical))
+	return blocktag.Key(reqKey, uint64(reg.Layer), part, uint64(logical))
 }
 
 func pieceKey(bk uint64, pc piece) uint64 {
-	return TagKey(bk, uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
+	return blocktag.Key(bk, uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
 }
 
 // Verify says how much of each piece tags cover: Sparse writes the first
@@ -126,8 +127,6 @@ const (
 	Full
 )
 
-const sparseStride = 4096
-
 // Fill writes the request's tags into blocks (the request's blocks in
 // order, logicalStart being the logical index of blocks[0]) of every region,
 // limited for each region to the blocks that region keeps (sliding
@@ -136,14 +135,14 @@ func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Ver
 	if p.Buf.Mem == nixl.VRAM {
 		// Device memory: full tags, written through staged host copies.
 		spans, keys, _ := p.pieceSpans(reqKey, blocks, logicalStart, tokens)
-		_ = FillSpans(p.Buf, spans, func(i int) uint64 { return keys[i] })
+		_ = blocktag.FillSpans(p.Buf, spans, func(i int) uint64 { return keys[i] })
 		return
 	}
 	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
 		if v == Full {
-			FillTags(b, key)
+			blocktag.Fill(b, key)
 		} else {
-			sparseFill(b, key)
+			blocktag.FillSparse(b, key)
 		}
 		return true
 	})
@@ -155,7 +154,7 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 	if p.Buf.Mem == nixl.VRAM {
 		spans, keys, owners := p.pieceSpans(reqKey, blocks, logicalStart, tokens)
 		seen := map[[2]int]bool{}
-		err := visitSpans(p.Buf, spans, func(i int) uint64 { return keys[i] }, func(i int, _ nixl.Span, m *TagMismatch) {
+		err := blocktag.VisitSpans(p.Buf, spans, func(i int) uint64 { return keys[i] }, func(i int, _ nixl.Span, m *blocktag.Mismatch) {
 			if !seen[owners[i]] {
 				seen[owners[i]] = true
 				bad++
@@ -172,9 +171,9 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 	}
 	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
 		if v == Full {
-			return CheckTags(b, key) == nil
+			return blocktag.Check(b, key) == nil
 		}
-		return sparseCheck(b, key) == nil
+		return blocktag.CheckSparse(b, key) == nil
 	}, func(region, block int, err error) {
 		bad++ // walk reports each (region, block) at most once
 		if first == nil {
@@ -195,7 +194,7 @@ func (p *Pool) Poison(blocks []int) {
 				spans = append(spans, nixl.Span{Off: int(p.BlockAddr(i, b) - p.Buf.Addr), Len: int(p.BlockLen(i))})
 			}
 		}
-		_ = FillSpans(p.Buf, spans, func(int) uint64 { return 0xdeadbeef })
+		_ = blocktag.FillSpans(p.Buf, spans, func(int) uint64 { return 0xdeadbeef })
 		return
 	}
 	data := p.Buf.Bytes()
@@ -207,7 +206,7 @@ func (p *Pool) Poison(blocks []int) {
 			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
 			for _, pc := range p.pieces {
 				seg := data[off+pc.off : off+pc.off+pc.len]
-				for w := int64(0); w+8 <= int64(len(seg)); w += sparseStride {
+				for w := int64(0); w+8 <= int64(len(seg)); w += blocktag.SparseStride {
 					binary.LittleEndian.PutUint64(seg[w:], 0xdeadbeefdeadbeef)
 				}
 				if len(seg) >= 8 {
@@ -266,29 +265,4 @@ func (p *Pool) walk(reqKey uint64, blocks []int, logicalStart, tokens int, visit
 			}
 		}
 	}
-}
-
-func sparseFill(b []byte, key uint64) {
-	n := int64(len(b))
-	for w := int64(0); w+8 <= n; w += sparseStride {
-		binary.LittleEndian.PutUint64(b[w:], mix(key+uint64(w)))
-	}
-	if n >= 8 {
-		binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
-	}
-}
-
-func sparseCheck(b []byte, key uint64) *TagMismatch {
-	n := int64(len(b))
-	for w := int64(0); w+8 <= n; w += sparseStride {
-		if got, want := binary.LittleEndian.Uint64(b[w:]), mix(key+uint64(w)); got != want {
-			return &TagMismatch{Offset: int(w), Want: want, Got: got}
-		}
-	}
-	if n >= 8 {
-		if got, want := binary.LittleEndian.Uint64(b[n-8:]), mix(key+uint64(n-8)); got != want {
-			return &TagMismatch{Offset: int(n - 8), Want: want, Got: got}
-		}
-	}
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
@@ -142,7 +143,7 @@ type prefillState struct {
 	// leases holds every finished request until its consumers are done
 	// or its lease expires; heartbeats wait in hbPending for the next
 	// step, as vLLM reads notifications once per engine step.
-	leases       *LeaseTable
+	leases       *lease.Table
 	hbPending    [][]string
 	expiredHeld  int
 	expiredHeldM int
@@ -156,7 +157,7 @@ type prefillState struct {
 }
 
 func newPrefillState(e *Engine) *prefillState {
-	s := &prefillState{e: e, reqs: map[string]*preq{}, byBase: map[string]*preq{}, leases: NewLeaseTable(e.cfg.LeaseConfig())}
+	s := &prefillState{e: e, reqs: map[string]*preq{}, byBase: map[string]*preq{}, leases: lease.NewTable(e.cfg.LeaseConfig())}
 	for range e.ranks {
 		s.regs = append(s.regs, map[string]pendingReg{})
 		s.wake = append(s.wake, make(chan struct{}, 1))
@@ -321,7 +322,7 @@ func (s *prefillState) stats(st *Stats) {
 // is caught) and reports why.
 // reaped is the lease the reaper already took out of the table (nil:
 // release it here).
-func (s *prefillState) free(q *preq, reason string, reaped *Lease) {
+func (s *prefillState) free(q *preq, reason string, reaped *lease.Lease) {
 	s.mu.Lock()
 	if s.reqs[q.id] != q {
 		s.mu.Unlock()
@@ -394,7 +395,7 @@ func (s *prefillState) step(now int64) {
 	events := s.e.cfg.LeaseEvents
 	type expiry struct {
 		q *preq
-		l *Lease
+		l *lease.Lease
 	}
 	var hbs []HeartbeatEvent
 	var expired []expiry

@@ -713,7 +713,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 		}
 	}
 	for _, x := range xfers {
-		if err := waitXfer(ctx, rk.agent, x, 0); err != nil {
+		if err := nixl.WaitXfer(ctx, rk.agent, x, 0); err != nil {
 			return descs, logical, err
 		}
 	}

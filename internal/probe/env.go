@@ -16,6 +16,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -72,9 +73,9 @@ type NIXLReport struct {
 
 // SystemReport is what the kernel allows.
 type SystemReport struct {
-	MemlockSoft int64   `json:"memlock_soft_bytes"` // -1: unlimited
-	MemlockHard int64   `json:"memlock_hard_bytes"`
-	MemInfo     MemInfo `json:"meminfo"`
+	MemlockSoft int64          `json:"memlock_soft_bytes"` // -1: unlimited
+	MemlockHard int64          `json:"memlock_hard_bytes"`
+	MemInfo     procfs.MemInfo `json:"meminfo"`
 }
 
 // PathReport is what a short loopback transfer really used.
@@ -246,7 +247,7 @@ func inspectSystem() SystemReport {
 		s.MemlockSoft, s.MemlockHard = rlim(rl.Cur), rlim(rl.Max)
 	}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		s.MemInfo, _ = ParseMemInfo(b)
+		s.MemInfo, _ = procfs.ParseMemInfo(b)
 	}
 	return s
 }

@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
@@ -382,7 +382,7 @@ func (p *peerState) start(req PeerRequest) error {
 		for i, r := range s.Regions {
 			for b := 0; b < s.PoolBlocks; b++ {
 				off := r.Offset + int64(b)*r.BlockBytes
-				engine.FillTags(data[off:off+r.BlockBytes], engine.TagKey(req.TagSeed, uint64(i), uint64(b)))
+				blocktag.Fill(data[off:off+r.BlockBytes], blocktag.Key(req.TagSeed, uint64(i), uint64(b)))
 			}
 		}
 	}
@@ -527,7 +527,7 @@ func (p *peerState) verify(seed uint64) (PeerReply, error) {
 				continue
 			}
 			rep.Written++
-			if m := engine.CheckTags(blk, engine.TagKey(seed, uint64(i), uint64(b))); m != nil {
+			if m := blocktag.Check(blk, blocktag.Key(seed, uint64(i), uint64(b))); m != nil {
 				if rep.Corrupt == 0 {
 					rep.First = fmt.Sprintf("region %d block %d: %v", i, b, m)
 				}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
@@ -146,7 +146,7 @@ func TestAllocAndHostCopies(t *testing.T) {
 	host := make([]byte, 4096+100+12345)
 	at := 0
 	for i, s := range spans {
-		engine.FillTags(host[at:at+s.Len], engine.TagKey(1, uint64(i)))
+		blocktag.Fill(host[at:at+s.Len], blocktag.Key(1, uint64(i)))
 		at += s.Len
 	}
 	if err := cuda.CopyIn(b, spans, host); err != nil {
@@ -190,7 +190,7 @@ func TestStreamCopiesAndEvents(t *testing.T) {
 	defer dst.Free()
 	all := []nixl.Span{{Len: size}}
 	want := make([]byte, size)
-	engine.FillTags(want, engine.TagKey(7))
+	blocktag.Fill(want, blocktag.Key(7))
 	if err := cuda.CopyIn(src, all, want); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestIPCAcrossProcesses(t *testing.T) {
 		if err := cuda.CopyOut(b, []nixl.Span{{Len: size}}, host); err != nil {
 			t.Fatal(err)
 		}
-		if m := engine.CheckTags(host, engine.TagKey(99, uint64(dev))); m != nil {
+		if m := blocktag.Check(host, blocktag.Key(99, uint64(dev))); m != nil {
 			t.Fatalf("written through IPC from GPU %d: %v", dev, m)
 		}
 	}
@@ -329,7 +329,7 @@ func ipcChild() int {
 	}
 	mapped := nixl.NewBuffer(addr, size, nixl.VRAM, uint32(dev), "ipc", nil, nil)
 	host := make([]byte, size)
-	engine.FillTags(host, engine.TagKey(99, uint64(dev)))
+	blocktag.Fill(host, blocktag.Key(99, uint64(dev)))
 	if err := cuda.CopyIn(mapped, []nixl.Span{{Len: size}}, host); err != nil {
 		return fail(err)
 	}

@@ -185,3 +185,16 @@ func CloseIPC(dev int, addr uint64) error {
 	delete(ipcMaps.byAddr, ipcAddr{dev, addr})
 	return check("cuIpcCloseMemHandle", C.nxcu_ipc_close(ctx, C.uint64_t(addr)))
 }
+
+// AllocSeg allocates a transfer buffer of memory type mem: DRAM the way
+// AllocBuffer does (alloc, huge), VRAM on GPU dev through the CUDA driver.
+func AllocSeg(a nixl.Agent, mem nixl.MemType, dev, size int, alloc string, huge bool) (*nixl.Buffer, error) {
+	if mem != nixl.VRAM {
+		return nixl.AllocBuffer(a, size, alloc, huge)
+	}
+	b, err := Alloc(dev, size)
+	if err != nil {
+		return nil, fmt.Errorf("VRAM on GPU %d: %w", dev, err)
+	}
+	return b, nil
+}

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
@@ -157,8 +157,8 @@ func TestNotificationAfterDataWithoutPolling(t *testing.T) {
 					src, srcSpans, dst, dstSpans = tb, rs, ib, ls
 				}
 				for iter := 0; iter < 5; iter++ {
-					key := func(i int) uint64 { return engine.TagKey(uint64(iter), uint64(i)) }
-					if err := engine.FillSpans(src, srcSpans, key); err != nil {
+					key := func(i int) uint64 { return blocktag.Key(uint64(iter), uint64(i)) }
+					if err := blocktag.FillSpans(src, srcSpans, key); err != nil {
 						t.Fatal(err)
 					}
 					msg := []byte(fmt.Sprintf("done-%d", iter))
@@ -174,7 +174,7 @@ func TestNotificationAfterDataWithoutPolling(t *testing.T) {
 					case <-time.After(10 * time.Second):
 						t.Fatal("no notification without polling the initiator")
 					}
-					c, err := engine.CheckSpans(dst, dstSpans, key)
+					c, err := blocktag.CheckSpans(dst, dstSpans, key)
 					if err != nil || c.Bad != 0 {
 						t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
 					}
@@ -285,8 +285,8 @@ func TestConcurrentPollerAndRepost(t *testing.T) {
 	}()
 	defer func() { close(stop); <-polled }()
 	for iter := 0; iter < 30; iter++ {
-		key := func(i int) uint64 { return engine.TagKey(uint64(iter), uint64(i)) }
-		if err := engine.FillSpans(ib, ls, key); err != nil {
+		key := func(i int) uint64 { return blocktag.Key(uint64(iter), uint64(i)) }
+		if err := blocktag.FillSpans(ib, ls, key); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := init.PostXferReq(r); err != nil {
@@ -297,7 +297,7 @@ func TestConcurrentPollerAndRepost(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("no notification")
 		}
-		if c, err := engine.CheckSpans(tb, rs, key); err != nil || c.Bad != 0 {
+		if c, err := blocktag.CheckSpans(tb, rs, key); err != nil || c.Bad != 0 {
 			t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
 		}
 		if got, _ := target.GetNotifs(); len(got["initiator"]) != 1 {

@@ -7,13 +7,13 @@ import (
 	"os"
 	"testing"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv("NIXLTEST_TARGET") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		if err := engine.ServeXferTarget(context.Background(), os.Stdin, os.Stdout, log); err != nil {
+		if err := xfertarget.Serve(context.Background(), os.Stdin, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "target:", err)
 			os.Exit(1)
 		}

@@ -12,13 +12,14 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 // The CUDA driver for cuda-ipc (the fake one on machines without a GPU),
@@ -82,7 +83,7 @@ func kitFor(t *testing.T, backend string) memKit {
 // fill tags spans of b, the i-th with key(i), whatever memory b is.
 func fill(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) {
 	t.Helper()
-	if err := engine.FillSpans(b, spans, key); err != nil {
+	if err := blocktag.FillSpans(b, spans, key); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -91,7 +92,7 @@ func fill(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint6
 // one, "" when all are right.
 func check(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) string {
 	t.Helper()
-	c, err := engine.CheckSpans(b, spans, key)
+	c, err := blocktag.CheckSpans(b, spans, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func check(t *testing.T, b *nixl.Buffer, spans []nixl.Span, key func(i int) uint
 }
 
 func keyOf(parts ...uint64) func(int) uint64 {
-	return func(i int) uint64 { return engine.TagKey(append(parts, uint64(i))...) }
+	return func(i int) uint64 { return blocktag.Key(append(parts, uint64(i))...) }
 }
 
 type pair struct {
@@ -368,7 +369,7 @@ func TestThousandsInFlight(t *testing.T) {
 				srcSlot = append(srcSlot, s)
 			}
 		}
-		if bad := check(t, p.tb, written, func(i int) uint64 { return engine.TagKey(uint64(srcSlot[i])) }); bad != "" {
+		if bad := check(t, p.tb, written, func(i int) uint64 { return blocktag.Key(uint64(srcSlot[i])) }); bad != "" {
 			t.Fatalf("descriptors of requests %d x %d: %s", reqs, per, bad)
 		}
 		for _, r := range all {
@@ -461,18 +462,18 @@ func TestErrors(t *testing.T) {
 }
 
 // Cross-process: the target is a child process (this test binary again).
-func startTarget(t *testing.T, backend string, v variant, size int) (*engine.TargetClient, engine.TargetReply) {
+func startTarget(t *testing.T, backend string, v variant, size int) (*xfertarget.Client, xfertarget.Reply) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc, err := engine.StartTargetProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLTEST_TARGET=1"}, os.Stderr)
+	tc, err := xfertarget.StartProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLTEST_TARGET=1"}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tc.Close() })
-	rep, err := tc.Call(engine.TargetRequest{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: v.alloc, Seg: v.seg, Device: v.dev})
+	rep, err := tc.Call(xfertarget.Request{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: v.alloc, Seg: v.seg, Device: v.dev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +492,7 @@ func TestAcrossProcesses(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer a.Close()
-				buf, err := engine.AllocSeg(a, k.mem, 0, size, v.alloc, false)
+				buf, err := cuda.AllocSeg(a, k.mem, 0, size, v.alloc, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -504,7 +505,7 @@ func TestAcrossProcesses(t *testing.T) {
 					t.Fatal(err)
 				}
 				own, _ := a.LocalMD()
-				if _, err := tc.Call(engine.TargetRequest{Op: "load_md", MD: own}); err != nil {
+				if _, err := tc.Call(xfertarget.Request{Op: "load_md", MD: own}); err != nil {
 					t.Fatal(err)
 				}
 				offs := scattered(n, blk, size, 3)
@@ -523,7 +524,7 @@ func TestAcrossProcesses(t *testing.T) {
 					t.Fatal(err)
 				}
 				post(t, a, w)
-				got, err := tc.Call(engine.TargetRequest{Op: "await", Count: 1, WaitMS: 20000, Seed: 11, DescLen: blk, Offsets: offs64})
+				got, err := tc.Call(xfertarget.Request{Op: "await", Count: 1, WaitMS: 20000, Seed: 11, DescLen: blk, Offsets: offs64})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -543,13 +544,13 @@ func TestAcrossProcesses(t *testing.T) {
 					}
 					post(t, a, q)
 					a.ReleaseXferReq(q)
-					got, err := tc.Call(engine.TargetRequest{Op: "verify", Seed: seed, DescLen: blk, Offsets: offs64[:8]})
+					got, err := tc.Call(xfertarget.Request{Op: "verify", Seed: seed, DescLen: blk, Offsets: offs64[:8]})
 					if err != nil || got.Corrupt != 0 {
 						t.Fatalf("iteration %d: WRITE reported done before the data arrived: %v %s", iter, err, got.First)
 					}
 				}
 				// READ back what the target tags.
-				if _, err := tc.Call(engine.TargetRequest{Op: "fill", Seed: 12, DescLen: blk, Offsets: offs64}); err != nil {
+				if _, err := tc.Call(xfertarget.Request{Op: "fill", Seed: 12, DescLen: blk, Offsets: offs64}); err != nil {
 					t.Fatal(err)
 				}
 				r, err := a.CreateXferReq(nixl.Read, k.mem, ld, k.mem, rd, remote, nil)
@@ -564,7 +565,7 @@ func TestAcrossProcesses(t *testing.T) {
 				if err := a.SendNotif(remote, []byte("ping")); err != nil {
 					t.Fatal(err)
 				}
-				info, _ := tc.Call(engine.TargetRequest{Op: "info"})
+				info, _ := tc.Call(xfertarget.Request{Op: "info"})
 				t.Logf("%s/%s: initiator %v; target %v", backend, v.name, a.Info().Details, info.Info.Details)
 			})
 		}
@@ -585,7 +586,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer a.Close()
-				buf, err := engine.AllocSeg(a, k.mem, 0, size, v.alloc, false)
+				buf, err := cuda.AllocSeg(a, k.mem, 0, size, v.alloc, false)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"context"
@@ -264,13 +264,13 @@ func TestECNacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	b, _ := (&XferReq{MMHash: "new", CompatibilityHash: ecHash, ConnectorVersion: ECConnectorVersion}).Encode()
+	b, _ := (&Request{MMHash: "new", CompatibilityHash: ecHash, ConnectorVersion: ECConnectorVersion}).Encode()
 	d.Send([][]byte{b})
 	frames, err := d.Recv(context.Background(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, err := DecodeXferAck(frames[0]); err != nil || a.Status != StatusInternal {
+	if a, err := DecodeAck(frames[0]); err != nil || a.Status != StatusInternal {
 		t.Errorf("empty session: %+v %v", a, err)
 	}
 	d.Send([][]byte{[]byte("garbage")})
@@ -424,13 +424,13 @@ func TestECPinLeaseExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	b, _ := (&XferReq{MMHash: "z", CompatibilityHash: ecHash, SessionID: "s", ConnectorVersion: ECConnectorVersion}).Encode()
+	b, _ := (&Request{MMHash: "z", CompatibilityHash: ecHash, SessionID: "s", ConnectorVersion: ECConnectorVersion}).Encode()
 	d.Send([][]byte{b})
 	frames, err := d.Recv(context.Background(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := DecodeXferAck(frames[0])
+	a, err := DecodeAck(frames[0])
 	if err != nil || a.Status != StatusOK || len(a.SrcBlockIndices) != 64 || len(a.AgentMetadata) == 0 {
 		t.Fatalf("grant: %+v %v", a, err)
 	}

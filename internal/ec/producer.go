@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
@@ -81,7 +82,7 @@ type Producer struct {
 	log     *slog.Logger
 	agent   nixl.Agent
 	region  *ShmRegion
-	cache   *BlockCache
+	cache   *Cache
 	localDl nixl.Dlist
 	descs   []nixl.Desc
 	md      []byte
@@ -110,7 +111,7 @@ type grant struct {
 
 type writeDone struct {
 	m     sidechannel.Msg
-	req   XferReq
+	req   Request
 	key   string
 	x     nixl.XferReq
 	ns    int64
@@ -148,7 +149,7 @@ func StartProducer(ctx context.Context, cfg ProducerConfig) (_ *Producer, err er
 	if p.region, err = CreateShmRegion(cfg.ShmDir, "producer", cfg.RegionBytes, cfg.BlockBytes); err != nil {
 		return nil, err
 	}
-	p.cache = NewBlockCache(p.region.NumBlocks)
+	p.cache = NewCache(p.region.NumBlocks)
 	if p.agent, err = nixl.Open(cfg.Backend, nixl.Config{Name: cfg.Name}); err != nil {
 		return nil, err
 	}
@@ -190,10 +191,10 @@ func (p *Producer) NumBlocks() int { return p.region.NumBlocks }
 // ECTagKey is the tag of block i of the encoding of mmHash: producer and
 // consumer derive it independently, so a block from the wrong image, the
 // wrong position or a stale fill fails the check.
-func ECTagKey(mmHash string, i int) uint64 {
+func TagKey(mmHash string, i int) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(mmHash))
-	return TagKey(h.Sum64(), uint64(i))
+	return blocktag.Key(h.Sum64(), uint64(i))
 }
 
 // EncodeResult says what an encode did.
@@ -246,7 +247,7 @@ func (p *Producer) Encode(ctx context.Context, mmHash string, bytes int, delay t
 	fill := func() {
 		defer p.encWG.Done()
 		for i, b := range blocks {
-			FillTags(p.region.Block(b), ECTagKey(mmHash, i))
+			blocktag.Fill(p.region.Block(b), TagKey(mmHash, i))
 		}
 		if delay > 0 {
 			time.Sleep(delay)
@@ -315,7 +316,7 @@ func (p *Producer) run(ctx context.Context) {
 	}
 }
 
-func (p *Producer) reply(m sidechannel.Msg, ack XferAck) {
+func (p *Producer) reply(m sidechannel.Msg, ack Ack) {
 	b, err := ack.Encode()
 	if err == nil {
 		err = p.router.Reply(m, [][]byte{b})
@@ -342,14 +343,14 @@ func (p *Producer) handle(m sidechannel.Msg) {
 		p.log.Warn("encoder cache: request of wrong shape dropped", "frames", len(m.Frames))
 		return
 	}
-	req, err := DecodeXferReq(m.Frames[0])
+	req, err := DecodeRequest(m.Frames[0])
 	if err != nil {
 		p.count(func(s *ProducerStats) { s.Malformed++ })
 		p.log.Warn("encoder cache: malformed request dropped", "err", err)
 		return
 	}
-	nack := func(st XferStatus) {
-		p.reply(m, XferAck{MMHash: req.MMHash, Status: st, SessionID: req.SessionID, ReqID: req.ReqID})
+	nack := func(st Status) {
+		p.reply(m, Ack{MMHash: req.MMHash, Status: st, SessionID: req.SessionID, ReqID: req.ReqID})
 	}
 	switch {
 	case req.ConnectorVersion != ECConnectorVersion:
@@ -385,7 +386,7 @@ func (p *Producer) handle(m sidechannel.Msg) {
 	}
 	if len(req.DstBlockIndices) == 0 {
 		p.grants[key] = &grant{mmHash: req.MMHash, deadline: time.Now().Add(p.cfg.PinLease)}
-		p.reply(m, XferAck{MMHash: req.MMHash, Status: StatusOK, SessionID: req.SessionID, ReqID: req.ReqID,
+		p.reply(m, Ack{MMHash: req.MMHash, Status: StatusOK, SessionID: req.SessionID, ReqID: req.ReqID,
 			SrcBlockIndices: blocks, AgentMetadata: p.md, MemDescriptor: p.memDesc})
 		return
 	}
@@ -405,7 +406,7 @@ func (p *Producer) unpin(mmHash string) {
 
 // startWrite posts the WRITE of a request that named its destination and
 // waits for it on a goroutine that reports to the loop.
-func (p *Producer) startWrite(m sidechannel.Msg, req XferReq, key string, src []int) error {
+func (p *Producer) startWrite(m sidechannel.Msg, req Request, key string, src []int) error {
 	if len(req.DstBlockIndices) != len(src) {
 		return fmt.Errorf("%d destination blocks for %d source blocks", len(req.DstBlockIndices), len(src))
 	}
@@ -449,8 +450,8 @@ func (p *Producer) startWrite(m sidechannel.Msg, req XferReq, key string, src []
 	a := p.agent
 	go func() {
 		defer p.writeWG.Done()
-		err := waitXfer(context.Background(), a, x, ECWriteTimeout)
-		stuck := errors.Is(err, errStillRunning)
+		err := nixl.WaitXfer(context.Background(), a, x, ECWriteTimeout)
+		stuck := errors.Is(err, nixl.ErrStillRunning)
 		select {
 		case p.writes <- writeDone{m: m, req: req, key: key, x: x, ns: mono.Now() - t0, err: err, stuck: stuck}:
 		case <-p.loop: // shutting down: Close releases everything
@@ -461,7 +462,7 @@ func (p *Producer) startWrite(m sidechannel.Msg, req XferReq, key string, src []
 
 func (p *Producer) finishWrite(w writeDone) {
 	g := p.grants[w.key]
-	ack := XferAck{MMHash: w.req.MMHash, SessionID: w.req.SessionID, ReqID: w.req.ReqID}
+	ack := Ack{MMHash: w.req.MMHash, SessionID: w.req.SessionID, ReqID: w.req.ReqID}
 	switch {
 	case w.stuck:
 		// The DMA cannot be aborted: keep the blocks pinned until it ends.

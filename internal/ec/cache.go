@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"container/list"
@@ -19,7 +19,7 @@ import (
 // It is a plain struct driven by method calls (safe for concurrent use),
 // so the producer, the consumer and the unit tests share one
 // implementation.
-type BlockCache struct {
+type Cache struct {
 	mu      sync.Mutex
 	total   int
 	free    []int
@@ -66,8 +66,8 @@ func (s EntryState) String() string {
 var ErrExhausted = errors.New("region exhausted")
 
 // NewBlockCache manages numBlocks blocks, all free.
-func NewBlockCache(numBlocks int) *BlockCache {
-	c := &BlockCache{total: numBlocks, free: make([]int, numBlocks), entries: map[string]*cacheEntry{}, fifo: list.New()}
+func NewCache(numBlocks int) *Cache {
+	c := &Cache{total: numBlocks, free: make([]int, numBlocks), entries: map[string]*cacheEntry{}, fifo: list.New()}
 	for i := range c.free {
 		c.free[i] = numBlocks - 1 - i // pop order 0, 1, 2, ...
 	}
@@ -76,7 +76,7 @@ func NewBlockCache(numBlocks int) *BlockCache {
 
 // Alloc creates a not-ready entry of n blocks for key, evicting ready,
 // unpinned entries oldest first if needed.
-func (c *BlockCache) Alloc(key string, n int) ([]int, error) {
+func (c *Cache) Alloc(key string, n int) ([]int, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("alloc %q: %d blocks", key, n)
 	}
@@ -127,7 +127,7 @@ func (c *BlockCache) Alloc(key string, n int) ([]int, error) {
 	return append([]int(nil), blocks...), nil
 }
 
-func (c *BlockCache) removeLocked(ent *cacheEntry) {
+func (c *Cache) removeLocked(ent *cacheEntry) {
 	c.fifo.Remove(ent.elem)
 	delete(c.entries, ent.key)
 	for i := len(ent.blocks) - 1; i >= 0; i-- {
@@ -136,7 +136,7 @@ func (c *BlockCache) removeLocked(ent *cacheEntry) {
 }
 
 // MarkReady makes a not-ready entry ready (evictable).
-func (c *BlockCache) MarkReady(key string) error {
+func (c *Cache) MarkReady(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -148,7 +148,7 @@ func (c *BlockCache) MarkReady(key string) error {
 }
 
 // Discard frees a not-ready entry (a failed encode or transfer).
-func (c *BlockCache) Discard(key string) error {
+func (c *Cache) Discard(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -162,7 +162,7 @@ func (c *BlockCache) Discard(key string) error {
 // Detach removes a not-ready entry but keeps its blocks allocated: a
 // transfer that may still write them (it could not be aborted) owns them
 // until Release.
-func (c *BlockCache) Detach(key string) ([]int, error) {
+func (c *Cache) Detach(key string) ([]int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -175,7 +175,7 @@ func (c *BlockCache) Detach(key string) ([]int, error) {
 }
 
 // Release returns detached blocks to the free pool.
-func (c *BlockCache) Release(blocks []int) {
+func (c *Cache) Release(blocks []int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := len(blocks) - 1; i >= 0; i-- {
@@ -185,7 +185,7 @@ func (c *BlockCache) Release(blocks []int) {
 
 // PinIfReady pins a ready (or already pinned) entry and returns its
 // blocks, or says why not: Absent or NotReady.
-func (c *BlockCache) PinIfReady(key string) ([]int, EntryState) {
+func (c *Cache) PinIfReady(key string) ([]int, EntryState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -200,7 +200,7 @@ func (c *BlockCache) PinIfReady(key string) ([]int, EntryState) {
 }
 
 // Unpin drops one pin.
-func (c *BlockCache) Unpin(key string) error {
+func (c *Cache) Unpin(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -212,7 +212,7 @@ func (c *BlockCache) Unpin(key string) error {
 }
 
 // Drop frees a ready, unpinned entry.
-func (c *BlockCache) Drop(key string) error {
+func (c *Cache) Drop(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -224,7 +224,7 @@ func (c *BlockCache) Drop(key string) error {
 }
 
 // State reports an entry's state and blocks.
-func (c *BlockCache) State(key string) (EntryState, []int) {
+func (c *Cache) State(key string) (EntryState, []int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ent, ok := c.entries[key]
@@ -234,7 +234,7 @@ func (c *BlockCache) State(key string) (EntryState, []int) {
 	return c.stateLocked(ent), append([]int(nil), ent.blocks...)
 }
 
-func (c *BlockCache) stateLocked(ent *cacheEntry) EntryState {
+func (c *Cache) stateLocked(ent *cacheEntry) EntryState {
 	switch {
 	case ent == nil:
 		return Absent
@@ -247,21 +247,21 @@ func (c *BlockCache) stateLocked(ent *cacheEntry) EntryState {
 }
 
 // Free is the number of free blocks.
-func (c *BlockCache) Free() int {
+func (c *Cache) Free() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.free)
 }
 
 // Len is the number of entries.
-func (c *BlockCache) Len() int {
+func (c *Cache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries)
 }
 
 // Stats returns the counters.
-func (c *BlockCache) Stats() CacheStats {
+func (c *Cache) Stats() CacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.stats
@@ -271,7 +271,7 @@ func (c *BlockCache) Stats() CacheStats {
 // by exactly one entry (or detached, counted by the caller), for tests and
 // for a leak check at the end of a run: it returns the number of blocks
 // neither free nor in an entry.
-func (c *BlockCache) Check() (detached int, err error) {
+func (c *Cache) Check() (detached int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	seen := make([]bool, c.total)

@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"encoding/hex"
@@ -48,12 +48,12 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 		msg  interface{ Encode() ([]byte, error) }
 		want string
 	}{
-		{"req with defaults omitted", &XferReq{MMHash: strings.Repeat("ab", 32), CompatibilityHash: strings.Repeat("cd", 32),
+		{"req with defaults omitted", &Request{MMHash: strings.Repeat("ab", 32), CompatibilityHash: strings.Repeat("cd", 32),
 			ConnectorVersion: ECConnectorVersion}, vecReqDefaults},
-		{"req from a v1 build", &XferReq{MMHash: "h1", CompatibilityHash: "c", SessionID: "s-1", ConnectorVersion: 1}, vecReqV1},
-		{"ack OK", &XferAck{MMHash: "h1", Status: StatusOK, SessionID: "s-1", SrcBlockIndices: []int{0, 1, 300, 70000},
+		{"req from a v1 build", &Request{MMHash: "h1", CompatibilityHash: "c", SessionID: "s-1", ConnectorVersion: 1}, vecReqV1},
+		{"ack OK", &Ack{MMHash: "h1", Status: StatusOK, SessionID: "s-1", SrcBlockIndices: []int{0, 1, 300, 70000},
 			AgentMetadata: []byte("\x00md"), MemDescriptor: md}, vecAckFull},
-		{"ack NACK", &XferAck{MMHash: "h1", Status: StatusMissing}, vecAckNack},
+		{"ack NACK", &Ack{MMHash: "h1", Status: StatusMissing}, vecAckNack},
 	}
 	for _, tc := range tests {
 		b, err := tc.msg.Encode()
@@ -65,14 +65,14 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 		}
 	}
 	// And the decoders read msgspec's bytes back, filling defaults.
-	r, err := DecodeXferReq(unhex(t, vecReqDefaults))
+	r, err := DecodeRequest(unhex(t, vecReqDefaults))
 	if err != nil || r.SessionID != "" || r.ConnectorVersion != ECConnectorVersion || r.MMHash != strings.Repeat("ab", 32) {
 		t.Errorf("req: %+v %v", r, err)
 	}
-	if r, err := DecodeXferReq(unhex(t, vecReqV1)); err != nil || r.ConnectorVersion != 1 || r.SessionID != "s-1" {
+	if r, err := DecodeRequest(unhex(t, vecReqV1)); err != nil || r.ConnectorVersion != 1 || r.SessionID != "s-1" {
 		t.Errorf("v1 req: %+v %v", r, err)
 	}
-	a, err := DecodeXferAck(unhex(t, vecAckFull))
+	a, err := DecodeAck(unhex(t, vecAckFull))
 	if err != nil || a.Status != StatusOK || len(a.SrcBlockIndices) != 4 || a.SrcBlockIndices[3] != 70000 {
 		t.Fatalf("ack: %+v %v", a, err)
 	}
@@ -80,13 +80,13 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 	if err != nil || !cmp.Equal(got, descs) {
 		t.Errorf("descriptors %v %v", got, err)
 	}
-	if a, err := DecodeXferAck(unhex(t, vecAckNack)); err != nil || a.Status != StatusMissing || a.SrcBlockIndices != nil {
+	if a, err := DecodeAck(unhex(t, vecAckNack)); err != nil || a.Status != StatusMissing || a.SrcBlockIndices != nil {
 		t.Errorf("nack: %+v %v", a, err)
 	}
 }
 
 func TestECWireRoundTrip(t *testing.T) {
-	reqs := []XferReq{
+	reqs := []Request{
 		{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: ECConnectorVersion},
 		{MMHash: "m", CompatibilityHash: "c", SessionID: "s", ConnectorVersion: 0, ReqID: 1 << 40,
 			DstBlockIndices: []int{5, 0, 1 << 30}, AgentMetadata: []byte{1, 2}, MemDescriptor: []byte{0x90}},
@@ -96,7 +96,7 @@ func TestECWireRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := DecodeXferReq(b)
+		got, err := DecodeRequest(b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,22 +104,22 @@ func TestECWireRoundTrip(t *testing.T) {
 			t.Error(diff)
 		}
 		// The other decoder refuses it by its tag.
-		if _, err := DecodeXferAck(b); !errors.Is(err, ErrWrongType) {
+		if _, err := DecodeAck(b); !errors.Is(err, ErrWrongType) {
 			t.Errorf("ack decoder took a req: %v", err)
 		}
 	}
-	acks := []XferAck{
+	acks := []Ack{
 		{MMHash: "m", Status: StatusNotReady},
 		{MMHash: "m", Status: StatusOK, SessionID: "s", SrcBlockIndices: []int{3}, AgentMetadata: []byte{9},
 			MemDescriptor: []byte{1}, ReqID: 7, WriteNS: 123456},
-		{MMHash: "", Status: XferStatus(42)},
+		{MMHash: "", Status: Status(42)},
 	}
 	for _, a := range acks {
 		b, err := a.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := DecodeXferAck(b)
+		got, err := DecodeAck(b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +134,7 @@ func TestECWireRoundTrip(t *testing.T) {
 		t.Errorf("plain request map: %v %v", m, err)
 	}
 	// A version other than ours is on the wire, so a peer can check it.
-	b, _ = (&XferReq{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: 1}).Encode()
+	b, _ = (&Request{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: 1}).Encode()
 	m = nil
 	_ = msgpack.Unmarshal(b, &m)
 	if v, ok := m["connector_version"]; !ok || v != int8(1) {
@@ -151,11 +151,11 @@ func TestECWireRejects(t *testing.T) {
 		return b
 	}
 	good := enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c"})
-	if _, err := DecodeXferReq(good); err != nil {
+	if _, err := DecodeRequest(good); err != nil {
 		t.Fatal(err)
 	}
 	// Unknown keys are skipped, as msgspec does.
-	if _, err := DecodeXferReq(enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "future": []int{1}})); err != nil {
+	if _, err := DecodeRequest(enc(map[string]any{"type": "req", "mm_hash": "m", "compatibility_hash": "c", "future": []int{1}})); err != nil {
 		t.Errorf("unknown key: %v", err)
 	}
 	bad := map[string][]byte{
@@ -175,11 +175,11 @@ func TestECWireRejects(t *testing.T) {
 		"duplicate key (raw)": unhex(t, "84a474797065a3726571a76d6d5f68617368a16da76d6d5f68617368a16eb2636f6d7061746962696c6974795f68617368a163"),
 	}
 	for name, b := range bad {
-		if r, err := DecodeXferReq(b); err == nil {
+		if r, err := DecodeRequest(b); err == nil {
 			t.Errorf("%s: accepted %+v", name, r)
 		}
 	}
-	if _, err := DecodeXferAck(enc(map[string]any{"type": "ack", "mm_hash": "m"})); err == nil {
+	if _, err := DecodeAck(enc(map[string]any{"type": "ack", "mm_hash": "m"})); err == nil {
 		t.Error("ack without status accepted")
 	}
 	for name, b := range map[string][]byte{
@@ -202,8 +202,8 @@ func TestECWireRejects(t *testing.T) {
 	}
 }
 
-func TestXferStatusNames(t *testing.T) {
-	want := map[XferStatus]string{StatusOK: "OK", StatusMissing: "MISSING", StatusIncompat: "INCOMPAT", StatusVersion: "VERSION",
+func TestStatusNames(t *testing.T) {
+	want := map[Status]string{StatusOK: "OK", StatusMissing: "MISSING", StatusIncompat: "INCOMPAT", StatusVersion: "VERSION",
 		StatusInternal: "INTERNAL", StatusNotReady: "NOT_READY", 9: "STATUS_9", -1: "STATUS_-1"}
 	for s, n := range want {
 		if s.String() != n {
@@ -215,15 +215,15 @@ func TestXferStatusNames(t *testing.T) {
 	}
 }
 
-func FuzzDecodeXferReq(f *testing.F) {
+func FuzzDecodeRequest(f *testing.F) {
 	for _, v := range []string{vecReqDefaults, vecReqV1} {
 		b, _ := hex.DecodeString(v)
 		f.Add(b)
 	}
-	w, _ := (&XferReq{MMHash: "m", CompatibilityHash: "c", ReqID: 3, DstBlockIndices: []int{1, 2}, AgentMetadata: []byte{1}, MemDescriptor: []byte{2}}).Encode()
+	w, _ := (&Request{MMHash: "m", CompatibilityHash: "c", ReqID: 3, DstBlockIndices: []int{1, 2}, AgentMetadata: []byte{1}, MemDescriptor: []byte{2}}).Encode()
 	f.Add(w)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := DecodeXferReq(data)
+		r, err := DecodeRequest(data)
 		if err != nil {
 			return
 		}
@@ -237,20 +237,20 @@ func FuzzDecodeXferReq(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r2, err := DecodeXferReq(b)
+		r2, err := DecodeRequest(b)
 		if err != nil || !cmp.Equal(r, r2) {
 			t.Fatalf("re-decode: %+v vs %+v (%v)", r, r2, err)
 		}
 	})
 }
 
-func FuzzDecodeXferAck(f *testing.F) {
+func FuzzDecodeAck(f *testing.F) {
 	for _, v := range []string{vecAckFull, vecAckNack} {
 		b, _ := hex.DecodeString(v)
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		a, err := DecodeXferAck(data)
+		a, err := DecodeAck(data)
 		if err != nil {
 			return
 		}
@@ -258,7 +258,7 @@ func FuzzDecodeXferAck(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a2, err := DecodeXferAck(b)
+		a2, err := DecodeAck(b)
 		if err != nil || !cmp.Equal(a, a2) {
 			t.Fatalf("re-decode: %+v vs %+v (%v)", a, a2, err)
 		}

@@ -1,4 +1,4 @@
-package engine
+package blocktag
 
 import (
 	"encoding/binary"
@@ -12,7 +12,7 @@ import (
 // detected — whole-buffer fill patterns would pass all three.
 
 // TagKey combines the identity of a block into one key.
-func TagKey(parts ...uint64) uint64 {
+func Key(parts ...uint64) uint64 {
 	h := uint64(0x9e3779b97f4a7c15)
 	for _, p := range parts {
 		h = mix(h ^ p)
@@ -31,7 +31,7 @@ func mix(x uint64) uint64 {
 
 // FillTags writes the tag pattern of key into b. A trailing partial word
 // gets the leading bytes of its tag.
-func FillTags(b []byte, key uint64) {
+func Fill(b []byte, key uint64) {
 	n := len(b) / 8
 	for k := 0; k < n; k++ {
 		binary.LittleEndian.PutUint64(b[8*k:], mix(key+uint64(k)))
@@ -44,24 +44,24 @@ func FillTags(b []byte, key uint64) {
 }
 
 // TagMismatch describes the first wrong word of a block.
-type TagMismatch struct {
+type Mismatch struct {
 	Offset int // byte offset inside the block
 	Want   uint64
 	Got    uint64
 }
 
-func (m TagMismatch) Error() string {
+func (m Mismatch) Error() string {
 	return fmt.Sprintf("tag mismatch at byte %d: want %#x, got %#x", m.Offset, m.Want, m.Got)
 }
 
 // CheckTags verifies b against the pattern of key; nil means every byte
 // matches.
-func CheckTags(b []byte, key uint64) *TagMismatch {
+func Check(b []byte, key uint64) *Mismatch {
 	n := len(b) / 8
 	for k := 0; k < n; k++ {
 		want := mix(key + uint64(k))
 		if got := binary.LittleEndian.Uint64(b[8*k:]); got != want {
-			return &TagMismatch{Offset: 8 * k, Want: want, Got: got}
+			return &Mismatch{Offset: 8 * k, Want: want, Got: got}
 		}
 	}
 	if r := len(b) % 8; r > 0 {
@@ -71,9 +71,41 @@ func CheckTags(b []byte, key uint64) *TagMismatch {
 			if b[8*n+i] != w[i] {
 				var g [8]byte
 				copy(g[:], b[8*n:])
-				return &TagMismatch{Offset: 8 * n, Want: binary.LittleEndian.Uint64(w[:]), Got: binary.LittleEndian.Uint64(g[:])}
+				return &Mismatch{Offset: 8 * n, Want: binary.LittleEndian.Uint64(w[:]), Got: binary.LittleEndian.Uint64(g[:])}
 			}
 		}
 	}
 	return nil
 }
+
+// FillSparse writes key's tag words every SparseStride bytes and at the
+// end of b: enough to catch a misplaced, stale or torn block cheaply.
+func FillSparse(b []byte, key uint64) {
+	n := int64(len(b))
+	for w := int64(0); w+8 <= n; w += SparseStride {
+		binary.LittleEndian.PutUint64(b[w:], mix(key+uint64(w)))
+	}
+	if n >= 8 {
+		binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
+	}
+}
+
+// CheckSparse checks what FillSparse wrote; nil when it is all there.
+func CheckSparse(b []byte, key uint64) *Mismatch {
+	n := int64(len(b))
+	for w := int64(0); w+8 <= n; w += SparseStride {
+		if got, want := binary.LittleEndian.Uint64(b[w:]), mix(key+uint64(w)); got != want {
+			return &Mismatch{Offset: int(w), Want: want, Got: got}
+		}
+	}
+	if n >= 8 {
+		if got, want := binary.LittleEndian.Uint64(b[n-8:]), mix(key+uint64(n-8)); got != want {
+			return &Mismatch{Offset: int(n - 8), Want: want, Got: got}
+		}
+	}
+	return nil
+}
+
+// SparseStride is the distance between the words a sparse tag writes: one
+// word per 4 KiB page, plus each piece's first and last word.
+const SparseStride = 4096

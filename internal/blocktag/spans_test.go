@@ -1,4 +1,4 @@
-package engine
+package blocktag
 
 import (
 	"strings"
@@ -35,7 +35,7 @@ func TestSpanTags(t *testing.T) {
 			}
 			defer b.Free()
 			spans := []nixl.Span{{Off: 0, Len: 4096}, {Off: 65536, Len: 30000}, {Off: 8192, Len: 4096}, {Off: size - 5, Len: 5}, {Off: 12288, Len: 4096}}
-			key := func(i int) uint64 { return TagKey(5, uint64(i)) }
+			key := func(i int) uint64 { return Key(5, uint64(i)) }
 			if err := FillSpans(b, spans, key); err != nil {
 				t.Fatal(err)
 			}
@@ -63,12 +63,12 @@ func TestSpanTags(t *testing.T) {
 }
 
 func TestAllocSeg(t *testing.T) {
-	b, err := AllocSeg(nil, nixl.DRAM, 0, 4096, "mmap", false)
+	b, err := cuda.AllocSeg(nil, nixl.DRAM, 0, 4096, "mmap", false)
 	if err != nil || b.Mem != nixl.DRAM || b.Alloc != "mmap" {
 		t.Fatalf("%+v %v", b, err)
 	}
 	b.Free()
-	v, err := AllocSeg(nil, nixl.VRAM, 0, 4096, "", false)
+	v, err := cuda.AllocSeg(nil, nixl.VRAM, 0, 4096, "", false)
 	if ok, why := cuda.Available(); !ok {
 		if err == nil || !strings.Contains(err.Error(), why) {
 			t.Fatalf("VRAM without a driver: %v (want the reason %q)", err, why)

@@ -1,4 +1,4 @@
-package engine
+package lease
 
 import (
 	"container/heap"
@@ -17,15 +17,15 @@ import (
 
 // LeasePolicy is how prefill decides that a finished request's blocks
 // will never be read.
-type LeasePolicy string
+type Policy string
 
 // Policies.
 const (
 	// PolicyLease: a short initial lease that decode's heartbeats extend.
-	PolicyLease LeasePolicy = "lease"
+	PolicyLease Policy = "lease"
 	// PolicyFixed: one fixed timeout and no heartbeats, as before the lease
 	// (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s).
-	PolicyFixed LeasePolicy = "fixed"
+	PolicyFixed Policy = "fixed"
 )
 
 // ReaperMode is how prefill scans its lease table for expired entries.
@@ -43,13 +43,13 @@ const (
 
 // Defaults, as vLLM ships them.
 const (
-	DefaultLeaseDuration = 30 * time.Second
-	DefaultFixedTimeout  = 480 * time.Second
+	DefaultDuration     = 30 * time.Second
+	DefaultFixedTimeout = 480 * time.Second
 )
 
 // LeaseConfig configures both sides of the protocol.
-type LeaseConfig struct {
-	Policy LeasePolicy `json:"policy"`
+type Config struct {
+	Policy Policy `json:"policy"`
 	// Duration is kv_lease_duration: the initial lease; heartbeats go out
 	// every Duration/6 and extend a lease to now + Duration*2/3.
 	Duration time.Duration `json:"duration"`
@@ -59,7 +59,7 @@ type LeaseConfig struct {
 }
 
 // Normalize fills defaults and checks the values.
-func (c LeaseConfig) Normalize() (LeaseConfig, error) {
+func (c Config) Normalize() (Config, error) {
 	if c.Policy == "" {
 		c.Policy = PolicyLease
 	}
@@ -67,7 +67,7 @@ func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 		c.Reaper = ReapFull
 	}
 	if c.Duration == 0 {
-		c.Duration = DefaultLeaseDuration
+		c.Duration = DefaultDuration
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultFixedTimeout
@@ -93,7 +93,7 @@ func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 }
 
 // Initial is how long a fresh lease lasts.
-func (c LeaseConfig) Initial() time.Duration {
+func (c Config) Initial() time.Duration {
 	if c.Policy == PolicyFixed {
 		return c.Timeout
 	}
@@ -102,7 +102,7 @@ func (c LeaseConfig) Initial() time.Duration {
 
 // Extension is how far past its arrival a heartbeat extends a lease
 // (vLLM: duration * 2 // 3); the fixed policy has none.
-func (c LeaseConfig) Extension() time.Duration {
+func (c Config) Extension() time.Duration {
 	if c.Policy == PolicyFixed {
 		return 0
 	}
@@ -113,7 +113,7 @@ func (c LeaseConfig) Extension() time.Duration {
 // (vLLM: duration // 6); 0 under the fixed policy, which has none. vLLM
 // divides whole seconds; this divides nanoseconds, so compressed leases
 // (3 s) keep the same ratios.
-func (c LeaseConfig) HeartbeatInterval() time.Duration {
+func (c Config) HeartbeatInterval() time.Duration {
 	if c.Policy == PolicyFixed {
 		return 0
 	}
@@ -138,7 +138,7 @@ type Lease struct {
 }
 
 // LeaseStats counts what a table did.
-type LeaseStats struct {
+type Stats struct {
 	Granted         int64 `json:"granted"`
 	Released        int64 `json:"released"`
 	Expired         int64 `json:"expired"`
@@ -151,39 +151,39 @@ type LeaseStats struct {
 // LeaseTable is prefill's table of finished requests waiting for their
 // consumers. It is not safe for concurrent use: the endpoint holds its
 // lock around it; the simulator is single-threaded.
-type LeaseTable struct {
-	cfg        LeaseConfig
+type Table struct {
+	cfg        Config
 	byID       map[string]*Lease
 	head, tail *Lease // insertion order
 	byDeadline leaseHeap
 	seq        uint64
 	heldBytes  int64
-	stats      LeaseStats
+	stats      Stats
 }
 
 // NewLeaseTable makes an empty table; cfg must be normalized.
-func NewLeaseTable(cfg LeaseConfig) *LeaseTable {
-	return &LeaseTable{cfg: cfg, byID: map[string]*Lease{}}
+func NewTable(cfg Config) *Table {
+	return &Table{cfg: cfg, byID: map[string]*Lease{}}
 }
 
 // Config returns the table's configuration.
-func (t *LeaseTable) Config() LeaseConfig { return t.cfg }
+func (t *Table) Config() Config { return t.cfg }
 
 // Len is the number of leases held.
-func (t *LeaseTable) Len() int { return len(t.byID) }
+func (t *Table) Len() int { return len(t.byID) }
 
 // Stats returns the counters.
-func (t *LeaseTable) Stats() LeaseStats { return t.stats }
+func (t *Table) Stats() Stats { return t.stats }
 
 // Get returns a held lease.
-func (t *LeaseTable) Get(id string) (*Lease, bool) {
+func (t *Table) Get(id string) (*Lease, bool) {
 	l, ok := t.byID[id]
 	return l, ok
 }
 
 // Grant starts a lease when prefill finishes a request. Granting an id
 // that is held already restarts that lease.
-func (t *LeaseTable) Grant(id string, bytes int64, now int64) *Lease {
+func (t *Table) Grant(id string, bytes int64, now int64) *Lease {
 	if old, ok := t.byID[id]; ok {
 		t.remove(old)
 	}
@@ -205,7 +205,7 @@ func (t *LeaseTable) Grant(id string, bytes int64, now int64) *Lease {
 // now + the extension, never shortened. Unknown ids are ignored (counted);
 // the fixed policy ignores heartbeats altogether. It reports how many
 // leases were extended.
-func (t *LeaseTable) Renew(ids []string, now int64) int {
+func (t *Table) Renew(ids []string, now int64) int {
 	t.stats.HeartbeatIDs += int64(len(ids))
 	if t.cfg.Policy == PolicyFixed {
 		t.stats.IgnoredRenewals += int64(len(ids))
@@ -233,7 +233,7 @@ func (t *LeaseTable) Renew(ids []string, now int64) int {
 
 // Release ends a lease because its consumers are done (or the request
 // failed for good); it returns the lease, or false for an unknown id.
-func (t *LeaseTable) Release(id string) (*Lease, bool) {
+func (t *Table) Release(id string) (*Lease, bool) {
 	l, ok := t.byID[id]
 	if !ok {
 		return nil, false
@@ -244,7 +244,7 @@ func (t *LeaseTable) Release(id string) (*Lease, bool) {
 }
 
 // Pin keeps a lease from being reaped (or lets it be again).
-func (t *LeaseTable) Pin(id string, pinned bool) {
+func (t *Table) Pin(id string, pinned bool) {
 	if l, ok := t.byID[id]; ok {
 		l.Pinned = pinned
 	}
@@ -253,7 +253,7 @@ func (t *LeaseTable) Pin(id string, pinned bool) {
 // Reap removes and returns the leases that expired by now, as one engine
 // step's reaper does: every expired one (full), or those before the first
 // unexpired one in insertion order (head-only).
-func (t *LeaseTable) Reap(now int64) []*Lease {
+func (t *Table) Reap(now int64) []*Lease {
 	var out []*Lease
 	if t.cfg.Reaper == ReapHeadOnly {
 		for l := t.head; l != nil; {
@@ -290,7 +290,7 @@ func (t *LeaseTable) Reap(now int64) []*Lease {
 // (and what they weigh): 0 with the full reaper right after a step; the
 // head-only reaper's leak shows up here. When the earliest deadline is
 // still ahead (every step of a healthy table) it answers without a scan.
-func (t *LeaseTable) ExpiredHeld(now int64) (n int, bytes int64) {
+func (t *Table) ExpiredHeld(now int64) (n int, bytes int64) {
 	if len(t.byDeadline) == 0 || t.byDeadline[0].Deadline > now {
 		return 0, 0
 	}
@@ -305,7 +305,7 @@ func (t *LeaseTable) ExpiredHeld(now int64) (n int, bytes int64) {
 
 // NextDeadline is the earliest deadline held (false when empty), for a
 // simulator that wakes the reaper only when something can expire.
-func (t *LeaseTable) NextDeadline() (int64, bool) {
+func (t *Table) NextDeadline() (int64, bool) {
 	if len(t.byDeadline) == 0 {
 		return 0, false
 	}
@@ -313,14 +313,14 @@ func (t *LeaseTable) NextDeadline() (int64, bool) {
 }
 
 // HeldBytes is what the held leases weigh.
-func (t *LeaseTable) HeldBytes() int64 { return t.heldBytes }
+func (t *Table) HeldBytes() int64 { return t.heldBytes }
 
-func (t *LeaseTable) remove(l *Lease) {
+func (t *Table) remove(l *Lease) {
 	heap.Remove(&t.byDeadline, l.heapIdx)
 	t.unlink(l)
 }
 
-func (t *LeaseTable) unlink(l *Lease) {
+func (t *Table) unlink(l *Lease) {
 	delete(t.byID, l.ID)
 	t.heldBytes -= l.Bytes
 	if l.prev != nil {

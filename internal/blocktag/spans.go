@@ -1,4 +1,4 @@
-package engine
+package blocktag
 
 import (
 	"errors"
@@ -16,19 +16,6 @@ import (
 // stageLimit bounds one staged host copy (a variable so tests can shrink it).
 var stageLimit = 64 << 20
 
-// AllocSeg allocates a transfer buffer of memory type mem: DRAM the way
-// AllocBuffer does (alloc, huge), VRAM on GPU dev through the CUDA driver.
-func AllocSeg(a nixl.Agent, mem nixl.MemType, dev, size int, alloc string, huge bool) (*nixl.Buffer, error) {
-	if mem != nixl.VRAM {
-		return AllocBuffer(a, size, alloc, huge)
-	}
-	b, err := cuda.Alloc(dev, size)
-	if err != nil {
-		return nil, fmt.Errorf("VRAM on GPU %d: %w", dev, err)
-	}
-	return b, nil
-}
-
 // FillSpans writes the tag pattern of key(i) into the i-th span of b.
 func FillSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) error {
 	if err := b.CheckSpans(spans); err != nil {
@@ -40,14 +27,14 @@ func FillSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) error 
 			return err
 		}
 		for i, s := range spans {
-			FillTags(data[s.Off:s.Off+s.Len], key(i))
+			Fill(data[s.Off:s.Off+s.Len], key(i))
 		}
 		return nil
 	}
 	return staged(spans, func(first int, part []nixl.Span, host []byte) error {
 		at := 0
 		for k, s := range part {
-			FillTags(host[at:at+s.Len], key(first+k))
+			Fill(host[at:at+s.Len], key(first+k))
 			at += s.Len
 		}
 		return cuda.CopyIn(b, part, host)
@@ -63,7 +50,7 @@ type SpanCheck struct {
 // CheckSpans verifies the i-th span of b against the pattern of key(i).
 func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (SpanCheck, error) {
 	var c SpanCheck
-	err := visitSpans(b, spans, key, func(i int, s nixl.Span, m *TagMismatch) {
+	err := VisitSpans(b, spans, key, func(i int, s nixl.Span, m *Mismatch) {
 		if c.Bad == 0 {
 			c.First = fmt.Sprintf("span %d at offset %d: %v", i, s.Off, m)
 		}
@@ -73,8 +60,8 @@ func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (Span
 }
 
 // visitSpans checks every span and calls bad for each wrong one.
-func visitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad func(i int, s nixl.Span, m *TagMismatch)) error {
-	note := func(i int, s nixl.Span, m *TagMismatch) {
+func VisitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad func(i int, s nixl.Span, m *Mismatch)) error {
+	note := func(i int, s nixl.Span, m *Mismatch) {
 		if m != nil {
 			bad(i, s, m)
 		}
@@ -88,7 +75,7 @@ func visitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad f
 			return err
 		}
 		for i, s := range spans {
-			note(i, s, CheckTags(data[s.Off:s.Off+s.Len], key(i)))
+			note(i, s, Check(data[s.Off:s.Off+s.Len], key(i)))
 		}
 		return nil
 	}
@@ -98,7 +85,7 @@ func visitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad f
 		}
 		at := 0
 		for k, s := range part {
-			note(first+k, s, CheckTags(host[at:at+s.Len], key(first+k)))
+			note(first+k, s, Check(host[at:at+s.Len], key(first+k)))
 			at += s.Len
 		}
 		return nil

@@ -1,4 +1,4 @@
-package engine
+package lease
 
 import (
 	"strconv"
@@ -13,7 +13,7 @@ type fakeClock struct{ now int64 }
 
 func (c *fakeClock) advance(d time.Duration) int64 { c.now += int64(d); return c.now }
 
-func leaseCfg(t *testing.T, c LeaseConfig) LeaseConfig {
+func leaseCfg(t *testing.T, c Config) Config {
 	t.Helper()
 	n, err := c.Normalize()
 	if err != nil {
@@ -24,14 +24,14 @@ func leaseCfg(t *testing.T, c LeaseConfig) LeaseConfig {
 
 func TestLeaseConfigDerivedTimes(t *testing.T) {
 	for _, tc := range []struct {
-		cfg                    LeaseConfig
+		cfg                    Config
 		initial, ext, interval time.Duration
 	}{
-		{LeaseConfig{}, 30 * time.Second, 20 * time.Second, 5 * time.Second},
-		{LeaseConfig{Duration: 3 * time.Second}, 3 * time.Second, 2 * time.Second, 500 * time.Millisecond},
-		{LeaseConfig{Duration: 60 * time.Second}, 60 * time.Second, 40 * time.Second, 10 * time.Second},
-		{LeaseConfig{Policy: PolicyFixed}, 480 * time.Second, 0, 0},
-		{LeaseConfig{Policy: PolicyFixed, Timeout: 5 * time.Second}, 5 * time.Second, 0, 0},
+		{Config{}, 30 * time.Second, 20 * time.Second, 5 * time.Second},
+		{Config{Duration: 3 * time.Second}, 3 * time.Second, 2 * time.Second, 500 * time.Millisecond},
+		{Config{Duration: 60 * time.Second}, 60 * time.Second, 40 * time.Second, 10 * time.Second},
+		{Config{Policy: PolicyFixed}, 480 * time.Second, 0, 0},
+		{Config{Policy: PolicyFixed, Timeout: 5 * time.Second}, 5 * time.Second, 0, 0},
 	} {
 		c := leaseCfg(t, tc.cfg)
 		if c.Initial() != tc.initial || c.Extension() != tc.ext || c.HeartbeatInterval() != tc.interval {
@@ -41,7 +41,7 @@ func TestLeaseConfigDerivedTimes(t *testing.T) {
 }
 
 func TestLeaseConfigRejectsBadValues(t *testing.T) {
-	for _, c := range []LeaseConfig{
+	for _, c := range []Config{
 		{Policy: "sometimes"}, {Reaper: "tail"}, {Duration: time.Millisecond}, {Duration: -time.Second}, {Timeout: -1},
 	} {
 		if _, err := c.Normalize(); err == nil {
@@ -52,7 +52,7 @@ func TestLeaseConfigRejectsBadValues(t *testing.T) {
 
 func TestLeaseRenewExtendsAndNeverShortens(t *testing.T) {
 	clk := &fakeClock{}
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: 30 * time.Second}))
+	tb := NewTable(leaseCfg(t, Config{Duration: 30 * time.Second}))
 	l := tb.Grant("a", 100, clk.now)
 	if l.Deadline != int64(30*time.Second) {
 		t.Fatalf("initial deadline %v", time.Duration(l.Deadline))
@@ -75,12 +75,12 @@ func TestLeaseRenewExtendsAndNeverShortens(t *testing.T) {
 }
 
 func TestLeaseRenewIgnoresUnknownIDs(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{}))
+	tb := NewTable(leaseCfg(t, Config{}))
 	tb.Grant("a", 1, 0)
 	if n := tb.Renew([]string{"x", "a", "y"}, int64(20*time.Second)); n != 1 {
 		t.Errorf("renewed %d", n)
 	}
-	want := LeaseStats{Granted: 1, HeartbeatIDs: 3, Renewed: 1, UnknownRenewals: 2}
+	want := Stats{Granted: 1, HeartbeatIDs: 3, Renewed: 1, UnknownRenewals: 2}
 	if d := cmp.Diff(want, tb.Stats()); d != "" {
 		t.Errorf("stats (-want +got):\n%s", d)
 	}
@@ -90,7 +90,7 @@ func TestLeaseRenewIgnoresUnknownIDs(t *testing.T) {
 }
 
 func TestFixedPolicyIgnoresHeartbeats(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Policy: PolicyFixed, Timeout: 10 * time.Second}))
+	tb := NewTable(leaseCfg(t, Config{Policy: PolicyFixed, Timeout: 10 * time.Second}))
 	l := tb.Grant("a", 1, 0)
 	tb.Renew([]string{"a"}, int64(9*time.Second))
 	if l.Deadline != int64(10*time.Second) || tb.Stats().IgnoredRenewals != 1 {
@@ -113,7 +113,7 @@ func ids(ls []*Lease) []string {
 }
 
 func TestFullReaperFreesEveryExpiredLease(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: 3 * time.Second}))
+	tb := NewTable(leaseCfg(t, Config{Duration: 3 * time.Second}))
 	for i, id := range []string{"a", "b", "c", "d"} {
 		tb.Grant(id, 10, int64(i)*int64(100*time.Millisecond))
 	}
@@ -129,7 +129,7 @@ func TestFullReaperFreesEveryExpiredLease(t *testing.T) {
 }
 
 func TestHeadOnlyReaperLeaksBehindARenewedLease(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: 3 * time.Second, Reaper: ReapHeadOnly}))
+	tb := NewTable(leaseCfg(t, Config{Duration: 3 * time.Second, Reaper: ReapHeadOnly}))
 	for i, id := range []string{"a", "b", "c", "d"} {
 		tb.Grant(id, 10, int64(i)*int64(100*time.Millisecond))
 	}
@@ -159,7 +159,7 @@ func TestHeadOnlyReaperLeaksBehindARenewedLease(t *testing.T) {
 
 func TestReaperSkipsPinnedLeases(t *testing.T) {
 	for _, mode := range []ReaperMode{ReapFull, ReapHeadOnly} {
-		tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: time.Second, Reaper: mode}))
+		tb := NewTable(leaseCfg(t, Config{Duration: time.Second, Reaper: mode}))
 		tb.Grant("a", 1, 0)
 		tb.Grant("b", 1, 0)
 		tb.Pin("a", true)
@@ -177,7 +177,7 @@ func TestReaperSkipsPinnedLeases(t *testing.T) {
 }
 
 func TestLeaseReleaseAndRegrant(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: time.Second}))
+	tb := NewTable(leaseCfg(t, Config{Duration: time.Second}))
 	tb.Grant("a", 1, 0)
 	if _, ok := tb.Release("a"); !ok {
 		t.Fatal("release of a held lease failed")
@@ -199,7 +199,7 @@ func TestLeaseReleaseAndRegrant(t *testing.T) {
 }
 
 func TestLeaseTableManyLeasesExpireInDeadlineOrder(t *testing.T) {
-	tb := NewLeaseTable(leaseCfg(t, LeaseConfig{Duration: 6 * time.Second}))
+	tb := NewTable(leaseCfg(t, Config{Duration: 6 * time.Second}))
 	const n = 1000
 	for i := range n {
 		tb.Grant(string(rune('a'+i%26))+itoa(i), 1, int64(i)*int64(time.Millisecond))
@@ -332,7 +332,7 @@ func TestHeartbeatTrackerStops(t *testing.T) {
 }
 
 func TestHeartbeatTrackerOffUnderFixedPolicy(t *testing.T) {
-	cfg := leaseCfg(t, LeaseConfig{Policy: PolicyFixed})
+	cfg := leaseCfg(t, Config{Policy: PolicyFixed})
 	tr := NewHeartbeatTracker(cfg.HeartbeatInterval())
 	tr.Track("d1", engA, "p1")
 	if got := tr.Due(0); got != nil {

@@ -1,4 +1,4 @@
-package bench
+package leasesim
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -94,7 +94,7 @@ type ChaosPlan struct {
 // fractions of the lease duration, so a compressed lease (3 s instead of
 // 30 s) compresses the whole scenario; the fixed policy gets the same plan
 // as the lease policy (with the same lease duration) so the two compare.
-func PlanFor(scenario string, lc engine.LeaseConfig) (ChaosPlan, error) {
+func PlanFor(scenario string, lc lease.Config) (ChaosPlan, error) {
 	L := lc.Duration
 	frac := func(f float64) time.Duration { return time.Duration(float64(L) * f) }
 	// Arrivals 20 ms apart keep the requests in order on decode's queue
@@ -259,7 +259,7 @@ type TimelineFault struct {
 // Judge sets Passed and Expectation for a result of plan p under lease
 // configuration lc. slack is how late a free may come beyond what the
 // protocol promises (process scheduling, RPC hops, reaper steps).
-func Judge(p ChaosPlan, lc engine.LeaseConfig, r *ScenarioResult, slack time.Duration) {
+func Judge(p ChaosPlan, lc lease.Config, r *ScenarioResult, slack time.Duration) {
 	ext, iv := lc.Extension().Seconds(), lc.HeartbeatInterval().Seconds()
 	sl := slack.Seconds() + 2*p.Step.Seconds()
 	var checks []string
@@ -271,7 +271,7 @@ func Judge(p ChaosPlan, lc engine.LeaseConfig, r *ScenarioResult, slack time.Dur
 	// Every run: nothing wrong accepted, nothing leaked.
 	want(r.CorruptAccepted == 0, "0 corrupt blocks accepted")
 	want(r.LeakedBlocks == 0, "0 blocks leaked")
-	lease := lc.Policy == engine.PolicyLease
+	leased := lc.Policy == lease.PolicyLease
 	timeout := lc.Timeout.Seconds()
 	// Without heartbeats, a live decode's request outlives its blocks when
 	// it waits longer than the timeout; near the timeout either can happen.
@@ -289,7 +289,7 @@ func Judge(p ChaosPlan, lc engine.LeaseConfig, r *ScenarioResult, slack time.Dur
 	}
 	switch p.Scenario {
 	case ScenarioDecodeOverload, ScenarioHeartbeatLoss, ScenarioSlowStep:
-		if lease {
+		if leased {
 			want(r.PrematureFrees == 0 && r.ExpiredLeases == 0, fmt.Sprintf("0 premature frees, 0 expired leases (queue waits up to %.1f leases)", r.MaxQueueWaitS/lc.Duration.Seconds()))
 			want(r.Completed == r.Requests, "every request completes")
 		} else {
@@ -299,23 +299,23 @@ func Judge(p ChaosPlan, lc engine.LeaseConfig, r *ScenarioResult, slack time.Dur
 		dead := r.Lost + r.Aborted
 		want(r.PrematureFrees == 0, "0 premature frees")
 		want(r.ExpiredLeases == dead, fmt.Sprintf("every dead request's lease expires (%d)", dead))
-		if lease {
+		if leased {
 			want(r.DeathToFreeS.Max <= ext+iv+sl, fmt.Sprintf("freed within extension + interval (%.2fs + %.2fs) of the fault", ext, iv))
 		} else {
 			want(r.ReclaimLatencyS.Min >= timeout-sl && r.ReclaimLatencyS.Max <= timeout+sl,
 				fmt.Sprintf("dead blocks held for the whole %.1fs timeout", timeout))
 		}
 	case ScenarioDecodeStall:
-		if lease && p.StallFor.Seconds() > ext {
+		if leased && p.StallFor.Seconds() > ext {
 			want(r.ExpiredLeases > 0 && r.PrematureFrees == r.LateReadsDetected, "a stall longer than the lease is taken for a crash: leases lapse, every late read is detected")
 			want(r.Completed+r.Recomputed == r.Requests, "every request completes or is recomputed")
-		} else if lease {
+		} else if leased {
 			want(r.PrematureFrees == 0 && r.Completed == r.Requests, "0 premature frees, every request completes after the stall")
 		} else {
 			fixedAlive()
 		}
 	case ScenarioPrefillRestart:
-		if lease {
+		if leased {
 			want(r.PrematureFrees == 0 && r.ExpiredLeases == 0, "0 premature frees, 0 expired leases")
 			want(r.Completed+r.Recomputed == r.Requests, "the dead prefill's requests fail cleanly and are recomputed; the rest complete")
 		} else {
@@ -327,4 +327,48 @@ func Judge(p ChaosPlan, lc engine.LeaseConfig, r *ScenarioResult, slack time.Dur
 	want(r.ExpiredUnreleased == 0, "0 leases expired but not released")
 	r.Passed = ok
 	r.Expectation = strings.Join(checks, "; ")
+}
+
+// outcomeLine says what happened in one line.
+func OutcomeLine(r *ScenarioResult) string {
+	parts := []string{fmt.Sprintf("%d/%d completed", r.Completed, r.Requests)}
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(r.Recomputed, "recomputed")
+	add(r.Lost, "lost with decode")
+	add(r.Aborted, "aborted")
+	add(r.ExpiredLeases, "leases expired")
+	add(r.PrematureFrees, "premature frees")
+	add(r.LateReadsDetected, "late reads caught")
+	add(r.ExpiredUnreleased, "expired but held (max)")
+	add(r.CorruptAccepted, "CORRUPT ACCEPTED")
+	if r.LeakedBlocks > 0 {
+		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+// Series names a scenario run: "decode-crash lease".
+func (r ScenarioResult) Series() string {
+	s := r.Scenario + " " + r.Policy
+	if r.Reaper == "head-only" {
+		s += " head-only"
+	}
+	return s
 }

@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
@@ -134,7 +135,7 @@ type Consumer struct {
 	log     *slog.Logger
 	agent   nixl.Agent
 	region  *ShmRegion
-	cache   *BlockCache
+	cache   *Cache
 	descs   []nixl.Desc
 	localDl nixl.Dlist
 	md      []byte
@@ -205,7 +206,7 @@ func NewConsumer(cfg ConsumerConfig) (_ *Consumer, err error) {
 	if c.region, err = CreateShmRegion(cfg.ShmDir, "consumer", cfg.RegionBytes, cfg.BlockBytes); err != nil {
 		return nil, err
 	}
-	c.cache = NewBlockCache(c.region.NumBlocks)
+	c.cache = NewCache(c.region.NumBlocks)
 	if c.agent, err = nixl.Open(cfg.Backend, nixl.Config{Name: cfg.Name}); err != nil {
 		return nil, err
 	}
@@ -229,7 +230,7 @@ func (c *Consumer) Agent() nixl.Agent { return c.agent }
 func (c *Consumer) NumBlocks() int { return c.region.NumBlocks }
 
 // Cache is the consumer's block cache (for tests and leak checks).
-func (c *Consumer) Cache() *BlockCache { return c.cache }
+func (c *Consumer) Cache() *Cache { return c.cache }
 
 // Transport describes how bytes move to the first producer this consumer
 // READ from (empty before any READ, and in the WRITE direction, where the
@@ -299,7 +300,7 @@ type item struct {
 	x        nixl.XferReq
 	posted   int64
 	ackNS    int64
-	lastAck  XferAck
+	lastAck  Ack
 	ackBytes int
 }
 
@@ -370,7 +371,7 @@ func (c *Consumer) send(it *item) error {
 	}
 	c.nextID++
 	it.reqID = c.nextID
-	req := XferReq{MMHash: it.w.MMHash, CompatibilityHash: c.cfg.CompatHash, SessionID: it.peer.session,
+	req := Request{MMHash: it.w.MMHash, CompatibilityHash: c.cfg.CompatHash, SessionID: it.peer.session,
 		ConnectorVersion: c.cfg.ConnectorVersion, ReqID: it.reqID}
 	if c.cfg.Direction == nixl.Write {
 		dst := make([]nixl.Desc, len(blocks))
@@ -390,9 +391,9 @@ func (c *Consumer) send(it *item) error {
 	}
 	if err != nil {
 		c.dropItem(it)
-		return fmt.Errorf("send XferReq to %s: %w", it.w.Peer, err)
+		return fmt.Errorf("send Request to %s: %w", it.w.Peer, err)
 	}
-	c.log.Debug("encoder cache: XferReq sent", "mm_hash", it.w.MMHash, "peer", it.w.Peer, "blocks", len(blocks))
+	c.log.Debug("encoder cache: Request sent", "mm_hash", it.w.MMHash, "peer", it.w.Peer, "blocks", len(blocks))
 	return nil
 }
 
@@ -614,7 +615,7 @@ func (c *Consumer) ackTimeout(it *item, o *Outcome) {
 		c.dropItem(it) // nothing was posted
 	}
 	if o != nil {
-		c.fail(o, FailAckTimeout, fmt.Errorf("no XferAck from %s within %v", it.w.Peer, c.cfg.AckTimeout))
+		c.fail(o, FailAckTimeout, fmt.Errorf("no Ack from %s within %v", it.w.Peer, c.cfg.AckTimeout))
 	}
 }
 
@@ -628,7 +629,7 @@ func (c *Consumer) match(p *ecPeer, frames [][]byte, waiting []*item) ([]*item, 
 		c.log.Warn("encoder cache: ack of wrong shape dropped", "peer", p.endpoint, "frames", len(frames))
 		return waiting, nil
 	}
-	ack, err := DecodeXferAck(frames[0])
+	ack, err := DecodeAck(frames[0])
 	if err != nil {
 		c.count(func(s *ConsumerStats) { s.StaleAcks++ })
 		c.log.Warn("encoder cache: malformed ack dropped", "peer", p.endpoint, "err", err)
@@ -664,7 +665,7 @@ var errBadAck = errors.New("inconsistent ack")
 
 // postRead loads the producer's agent if its metadata is new (a restarted
 // producer announces itself this way) and posts the READ.
-func (c *Consumer) postRead(it *item, ack XferAck) error {
+func (c *Consumer) postRead(it *item, ack Ack) error {
 	p := it.peer
 	if !bytes.Equal(ack.AgentMetadata, p.md) || !bytes.Equal(ack.MemDescriptor, p.memDesc) {
 		reload := p.md != nil
@@ -783,7 +784,7 @@ func (c *Consumer) deliver(it *item, o *Outcome) {
 // at EndStep so it is fetched again.
 func (c *Consumer) verify(o *Outcome, blocks []int) {
 	for i, b := range blocks {
-		if m := CheckTags(c.region.Block(b), ECTagKey(o.MMHash, i)); m != nil {
+		if m := blocktag.Check(c.region.Block(b), TagKey(o.MMHash, i)); m != nil {
 			err := fmt.Errorf("block %d (region block %d): %v", i, b, m)
 			c.fail(o, FailTagMismatch, err)
 			c.corrupt = append(c.corrupt, o.MMHash)

@@ -1,4 +1,4 @@
-package bench
+package leasesim
 
 import (
 	"cmp"
@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -132,7 +132,7 @@ type simReq struct {
 	dec     int    // decode engine, -1 before routing
 	epoch   uint64 // the decode's epoch when the request reached it
 	state   simReqState
-	lease   *engine.Lease
+	lease   *lease.Lease
 	reaped  bool  // the lease was reaped while the request was pending
 	arriveD int64 // reached decode
 	hold    int64 // slot time after the read
@@ -146,10 +146,10 @@ type simHB struct {
 
 type simPrefill struct {
 	gen     int
-	target  engine.HeartbeatTarget
+	target  lease.HeartbeatTarget
 	alive   bool
-	table   *engine.LeaseTable
-	byLease map[*engine.Lease]*simReq
+	table   *lease.Table
+	byLease map[*lease.Lease]*simReq
 	pending []simHB // heartbeats sent to it, not applied yet, in send order
 	phead   int
 
@@ -168,7 +168,7 @@ type simDecode struct {
 	queue     []*simReq
 	qhead     int
 	inflight  []*simReq // transfers in flight
-	tracker   *engine.HeartbeatTracker
+	tracker   *lease.HeartbeatTracker
 	shook     []bool // handshaken, by prefill generation
 	stalled   bool
 	postponed []*simEvent
@@ -243,7 +243,7 @@ type simStats struct {
 }
 
 type simCore struct {
-	lc        engine.LeaseConfig
+	lc        lease.Config
 	step      int64
 	interval  int64
 	transfer  int64
@@ -280,7 +280,7 @@ type simCore struct {
 	truncated  bool
 }
 
-func newSimCore(lc engine.LeaseConfig, step, transfer time.Duration, bytes int64, everyStep bool) *simCore {
+func newSimCore(lc lease.Config, step, transfer time.Duration, bytes int64, everyStep bool) *simCore {
 	if step <= 0 {
 		step = 20 * time.Millisecond
 	}
@@ -294,8 +294,8 @@ func newSimCore(lc engine.LeaseConfig, step, transfer time.Duration, bytes int64
 func (c *simCore) addPrefill() *simPrefill {
 	g := len(c.prefills)
 	id := "prefill-" + strconv.Itoa(g)
-	p := &simPrefill{gen: g, alive: true, table: engine.NewLeaseTable(c.lc), byLease: map[*engine.Lease]*simReq{},
-		target: engine.HeartbeatTarget{EngineID: id, Endpoint: "sim://" + id, TPSize: 1}, lastStep: -1}
+	p := &simPrefill{gen: g, alive: true, table: lease.NewTable(c.lc), byLease: map[*lease.Lease]*simReq{},
+		target: lease.HeartbeatTarget{EngineID: id, Endpoint: "sim://" + id, TPSize: 1}, lastStep: -1}
 	c.prefills = append(c.prefills, p)
 	c.genOf[id] = g
 	for _, d := range c.decodes {
@@ -314,7 +314,7 @@ func (c *simCore) addDecode(slots int) *simDecode {
 // resetDecode gives a decode a fresh process's state: nothing tracked,
 // no handshakes.
 func (c *simCore) resetDecode(d *simDecode) {
-	d.tracker = engine.NewHeartbeatTracker(time.Duration(c.interval))
+	d.tracker = lease.NewHeartbeatTracker(time.Duration(c.interval))
 	d.shook = make([]bool, len(c.prefills))
 	d.lastEmit, d.emitted = 0, false
 	d.queue, d.qhead, d.inflight, d.running = d.queue[:0], 0, d.inflight[:0], 0
@@ -675,7 +675,7 @@ func (c *simCore) killPrefill(p *simPrefill) {
 	for _, r := range held {
 		c.endLease(p, r, r.lease, "discarded")
 	}
-	p.table = engine.NewLeaseTable(c.lc)
+	p.table = lease.NewTable(c.lc)
 	p.pending, p.phead = nil, 0
 	p.stepPending = false
 	p.stepTok++
@@ -683,7 +683,7 @@ func (c *simCore) killPrefill(p *simPrefill) {
 
 // endLease accounts for a lease that ended now: dead block time and the
 // timeline.
-func (c *simCore) endLease(p *simPrefill, r *simReq, l *engine.Lease, outcome string) {
+func (c *simCore) endLease(p *simPrefill, r *simReq, l *lease.Lease, outcome string) {
 	delete(p.byLease, l)
 	// Dead from when decode gave the request up (a lease granted after
 	// that, to a decode already dead, from its grant), else from its
@@ -876,7 +876,7 @@ func (c *simCore) pstep(p *simPrefill, tok uint64) {
 }
 
 // reaped accounts for a lease prefill's reaper freed.
-func (c *simCore) reaped(p *simPrefill, l *engine.Lease) {
+func (c *simCore) reaped(p *simPrefill, l *lease.Lease) {
 	r := p.byLease[l]
 	c.st.expired++
 	if r.state.pending() && r.dec >= 0 {
@@ -972,11 +972,11 @@ func (s *planSource) next() (*simReq, int64) {
 // SimulatePlan plays a lease-chaos plan in virtual time against the real
 // lease table and heartbeat tracker, and judges it (no slack: the
 // simulator has no scheduling noise). lc must be normalized.
-func SimulatePlan(p ChaosPlan, lc engine.LeaseConfig, g SimGeometry) ScenarioResult {
+func SimulatePlan(p ChaosPlan, lc lease.Config, g SimGeometry) ScenarioResult {
 	return simulatePlan(p, lc, g, false)
 }
 
-func simulatePlan(p ChaosPlan, lc engine.LeaseConfig, g SimGeometry, everyStep bool) ScenarioResult {
+func simulatePlan(p ChaosPlan, lc lease.Config, g SimGeometry, everyStep bool) ScenarioResult {
 	c := newSimCore(lc, p.Step, p.TransferTime, g.BytesPerRequest, everyStep)
 	c.blocks = g.BlocksPerRequest
 	c.tl = &LeaseTimeline{}
@@ -1037,7 +1037,7 @@ func simulatePlan(p ChaosPlan, lc engine.LeaseConfig, g SimGeometry, everyStep b
 	if st.failedPrefill > 0 {
 		r.Errors = append(r.Errors, fmt.Sprintf("%d requests failed on prefill (it died while computing them)", st.failedPrefill))
 	}
-	r.Outcome = outcomeLine(&r) // as the real runner says it
+	r.Outcome = OutcomeLine(&r) // as the real runner says it
 	Judge(p, lc, &r, 0)
 	return r
 }
@@ -1047,11 +1047,11 @@ func simulatePlan(p ChaosPlan, lc engine.LeaseConfig, g SimGeometry, everyStep b
 // TrafficOptions is a long run of Poisson traffic through one prefill
 // engine and several decode engines.
 type TrafficOptions struct {
-	Lease    engine.LeaseConfig `json:"lease"`
-	Requests int                `json:"requests"`
-	Rate     float64            `json:"rate"`    // Poisson arrivals per second
-	Decodes  int                `json:"decodes"` // the router sends each request to the live one with the fewest queued+running
-	Slots    int                `json:"slots"`   // per decode
+	Lease    lease.Config `json:"lease"`
+	Requests int          `json:"requests"`
+	Rate     float64      `json:"rate"`    // Poisson arrivals per second
+	Decodes  int          `json:"decodes"` // the router sends each request to the live one with the fewest queued+running
+	Slots    int          `json:"slots"`   // per decode
 	// DecodeTime is the mean time a request keeps its slot after its KV is
 	// read (exponential).
 	DecodeTime   time.Duration `json:"decode_time"`
@@ -1075,7 +1075,7 @@ type TrafficOptions struct {
 // tokens of an 8B model).
 func DefaultTrafficOptions() TrafficOptions {
 	return TrafficOptions{
-		Lease:    engine.LeaseConfig{Policy: engine.PolicyLease, Duration: engine.DefaultLeaseDuration, Timeout: engine.DefaultFixedTimeout, Reaper: engine.ReapFull},
+		Lease:    lease.Config{Policy: lease.PolicyLease, Duration: lease.DefaultDuration, Timeout: lease.DefaultFixedTimeout, Reaper: lease.ReapFull},
 		Requests: 1_000_000, Rate: 200, Decodes: 4, Slots: 16, DecodeTime: 250 * time.Millisecond,
 		PrefillTime: 50 * time.Millisecond, TransferTime: 5 * time.Millisecond, Step: 20 * time.Millisecond,
 		CrashEvery: 10 * time.Minute, RestartAfter: 30 * time.Second, HBLoss: 0.05, BytesPerRequest: 128 << 20, Seed: 1,
@@ -1317,7 +1317,7 @@ type SweepRow struct {
 
 // Name is how the row reads: "lease 30s" or "fixed 480s".
 func (r SweepRow) Name() string {
-	if r.Policy == string(engine.PolicyFixed) {
+	if r.Policy == string(lease.PolicyFixed) {
 		return "fixed " + report.Seconds(r.TimeoutS)
 	}
 	return "lease " + report.Seconds(r.LeaseS)
@@ -1345,7 +1345,7 @@ func SweepLease(o TrafficOptions, leases []time.Duration) (Sweep, error) {
 		return Sweep{}, err
 	}
 	s := Sweep{Options: base, Best: -1}
-	run := func(lc engine.LeaseConfig) error {
+	run := func(lc lease.Config) error {
 		oo := base
 		oo.Lease = lc
 		res, err := SimulateTraffic(oo)
@@ -1356,7 +1356,7 @@ func SweepLease(o TrafficOptions, leases []time.Duration) (Sweep, error) {
 			ExpiredLeases: res.ExpiredLeases, HeartbeatMsgsPerS: res.HeartbeatMsgsPerS, ReclaimP50S: res.ReclaimLatencyS.P50,
 			ReclaimP99S: res.ReclaimLatencyS.P99, Result: res})
 		row := &s.Rows[len(s.Rows)-1]
-		if lc.Policy == engine.PolicyFixed {
+		if lc.Policy == lease.PolicyFixed {
 			row.TimeoutS = res.TimeoutS
 		} else {
 			row.LeaseS = res.LeaseS
@@ -1365,13 +1365,13 @@ func SweepLease(o TrafficOptions, leases []time.Duration) (Sweep, error) {
 	}
 	for _, l := range leases {
 		lc := base.Lease
-		lc.Policy, lc.Duration = engine.PolicyLease, l
+		lc.Policy, lc.Duration = lease.PolicyLease, l
 		if err := run(lc); err != nil {
 			return Sweep{}, fmt.Errorf("lease %v: %w", l, err)
 		}
 	}
 	fixed := base.Lease
-	fixed.Policy = engine.PolicyFixed
+	fixed.Policy = lease.PolicyFixed
 	if err := run(fixed); err != nil {
 		return Sweep{}, fmt.Errorf("fixed %v: %w", fixed.Timeout, err)
 	}
@@ -1386,7 +1386,7 @@ func recommendLease(rows []SweepRow) (int, string) {
 	var leases []int
 	fixed := -1
 	for i, r := range rows {
-		if r.Policy == string(engine.PolicyFixed) {
+		if r.Policy == string(lease.PolicyFixed) {
 			fixed = i
 		} else {
 			leases = append(leases, i)

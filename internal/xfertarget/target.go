@@ -1,4 +1,4 @@
-package engine
+package xfertarget
 
 import (
 	"bufio"
@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 )
 
 // The xfer target is the passive side of `bench xfer`: it owns a
@@ -21,7 +23,7 @@ import (
 // channel.
 
 // TargetRequest is one control request.
-type TargetRequest struct {
+type Request struct {
 	Op string `json:"op"` // setup, load_md, fill, verify, notifs, await, info, close
 
 	// setup
@@ -53,7 +55,7 @@ type TargetRequest struct {
 }
 
 // TargetReply answers one request.
-type TargetReply struct {
+type Reply struct {
 	Error string `json:"error,omitempty"`
 
 	MD      []byte    `json:"md,omitempty"`
@@ -70,7 +72,7 @@ type TargetReply struct {
 }
 
 // XferTarget is the state of one target endpoint.
-type XferTarget struct {
+type Target struct {
 	log    *slog.Logger
 	agent  nixl.Agent
 	buf    *nixl.Buffer
@@ -79,8 +81,8 @@ type XferTarget struct {
 
 // ServeXferTarget answers control requests from r on w until "close", EOF
 // or ctx ends, then releases everything.
-func ServeXferTarget(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
-	t := &XferTarget{log: log, notifs: map[string][]string{}}
+func Serve(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
+	t := &Target{log: log, notifs: map[string][]string{}}
 	defer t.close()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 256<<20)
@@ -114,13 +116,13 @@ func ServeXferTarget(ctx context.Context, r io.Reader, w io.Writer, log *slog.Lo
 				return nil
 			}
 		}
-		var req TargetRequest
-		var rep TargetReply
+		var req Request
+		var rep Reply
 		if err := json.Unmarshal(line, &req); err != nil {
 			rep.Error = fmt.Sprintf("malformed request: %v", err)
 		} else {
 			if req.Op == "close" {
-				_ = enc.Encode(TargetReply{})
+				_ = enc.Encode(Reply{})
 				return nil
 			}
 			rep = t.handle(ctx, req)
@@ -131,7 +133,7 @@ func ServeXferTarget(ctx context.Context, r io.Reader, w io.Writer, log *slog.Lo
 	}
 }
 
-func (t *XferTarget) handle(ctx context.Context, req TargetRequest) TargetReply {
+func (t *Target) handle(ctx context.Context, req Request) Reply {
 	rep, err := t.do(ctx, req)
 	if err != nil {
 		rep.Error = err.Error()
@@ -139,16 +141,16 @@ func (t *XferTarget) handle(ctx context.Context, req TargetRequest) TargetReply 
 	return rep
 }
 
-func (t *XferTarget) do(ctx context.Context, req TargetRequest) (TargetReply, error) {
+func (t *Target) do(ctx context.Context, req Request) (Reply, error) {
 	if req.Op != "setup" && t.agent == nil {
-		return TargetReply{}, errors.New("setup first")
+		return Reply{}, errors.New("setup first")
 	}
 	switch req.Op {
 	case "setup":
 		return t.setup(req)
 	case "load_md":
 		name, err := t.agent.LoadRemoteMD(req.MD)
-		return TargetReply{Remote: name}, err
+		return Reply{Remote: name}, err
 	case "fill", "verify":
 		return t.tags(req)
 	case "notifs":
@@ -163,87 +165,71 @@ func (t *XferTarget) do(ctx context.Context, req TargetRequest) (TargetReply, er
 		v.Notifs = rep.Notifs
 		return v, err
 	case "info":
-		return TargetReply{Info: t.agent.Info()}, nil
+		return Reply{Info: t.agent.Info()}, nil
 	}
-	return TargetReply{}, fmt.Errorf("unknown op %q", req.Op)
+	return Reply{}, fmt.Errorf("unknown op %q", req.Op)
 }
 
-func (t *XferTarget) setup(req TargetRequest) (TargetReply, error) {
+func (t *Target) setup(req Request) (Reply, error) {
 	if t.agent != nil {
-		return TargetReply{}, errors.New("already set up")
+		return Reply{}, errors.New("already set up")
 	}
 	mem := nixl.DRAM
 	if req.Seg != "" {
 		var err error
 		if mem, err = nixl.ParseMemType(req.Seg); err != nil {
-			return TargetReply{}, err
+			return Reply{}, err
 		}
 	}
 	a, err := nixl.Open(req.Backend, nixl.Config{Name: req.Name})
 	if err != nil {
-		return TargetReply{}, err
+		return Reply{}, err
 	}
-	buf, err := AllocSeg(a, mem, req.Device, req.Size, req.Alloc, req.HugePages)
+	buf, err := cuda.AllocSeg(a, mem, req.Device, req.Size, req.Alloc, req.HugePages)
 	if err != nil {
 		a.Close()
-		return TargetReply{}, err
+		return Reply{}, err
 	}
 	if err := a.RegisterMem(buf); err != nil {
 		buf.Free()
 		a.Close()
-		return TargetReply{}, err
+		return Reply{}, err
 	}
 	md, err := a.LocalMD()
 	if err != nil {
 		buf.Free()
 		a.Close()
-		return TargetReply{}, err
+		return Reply{}, err
 	}
 	t.agent, t.buf = a, buf
-	return TargetReply{MD: md, Addr: buf.Addr, Len: buf.Len, Alloc: buf.Alloc, Info: a.Info(), Name: a.Name()}, nil
+	return Reply{MD: md, Addr: buf.Addr, Len: buf.Len, Alloc: buf.Alloc, Info: a.Info(), Name: a.Name()}, nil
 }
 
-// AllocBuffer allocates a DRAM buffer the way --dram-alloc asks: plain
-// mmap (like an engine's own pool) or by the backend itself.
-func AllocBuffer(a nixl.Agent, size int, alloc string, huge bool) (*nixl.Buffer, error) {
-	switch alloc {
-	case "", "mmap":
-		return nixl.AllocDRAM(size, huge)
-	case "ucx":
-		al, ok := a.(nixl.Allocator)
-		if !ok {
-			return nil, fmt.Errorf("--dram-alloc ucx needs the ucx backend (agent %s cannot allocate)", a.Info().Backend)
-		}
-		return al.AllocMem(size, nixl.DRAM)
-	}
-	return nil, fmt.Errorf("unknown --dram-alloc %q (want mmap or ucx)", alloc)
-}
-
-func (t *XferTarget) tags(req TargetRequest) (TargetReply, error) {
+func (t *Target) tags(req Request) (Reply, error) {
 	spans := make([]nixl.Span, len(req.Offsets))
 	for i, off := range req.Offsets {
 		if off < 0 || req.DescLen < 0 || off > int64(t.buf.Len) || int64(req.DescLen) > int64(t.buf.Len)-off {
-			return TargetReply{}, fmt.Errorf("descriptor %d (%d+%d) outside the %d-byte buffer", i, off, req.DescLen, t.buf.Len)
+			return Reply{}, fmt.Errorf("descriptor %d (%d+%d) outside the %d-byte buffer", i, off, req.DescLen, t.buf.Len)
 		}
 		spans[i] = nixl.Span{Off: int(off), Len: req.DescLen}
 	}
-	key := func(i int) uint64 { return TagKey(req.Seed, uint64(i)) }
+	key := func(i int) uint64 { return blocktag.Key(req.Seed, uint64(i)) }
 	if req.Op == "fill" {
-		return TargetReply{}, FillSpans(t.buf, spans, key)
+		return Reply{}, blocktag.FillSpans(t.buf, spans, key)
 	}
-	c, err := CheckSpans(t.buf, spans, key)
+	c, err := blocktag.CheckSpans(t.buf, spans, key)
 	if err != nil {
-		return TargetReply{}, err
+		return Reply{}, err
 	}
-	return TargetReply{Corrupt: c.Bad, First: c.First}, nil
+	return Reply{Corrupt: c.Bad, First: c.First}, nil
 }
 
-func (t *XferTarget) collect(ctx context.Context, req TargetRequest) (TargetReply, error) {
+func (t *Target) collect(ctx context.Context, req Request) (Reply, error) {
 	deadline := time.Now().Add(time.Duration(req.WaitMS) * time.Millisecond)
 	for {
 		n, err := t.agent.GetNotifs()
 		if err != nil {
-			return TargetReply{}, err
+			return Reply{}, err
 		}
 		for s, msgs := range n {
 			for _, m := range msgs {
@@ -257,18 +243,18 @@ func (t *XferTarget) collect(ctx context.Context, req TargetRequest) (TargetRepl
 		if total >= req.Count || !time.Now().Before(deadline) {
 			out := t.notifs
 			t.notifs = map[string][]string{}
-			return TargetReply{Notifs: out}, nil
+			return Reply{Notifs: out}, nil
 		}
 		select {
 		case <-ctx.Done():
-			return TargetReply{}, ctx.Err()
+			return Reply{}, ctx.Err()
 		case <-t.agent.NotifReady():
 		case <-time.After(time.Until(deadline)):
 		}
 	}
 }
 
-func (t *XferTarget) close() {
+func (t *Target) close() {
 	if t.agent == nil {
 		return
 	}

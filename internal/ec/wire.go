@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"bytes"
@@ -31,21 +31,21 @@ import (
 const ECConnectorVersion = 2
 
 // XferStatus is the status an XferAck carries.
-type XferStatus int
+type Status int
 
 // Statuses, with their wire values.
 const (
-	StatusOK       XferStatus = 0
-	StatusMissing  XferStatus = 1 // the producer does not hold the mm_hash
-	StatusIncompat XferStatus = 2 // compatibility hash mismatch
-	StatusVersion  XferStatus = 3 // connector version mismatch
-	StatusInternal XferStatus = 4 // anything else, e.g. an empty session id
-	StatusNotReady XferStatus = 5 // held but still being encoded
+	StatusOK       Status = 0
+	StatusMissing  Status = 1 // the producer does not hold the mm_hash
+	StatusIncompat Status = 2 // compatibility hash mismatch
+	StatusVersion  Status = 3 // connector version mismatch
+	StatusInternal Status = 4 // anything else, e.g. an empty session id
+	StatusNotReady Status = 5 // held but still being encoded
 )
 
 var statusNames = [...]string{"OK", "MISSING", "INCOMPAT", "VERSION", "INTERNAL", "NOT_READY"}
 
-func (s XferStatus) String() string {
+func (s Status) String() string {
 	if s >= 0 && int(s) < len(statusNames) {
 		return statusNames[s]
 	}
@@ -54,10 +54,10 @@ func (s XferStatus) String() string {
 
 // Retryable reports whether a consumer asks again later (only NOT_READY);
 // every other NACK makes vLLM fall back to encoding locally.
-func (s XferStatus) Retryable() bool { return s == StatusNotReady }
+func (s Status) Retryable() bool { return s == StatusNotReady }
 
 // XferReq asks a producer for one encoding.
-type XferReq struct {
+type Request struct {
 	MMHash            string
 	CompatibilityHash string
 	SessionID         string // default ""
@@ -74,9 +74,9 @@ type XferReq struct {
 }
 
 // XferAck answers an XferReq.
-type XferAck struct {
+type Ack struct {
 	MMHash          string
-	Status          XferStatus
+	Status          Status
 	SessionID       string // echo; default ""
 	SrcBlockIndices []int  // default []
 	AgentMetadata   []byte // producer's agent; default b""
@@ -94,7 +94,7 @@ const (
 )
 
 // Encode serialises the request as msgspec does.
-func (r *XferReq) Encode() ([]byte, error) {
+func (r *Request) Encode() ([]byte, error) {
 	var b bytes.Buffer
 	e := msgpack.NewEncoder(&b)
 	n := 3
@@ -127,7 +127,7 @@ func (r *XferReq) Encode() ([]byte, error) {
 }
 
 // Encode serialises the ack as msgspec does.
-func (a *XferAck) Encode() ([]byte, error) {
+func (a *Ack) Encode() ([]byte, error) {
 	var b bytes.Buffer
 	e := msgpack.NewEncoder(&b)
 	n := 3
@@ -207,8 +207,8 @@ func (w *ecWriter) ints(k string, v []int) {
 var ErrWrongType = errors.New("wrong message type")
 
 // DecodeXferReq parses an XferReq, applying defaults for missing fields.
-func DecodeXferReq(b []byte) (XferReq, error) {
-	r := XferReq{ConnectorVersion: ECConnectorVersion}
+func DecodeRequest(b []byte) (Request, error) {
+	r := Request{ConnectorVersion: ECConnectorVersion}
 	var hasHash, hasCompat bool
 	err := decodeTagged(b, "req", func(d *ecReader, key string) error {
 		switch key {
@@ -234,17 +234,17 @@ func DecodeXferReq(b []byte) (XferReq, error) {
 		return d.d.Skip()
 	})
 	if err != nil {
-		return XferReq{}, fmt.Errorf("XferReq: %w", err)
+		return Request{}, fmt.Errorf("XferReq: %w", err)
 	}
 	if !hasHash || !hasCompat {
-		return XferReq{}, errors.New("XferReq: missing mm_hash or compatibility_hash")
+		return Request{}, errors.New("XferReq: missing mm_hash or compatibility_hash")
 	}
 	return r, nil
 }
 
 // DecodeXferAck parses an XferAck, applying defaults for missing fields.
-func DecodeXferAck(b []byte) (XferAck, error) {
-	var a XferAck
+func DecodeAck(b []byte) (Ack, error) {
+	var a Ack
 	var hasHash, hasStatus bool
 	err := decodeTagged(b, "ack", func(d *ecReader, key string) error {
 		switch key {
@@ -255,7 +255,7 @@ func DecodeXferAck(b []byte) (XferAck, error) {
 			hasStatus = true
 			var s int
 			err := d.int(&s)
-			a.Status = XferStatus(s)
+			a.Status = Status(s)
 			return err
 		case "session_id":
 			return d.str(&a.SessionID)
@@ -276,10 +276,10 @@ func DecodeXferAck(b []byte) (XferAck, error) {
 		return d.d.Skip()
 	})
 	if err != nil {
-		return XferAck{}, fmt.Errorf("XferAck: %w", err)
+		return Ack{}, fmt.Errorf("XferAck: %w", err)
 	}
 	if !hasHash || !hasStatus {
-		return XferAck{}, errors.New("XferAck: missing mm_hash or status")
+		return Ack{}, errors.New("XferAck: missing mm_hash or status")
 	}
 	return a, nil
 }

@@ -1,4 +1,4 @@
-package bench
+package leasesim
 
 import (
 	"fmt"
@@ -10,14 +10,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/lease"
 )
 
 var simLeases = []time.Duration{time.Second, 3 * time.Second, 30 * time.Second}
 
 var simGeom = SimGeometry{BytesPerRequest: 1e9, BlocksPerRequest: 16}
 
-func simLC(t testing.TB, c engine.LeaseConfig) engine.LeaseConfig {
+func simLC(t testing.TB, c lease.Config) lease.Config {
 	t.Helper()
 	n, err := c.Normalize()
 	if err != nil {
@@ -26,7 +26,7 @@ func simLC(t testing.TB, c engine.LeaseConfig) engine.LeaseConfig {
 	return n
 }
 
-func simPlan(t testing.TB, scenario string, lc engine.LeaseConfig) ChaosPlan {
+func simPlan(t testing.TB, scenario string, lc lease.Config) ChaosPlan {
 	t.Helper()
 	p, err := PlanFor(scenario, lc)
 	if err != nil {
@@ -65,7 +65,7 @@ func TestSimulatePlanLeasePolicy(t *testing.T) {
 		ScenarioPrefillRestart: restartCnts,
 	}
 	for _, L := range simLeases {
-		lc := simLC(t, engine.LeaseConfig{Duration: L})
+		lc := simLC(t, lease.Config{Duration: L})
 		for _, sc := range Scenarios() {
 			t.Run(fmt.Sprintf("%s/%v", sc, L), func(t *testing.T) {
 				p := simPlan(t, sc, lc)
@@ -125,7 +125,7 @@ func TestSimulatePlanLeasePolicy(t *testing.T) {
 // behind it and stay held until it is consumed (vLLM issue #58222).
 func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
 	for _, L := range simLeases {
-		lc := simLC(t, engine.LeaseConfig{Duration: L, Reaper: engine.ReapHeadOnly})
+		lc := simLC(t, lease.Config{Duration: L, Reaper: lease.ReapHeadOnly})
 		p := simPlan(t, ScenarioAbortBeforeRd, lc)
 		r := SimulatePlan(p, lc, simGeom)
 		want := abortCounts
@@ -140,7 +140,7 @@ func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
 			t.Errorf("%v: %d still expired and held at the end", L, r.ExpiredUnreleasedEnd)
 		}
 		// They are freed only once request 1 (the head) is consumed, late.
-		full := SimulatePlan(p, simLC(t, engine.LeaseConfig{Duration: L}), simGeom)
+		full := SimulatePlan(p, simLC(t, lease.Config{Duration: L}), simGeom)
 		if r.DeathToFreeS.Max <= full.DeathToFreeS.Max || r.DeadBlockGBs <= full.DeadBlockGBs {
 			t.Errorf("%v: head-only death to free %.3fs (%.1f GB·s), full %.3fs (%.1f GB·s)", L,
 				r.DeathToFreeS.Max, r.DeadBlockGBs, full.DeathToFreeS.Max, full.DeadBlockGBs)
@@ -159,7 +159,7 @@ func TestSimulatePlanFixedPolicyLongTimeout(t *testing.T) {
 		ScenarioPrefillRestart: restartCnts,
 	}
 	for _, L := range simLeases {
-		lc := simLC(t, engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: L, Timeout: 16 * L})
+		lc := simLC(t, lease.Config{Policy: lease.PolicyFixed, Duration: L, Timeout: 16 * L})
 		for _, sc := range Scenarios() {
 			p := simPlan(t, sc, lc)
 			r := SimulatePlan(p, lc, simGeom)
@@ -185,7 +185,7 @@ func TestSimulatePlanFixedPolicyLongTimeout(t *testing.T) {
 // decode catches both reads.
 func TestSimulatePlanFixedPolicyShortTimeoutFreesQueuedRequests(t *testing.T) {
 	for _, L := range simLeases {
-		lc := simLC(t, engine.LeaseConfig{Policy: engine.PolicyFixed, Duration: L, Timeout: L * 33 / 10})
+		lc := simLC(t, lease.Config{Policy: lease.PolicyFixed, Duration: L, Timeout: L * 33 / 10})
 		r := SimulatePlan(simPlan(t, ScenarioDecodeOverload, lc), lc, simGeom)
 		want := simCounts{Completed: 6, Consumed: 6, Failed: 2, Recomputed: 2, Expired: 2, Premature: 2, LateReads: 2}
 		if d := cmp.Diff(want, countsOf(r)); d != "" {
@@ -208,12 +208,12 @@ func TestSimulatePlanFixedPolicyShortTimeoutFreesQueuedRequests(t *testing.T) {
 
 // simConfigs are the configurations the equivalence and determinism
 // tests play every scenario under.
-func simConfigs(L time.Duration) []engine.LeaseConfig {
-	return []engine.LeaseConfig{
+func simConfigs(L time.Duration) []lease.Config {
+	return []lease.Config{
 		{Duration: L},
-		{Duration: L, Reaper: engine.ReapHeadOnly},
-		{Policy: engine.PolicyFixed, Duration: L, Timeout: 16 * L},
-		{Policy: engine.PolicyFixed, Duration: L, Timeout: L * 33 / 10},
+		{Duration: L, Reaper: lease.ReapHeadOnly},
+		{Policy: lease.PolicyFixed, Duration: L, Timeout: 16 * L},
+		{Policy: lease.PolicyFixed, Duration: L, Timeout: L * 33 / 10},
 	}
 }
 
@@ -240,7 +240,7 @@ func TestSimulatePlanSteppingEquivalence(t *testing.T) {
 }
 
 func TestSimulatePlanDeterministicAndTimeline(t *testing.T) {
-	lc := simLC(t, engine.LeaseConfig{Duration: 3 * time.Second})
+	lc := simLC(t, lease.Config{Duration: 3 * time.Second})
 	faults := map[string][]string{
 		ScenarioDecodeOverload: nil,
 		ScenarioHeartbeatLoss:  nil,
@@ -305,7 +305,7 @@ func cmpFloat(a, b float64) int {
 // A plan whose decode dies at a fixed time: requests that reach decode
 // after the death are lost too, and every lease lapses.
 func TestSimulatePlanKillDecodeAt(t *testing.T) {
-	lc := simLC(t, engine.LeaseConfig{Duration: 3 * time.Second})
+	lc := simLC(t, lease.Config{Duration: 3 * time.Second})
 	p := simPlan(t, ScenarioDecodeOverload, lc)
 	p.ArrivalGap = time.Second
 	p.KillDecodeAt = 2500 * time.Millisecond // 0 and 1 read (1 at 1.801 s), 2 queued, 3-7 not there yet
@@ -332,12 +332,12 @@ func smallTraffic() TrafficOptions {
 func TestSimulateTrafficConservation(t *testing.T) {
 	for _, o := range []TrafficOptions{smallTraffic(), func() TrafficOptions {
 		o := smallTraffic()
-		o.Lease.Policy, o.Lease.Timeout = engine.PolicyFixed, 2*time.Second
+		o.Lease.Policy, o.Lease.Timeout = lease.PolicyFixed, 2*time.Second
 		o.Rate, o.Decodes = 300, 3 // queues: the short timeout frees waiting requests
 		return o
 	}(), func() TrafficOptions {
 		o := smallTraffic()
-		o.Lease.Reaper = engine.ReapHeadOnly
+		o.Lease.Reaper = lease.ReapHeadOnly
 		return o
 	}()} {
 		r, err := SimulateTraffic(o)
@@ -390,7 +390,7 @@ func TestSimulateTrafficSeeds(t *testing.T) {
 func TestSimulateTrafficSteppingEquivalence(t *testing.T) {
 	for _, o := range []TrafficOptions{smallTraffic(), func() TrafficOptions {
 		o := smallTraffic()
-		o.Lease.Reaper = engine.ReapHeadOnly
+		o.Lease.Reaper = lease.ReapHeadOnly
 		o.Step = 70 * time.Millisecond // not a divisor of the interval
 		return o
 	}()} {
@@ -485,9 +485,9 @@ func TestTrafficOptionsValidate(t *testing.T) {
 	}
 	// Zero crash interval needs no restart delay; a zero lease gets the default.
 	o := DefaultTrafficOptions()
-	o.CrashEvery, o.RestartAfter, o.Lease = 0, 0, engine.LeaseConfig{}
+	o.CrashEvery, o.RestartAfter, o.Lease = 0, 0, lease.Config{}
 	v, err := o.Validate()
-	if err != nil || v.Lease.Duration != engine.DefaultLeaseDuration {
+	if err != nil || v.Lease.Duration != lease.DefaultDuration {
 		t.Errorf("valid options refused: %v (%+v)", err, v.Lease)
 	}
 }

@@ -1,4 +1,4 @@
-package engine
+package xfertarget
 
 import (
 	"bufio"
@@ -18,7 +18,7 @@ import (
 )
 
 // TargetClient drives an xfer target over its control channel.
-type TargetClient struct {
+type Client struct {
 	mu    sync.Mutex
 	w     io.WriteCloser
 	r     io.Reader // replies; drained on Close so the target is never blocked writing one
@@ -30,19 +30,19 @@ type TargetClient struct {
 
 // Call sends one request and waits for its reply; a reply carrying an
 // error becomes the returned error.
-func (c *TargetClient) Call(req TargetRequest) (TargetReply, error) {
+func (c *Client) Call(req Request) (Reply, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b, err := json.Marshal(req)
 	if err != nil {
-		return TargetReply{}, err
+		return Reply{}, err
 	}
 	if _, err := c.w.Write(append(b, '\n')); err != nil {
-		return TargetReply{}, fmt.Errorf("target %s: %w", req.Op, err)
+		return Reply{}, fmt.Errorf("target %s: %w", req.Op, err)
 	}
-	var rep TargetReply
+	var rep Reply
 	if err := c.dec.Decode(&rep); err != nil {
-		return TargetReply{}, fmt.Errorf("target %s: no reply: %w", req.Op, err)
+		return Reply{}, fmt.Errorf("target %s: no reply: %w", req.Op, err)
 	}
 	if rep.Error != "" {
 		return rep, fmt.Errorf("target %s: %s", req.Op, rep.Error)
@@ -51,7 +51,7 @@ func (c *TargetClient) Call(req TargetRequest) (TargetReply, error) {
 }
 
 // PID is the target process's pid (0 in process).
-func (c *TargetClient) PID() int {
+func (c *Client) PID() int {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return 0
 	}
@@ -59,7 +59,7 @@ func (c *TargetClient) PID() int {
 }
 
 // Kill sends the target process a signal (tests and chaos use it).
-func (c *TargetClient) Kill(sig syscall.Signal) error {
+func (c *Client) Kill(sig syscall.Signal) error {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return errors.New("target runs in this process")
 	}
@@ -68,13 +68,13 @@ func (c *TargetClient) Kill(sig syscall.Signal) error {
 
 // Close asks the target to exit and waits for it (killing it after a
 // grace period).
-func (c *TargetClient) Close() error {
+func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.w != nil {
 		if c.r != nil {
 			go func() { _, _ = io.Copy(io.Discard, c.r) }()
 		}
-		b, _ := json.Marshal(TargetRequest{Op: "close"})
+		b, _ := json.Marshal(Request{Op: "close"})
 		_, _ = c.w.Write(append(b, '\n'))
 		c.w.Close()
 		c.w = nil
@@ -100,7 +100,7 @@ func (c *TargetClient) Close() error {
 // StartTargetProcess runs `exe args...` as a child whose stdin/stdout are
 // the control channel (`nixlctl serve target --stdio`, or a test binary).
 // The child's stderr goes to errOut.
-func StartTargetProcess(ctx context.Context, exe string, args []string, env []string, errOut io.Writer) (*TargetClient, error) {
+func StartProcess(ctx context.Context, exe string, args []string, env []string, errOut io.Writer) (*Client, error) {
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = errOut
@@ -118,7 +118,7 @@ func StartTargetProcess(ctx context.Context, exe string, args []string, env []st
 		return nil, fmt.Errorf("start target: %w", err)
 	}
 	br := bufio.NewReader(stdout)
-	c := &TargetClient{w: stdin, r: br, dec: json.NewDecoder(br), cmd: cmd, done: make(chan error, 1)}
+	c := &Client{w: stdin, r: br, dec: json.NewDecoder(br), cmd: cmd, done: make(chan error, 1)}
 	go func() { c.done <- cmd.Wait() }()
 	stop := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
 	c.close = func() { stop() }
@@ -126,12 +126,12 @@ func StartTargetProcess(ctx context.Context, exe string, args []string, env []st
 }
 
 // StartTargetInProcess serves a target on a goroutine of this process.
-func StartTargetInProcess(ctx context.Context, log *slog.Logger) *TargetClient {
+func StartInProcess(ctx context.Context, log *slog.Logger) *Client {
 	reqR, reqW := io.Pipe()
 	repR, repW := io.Pipe()
-	c := &TargetClient{w: reqW, r: repR, dec: json.NewDecoder(repR), done: make(chan error, 1)}
+	c := &Client{w: reqW, r: repR, dec: json.NewDecoder(repR), done: make(chan error, 1)}
 	go func() {
-		err := ServeXferTarget(ctx, reqR, repW, log)
+		err := Serve(ctx, reqR, repW, log)
 		repW.CloseWithError(io.EOF)
 		reqR.Close()
 		c.done <- err
@@ -141,14 +141,14 @@ func StartTargetInProcess(ctx context.Context, log *slog.Logger) *TargetClient {
 
 // DialTarget connects to a target served with `nixlctl serve target
 // --listen ADDR` (addr is host:port, optionally prefixed with tcp://).
-func DialTarget(ctx context.Context, addr string) (*TargetClient, error) {
+func Dial(ctx context.Context, addr string) (*Client, error) {
 	addr = strings.TrimPrefix(addr, "tcp://")
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("connect to target %s: %w", addr, err)
 	}
-	c := &TargetClient{w: conn, dec: json.NewDecoder(bufio.NewReader(conn)), done: make(chan error, 1)}
+	c := &Client{w: conn, dec: json.NewDecoder(bufio.NewReader(conn)), done: make(chan error, 1)}
 	c.close = func() { conn.Close() }
 	c.done <- nil
 	return c, nil

@@ -1,4 +1,4 @@
-package engine
+package ec
 
 import (
 	"errors"
@@ -10,10 +10,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
-func ready(t *testing.T, c *BlockCache, key string, n int) []int {
+func ready(t *testing.T, c *Cache, key string, n int) []int {
 	t.Helper()
 	b, err := c.Alloc(key, n)
 	if err != nil {
@@ -26,7 +27,7 @@ func ready(t *testing.T, c *BlockCache, key string, n int) []int {
 }
 
 func TestBlockCacheAllocFree(t *testing.T) {
-	c := NewBlockCache(10)
+	c := NewCache(10)
 	a, err := c.Alloc("a", 3)
 	if err != nil || !cmp.Equal(a, []int{0, 1, 2}) {
 		t.Fatalf("first alloc %v %v", a, err)
@@ -69,7 +70,7 @@ func TestBlockCacheAllocFree(t *testing.T) {
 }
 
 func TestBlockCachePins(t *testing.T) {
-	c := NewBlockCache(4)
+	c := NewCache(4)
 	if _, st := c.PinIfReady("x"); st != Absent {
 		t.Errorf("absent: %v", st)
 	}
@@ -100,7 +101,7 @@ func TestBlockCachePins(t *testing.T) {
 }
 
 func TestBlockCacheFIFOSkipsPinned(t *testing.T) {
-	c := NewBlockCache(6)
+	c := NewCache(6)
 	ready(t, c, "old", 2)
 	ready(t, c, "mid", 2)
 	ready(t, c, "new", 2)
@@ -137,7 +138,7 @@ func TestBlockCacheFIFOSkipsPinned(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 	// A not-ready entry first in line is passed over like a pinned one.
-	c2 := NewBlockCache(3)
+	c2 := NewCache(3)
 	c2.Alloc("filling", 1)
 	ready(t, c2, "done", 2)
 	if _, err := c2.Alloc("want", 2); err != nil {
@@ -155,7 +156,7 @@ func TestBlockCacheFIFOSkipsPinned(t *testing.T) {
 }
 
 func TestBlockCacheExhaustion(t *testing.T) {
-	c := NewBlockCache(4)
+	c := NewCache(4)
 	ready(t, c, "a", 2)
 	c.PinIfReady("a")
 	c.Alloc("b", 1) // not ready
@@ -200,8 +201,8 @@ func TestShmRegionAndStaleCleanup(t *testing.T) {
 	if d := r.Descs()[3]; d.Addr != r.Buffer().Addr+3*5120 || d.Len != 5120 {
 		t.Errorf("descriptor 3: %+v", d)
 	}
-	FillTags(r.Block(9), 42)
-	if CheckTags(r.Block(9), 42) != nil {
+	blocktag.Fill(r.Block(9), 42)
+	if blocktag.Check(r.Block(9), 42) != nil {
 		t.Error("block 9 round trip")
 	}
 	st, err := os.Stat(r.Path)
