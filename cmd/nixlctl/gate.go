@@ -159,6 +159,9 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	if err != nil {
 		return err
 	}
+	if len(g.Refused) > 0 {
+		return errkind.CheckFailedf("gate refused: %s", strings.Join(g.Refused, "; "))
+	}
 	if !g.Passed {
 		n := 0
 		for _, r := range g.Rows {

@@ -28,10 +28,11 @@ const tuiDelay = 3 * time.Second
 
 // measureOptions are the flags every measuring command shares.
 type measureOptions struct {
-	TUI     string `mapstructure:"tui"`
-	Plot    string `mapstructure:"plot"`
-	Save    string `mapstructure:"save"`
-	Records string `mapstructure:"records"`
+	TUI           string `mapstructure:"tui"`
+	Plot          string `mapstructure:"plot"`
+	Save          string `mapstructure:"save"`
+	Records       string `mapstructure:"records"`
+	AllowFailures bool   `mapstructure:"allow-failures"`
 }
 
 // addMeasureFlags declares --tui, --plot, --save and, for commands that
@@ -42,6 +43,7 @@ func addMeasureFlags(cmd *cobra.Command, records bool) {
 	f.Lookup("tui").NoOptDefVal = "on"
 	f.String("plot", "", "draw the result into this .png or .svg file")
 	f.String("save", "", "keep result.json, records.jsonl and manifest.json in this directory (see nixlctl report show)")
+	f.Bool("allow-failures", false, "exit 0 even when requests failed, blocks leaked or were corrupt, or the run was interrupted (the result still lists them, and gate still refuses it)")
 	if records {
 		f.String("records", "", "write one JSON line per request to this file (a header line first)")
 	}
@@ -112,6 +114,12 @@ func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (repor
 	}
 	if ferr := a.keep(res, mo); ferr != nil {
 		return res, errors.Join(err, ferr)
+	}
+	if p := report.Problems(res); len(p) > 0 {
+		if !mo.AllowFailures {
+			return res, errors.Join(err, errkind.CheckFailedf("the run failed: %s (--allow-failures accepts such a run)", strings.Join(p, "; ")))
+		}
+		a.log.Warn("the run had failures, allowed by --allow-failures", "problems", strings.Join(p, "; "))
 	}
 	return res, err
 }

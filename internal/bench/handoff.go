@@ -198,7 +198,10 @@ type HandoffSummary struct {
 	XferGBps          float64            `json:"xfer_gbps,omitempty"`
 	EfficiencyXfer    float64            `json:"efficiency_vs_xfer,omitempty"`
 	LeakedBlocks      int64              `json:"leaked_blocks"`
-	Histogram         string             `json:"handoff_histogram,omitempty"`
+	// FailuresByReason counts the failed requests by what failed them
+	// (their errors with ids and numbers folded, or "corrupt blocks").
+	FailuresByReason map[string]int `json:"failures_by_reason,omitempty"`
+	Histogram        string         `json:"handoff_histogram,omitempty"`
 	// StageHistograms holds the other stages' histograms (same encoding,
 	// nanoseconds), keyed by their summary field: "transfer_ms", "post_ms",
 	// "finish_to_post_ms", "completion_to_ready_ms", "registration_rtt_ms".
@@ -799,6 +802,14 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 		s.Requests++
 		if r.Error != "" || r.CorruptBlocks > 0 {
 			s.Failed++
+			reason := "corrupt blocks"
+			if r.Error != "" {
+				reason = failureReason(r.Error)
+			}
+			if s.FailuresByReason == nil {
+				s.FailuresByReason = map[string]int{}
+			}
+			s.FailuresByReason[reason]++
 		}
 		s.CorruptBlocks += r.CorruptBlocks
 		if r.Error != "" {

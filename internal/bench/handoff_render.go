@@ -86,6 +86,9 @@ func resultTable(res *HandoffResult) *report.Table {
 	s := res.Summary
 	k := &report.Table{Columns: []report.Column{{Name: "Result"}, {Name: "Value", Align: report.Right}}}
 	k.AddRow("requests ok / failed", fmt.Sprintf("%d / %d", s.Requests-s.Failed, s.Failed))
+	if len(s.FailuresByReason) > 0 {
+		k.AddRow("failures by reason", strings.TrimSuffix(strings.TrimPrefix(byReason(s.FailuresByReason), " ("), ")"))
+	}
 	k.AddRow("corrupt blocks", report.Int(int64(s.CorruptBlocks)))
 	k.AddRow("bytes moved", report.Bytes(s.Bytes))
 	k.AddRow("bandwidth (aggregate)", report.GBps(s.BandwidthGBps*1e9))

@@ -54,7 +54,11 @@ type GateReport struct {
 	MaxRegression float64   `json:"max_regression"`
 	Runs          int       `json:"runs"`
 	Rows          []GateRow `json:"metrics"`
-	Passed        bool      `json:"passed"`
+	// Refused lists why results could not be judged on their numbers: a
+	// baseline or run that failed requests, leaked or corrupted blocks, or
+	// was interrupted (report.HealthReporter). Any entry fails the gate.
+	Refused []string `json:"refused,omitempty"`
+	Passed  bool     `json:"passed"`
 }
 
 // Gate compares result runs (their median) with a baseline. The rules,
@@ -86,6 +90,19 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 		return nil, err
 	}
 	rep := &GateReport{Command: bh.Command, MaxRegression: o.MaxRegression, Runs: len(runs), Passed: true}
+	// A run that lost, leaked or corrupted anything, or stopped early, has
+	// numbers that flatter it: the gate never passes it, whatever they say.
+	for _, p := range Problems(base) {
+		rep.Refused = append(rep.Refused, "baseline: "+p)
+	}
+	for i, r := range runs {
+		for _, p := range Problems(r) {
+			rep.Refused = append(rep.Refused, fmt.Sprintf("result %d: %s", i+1, p))
+		}
+	}
+	if len(rep.Refused) > 0 {
+		rep.Passed = false
+	}
 	runMetrics := make([]map[string]Metric, len(runs))
 	for i, r := range runs {
 		runMetrics[i] = map[string]Metric{}
@@ -277,8 +294,12 @@ func (g *GateReport) Headline() string {
 	if !g.Passed {
 		word = "FAIL"
 	}
-	return fmt.Sprintf("%s: %s, %d metric(s): %d pass, %d improvement, %d noise, %d regression (allowed regression %.3g%%, %d run(s))",
+	line := fmt.Sprintf("%s: %s, %d metric(s): %d pass, %d improvement, %d noise, %d regression (allowed regression %.3g%%, %d run(s))",
 		word, g.Command, len(g.Rows), n[Pass], n[Improvement], n[Noise], n[Regression], g.MaxRegression*100, g.Runs)
+	if len(g.Refused) > 0 {
+		line += "; refused: " + strings.Join(g.Refused, "; ")
+	}
+	return line
 }
 
 // WriteMarkdown writes the judgement for a CI job summary.

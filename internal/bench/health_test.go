@@ -1,0 +1,35 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestHandoffProblems(t *testing.T) {
+	recs := []HandoffRecord{
+		{ID: "r1", Bytes: 10, HandoffMS: 1},
+		{ID: "r2", Error: "registration of decode-7f3a timed out after 60s"},
+		{ID: "r3", Error: "registration of decode-0bc1 timed out after 60s"},
+		{ID: "r4", Error: "peer 127.0.0.1:4411 died", CorruptBlocks: 0},
+		{ID: "r5", Bytes: 10, CorruptBlocks: 2},
+	}
+	s := SummarizeHandoff(recs, 0)
+	want := map[string]int{"registration of decode-N timed out after N": 2, "peer N died": 1, "corrupt blocks": 1}
+	if d := cmp.Diff(want, s.FailuresByReason); d != "" {
+		t.Fatalf("failures by reason (-want +got):\n%s", d)
+	}
+	s.LeakedBlocks = 224
+	res := &HandoffResult{Summary: s, Interrupted: true}
+	got := res.Problems()
+	wantP := []string{
+		"4 of 5 requests failed (2 registration of decode-N timed out after N, 1 corrupt blocks, 1 peer N died)",
+		"2 corrupt blocks", "224 blocks leaked (still held at the end)", "interrupted",
+	}
+	if d := cmp.Diff(wantP, got); d != "" {
+		t.Errorf("problems (-want +got):\n%s", d)
+	}
+	if p := (&HandoffResult{Summary: SummarizeHandoff(recs[:1], 0)}).Problems(); len(p) != 0 {
+		t.Errorf("a healthy run has problems: %q", p)
+	}
+}
