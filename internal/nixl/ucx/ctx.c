@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "shim_internal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,15 @@ ucp_context_h nx_g_ctx;
 
 const char *nx_ucx_version(void) { return ucp_get_version_string(); }
 
+/* nx_ucp_path is the file libucp was loaded from (NULL if unknown). */
+const char *nx_ucp_path(void)
+{
+    Dl_info info;
+    if (dladdr((void *)ucp_get_version_string, &info) != 0 && info.dli_fname != NULL) {
+        return info.dli_fname;
+    }
+    return NULL;
+}
 
 /* nx_ucx_config prints the UCP configuration as the library reads it
  * from the environment (UCX_*=value lines, hidden ones too); NULL when it

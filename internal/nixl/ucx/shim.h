@@ -34,6 +34,7 @@ typedef struct {
 
 int         nx_global_init(char *err, size_t errlen);
 const char *nx_ucx_version(void);
+const char *nx_ucp_path(void);
 
 nx_ctx_t *nx_ctx_create(const char *name, char *err, size_t errlen);
 void      nx_ctx_destroy(nx_ctx_t *c);
