@@ -1,27 +1,5 @@
 package probe
 
-/*
-#cgo pkg-config: ucx
-#cgo CFLAGS: -O2 -Wall
-#cgo LDFLAGS: -ldl
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <ucp/api/ucp.h>
-
-// nxp_ucp_path is the file libucp was loaded from (NULL if unknown).
-static const char *nxp_ucp_path(void)
-{
-    Dl_info info;
-    if (dladdr((void *)ucp_get_version_string, &info) != 0 && info.dli_fname != NULL) {
-        return info.dli_fname;
-    }
-    return NULL;
-}
-*/
-import "C"
-
 import (
 	"os/exec"
 	"path/filepath"
@@ -61,7 +39,7 @@ func UCXLibraryConfig() map[string]string {
 }
 
 // UCXLibraryPath is the libucp file this process loaded ("" if unknown).
-func UCXLibraryPath() string { return C.GoString(C.nxp_ucp_path()) }
+func UCXLibraryPath() string { return ucx.LibraryPath() }
 
 // FindUCXInfo finds the ucx_info of the UCX this process loaded: the one
 // installed beside the library (a UCX under its own prefix, put first on

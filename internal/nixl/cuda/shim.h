@@ -101,4 +101,14 @@ int nxcu_ipc_get(CUcontext ctx, uint64_t ptr, unsigned char out[64]);
 int nxcu_ipc_open(CUcontext ctx, const unsigned char handle[64], uint64_t *ptr);
 int nxcu_ipc_close(CUcontext ctx, uint64_t ptr);
 
+/* The system's driver (system.c): libcuda.so.1 on a handle of its own,
+ * whatever NIXLCTL_CUDA_LIB says. nxcu_sys_open loads it and runs cuInit
+ * (0, or -1 with the reason in err; once loaded, 0 again). Then: the driver
+ * version (-1 unknown), the device count (-1 unknown), and device i's name
+ * and total memory (0 when the driver cannot say); -1 if it has none. */
+int nxcu_sys_open(char *err, size_t errlen);
+int nxcu_sys_driver_version(void);
+int nxcu_sys_device_count(void);
+int nxcu_sys_device(int i, char *name, int namelen, size_t *mem);
+
 #endif

@@ -34,6 +34,7 @@ typedef struct {
 
 int         nx_global_init(char *err, size_t errlen);
 const char *nx_ucx_version(void);
+const char *nx_ucp_path(void);
 
 nx_ctx_t *nx_ctx_create(const char *name, char *err, size_t errlen);
 void      nx_ctx_destroy(nx_ctx_t *c);
@@ -64,14 +65,10 @@ nx_xfer_t *nx_xfer_create(nx_ctx_t *c, nx_peer_t *p, int op, const nx_op_t *ops,
                           const void *notif, size_t nlen);
 int  nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x);
 int  nx_xfer_state(nx_ctx_t *c, nx_xfer_t *x, int progress);
-int  nx_xfer_error(nx_xfer_t *x);
-void nx_xfer_times(nx_xfer_t *x, uint64_t *post_start, uint64_t *post_end, uint64_t *done);
 int  nx_xfer_release(nx_ctx_t *c, nx_xfer_t *x);
 
 int nx_send_notif(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len);
 int nx_pop_notif(nx_ctx_t *c, char **sender, size_t *slen, char **msg, size_t *mlen);
 void nx_free(void *p);
-
-uint64_t nx_now_ns(void);
 
 #endif

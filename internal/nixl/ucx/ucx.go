@@ -10,6 +10,7 @@ package ucx
 /*
 #cgo pkg-config: ucx
 #cgo CFLAGS: -O2 -Wall
+#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -60,6 +61,9 @@ func Available() (bool, string) {
 
 // Version is the UCX library version in use.
 func Version() string { return C.GoString(C.nx_ucx_version()) }
+
+// LibraryPath is the libucp file this process loaded ("" if unknown).
+func LibraryPath() string { return C.GoString(C.nx_ucp_path()) }
 
 func cerr(buf []C.char) string { return C.GoString(&buf[0]) }
 
