@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -42,6 +43,7 @@ type probeUCXLeakOptions struct {
 	ChurnMax         string   `mapstructure:"churn-max"`
 	ProgressInterval string   `mapstructure:"progress-interval"`
 	SelfTestLeak     float64  `mapstructure:"self-test-leak"`
+	measureOptions   `mapstructure:",squash"`
 }
 
 const probeUCXLeakLong = `Does the decode side's memory grow while it receives KV caches, and which UCX
@@ -114,6 +116,7 @@ func newProbeUCXLeakCmd(a *app) *cobra.Command {
 	f.String("churn-max", "32M", "largest churn allocation")
 	f.String("progress-interval", "0", "progress the receiver's UCX worker only this often (ucx backend; 0: normal)")
 	f.Float64("self-test-leak", 0, "make the receiver leak this many MB a second on purpose (checks the probe)")
+	addMeasureFlags(cmd, false)
 	return cmd
 }
 
@@ -130,7 +133,11 @@ func parseDurationFlag(flag, s string, allowZero bool) (time.Duration, error) {
 
 func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	x := probe.LeakOptions{Rate: o.Rate, Tokens: o.Tokens, SelfTestLeakMBPerS: o.SelfTestLeak, Thresholds: probe.DefaultThresholds,
-		Version: version, Log: a.log, Progress: a.io.ErrOut}
+		Version: version, Log: a.log}
+	if !a.io.StderrTTY {
+		// A log (CI) gets a line per sample; a terminal gets the live view.
+		x.Progress = a.io.ErrOut
+	}
 	var err error
 	if x.Duration, err = parseDurationFlag("duration", o.Duration, false); err != nil {
 		return err
@@ -182,13 +189,18 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	if _, err := probe.KVShape(x.Spec, x.Tokens); err != nil {
 		return errkind.BadInput(err)
 	}
-	res, runErr := probe.RunUCXLeak(ctx, x)
-	if res != nil {
-		if err := probe.WriteLeak(a.io.Out, a.format, res); err != nil {
-			return err
-		}
+	if err := o.measureOptions.validate(); err != nil {
+		return err
 	}
-	return runErr
+	_, err = a.measureAndRender(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		x.Live = sink
+		res, err := probe.RunUCXLeak(ctx, x)
+		if res == nil {
+			return nil, err
+		}
+		return res, err
+	})
+	return err
 }
 
 type probeEnvOptions struct {

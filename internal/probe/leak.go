@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -114,6 +115,9 @@ type LeakOptions struct {
 	Log     *slog.Logger
 	// Progress receives one line per sample and one per configuration.
 	Progress io.Writer
+	// Live receives a Start, an RSS Gauge per sample and a Fit and a
+	// Point per configuration (the live view's RSS lines and slopes).
+	Live live.Sink
 	// PeerStderr receives the peers' standard error (nil: kept for errors).
 	PeerStderr io.Writer
 }
@@ -407,6 +411,7 @@ func RunUCXLeak(ctx context.Context, o LeakOptions) (*LeakResult, error) {
 			runnable++
 		}
 	}
+	live.Emit(o.Live, live.Start{Title: "probe ucx-leak", Total: runnable, Unit: "configurations"})
 	var transports []string
 	done, n := map[string]bool{}, 0
 	for _, c := range configs {
@@ -527,7 +532,11 @@ func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis,
 		if o.Progress != nil {
 			fmt.Fprintf(o.Progress, "%s "+format+"\n", append([]any{tag}, a...)...)
 		}
+		live.Emit(o.Live, live.Phase{Text: cr.Series() + ": " + fmt.Sprintf(format, a...)})
 	}
+	defer func() {
+		live.Emit(o.Live, live.Point{Label: cr.Series(), OK: cr.Verdict != Failed})
+	}()
 	if b, ok := nixl.Lookup(c.backend); ok {
 		cr.BackendVersion = b.Version()
 	}
@@ -582,11 +591,15 @@ func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis,
 	// are really flowing.
 	stop := make(chan struct{})
 	defer context.AfterFunc(ctx, func() { close(stop) })()
+	var lastSent *PeerStats // the sender's last stats, in case it dies before "stop" (Ctrl-C reaches it too)
 	samples, serr := NewSampler(recv.PID(), o.Interval).Run(o.Duration, stop, func(s Sample) {
+		live.Emit(o.Live, live.Gauge{Series: cr.Series(), At: time.Duration(s.T * float64(time.Second)), Value: float64(s.RSS) / MB, Unit: "MB"})
 		st, err := send.Call(PeerRequest{Op: "stats"})
 		reqs := "?"
 		if err == nil {
 			reqs = fmt.Sprintf("%d", st.Stats.Requests)
+			ps := st.Stats
+			lastSent = &ps
 		}
 		progress("%5.1fs rss %s vmdata %s maps %d fds %d, %s requests sent", s.T,
 			mb(float64(s.RSS)), mb(float64(s.VmData)), s.Maps, s.FDs, reqs)
@@ -594,11 +607,14 @@ func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis,
 	cr.Samples = append(cr.Samples, samples...)
 	if st, err := send.Call(PeerRequest{Op: "stop"}); err == nil {
 		cr.Sender = st.Stats
+	} else if lastSent != nil {
+		cr.Sender = *lastSent
 	}
 	if st, err := recv.Call(PeerRequest{Op: "stats"}); err == nil {
 		cr.Receiver = st.Stats
 	}
 	judge(&cr, o.Thresholds)
+	live.Emit(o.Live, live.Fit{Series: cr.Series(), Slope: cr.SlopeMBPerMin, Unit: "MB/min", R2: cr.R2})
 	if ctx.Err() != nil {
 		cr.Interrupted = true
 		cr.Reason = fmt.Sprintf("interrupted after %d samples; %s", len(samples), cr.Reason)
