@@ -90,6 +90,10 @@ func parseFraction(s string) (float64, error) {
 }
 
 func runGate(ctx context.Context, a *app, o gateOptions) error {
+	if a.format == report.FormatProm {
+		// Found before any --repeat run spends minutes.
+		return errkind.BadInput(report.FormatError("gate", a.format))
+	}
 	if o.Baseline == "" {
 		return errkind.BadInputf("--baseline is required")
 	}

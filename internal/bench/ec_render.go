@@ -34,8 +34,9 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 		}
 		return nil
 	case report.FormatProm:
-		// vLLM's nixl_* metrics describe KV transfers, not the encoder cache.
-		return report.FormatError("bench ec", f)
+		// vLLM's nixl_* metrics describe KV transfers, not the encoder
+		// cache: its metrics as plain gauges.
+		return report.WriteMetricsProm(w, res)
 	}
 	c, s := res.Config, res.Summary
 	who := "consumer READs"

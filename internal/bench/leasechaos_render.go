@@ -104,7 +104,7 @@ func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error 
 		}
 		return nil
 	case report.FormatProm:
-		return report.FormatError("lease-chaos", f)
+		return report.WriteMetricsProm(w, res)
 	}
 	fmt.Fprintf(w, "lease-chaos: %s\n\n", leaseHeadline(res))
 	if len(res.Scenarios) > 0 {

@@ -22,6 +22,8 @@ func (res *LeakResult) Render(w io.Writer, f report.Format) error {
 		return WriteLeak(w, f, res)
 	case report.FormatMarkdown:
 		return leakTable(res).WriteMarkdown(w)
+	case report.FormatProm:
+		return report.WriteMetricsProm(w, res)
 	}
 	return report.FormatError("probe ucx-leak", f)
 }

@@ -22,8 +22,22 @@ func WriteKVLayout(w io.Writer, f Format, as []kv.Analysis) error {
 		return WriteJSON(w, as)
 	case FormatCSV:
 		return kvCSVTable(as).WriteCSV(w)
-	case FormatMarkdown, FormatProm:
-		return FormatError("kv layout", f)
+	case FormatMarkdown:
+		if _, err := fmt.Fprintf(w, "```\n%s\n```\n\n", kvHeader(as[0])); err != nil {
+			return err
+		}
+		if err := kvSweepTable(as).WriteMarkdown(w); err != nil {
+			return err
+		}
+		if last := as[len(as)-1]; last.Hetero != nil {
+			if _, err := io.WriteString(w, "\n"); err != nil {
+				return err
+			}
+			return kvHeteroTable(last).WriteMarkdown(w)
+		}
+		return nil
+	case FormatProm:
+		return kvProm(w, as)
 	}
 	a := as[0]
 	if _, err := io.WriteString(w, kvHeader(a)+"\n"); err != nil {
@@ -176,4 +190,28 @@ func sum(xs []int) int {
 		n += x
 	}
 	return n
+}
+
+// kvProm writes the sizes as gauges, one sample per token count, labelled
+// with the deployment (so a dashboard can show what a model costs next to
+// what moving it took): nixlctl_kv_layout_bytes_per_request{model=...}.
+func kvProm(w io.Writer, as []kv.Analysis) error {
+	t := kvCSVTable(as)
+	const labels = 7 // model, tokens, kv_dtype, block_size, tp, pp, layout
+	for c := labels; c < len(t.Columns); c++ {
+		name := "nixlctl_kv_layout_" + t.Columns[c].Name
+		if _, err := fmt.Fprintf(w, "# TYPE %s gauge\n", name); err != nil {
+			return err
+		}
+		for _, row := range t.Rows {
+			var l []string
+			for i := 0; i < labels; i++ {
+				l = append(l, fmt.Sprintf(`%s="%s"`, t.Columns[i].Name, promEscape(row[i])))
+			}
+			if _, err := fmt.Fprintf(w, "%s{%s} %s\n", name, strings.Join(l, ","), row[c]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
