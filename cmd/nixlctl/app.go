@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -56,9 +57,35 @@ type app struct {
 
 // Main runs nixlctl with os.Args and returns the exit code.
 func Main() int {
+	defer startCPUProfile()()
 	ctx, stop := interruptContext()
 	defer stop()
 	return run(ctx, systemStreams(), os.Args[1:])
+}
+
+// startCPUProfile writes a CPU profile of this process to
+// $NIXLCTL_CPUPROFILE.<pid> when that variable is set. Endpoint children
+// inherit it, so one run profiles the driver and every endpoint (each
+// its own file) — where a handoff's time goes is split across them.
+func startCPUProfile() (stop func()) {
+	base := os.Getenv("NIXLCTL_CPUPROFILE")
+	if base == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", base, os.Getpid()))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "NIXLCTL_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "NIXLCTL_CPUPROFILE: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // interruptContext cancels on the first SIGINT/SIGTERM so that commands can
