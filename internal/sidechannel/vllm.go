@@ -163,8 +163,48 @@ func (s *HandshakeServer) Errors() (int, error) { return s.router.Errors() }
 // Wait waits for the listener to close after its context ended.
 func (s *HandshakeServer) Wait() { s.router.Wait() }
 
+// Wire returns md as a vLLM peer must receive it: every field of
+// NixlAgentMetadata is non-Optional there, so msgspec rejects null ("Expected
+// array, got null") even with enforce_handshake_compat off. Unset lists go
+// out empty, and ssm_sizes, a tuple[int, int], as (0, 0) for a model with no
+// SSM state.
+func (md AgentMetadata) Wire() AgentMetadata {
+	if len(md.SSMSizes) != 2 {
+		md.SSMSizes = []int64{0, 0}
+	}
+	if md.AgentMetadata == nil {
+		md.AgentMetadata = []byte{}
+	}
+	if md.KVCachesBaseAddr == nil {
+		md.KVCachesBaseAddr = []uint64{}
+	}
+	if md.BlockLens == nil {
+		md.BlockLens = []int64{}
+	}
+	if md.BlockStrides == nil {
+		md.BlockStrides = []int64{}
+	}
+	if md.RegionNumBlocks == nil {
+		md.RegionNumBlocks = []int{}
+	}
+	if md.RegionGroupIDs == nil {
+		md.RegionGroupIDs = []int{}
+	}
+	if md.RegionNames == nil {
+		md.RegionNames = []string{}
+	}
+	if md.RegionMemTypes == nil {
+		md.RegionMemTypes = []string{}
+	}
+	if md.RegionMembers == nil {
+		md.RegionMembers = [][]string{}
+	}
+	return md
+}
+
 // Set publishes a rank's metadata.
 func (s *HandshakeServer) Set(pp, tp int, md AgentMetadata) error {
+	md = md.Wire()
 	b, err := msgpack.Marshal(&md)
 	if err != nil {
 		return err
