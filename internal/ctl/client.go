@@ -181,7 +181,7 @@ func (c *Client) read(r io.Reader) {
 		}
 	}
 	c.mu.Lock()
-	c.err = fmt.Errorf("control channel lost: %w", err)
+	c.err = fmt.Errorf("%w: %w", ErrLost, err)
 	for id, ch := range c.pending {
 		close(ch)
 		delete(c.pending, id)
@@ -244,7 +244,12 @@ func (c *Client) forget(id uint64) {
 	c.mu.Unlock()
 }
 
-var errClosed = errors.New("control channel closed")
+var (
+	// ErrLost is why calls fail once the server went away (a child that
+	// died, a dropped connection) or sent what cannot be parsed.
+	ErrLost   = errors.New("control channel lost")
+	errClosed = errors.New("control channel closed")
+)
 
 func (c *Client) write(m Message) error {
 	b, err := json.Marshal(m)
@@ -262,19 +267,20 @@ func (c *Client) write(m Message) error {
 
 // Call sends a request and decodes its result into result (nil: ignore
 // it). An error the server answered comes back as is; a server that went
-// away fails every call at once.
+// away fails every call at once. Errors do not name the method: the
+// caller knows what it asked.
 func (c *Client) Call(ctx context.Context, method string, params, result any) error {
 	p, err := json.Marshal(params)
 	if err != nil {
-		return fmt.Errorf("%s: %w", method, err)
+		return err
 	}
 	id, ch, err := c.register()
 	if err != nil {
-		return fmt.Errorf("%s: %w", method, err)
+		return err
 	}
 	if err := c.write(Message{ID: id, Method: method, Params: p}); err != nil {
 		c.forget(id)
-		return fmt.Errorf("%s: %w", method, err)
+		return err
 	}
 	select {
 	case <-ctx.Done():
@@ -284,14 +290,14 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 		if !ok {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			return fmt.Errorf("%s: %w", method, c.err)
+			return c.err
 		}
 		if m.Error != "" {
 			return errors.New(m.Error)
 		}
 		if result != nil {
 			if err := json.Unmarshal(m.Result, result); err != nil {
-				return fmt.Errorf("%s: result: %w", method, err)
+				return fmt.Errorf("result: %w", err)
 			}
 		}
 		return nil

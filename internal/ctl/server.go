@@ -174,6 +174,20 @@ func ServeListener(ctx context.Context, ln net.Listener, role Role, log *slog.Lo
 	}
 }
 
+// HandleSerial registers f for every method in methods, answering one
+// request at a time: for roles whose state is a plain struct that one
+// driver steps through (the xfer target, the encoder, the leak peer).
+func HandleSerial[P any](s *Server, methods []string, f func(ctx context.Context, method string, p P) (any, error)) {
+	var mu sync.Mutex
+	for _, m := range methods {
+		s.Handle(m, Typed(func(ctx context.Context, p P) (any, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return f(ctx, m, p)
+		}))
+	}
+}
+
 // Typed adapts a handler of decoded params; absent params decode as P's
 // zero value.
 func Typed[P any](f func(context.Context, P) (any, error)) Handler {
