@@ -318,3 +318,43 @@ func TestDial(t *testing.T) {
 		t.Errorf("listener: %v", err)
 	}
 }
+
+func TestHandleSerial(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var running, most int
+	var mu sync.Mutex
+	role := func(s *Server) func() {
+		HandleSerial(s, []string{"a", "b"}, func(_ context.Context, method string, n int) (any, error) {
+			mu.Lock()
+			running++
+			most = max(most, running)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond) // long enough for the others to pile up
+			mu.Lock()
+			running--
+			mu.Unlock()
+			return fmt.Sprintf("%s%d", method, n), nil
+		})
+		return nil
+	}
+	c := StartInProcess(context.Background(), role)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			method := []string{"a", "b"}[i%2]
+			var out string
+			if err := c.Call(context.Background(), method, i, &out); err != nil || out != fmt.Sprintf("%s%d", method, i) {
+				t.Errorf("%s(%d): %q %v", method, i, out, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if most != 1 {
+		t.Errorf("%d requests ran at once, want 1", most)
+	}
+	if err := c.Close(time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+}
