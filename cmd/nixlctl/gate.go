@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -215,7 +215,7 @@ func rerun(ctx context.Context, a *app, base *report.Meta, i, n int) (report.Res
 	if len(base.Args) == 0 {
 		return nil, errkind.BadInputf("--repeat: the baseline does not record its command line (an older result); run it yourself and pass --result")
 	}
-	exe, err := bench.SelfExe()
+	exe, err := ctl.SelfExe()
 	if err != nil {
 		return nil, err
 	}

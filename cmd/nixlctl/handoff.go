@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -302,17 +301,5 @@ bind to 127.0.0.1 for now, so prefill and decode must run on one host.`, role),
 }
 
 func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
-	if o.Stdio == (o.Listen != "") {
-		return errkind.BadInputf("use exactly one of --stdio and --listen")
-	}
-	if o.Stdio {
-		ctrl, err := engine.SeparateStdout() // libraries that print must not corrupt the channel
-		if err != nil {
-			return err
-		}
-		return engine.ServeEndpoint(ctx, os.Stdin, ctrl, a.log)
-	}
-	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
-		return engine.ServeEndpoint(ctx, rw, rw, a.log)
-	})
+	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log))
 }

@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/ec"
-	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
@@ -64,46 +61,25 @@ point "bench xfer --target HOST:PORT" at it.`,
 }
 
 func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
-	switch {
-	case o.Stdio == (o.Listen != ""):
-		return errkind.BadInputf("use exactly one of --stdio and --listen")
-	case o.Stdio:
-		ctrl, err := engine.SeparateStdout() // libraries that print must not corrupt the channel
-		if err != nil {
-			return err
-		}
-		return xfertarget.Serve(ctx, os.Stdin, ctrl, a.log)
-	}
-	return serveTCP(ctx, a, o.Listen, func(ctx context.Context, rw io.ReadWriter) error {
-		return xfertarget.Serve(ctx, rw, rw, a.log)
-	})
+	return serveRole(ctx, a, o.Stdio, o.Listen, xfertarget.Role(a.log))
 }
 
-// serveTCP accepts one control connection at a time on addr and hands it
-// to serve until ctx ends.
-func serveTCP(ctx context.Context, a *app, addr string, serve func(context.Context, io.ReadWriter) error) error {
-	ln, err := net.Listen("tcp", addr)
+// serveRole serves role on standard input and output (--stdio, how the
+// benchmarks run their children) or on a TCP address, one driver at a
+// time (--listen).
+func serveRole(ctx context.Context, a *app, stdio bool, listen string, role ctl.Role) error {
+	switch {
+	case stdio == (listen != ""):
+		return errkind.BadInputf("use exactly one of --stdio and --listen")
+	case stdio:
+		return ctl.ServeStdio(ctx, role)
+	}
+	ln, err := net.Listen("tcp", strings.TrimPrefix(listen, "tcp://"))
 	if err != nil {
 		return errkind.BadInputf("--listen: %v", err)
 	}
-	defer ln.Close()
-	context.AfterFunc(ctx, func() { ln.Close() })
 	fmt.Fprintf(a.io.ErrOut, "listening on %s\n", ln.Addr())
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return ctx.Err()
-			}
-			return err
-		}
-		a.log.Info("driver connected", "from", conn.RemoteAddr())
-		err = serve(ctx, conn)
-		conn.Close()
-		if err != nil {
-			a.log.Warn("session ended", "err", err)
-		}
-	}
+	return ctl.ServeListener(ctx, ln, role, a.log)
 }
 
 type serveEncoderOptions struct {
@@ -144,38 +120,7 @@ creates a region.`,
 }
 
 func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
-	switch {
-	case o.Stdio == (o.Listen != ""):
-		return errkind.BadInputf("use exactly one of --stdio and --listen")
-	case o.Stdio:
-		ctrl, err := engine.SeparateStdout()
-		if err != nil {
-			return err
-		}
-		return ec.ServeEncoder(ctx, os.Stdin, ctrl, a.log)
-	}
-	ln, err := net.Listen("tcp", strings.TrimPrefix(o.Listen, "tcp://"))
-	if err != nil {
-		return errkind.BadInputf("--listen: %v", err)
-	}
-	defer ln.Close()
-	context.AfterFunc(ctx, func() { ln.Close() })
-	fmt.Fprintf(a.io.ErrOut, "serving encoder control on %s\n", ln.Addr())
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return ctx.Err()
-			}
-			return err
-		}
-		a.log.Info("benchmark connected", "from", conn.RemoteAddr())
-		err = ec.ServeEncoder(ctx, conn, conn, a.log)
-		conn.Close()
-		if err != nil {
-			a.log.Warn("session ended", "err", err)
-		}
-	}
+	return serveRole(ctx, a, o.Stdio, o.Listen, ec.EncoderRole(a.log))
 }
 
 type serveLeakPeerOptions struct {
@@ -198,13 +143,7 @@ func newServeLeakPeerCmd(a *app) *cobra.Command {
 			if !o.Stdio {
 				return errkind.BadInputf("leak-peer needs --stdio")
 			}
-			// UCX may print to stdout: keep the real stdout for replies.
-			ctrl, err := engine.SeparateStdout()
-			if err != nil {
-				return err
-			}
-			defer ctrl.Close()
-			return probe.ServeLeakPeer(cmd.Context(), os.Stdin, ctrl, a.log)
+			return ctl.ServeStdio(cmd.Context(), probe.LeakPeerRole(a.log))
 		},
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -62,7 +63,7 @@ type ECOptions struct {
 type ProducerSpec struct {
 	Inproc bool     // a goroutine of this process
 	Addr   string   // an encoder started elsewhere (serve encoder --listen)
-	Exe    string   // else: this program as a child; default SelfExe
+	Exe    string   // else: this program as a child; default ctl.SelfExe
 	Args   []string // default serve encoder --stdio
 	Env    []string
 }
@@ -396,24 +397,23 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string, error) {
 	switch {
 	case o.Producer.Inproc:
-		return ec.StartEncoderInProcess(ctx, o.Log), "inproc", nil
+		return &ec.EncoderClient{Client: ctl.StartInProcess(ctx, ec.EncoderRole(o.Log))}, "inproc", nil
 	case o.Producer.Addr != "":
-		c, err := ec.DialEncoder(ctx, o.Producer.Addr)
-		return c, o.Producer.Addr, err
-	}
-	exe := o.Producer.Exe
-	if exe == "" {
-		var err error
-		if exe, err = SelfExe(); err != nil {
-			return nil, "", err
+		c, err := ctl.Dial(ctx, o.Producer.Addr)
+		if err != nil {
+			return nil, "", fmt.Errorf("connect to encoder %s: %w", o.Producer.Addr, err)
 		}
+		return &ec.EncoderClient{Client: c}, o.Producer.Addr, nil
 	}
 	args := o.Producer.Args
 	if args == nil {
 		args = []string{"serve", "encoder", "--stdio"}
 	}
-	c, err := ec.StartEncoderProcess(ctx, exe, args, o.Producer.Env, os.Stderr)
-	return c, "process", err
+	c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: os.Stderr})
+	if err != nil {
+		return nil, "", fmt.Errorf("start encoder: %w", err)
+	}
+	return &ec.EncoderClient{Client: c}, "process", nil
 }
 
 // reachable replaces a wildcard host in the side channel's endpoint with

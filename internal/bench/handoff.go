@@ -1,23 +1,21 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -225,94 +223,47 @@ type HandoffResult struct {
 
 // Endpoint is a connection to a prefill or decode endpoint.
 type Endpoint struct {
-	rpc    *engine.RPCClient
-	cmd    *exec.Cmd
-	stop   func()
-	done   chan error
-	closed sync.Once
+	rpc *ctl.Client
 }
 
+// endpointGrace is how long an endpoint may take to close its engine
+// (agents, pools) before it is killed.
+const endpointGrace = 15 * time.Second
+
 func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*Endpoint, error) {
+	// Endpoints outlive the run's context: an interrupted run still asks
+	// them for their stats.
+	keep := context.WithoutCancel(ctx)
 	switch {
 	case o.Inproc:
-		reqR, reqW := io.Pipe()
-		repR, repW := io.Pipe()
-		ep := &Endpoint{rpc: engine.NewRPCClient(repR, reqW), done: make(chan error, 1)}
-		go func() {
-			err := engine.ServeEndpoint(context.WithoutCancel(ctx), reqR, repW, o.Log.With("role", role))
-			repW.Close()
-			ep.done <- err
-		}()
-		return ep, nil
+		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", role)))}, nil
 	case addr != "":
-		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", strings.TrimPrefix(addr, "tcp://"))
+		c, err := ctl.Dial(ctx, addr)
 		if err != nil {
 			return nil, fmt.Errorf("%s endpoint %s: %w", role, addr, err)
 		}
-		ep := &Endpoint{rpc: engine.NewRPCClient(conn, conn), done: make(chan error, 1), stop: func() { conn.Close() }}
-		ep.done <- nil
-		return ep, nil
-	}
-	exe := o.Exe
-	var err error
-	if exe == "" {
-		if exe, err = SelfExe(); err != nil {
-			return nil, err
-		}
+		return &Endpoint{rpc: c}, nil
 	}
 	args := append(append([]string(nil), o.ExeArgs...), role, "--stdio")
 	if o.ExeArgs == nil {
 		args = []string{"serve", role, "--stdio"}
 	}
-	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), o.ChildEnv...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
+	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: os.Stderr})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s endpoint: %w", role, err)
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s endpoint: %w", role, err)
-	}
-	ep := &Endpoint{rpc: engine.NewRPCClient(bufio.NewReader(stdout), stdin), cmd: cmd, done: make(chan error, 1)}
-	go func() { ep.done <- cmd.Wait() }()
-	return ep, nil
+	return &Endpoint{rpc: c}, nil
 }
 
 func (ep *Endpoint) close() {
 	if ep == nil {
 		return
 	}
-	ep.closed.Do(ep.shutdown)
-}
-
-func (ep *Endpoint) shutdown() {
-	_ = ep.rpc.Close()
-	select {
-	case <-ep.done:
-	case <-time.After(15 * time.Second):
-		if ep.cmd != nil && ep.cmd.Process != nil {
-			_ = ep.cmd.Process.Kill()
-			<-ep.done
-		}
-	}
-	if ep.stop != nil {
-		ep.stop()
-	}
+	_ = ep.rpc.Close(endpointGrace, nil)
 }
 
 // Signal sends the endpoint process a signal (fault tests, chaos).
-func (ep *Endpoint) Signal(sig syscall.Signal) error {
-	if ep.cmd == nil || ep.cmd.Process == nil {
-		return errors.New("endpoint is not a child process")
-	}
-	return ep.cmd.Process.Signal(sig)
-}
+func (ep *Endpoint) Signal(sig syscall.Signal) error { return ep.rpc.Signal(sig) }
 
 // poolBlocks sizes the pools: every request in flight may hold its blocks
 // on both sides, plus room for leases that outlive a request.
@@ -502,7 +453,7 @@ type handoff struct {
 }
 
 func (h *handoff) collectFreed() {
-	forEachEvent(h.pe, func(ev engine.Event) {
+	forEachEvent(h.pe, func(ev ctl.Event) {
 		if ev.Name != "freed" {
 			return
 		}

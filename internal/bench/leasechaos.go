@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -335,7 +336,7 @@ func (c *chaosRun) close() {
 // collectPrefill keeps what a prefill generation reports: frees, lease
 // table samples, heartbeats applied.
 func (c *chaosRun) collectPrefill(ep *Endpoint) {
-	forEachEvent(ep, func(ev engine.Event) {
+	forEachEvent(ep, func(ev ctl.Event) {
 		c.mu.Lock()
 		switch ev.Name {
 		case "freed":
@@ -365,7 +366,7 @@ func (c *chaosRun) collectPrefill(ep *Endpoint) {
 
 // forEachEvent hands f the endpoint's events until its connection is gone
 // and what it sent before is drained.
-func forEachEvent(ep *Endpoint, f func(engine.Event)) {
+func forEachEvent(ep *Endpoint, f func(ctl.Event)) {
 	for {
 		select {
 		case ev := <-ep.rpc.Events():
@@ -389,7 +390,7 @@ func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
 	stop := make(chan struct{})
 	go func() {
 		defer close(stop)
-		forEachEvent(ep, func(ev engine.Event) {
+		forEachEvent(ep, func(ev ctl.Event) {
 			var s engine.DecodeEvent
 			if json.Unmarshal(ev.Data, &s) != nil {
 				return

@@ -7,12 +7,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -313,27 +312,25 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 
 	switch {
 	case o.Target.Inproc:
-		r.target = xfertarget.StartInProcess(ctx, o.Log)
+		r.target = &xfertarget.Client{Client: ctl.StartInProcess(ctx, xfertarget.Role(o.Log))}
 		res.Config.Target = "inproc"
 	case o.Target.Addr != "":
-		if r.target, err = xfertarget.Dial(ctx, o.Target.Addr); err != nil {
-			return nil, err
+		c, err := ctl.Dial(ctx, o.Target.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("connect to target %s: %w", o.Target.Addr, err)
 		}
+		r.target = &xfertarget.Client{Client: c}
 		res.Config.Target = o.Target.Addr
 	default:
-		exe := o.Target.Exe
-		if exe == "" {
-			if exe, err = SelfExe(); err != nil {
-				return nil, err
-			}
-		}
 		args := o.Target.Args
 		if args == nil {
 			args = []string{"serve", "target", "--stdio"}
 		}
-		if r.target, err = xfertarget.StartProcess(ctx, exe, args, o.Target.Env, os.Stderr); err != nil {
-			return nil, err
+		c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Target.Exe, Args: args, Env: append(os.Environ(), o.Target.Env...), Stderr: os.Stderr})
+		if err != nil {
+			return nil, fmt.Errorf("start target: %w", err)
 		}
+		r.target = &xfertarget.Client{Client: c}
 		res.Config.Target = "process"
 	}
 	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
@@ -732,16 +729,4 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", c.Bad, n, c.First)
 	}
 	return fmt.Sprintf("ok (%d descriptors)", n)
-}
-
-// SelfExe is the path to run this program again as an endpoint child: the
-// name it was started as, when that resolves (so a test harness that runs
-// it under another name keeps working), else the running executable.
-func SelfExe() (string, error) {
-	if p, err := exec.LookPath(os.Args[0]); err == nil {
-		if abs, err := filepath.Abs(p); err == nil {
-			return abs, nil
-		}
-	}
-	return os.Executable()
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -28,11 +29,11 @@ func TestMain(m *testing.M) {
 	// target when "target" is among its arguments, else an engine endpoint.
 	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		serve := engine.ServeEndpoint
+		role := engine.EndpointRole(log)
 		if slices.Contains(os.Args, "target") {
-			serve = xfertarget.Serve
+			role = xfertarget.Role(log)
 		}
-		if err := serve(context.Background(), os.Stdin, os.Stdout, log); err != nil {
+		if err := ctl.ServeStdio(context.Background(), role); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	// ... and as the encoder of bench ec.
 	if os.Getenv("NIXLCTL_BENCH_TEST_ENCODER") == "1" {
-		if err := ec.ServeEncoder(context.Background(), os.Stdin, os.Stdout, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		if err := ctl.ServeStdio(context.Background(), ec.EncoderRole(slog.New(slog.NewTextHandler(os.Stderr, nil)))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

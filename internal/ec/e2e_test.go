@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) {
 	// This test binary doubles as `nixlctl serve encoder --stdio`.
 	if os.Getenv("NIXLCTL_ENGINE_TEST_ENCODER") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if err := ServeEncoder(context.Background(), os.Stdin, os.Stdout, log); err != nil {
+		if err := ctl.ServeStdio(context.Background(), EncoderRole(log)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -55,11 +56,7 @@ func startEncoder(t *testing.T, regionBytes int, listen string, pinLease time.Du
 // /dev/shm).
 func startEncoderIn(t *testing.T, regionBytes int, listen string, pinLease time.Duration, shmDir string) *ecEncoder {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := StartEncoderProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLCTL_ENGINE_TEST_ENCODER=1"}, os.Stderr)
+	c, err := encoderChild()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +296,7 @@ func TestECProducerKilledMidRun(t *testing.T) {
 	if o := step(t, c, want("a", p, ecSmall))[0]; o.Outcome != OutcomeTransfer {
 		t.Fatalf("before the kill: %+v", o)
 	}
-	if err := enc.Kill(syscall.SIGKILL); err != nil {
+	if err := enc.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	enc.Close() // reaps it
@@ -393,9 +390,22 @@ func TestECProducerRestartReloadsAgent(t *testing.T) {
 	noLeak(t, c)
 }
 
+// encoderChild runs this test binary as the encoder.
+func encoderChild() (*EncoderClient, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	c, err := ctl.Start(context.Background(), ctl.Cmd{Exe: exe, Args: []string{"-test.run=^$"},
+		Env: append(os.Environ(), "NIXLCTL_ENGINE_TEST_ENCODER=1"), Stderr: os.Stderr})
+	if err != nil {
+		return nil, err
+	}
+	return &EncoderClient{Client: c}, nil
+}
+
 func tryStartEncoder(t *testing.T, regionBytes int, listen string) (*ecEncoder, error) {
-	exe, _ := os.Executable()
-	c, err := StartEncoderProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLCTL_ENGINE_TEST_ENCODER=1"}, os.Stderr)
+	c, err := encoderChild()
 	if err != nil {
 		return nil, err
 	}

@@ -5,17 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
+
+	"github.com/nixlctl/nixlctl/internal/ctl"
 )
 
-// ServeEndpoint runs one engine endpoint over an RPC channel: "setup"
+// EndpointRole is one engine endpoint on a control channel: "setup"
 // creates the engine (once), then "prefill" or "load", "abort", "stats",
 // "info". Events ("freed"; with lease events "heartbeat", "leases",
-// "queued", "crashing") flow back unasked. It returns when the channel closes.
-func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
-	srv := NewRPCServer(w)
+// "queued", "crashing") flow back unasked. The engine closes with the
+// session.
+func EndpointRole(log *slog.Logger) ctl.Role {
+	return func(srv *ctl.Server) func() {
+		return serveEndpoint(srv, log)
+	}
+}
+
+func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
 	var mu sync.Mutex
 	var eng *Engine
 	get := func() (*Engine, error) {
@@ -102,11 +109,11 @@ func ServeEndpoint(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logg
 		}
 		return e.Info(), nil
 	})
-	err := srv.Serve(ctx, r)
-	mu.Lock()
-	if eng != nil {
-		eng.Close()
+	return func() {
+		mu.Lock()
+		if eng != nil {
+			eng.Close()
+		}
+		mu.Unlock()
 	}
-	mu.Unlock()
-	return err
 }

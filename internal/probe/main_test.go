@@ -10,17 +10,13 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 )
 
 func TestMain(m *testing.M) {
 	// This test binary doubles as the leak peer child process.
 	if os.Getenv("NIXLCTL_PROBE_TEST_PEER") == "1" {
-		ctrl, err := engine.SeparateStdout()
-		if err == nil {
-			err = ServeLeakPeer(context.Background(), os.Stdin, ctrl, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-		}
-		if err != nil {
+		if err := ctl.ServeStdio(context.Background(), LeakPeerRole(slog.New(slog.NewTextHandler(os.Stderr, nil)))); err != nil {
 			fmt.Fprintln(os.Stderr, "leak peer:", err)
 			os.Exit(1)
 		}

@@ -1,12 +1,10 @@
 package probe
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -18,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 )
@@ -34,8 +33,8 @@ import (
 //     (one descriptor per block per region, a fresh block table each time)
 //     posted at a steady rate with a notification each, as vLLM does.
 //
-// The control channel is JSON lines, one request and one reply at a time;
-// the bytes move over the transfer backend. Stats are cumulative counters.
+// The control channel is internal/ctl's, one request at a time; the bytes
+// move over the transfer backend. Stats are cumulative counters.
 
 // RegionShape is one KV region of the pool: where it starts, its block
 // size, and how many of its blocks one request moves (sliding-window
@@ -79,7 +78,7 @@ func (s *Shape) perRequest() (descs int, bytes int64) {
 
 // PeerRequest is one control request.
 type PeerRequest struct {
-	Op string `json:"op"` // setup, load_md, start, stats, stop, verify, info, close
+	Op string `json:"op"` // the method: setup, load_md, start, stats, stop, verify, info
 
 	// setup
 	Role       string      `json:"role,omitempty"` // receiver or sender
@@ -126,7 +125,6 @@ type PeerStats struct {
 
 // PeerReply answers one request.
 type PeerReply struct {
-	Error     string    `json:"error,omitempty"`
 	MD        []byte    `json:"md,omitempty"`
 	Addr      uint64    `json:"addr,omitempty"`
 	PID       int       `json:"pid,omitempty"`
@@ -142,66 +140,28 @@ type PeerReply struct {
 	First   string `json:"first,omitempty"`
 }
 
-// ServeLeakPeer answers control requests from r on w until "close", EOF
-// or ctx ends, then releases everything.
-func ServeLeakPeer(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
+// LeakPeerRole is a leak peer on a control channel: requests are its
+// methods (the Op of each PeerRequest), answered one at a time; "close"
+// stops the sender and answers with the final counters. Everything is
+// released when the session ends.
+func LeakPeerRole(log *slog.Logger) ctl.Role {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &peerState{log: log}
-	defer p.close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	enc := json.NewEncoder(w)
-	lines := make(chan []byte)
-	scanErr := make(chan error, 1)
-	go func() {
-		defer close(lines)
-		for sc.Scan() {
-			select {
-			case lines <- append([]byte(nil), sc.Bytes()...):
-			case <-ctx.Done():
-				return
-			}
-		}
-		scanErr <- sc.Err()
-	}()
-	for {
-		var line []byte
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case line, ok = <-lines:
-		}
-		if !ok {
-			select {
-			case err := <-scanErr:
-				return err
-			default:
-				return nil
-			}
-		}
-		var req PeerRequest
-		var rep PeerReply
-		if err := json.Unmarshal(line, &req); err != nil {
-			rep.Error = fmt.Sprintf("malformed request: %v", err)
-		} else {
-			if req.Op == "close" {
-				p.stopDrive()
-				st := p.stats()
-				p.close()
-				_ = enc.Encode(PeerReply{Stats: st})
-				return nil
-			}
-			var err error
-			if rep, err = p.do(req); err != nil {
-				rep.Error = err.Error()
-			}
-		}
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
+	return func(s *ctl.Server) func() {
+		p := &peerState{log: log}
+		ops := []string{"setup", "load_md", "start", "stats", "stop", "verify", "info"}
+		ctl.HandleSerial(s, ops, func(_ context.Context, op string, req PeerRequest) (any, error) {
+			req.Op = op
+			return p.do(req)
+		})
+		s.OnClose(func(context.Context, json.RawMessage) (any, error) {
+			p.stopDrive()
+			st := p.stats()
+			p.close()
+			return PeerReply{Stats: st}, nil
+		})
+		return p.close
 	}
 }
 

@@ -1,30 +1,28 @@
 package xfertarget
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 )
 
 // The xfer target is the passive side of `bench xfer`: it owns a
 // registered buffer that the initiator READs from or WRITEs into, and it
-// answers a small control protocol (JSON lines, one request and one reply
-// at a time) so the initiator can set it up, have it fill or verify tags,
+// answers a small control protocol (ctl methods named by Request.Op,
+// one at a time) so the initiator can set it up, have it fill or verify tags,
 // and collect notifications. The bytes themselves never cross the control
 // channel.
 
 // TargetRequest is one control request.
 type Request struct {
-	Op string `json:"op"` // setup, load_md, fill, verify, notifs, await, info, close
+	Op string `json:"op"` // the method: setup, load_md, fill, verify, notifs, await, info
 
 	// setup
 	Backend   string `json:"backend,omitempty"`
@@ -56,8 +54,6 @@ type Request struct {
 
 // TargetReply answers one request.
 type Reply struct {
-	Error string `json:"error,omitempty"`
-
 	MD      []byte    `json:"md,omitempty"`
 	Addr    uint64    `json:"addr,omitempty"`
 	Len     int       `json:"len,omitempty"`
@@ -79,66 +75,19 @@ type Target struct {
 	notifs map[string][]string
 }
 
-// ServeXferTarget answers control requests from r on w until "close", EOF
-// or ctx ends, then releases everything.
-func Serve(ctx context.Context, r io.Reader, w io.Writer, log *slog.Logger) error {
-	t := &Target{log: log, notifs: map[string][]string{}}
-	defer t.close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 256<<20)
-	enc := json.NewEncoder(w)
-	lines := make(chan []byte)
-	scanErr := make(chan error, 1)
-	go func() {
-		defer close(lines)
-		for sc.Scan() {
-			select {
-			case lines <- append([]byte(nil), sc.Bytes()...):
-			case <-ctx.Done():
-				return
-			}
-		}
-		scanErr <- sc.Err()
-	}()
-	for {
-		var line []byte
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case line, ok = <-lines:
-		}
-		if !ok {
-			select {
-			case err := <-scanErr:
-				return err
-			default:
-				return nil
-			}
-		}
-		var req Request
-		var rep Reply
-		if err := json.Unmarshal(line, &req); err != nil {
-			rep.Error = fmt.Sprintf("malformed request: %v", err)
-		} else {
-			if req.Op == "close" {
-				_ = enc.Encode(Reply{})
-				return nil
-			}
-			rep = t.handle(ctx, req)
-		}
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
+// Role is the target on a control channel: requests are its methods
+// (the Op of each Request), answered one at a time; the agent and buffer
+// are released when the session ends.
+func Role(log *slog.Logger) ctl.Role {
+	return func(s *ctl.Server) func() {
+		t := &Target{log: log, notifs: map[string][]string{}}
+		ops := []string{"setup", "load_md", "fill", "verify", "notifs", "await", "info"}
+		ctl.HandleSerial(s, ops, func(ctx context.Context, op string, req Request) (any, error) {
+			req.Op = op
+			return t.do(ctx, req)
+		})
+		return t.close
 	}
-}
-
-func (t *Target) handle(ctx context.Context, req Request) Reply {
-	rep, err := t.do(ctx, req)
-	if err != nil {
-		rep.Error = err.Error()
-	}
-	return rep
 }
 
 func (t *Target) do(ctx context.Context, req Request) (Reply, error) {

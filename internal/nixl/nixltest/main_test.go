@@ -7,13 +7,14 @@ import (
 	"os"
 	"testing"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv("NIXLTEST_TARGET") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		if err := xfertarget.Serve(context.Background(), os.Stdin, os.Stdout, log); err != nil {
+		if err := ctl.ServeStdio(context.Background(), xfertarget.Role(log)); err != nil {
 			fmt.Fprintln(os.Stderr, "target:", err)
 			os.Exit(1)
 		}

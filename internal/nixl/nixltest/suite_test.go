@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
@@ -468,10 +469,12 @@ func startTarget(t *testing.T, backend string, v variant, size int) (*xfertarget
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc, err := xfertarget.StartProcess(context.Background(), exe, []string{"-test.run=^$"}, []string{"NIXLTEST_TARGET=1"}, os.Stderr)
+	c, err := ctl.Start(context.Background(), ctl.Cmd{Exe: exe, Args: []string{"-test.run=^$"},
+		Env: append(os.Environ(), "NIXLTEST_TARGET=1"), Stderr: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
 	}
+	tc := &xfertarget.Client{Client: c}
 	t.Cleanup(func() { tc.Close() })
 	rep, err := tc.Call(xfertarget.Request{Op: "setup", Backend: backend, Name: "target", Size: size, Alloc: v.alloc, Seg: v.seg, Device: v.dev})
 	if err != nil {
@@ -604,7 +607,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 				if _, err := a.PostXferReq(r); err != nil {
 					t.Fatal(err)
 				}
-				if err := tc.Kill(syscall.SIGKILL); err != nil {
+				if err := tc.Signal(syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
 				killed := time.Now()

@@ -1,6 +1,7 @@
-package engine
+package ctl
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -22,4 +23,15 @@ func SeparateStdout() (*os.File, error) {
 		return nil, fmt.Errorf("stdout to stderr: %w", err)
 	}
 	return os.NewFile(uintptr(fd), "control"), nil
+}
+
+// ServeStdio serves role on standard input and output, the channel a
+// parent's Start gives its child, with fd 1 moved out of UCX's way first.
+func ServeStdio(ctx context.Context, role Role) error {
+	out, err := SeparateStdout()
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	return Serve(ctx, os.Stdin, out, role)
 }
