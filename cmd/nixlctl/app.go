@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -39,9 +40,16 @@ type ioStreams struct {
 	StderrTTY bool
 }
 
+// systemStreams moves fd 1 out of the way first (ctl.SeparateStdout):
+// nothing but the result may reach stdout, and UCX prints its warnings
+// there.
 func systemStreams() *ioStreams {
-	return &ioStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr, StdinTTY: term.IsTerminal(int(os.Stdin.Fd())),
-		StdoutTTY: term.IsTerminal(int(os.Stdout.Fd())), StderrTTY: term.IsTerminal(int(os.Stderr.Fd()))}
+	out, err := ctl.SeparateStdout()
+	if err != nil {
+		out = os.Stdout
+	}
+	return &ioStreams{In: os.Stdin, Out: out, ErrOut: os.Stderr, StdinTTY: term.IsTerminal(int(os.Stdin.Fd())),
+		StdoutTTY: term.IsTerminal(int(out.Fd())), StderrTTY: term.IsTerminal(int(os.Stderr.Fd()))}
 }
 
 // app carries what every command needs once the global flags are resolved.

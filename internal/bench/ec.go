@@ -315,7 +315,14 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	if r.producer, res.Config.Producer, err = startProducer(ctx, &o); err != nil {
 		return nil, err
 	}
-	defer r.producer.Close()
+	defer func() {
+		r.producer.Close()
+		// A producer that was killed (or a child of an earlier run that
+		// was) leaves its region in /dev/shm: sweep the dead owners' files.
+		if removed, err := ec.CleanStaleRegions(ec.DefaultShmDir); err == nil && len(removed) > 0 {
+			o.Log.Info("removed shared-memory regions of dead processes", "files", removed)
+		}
+	}()
 	listen := ""
 	if o.Producer.Addr != "" {
 		listen = "tcp://0.0.0.0:0" // reachable from this host
@@ -397,7 +404,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string, error) {
 	switch {
 	case o.Producer.Inproc:
-		return &ec.EncoderClient{Client: ctl.StartInProcess(ctx, ec.EncoderRole(o.Log))}, "inproc", nil
+		return &ec.EncoderClient{Client: ctl.StartInProcess(context.WithoutCancel(ctx), ec.EncoderRole(o.Log))}, "inproc", nil
 	case o.Producer.Addr != "":
 		c, err := ctl.Dial(ctx, o.Producer.Addr)
 		if err != nil {
@@ -409,7 +416,9 @@ func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string
 	if args == nil {
 		args = []string{"serve", "encoder", "--stdio"}
 	}
-	c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: os.Stderr})
+	// The encoder outlives an interrupt until RunEC closes it: consumers
+	// finish their reads first, then it unlinks its region.
+	c, err := ctl.Start(context.WithoutCancel(ctx), ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: os.Stderr})
 	if err != nil {
 		return nil, "", fmt.Errorf("start encoder: %w", err)
 	}

@@ -64,12 +64,19 @@ type Cmd struct {
 	Args   []string  // nixlctl: serve ROLE --stdio
 	Env    []string  // the child's whole environment; nil inherits this process's
 	Stderr io.Writer // the child's stderr; nil discards it
+	// Grace is how long a child may take to close when ctx ends before it
+	// is killed (default DefaultGrace): time to unlink its shared-memory
+	// files and release its blocks, which a SIGKILL would leave behind.
+	Grace time.Duration
 }
 
+// DefaultGrace is Cmd.Grace's default.
+const DefaultGrace = 5 * time.Second
+
 // Start runs a child whose stdin and stdout are the channel. The child
-// dies with this process (Pdeathsig) and is killed when ctx ends; pass a
-// context without cancellation to keep it for collecting results after
-// an interrupt.
+// dies with this process (Pdeathsig); when ctx ends it is asked to close
+// and killed only if it has not within Cmd.Grace. Pass a context without
+// cancellation to keep it for collecting results after an interrupt.
 func Start(ctx context.Context, cmd Cmd) (*Client, error) {
 	exe := cmd.Exe
 	if exe == "" {
@@ -108,7 +115,11 @@ func Start(ctx context.Context, cmd Cmd) (*Client, error) {
 		c.exitErr = x.Wait()
 		close(c.exited)
 	}()
-	c.unwatch = context.AfterFunc(ctx, func() { _ = x.Process.Kill() })
+	grace := cmd.Grace
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	c.unwatch = context.AfterFunc(ctx, func() { go func() { _ = c.Close(grace, nil) }() })
 	return c, nil
 }
 

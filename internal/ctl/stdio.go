@@ -4,25 +4,39 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// SeparateStdout keeps the process's standard output for a control
-// channel and points file descriptor 1 at standard error. UCX prints to
-// fd 1 (UCX_PROTO_INFO tables, some warnings), which would corrupt the
-// channel. Call it before anything loads UCX; use the returned file for
-// replies.
+// SeparateStdout keeps the process's standard output for the result (or
+// a control channel) and points file descriptor 1 at standard error. UCX
+// and other C libraries print to fd 1 (UCX_PROTO_INFO tables, WARN lines
+// when a worker is destroyed with operations pending), which would corrupt
+// a JSON result or the channel. Every call returns the same file, so the
+// CLI can separate at start-up and a serve command still gets the real
+// stdout.
 func SeparateStdout() (*os.File, error) {
-	fd, err := unix.FcntlInt(1, unix.F_DUPFD_CLOEXEC, 3)
-	if err != nil {
-		return nil, fmt.Errorf("keep stdout: %w", err)
-	}
-	if err := unix.Dup3(2, 1, 0); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("stdout to stderr: %w", err)
-	}
-	return os.NewFile(uintptr(fd), "control"), nil
+	separated.once.Do(func() {
+		fd, err := unix.FcntlInt(1, unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			separated.err = fmt.Errorf("keep stdout: %w", err)
+			return
+		}
+		if err := unix.Dup3(2, 1, 0); err != nil {
+			unix.Close(fd)
+			separated.err = fmt.Errorf("stdout to stderr: %w", err)
+			return
+		}
+		separated.f = os.NewFile(uintptr(fd), "stdout")
+	})
+	return separated.f, separated.err
+}
+
+var separated struct {
+	once sync.Once
+	f    *os.File
+	err  error
 }
 
 // ServeStdio serves role on standard input and output, the channel a
@@ -32,6 +46,5 @@ func ServeStdio(ctx context.Context, role Role) error {
 	if err != nil {
 		return err
 	}
-	defer out.Close()
 	return Serve(ctx, os.Stdin, out, role)
 }
