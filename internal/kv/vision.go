@@ -122,6 +122,9 @@ func (v Vision) EmbeddingBytes(g Grid) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if v.HiddenSize <= 0 || v.DType.Bytes() == 0 {
+		return 0, nil // Validate's to report: not an overflow
+	}
 	b, ok := mulChecked(int64(n), int64(v.HiddenSize), int64(v.DType.Bytes()))
 	if !ok {
 		return 0, fmt.Errorf("grid %v of hidden size %d: the embedding overflows a 64-bit byte count", g, v.HiddenSize)
