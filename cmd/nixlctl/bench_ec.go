@@ -186,6 +186,12 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	if err := x.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}
+	// Before --records is created: a refused --save must leave no file.
+	mo := o.measureOptions
+	mo.Records = o.Records
+	if err := mo.validate(); err != nil {
+		return err
+	}
 	if o.Records != "" {
 		f, err := os.Create(o.Records)
 		if err != nil {
@@ -194,10 +200,6 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		defer f.Close()
 		x.Records = f
 	}
-	if err := o.measureOptions.validate(); err != nil {
-		return err
-	}
-	mo := o.measureOptions
 	mo.Records = "" // bench ec writes its own records (x.Records)
 	var res *bench.ECResult
 	_, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {

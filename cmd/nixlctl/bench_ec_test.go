@@ -26,7 +26,7 @@ func TestBenchECBadInputExitCodes(t *testing.T) {
 		{[]string{"--backend", "rdma"}, `unknown backend "rdma"`},
 		{[]string{"--dtype", "int4"}, "--dtype: unknown dtype"},
 		{[]string{"--hidden-size", "-1"}, "hidden size must be > 0"},
-		{[]string{"--records", "no/such/dir/r.jsonl", "--requests", "1"}, "--records:"},
+		{[]string{"--records", "no/such/dir/r.jsonl", "--requests", "1"}, "--records no/such/dir/r.jsonl: directory no/such/dir does not exist"},
 		{[]string{"--requests", "x"}, "invalid argument"},
 	}
 	for _, tc := range tests {

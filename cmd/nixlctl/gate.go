@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -69,22 +70,27 @@ func newGateCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.String("baseline", "", "the baseline result (file or --save directory)")
 	f.StringArray("result", nil, "a result to judge (repeatable: the median is judged)")
-	f.String("max-regression", "5%", "allowed change in the worse direction: 5% or 0.05")
+	f.String("max-regression", "5%", "allowed change in the worse direction: a percentage (5%) or a fraction below 1 (0.05)")
 	f.StringArray("metric", nil, "gate on this metric key instead of the efficiency ratios (repeatable)")
 	f.Int("repeat", 0, "without --result: run the baseline's command this many times")
 	return cmd
 }
 
-// parseFraction reads "5%" or "0.05".
+// parseFraction reads "5%" or "0.05". A bare number of 1 or more is
+// refused: "5" read as a fraction allowed a 500% regression, and whoever
+// wrote it almost certainly meant 5%.
 func parseFraction(s string) (float64, error) {
-	t := strings.TrimSpace(s)
-	pct := strings.HasSuffix(t, "%")
-	v, err := strconv.ParseFloat(strings.TrimSuffix(t, "%"), 64)
-	if err != nil || v < 0 {
+	num, pct := strings.CutSuffix(strings.TrimSpace(s), "%")
+	num = strings.TrimSpace(num)
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || !(v >= 0) || math.IsInf(v, 0) {
 		return 0, fmt.Errorf("--max-regression %q: want a percentage like 5%% or a fraction like 0.05", s)
 	}
 	if pct {
-		v /= 100
+		return v / 100, nil
+	}
+	if v >= 1 {
+		return 0, fmt.Errorf("--max-regression %q: a number without %% is a fraction and must be below 1; write %s%% for %s percent", s, num, num)
 	}
 	return v, nil
 }

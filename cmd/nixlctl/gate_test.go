@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,14 +19,17 @@ func TestRerunArgs(t *testing.T) {
 }
 
 func TestParseFraction(t *testing.T) {
-	for in, want := range map[string]float64{"5%": 0.05, "0.05": 0.05, " 12.5% ": 0.125, "0": 0} {
+	for in, want := range map[string]float64{"5%": 0.05, "0.05": 0.05, " 12.5% ": 0.125, "0": 0, "1000%": 10, "5 %": 0.05, "0.999": 0.999, "0%": 0} {
 		if got, err := parseFraction(in); err != nil || got != want {
 			t.Errorf("%q: %v %v", in, got, err)
 		}
 	}
-	for _, bad := range []string{"", "x", "-5%", "%"} {
-		if _, err := parseFraction(bad); err == nil {
-			t.Errorf("%q accepted", bad)
+	for in, want := range map[string]string{"": "want a percentage", "x": "want a percentage", "-5%": "want a percentage", "%": "want a percentage",
+		"NaN": "want a percentage", "Inf%": "want a percentage", "-0.05": "want a percentage",
+		// A bare 5 was a 500% allowance.
+		"5": "must be below 1; write 5% for 5 percent", "1": "must be below 1", "50": "write 50%"} {
+		if got, err := parseFraction(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, %v; want an error with %q", in, got, err, want)
 		}
 	}
 }

@@ -174,7 +174,9 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 			o.Lease = lease.DefaultDuration
 		}
 	}
-	if o.Timeout == 0 {
+	// A lease beyond the maximum is refused by its validation; sixteen of
+	// them could wrap into a negative timeout first.
+	if o.Timeout == 0 && o.Lease <= lease.MaxDuration {
 		o.Timeout = 16 * o.Lease
 	}
 	var policies []lease.Policy
@@ -221,13 +223,16 @@ func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec,
 		Traffic: leasesim.TrafficOptions{Requests: o.Requests, Rate: o.Rate, Decodes: o.Decodes, Slots: o.Slots, DecodeTime: o.DecodeTime,
 			PrefillTime: o.PrefillTime, TransferTime: o.TransferTime, Step: o.Step, CrashEvery: o.CrashEvery,
 			RestartAfter: o.RestartAfter, HBLoss: o.HBLoss, Seed: o.Seed}}
-	if o.Requests < 0 {
-		return errkind.BadInputf("--requests %d: want 0 (scenarios only) or more", o.Requests)
+	if o.Requests < 0 || o.Requests > leasesim.MaxTrafficRequests {
+		return errkind.BadInputf("--requests %d: want 0 (scenarios only) to %d", o.Requests, leasesim.MaxTrafficRequests)
 	}
 	for _, s := range o.SweepLease {
 		d, err := time.ParseDuration(strings.TrimSpace(s))
 		if err != nil || d <= 0 {
 			return errkind.BadInputf("--sweep-lease %q: want durations like 5s,30s,2m", s)
+		}
+		if d > lease.MaxDuration {
+			return errkind.BadInputf("--sweep-lease %q: want at most %v", s, lease.MaxDuration)
 		}
 		x.Sweep = append(x.Sweep, d)
 	}

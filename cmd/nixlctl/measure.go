@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -64,6 +66,108 @@ func (o *measureOptions) validate() error {
 		if _, err := plots.FormatOf(o.Plot); err != nil {
 			return errkind.BadInput(err)
 		}
+	}
+	// The outputs are written after the run: a path that cannot be written
+	// must be refused now, not after minutes of measuring.
+	if o.Save != "" {
+		if err := checkSaveDir(o.Save); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct{ flag, path string }{{"plot", o.Plot}, {"records", o.Records}} {
+		if f.path != "" {
+			if err := checkOutputFile(f.flag, f.path, o.Save); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkSaveDir accepts a --save directory that can be created (its
+// nearest existing ancestor is a writable directory), an empty one, or
+// one holding a saved result (saving again replaces it). A directory with
+// other files is refused: Save would mix a result into someone's data.
+func checkSaveDir(dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR):
+		return checkCreatable("save", dir, nearestExisting(dir))
+	case err != nil:
+		return errkind.BadInputf("--save %s: %v", dir, err)
+	case !st.IsDir():
+		return errkind.BadInputf("--save %s: exists and is not a directory", dir)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return errkind.BadInputf("--save %s: %v", dir, err)
+	}
+	if len(entries) > 0 && !isSavedResult(dir) {
+		return errkind.BadInputf("--save %s: a non-empty directory that holds no saved result (no %s or %s); give a new or empty directory",
+			dir, report.ResultName, report.ManifestName)
+	}
+	return checkWritable("save", dir, dir)
+}
+
+func isSavedResult(dir string) bool {
+	for _, name := range []string{report.ManifestName, report.ResultName} {
+		if st, err := os.Stat(filepath.Join(dir, name)); err == nil && st.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
+}
+
+// checkOutputFile accepts a file path whose directory exists and is
+// writable, or is the --save directory (created before anything is
+// written), and that is not itself a directory.
+func checkOutputFile(flag, path, saveDir string) error {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return errkind.BadInputf("--%s %s: is a directory", flag, path)
+	}
+	parent := filepath.Dir(path)
+	if saveDir != "" && filepath.Clean(parent) == filepath.Clean(saveDir) {
+		return nil // checked as --save
+	}
+	st, err := os.Stat(parent)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR):
+		return errkind.BadInputf("--%s %s: directory %s does not exist", flag, path, parent)
+	case err != nil:
+		return errkind.BadInputf("--%s %s: %v", flag, path, err)
+	case !st.IsDir():
+		return errkind.BadInputf("--%s %s: %s is not a directory", flag, path, parent)
+	}
+	return checkWritable(flag, path, parent)
+}
+
+// nearestExisting is the closest ancestor of path that exists (MkdirAll
+// creates the rest).
+func nearestExisting(path string) string {
+	p := filepath.Clean(path)
+	for {
+		parent := filepath.Dir(p)
+		if _, err := os.Stat(parent); err == nil || parent == p {
+			return parent
+		}
+		p = parent
+	}
+}
+
+func checkCreatable(flag, path, ancestor string) error {
+	st, err := os.Stat(ancestor)
+	if err != nil {
+		return errkind.BadInputf("--%s %s: %v", flag, path, err)
+	}
+	if !st.IsDir() {
+		return errkind.BadInputf("--%s %s: %s is not a directory", flag, path, ancestor)
+	}
+	return checkWritable(flag, path, ancestor)
+}
+
+func checkWritable(flag, path, dir string) error {
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return errkind.BadInputf("--%s %s: directory %s is not writable (%v)", flag, path, dir, err)
 	}
 	return nil
 }
@@ -175,6 +279,12 @@ func (a *app) withTUI(ctx context.Context, delay time.Duration, run runner) (rep
 func (a *app) keep(res report.Result, mo measureOptions) error {
 	h := res.Header()
 	h.Args = a.args
+	// First, so that --records and --plot may name files inside it.
+	if mo.Save != "" {
+		if err := os.MkdirAll(mo.Save, 0o755); err != nil {
+			return fmt.Errorf("--save: %w", err)
+		}
+	}
 	if mo.Records != "" {
 		rk, ok := res.(report.RecordsKeeper)
 		if !ok {
@@ -193,11 +303,6 @@ func (a *app) keep(res report.Result, mo measureOptions) error {
 			return fmt.Errorf("--records %s: %w", mo.Records, err)
 		}
 		h.RecordsFile = &report.RecordsRef{Path: mo.Records, Schema: report.RecordsSchema, Count: n, SHA256: hex.EncodeToString(sum.Sum(nil))}
-	}
-	if mo.Save != "" {
-		if err := os.MkdirAll(mo.Save, 0o755); err != nil {
-			return fmt.Errorf("--save: %w", err)
-		}
 	}
 	if mo.Plot != "" {
 		pl, ok := res.(report.Plottable)

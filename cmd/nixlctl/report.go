@@ -77,6 +77,9 @@ func runReportShow(_ context.Context, a *app, path string, o reportShowOptions) 
 		if _, err := plots.FormatOf(o.Plot); err != nil {
 			return errkind.BadInput(err)
 		}
+		if err := checkOutputFile("plot", o.Plot, ""); err != nil {
+			return err
+		}
 	}
 	l, err := loadResult(path)
 	if err != nil {

@@ -111,7 +111,24 @@ func bindOptions(cmd *cobra.Command, opts any) error {
 	if err := v.Unmarshal(opts); err != nil {
 		return errkind.BadInput(fmt.Errorf("options: %w", err))
 	}
-	return nil
+	return checkDurations(v, flags)
+}
+
+// checkDurations refuses a negative value for any duration flag. No
+// command has a use for one, and several read it as "no limit" or wait a
+// negative time without noticing; checking the resolved values here
+// (flag, environment or file) catches every command's before it starts.
+func checkDurations(v *viper.Viper, flags *pflag.FlagSet) error {
+	var err error
+	flags.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Value.Type() != "duration" {
+			return
+		}
+		if d := v.GetDuration(f.Name); d < 0 {
+			err = errkind.BadInputf("--%s %v: a duration cannot be negative", f.Name, d)
+		}
+	})
+	return err
 }
 
 // configPath finds the config file: --config, $NIXLCTL_CONFIG, then

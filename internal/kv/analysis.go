@@ -207,6 +207,7 @@ func ParseTokens(s string) ([]int, error) {
 		if f == "" {
 			continue
 		}
+		orig := f
 		mult := 1
 		switch {
 		case strings.HasSuffix(f, "k") || strings.HasSuffix(f, "K"):
@@ -218,10 +219,11 @@ func ParseTokens(s string) ([]int, error) {
 		if _, err := fmt.Sscanf(f, "%d", &n); err != nil || fmt.Sprint(n) != f {
 			return nil, fmt.Errorf("tokens: %q is not a whole number", f)
 		}
-		n *= mult
-		if n <= 0 || n > MaxTokens {
-			return nil, fmt.Errorf("tokens must be between 1 and %d (got %d)", MaxTokens, n)
+		// Checked before multiplying: 18014398509481985k wraps to 1024.
+		if n <= 0 || n > MaxTokens/mult {
+			return nil, fmt.Errorf("tokens must be between 1 and %d (got %s)", MaxTokens, orig)
 		}
+		n *= mult
 		out = append(out, n)
 	}
 	if len(out) == 0 {

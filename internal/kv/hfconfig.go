@@ -207,8 +207,11 @@ func optionalInt(f map[string]json.RawMessage, key string) (int, bool, error) {
 	if err := json.Unmarshal(raw, &x); err != nil {
 		return 0, false, fmt.Errorf("%s: want an integer, got %s", key, clip(raw))
 	}
-	if x != math.Trunc(x) || x < 0 || x > math.MaxInt32 {
+	if x != math.Trunc(x) || x < 0 {
 		return 0, false, fmt.Errorf("%s: want a non-negative integer, got %s", key, clip(raw))
+	}
+	if x > math.MaxInt32 {
+		return 0, false, fmt.Errorf("%s: %s is implausibly large (limit %d)", key, clip(raw), math.MaxInt32)
 	}
 	return int(x), true, nil
 }

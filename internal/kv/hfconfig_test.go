@@ -1,6 +1,8 @@
 package kv
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -84,6 +86,9 @@ func TestParseHFConfigErrors(t *testing.T) {
 		{`{"num_hidden_layers": 1, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "layer_types": ["mamba"]}`, `layer_types[0] = "mamba"`},
 		{`{"num_hidden_layers": 1, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "layer_types": "full"}`, "want a list of strings"},
 		{`{"num_hidden_layers": 99999999, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16"}`, "implausibly large"},
+		{`{"num_hidden_layers": 1048576, "num_attention_heads": 1048576, "num_key_value_heads": 1048576, "head_dim": 1048576, "torch_dtype": "float32"}`,
+			"overflows a 64-bit byte count"},
+		{`{"num_hidden_layers": 1099511627776, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16"}`, "num_hidden_layers: 1099511627776 is implausibly large"},
 	}
 	for _, tc := range tests {
 		_, err := ParseHFConfig("cfg.json", []byte(tc.json))
@@ -103,6 +108,8 @@ func FuzzParseHFConfig(f *testing.F) {
 	f.Add([]byte(`{"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "sliding_window": 8, "layer_types": ["sliding_attention","full_attention"]}`))
 	f.Add([]byte(`{"text_config": {"num_hidden_layers": 1}}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"num_hidden_layers": 1048576, "num_attention_heads": 1048576, "num_key_value_heads": 1048576, "head_dim": 1048576, "torch_dtype": "float32"}`))
+	f.Add([]byte(`{"num_hidden_layers": 16384, "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 1024, "torch_dtype": "fp8"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseHFConfig("fuzz", data)
 		if err != nil {
@@ -111,14 +118,60 @@ func FuzzParseHFConfig(f *testing.F) {
 		if err := m.Validate(); err != nil {
 			t.Fatalf("accepted a config that does not validate: %v", err)
 		}
-		// Anything accepted must size without panicking.
+		// Anything accepted must size without panicking, and never to a
+		// negative (wrapped) byte or descriptor count, even at the widest
+		// dtype and the most tokens.
 		for _, tp := range []int{1, 2, 8} {
-			if _, err := Analyze(Spec{Model: m, TP: tp}, 4096, 0); err != nil && !strings.Contains(err.Error(), "tp") {
-				t.Fatalf("analyze: %v", err)
+			for _, tokens := range []int{4096, MaxTokens} {
+				a, err := Analyze(Spec{Model: m, TP: tp, DType: FP32, Layout: FlashInfer}, tokens, 0)
+				if err != nil {
+					if !strings.Contains(err.Error(), "tp") {
+						t.Fatalf("analyze: %v", err)
+					}
+					continue
+				}
+				if f := negativeField(reflect.ValueOf(a), "Analysis"); f != "" {
+					t.Fatalf("%s is negative for %d tokens at tp %d: %+v", f, tokens, tp, m)
+				}
+				if a.BytesPerRequest < a.BytesPerToken {
+					t.Fatalf("bytes per request %d below bytes per token %d", a.BytesPerRequest, a.BytesPerToken)
+				}
 			}
 		}
 		if m.BytesPerToken(BF16) <= 0 {
 			t.Fatalf("non-positive bytes per token for %+v", m)
 		}
 	})
+}
+
+// negativeField names the first negative integer or float in v, walking
+// structs, slices and pointers.
+func negativeField(v reflect.Value, path string) string {
+	switch v.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		if v.Int() < 0 {
+			return path
+		}
+	case reflect.Float64:
+		if v.Float() < 0 {
+			return path
+		}
+	case reflect.Pointer:
+		if !v.IsNil() {
+			return negativeField(v.Elem(), path)
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			if f := negativeField(v.Index(i), fmt.Sprintf("%s[%d]", path, i)); f != "" {
+				return f
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if f := negativeField(v.Field(i), path+"."+v.Type().Field(i).Name); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
 }

@@ -397,9 +397,68 @@ func TestParseTokens(t *testing.T) {
 	if diff := cmp.Diff([]int{1024, 4096, 8192, 131072}, got); diff != "" {
 		t.Error(diff)
 	}
-	for _, bad := range []string{"", "0", "-3", "abc", "4096x", "1.5k", ","} {
-		if _, err := ParseTokens(bad); err == nil {
-			t.Errorf("ParseTokens(%q) should fail", bad)
+	for _, bad := range []string{"", "0", "-3", "abc", "4096x", "1.5k", ",",
+		"65537k", "65M",
+		// 18014398509481985 x 1024 wraps to 1024 in 64 bits.
+		"18014398509481985k", "9223372036854775807M"} {
+		if got, err := ParseTokens(bad); err == nil {
+			t.Errorf("ParseTokens(%q) = %v, should fail", bad, got)
+		}
+	}
+	if got, err := ParseTokens("64M"); err != nil || got[0] != MaxTokens {
+		t.Errorf("ParseTokens(64M) = %v, %v: the limit itself is accepted", got, err)
+	}
+}
+
+// Each dimension is bounded on its own; their product must be too, or the
+// byte counts wrap (2^20 layers x 2^20 heads x 2^20 head_dim went
+// negative).
+func TestCacheSizeOverflowRefused(t *testing.T) {
+	huge := Model{Name: "huge", NumLayers: 1 << 20, NumAttentionHeads: 1 << 20, NumKVHeads: 1 << 20, HeadDim: 1 << 20, DType: FP32}
+	tests := []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{"model", Spec{Model: huge}, "num_hidden_layers 1048576 x 2 x num_key_value_heads 1048576 x head_dim 1048576"},
+		// Would fit at the model's 1 byte per value: refused all the same,
+		// since --kv-dtype may widen it.
+		{"any kv dtype", Spec{Model: Model{Name: "w", NumLayers: 1 << 14, NumAttentionHeads: 1 << 10, NumKVHeads: 1 << 10,
+			HeadDim: 1 << 10, DType: FP8}}, "x 4 B per value"},
+		// Fits on one rank, not replicated on 1024.
+		{"replicated on every rank", Spec{Model: Model{Name: "r", NumLayers: 1 << 10, NumAttentionHeads: 1024, NumKVHeads: 1, HeadDim: 1 << 20,
+			DType: BF16}, TP: 1024}, "on 1024 ranks overflows"},
+		{"mla", Spec{Model: Model{Name: "m", NumLayers: 1 << 20, NumAttentionHeads: 8, NumKVHeads: 1, HeadDim: 1 << 20, DType: FP32,
+			MLA: &MLA{KVLoraRank: 1 << 19, QKRopeHeadDim: 1 << 19}}}, "kv_lora_rank 524288 + qk_rope_head_dim 524288"},
+	}
+	for _, tc := range tests {
+		err := tc.spec.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: want error containing %q, got %v", tc.name, tc.want, err)
+		}
+		if _, err := Analyze(tc.spec, 4096, 0); err == nil {
+			t.Errorf("%s: Analyze accepted it", tc.name)
+		}
+	}
+}
+
+func TestMulChecked(t *testing.T) {
+	tests := []struct {
+		in   []int64
+		want int64
+		ok   bool
+	}{
+		{nil, 1, true},
+		{[]int64{1 << 31, 1 << 31}, 1 << 62, true},
+		{[]int64{1 << 31, 1 << 32}, 0, false},
+		{[]int64{3, 1 << 62}, 0, false},
+		{[]int64{0, -1}, 0, false},
+		{[]int64{0, 1 << 62, 1 << 62}, 0, true},
+	}
+	for _, tc := range tests {
+		got, ok := mulChecked(tc.in...)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("mulChecked(%v) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
 }

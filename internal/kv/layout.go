@@ -150,6 +150,11 @@ func (s Spec) Validate() error {
 	if s.PP > m.NumLayers {
 		bad("pp %d is larger than num_hidden_layers %d", s.PP, m.NumLayers)
 	}
+	// The cache dtype may be wider than the model's, and tensor parallelism
+	// replicates heads: check the product with both.
+	if err := m.checkCacheFits(int64(s.DType.Bytes()), s.TP); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -123,6 +123,13 @@ func (m Model) Validate() error {
 	if m.DType.Bytes() == 0 {
 		bad("unknown dtype %q", m.DType)
 	}
+	// At the widest dtype, so that a valid model stays valid whatever
+	// cache dtype a deployment picks.
+	if len(errs) == 0 {
+		if err := m.checkCacheFits(int64(FP32.Bytes()), 1); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if m.LayerTypes != nil && len(m.LayerTypes) != m.NumLayers {
 		bad("layer_types has %d entries but num_hidden_layers is %d", len(m.LayerTypes), m.NumLayers)
 	}
@@ -145,4 +152,24 @@ func (m Model) Validate() error {
 		return fmt.Errorf("model %s: %w", m.Name, errors.Join(errs...))
 	}
 	return errors.Join(errs...)
+}
+
+// checkCacheFits refuses a model whose cache for MaxTokens tokens (rounded
+// up to the largest block), at elemBytes per value and copied on up to
+// replicas ranks, does not fit in an int64 byte count. Every size the
+// package derives is at most that product, so this one check keeps them
+// all from wrapping. The fields are each bounded, but not their product.
+func (m Model) checkCacheFits(elemBytes int64, replicas int) error {
+	if _, ok := mulChecked(int64(m.NumLayers), int64(m.TokenValuesPerLayer()), elemBytes, MaxTokens+MaxBlockSize, int64(replicas)); ok {
+		return nil
+	}
+	shape := fmt.Sprintf("num_hidden_layers %d x 2 x num_key_value_heads %d x head_dim %d", m.NumLayers, m.NumKVHeads, m.HeadDim)
+	if m.IsMLA() {
+		shape = fmt.Sprintf("num_hidden_layers %d x (kv_lora_rank %d + qk_rope_head_dim %d)", m.NumLayers, m.MLA.KVLoraRank, m.MLA.QKRopeHeadDim)
+	}
+	on := ""
+	if replicas > 1 {
+		on = fmt.Sprintf(" on %d ranks", replicas)
+	}
+	return fmt.Errorf("%s x %d B per value: the cache of %d tokens%s overflows a 64-bit byte count", shape, elemBytes, MaxTokens, on)
 }

@@ -92,6 +92,8 @@ func (v Vision) Validate() error {
 		return fmt.Errorf("unknown dtype %q", v.DType)
 	case v.Merge <= 0:
 		return fmt.Errorf("spatial merge size must be > 0 (got %d)", v.Merge)
+	case v.HiddenSize > maxVisionHidden:
+		return fmt.Errorf("hidden size %d is implausibly large (limit %d)", v.HiddenSize, maxVisionHidden)
 	}
 	return nil
 }
@@ -110,8 +112,22 @@ func (v Vision) Tokens(g Grid) (int, error) {
 	return g.T * g.H * g.W / (v.Merge * v.Merge), nil
 }
 
+// maxVisionHidden bounds the hidden size as Model.Validate bounds its
+// dimensions, so that one embedding's bytes stay a small number.
+const maxVisionHidden = 1 << 20
+
 // EmbeddingBytes is the size of an image's encoder output.
 func (v Vision) EmbeddingBytes(g Grid) (int64, error) {
 	n, err := v.Tokens(g)
-	return int64(n) * int64(v.BlockBytes()), err
+	if err != nil {
+		return 0, err
+	}
+	if v.HiddenSize <= 0 || v.DType.Bytes() == 0 {
+		return 0, nil // Validate's to report: not an overflow
+	}
+	b, ok := mulChecked(int64(n), int64(v.HiddenSize), int64(v.DType.Bytes()))
+	if !ok {
+		return 0, fmt.Errorf("grid %v of hidden size %d: the embedding overflows a 64-bit byte count", g, v.HiddenSize)
+	}
+	return b, nil
 }

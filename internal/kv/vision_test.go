@@ -65,4 +65,11 @@ func TestVisionPresetsAndGrids(t *testing.T) {
 	if err := (Vision{HiddenSize: 1, DType: "x", Merge: 1}).Validate(); err == nil {
 		t.Error("bad dtype accepted")
 	}
+	if err := (Vision{HiddenSize: 1 << 62, DType: FP32, Merge: 1}).Validate(); err == nil {
+		t.Error("a hidden size whose embedding bytes wrap accepted")
+	}
+	big := Vision{HiddenSize: 1 << 20, DType: FP32, Merge: 1}
+	if b, err := big.EmbeddingBytes(Grid{1 << 16, 1 << 16, 1 << 16}); err == nil {
+		t.Errorf("2^48 embeddings of 4 MiB: %d bytes, want an overflow error", b)
+	}
 }

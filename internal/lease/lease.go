@@ -47,6 +47,11 @@ const (
 	DefaultFixedTimeout = 480 * time.Second
 )
 
+// MaxDuration bounds the lease and the fixed timeout. Plans and the
+// simulator's horizon are small multiples of them in int64 nanoseconds; a
+// month is far beyond any deployment and far from wrapping.
+const MaxDuration = 30 * 24 * time.Hour
+
 // LeaseConfig configures both sides of the protocol.
 type Config struct {
 	Policy Policy `json:"policy"`
@@ -88,6 +93,12 @@ func (c Config) Normalize() (Config, error) {
 	}
 	if c.Timeout < time.Millisecond {
 		errs = append(errs, fmt.Errorf("fixed timeout %v: want at least 1ms", c.Timeout))
+	}
+	if c.Duration > MaxDuration {
+		errs = append(errs, fmt.Errorf("lease duration %v: want at most %v", c.Duration, MaxDuration))
+	}
+	if c.Timeout > MaxDuration {
+		errs = append(errs, fmt.Errorf("fixed timeout %v: want at most %v", c.Timeout, MaxDuration))
 	}
 	return c, errors.Join(errs...)
 }

@@ -43,6 +43,7 @@ func TestLeaseConfigDerivedTimes(t *testing.T) {
 func TestLeaseConfigRejectsBadValues(t *testing.T) {
 	for _, c := range []Config{
 		{Policy: "sometimes"}, {Reaper: "tail"}, {Duration: time.Millisecond}, {Duration: -time.Second}, {Timeout: -1},
+		{Duration: MaxDuration + 1}, {Timeout: 2000000 * time.Hour},
 	} {
 		if _, err := c.Normalize(); err == nil {
 			t.Errorf("%+v accepted", c)

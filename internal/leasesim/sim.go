@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -1091,8 +1092,8 @@ func (o TrafficOptions) Validate() (TrafficOptions, error) {
 		bad("%v", err)
 	}
 	o.Lease = lc
-	if o.Requests <= 0 {
-		bad("requests %d: want at least 1", o.Requests)
+	if o.Requests <= 0 || o.Requests > MaxTrafficRequests {
+		bad("requests %d: want between 1 and %d", o.Requests, MaxTrafficRequests)
 	}
 	if !(o.Rate > 0) || o.Rate > 1e9 { // also NaN and +Inf
 		bad("rate %v: want a positive number of requests per second (at most 1e9)", o.Rate)
@@ -1106,9 +1107,13 @@ func (o TrafficOptions) Validate() (TrafficOptions, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"decode time", o.DecodeTime}, {"prefill time", o.PrefillTime}, {"transfer time", o.TransferTime}, {"crash interval", o.CrashEvery}, {"restart delay", o.RestartAfter}} {
+	}{{"decode time", o.DecodeTime}, {"prefill time", o.PrefillTime}, {"transfer time", o.TransferTime}, {"crash interval", o.CrashEvery},
+		{"restart delay", o.RestartAfter}, {"step", o.Step}} {
 		if d.v < 0 {
 			bad("%s %v: want 0 or more", d.name, d.v)
+		}
+		if d.v > maxTrafficDelay {
+			bad("%s %v: want at most %v", d.name, d.v, maxTrafficDelay)
 		}
 	}
 	if o.Step <= 0 {
@@ -1123,10 +1128,39 @@ func (o TrafficOptions) Validate() (TrafficOptions, error) {
 	if o.BytesPerRequest < 0 {
 		bad("bytes per request %d: want 0 or more", o.BytesPerRequest)
 	}
+	if len(errs) == 0 {
+		if h := trafficHorizon(o); !(h <= maxHorizon) {
+			bad("%d requests at %v/s with these delays and lease need %.3g s of simulated time; the simulator's clock holds %.3g s (lower the requests or raise the rate)",
+				o.Requests, o.Rate, h/1e9, maxHorizon/1e9)
+		}
+	}
 	if len(errs) > 0 {
 		return o, fmt.Errorf("traffic options: %s", strings.Join(errs, "; "))
 	}
 	return o, nil
+}
+
+// MaxTrafficRequests bounds a traffic run: a million requests take about a
+// second, so this is a quarter of an hour of work, not a day.
+const MaxTrafficRequests = 1_000_000_000
+
+// maxTrafficDelay bounds each time of a traffic run. Exponential draws
+// reach a few dozen times their mean, and now plus a draw must stay far
+// from wrapping int64 nanoseconds.
+const maxTrafficDelay = 365 * 24 * time.Hour
+
+// maxHorizon is the latest virtual time (ns) a traffic run may reach,
+// with room below MaxInt64 so that no event time derived from it wraps.
+const maxHorizon = float64(math.MaxInt64 / 4)
+
+// trafficHorizon is when a traffic run is cut off (ns): ten times its
+// arrivals' span and delays, plus an hour. Computed in float64 so that
+// an input too large shows as a large number, not a wrapped negative one.
+func trafficHorizon(o TrafficOptions) float64 {
+	span := float64(o.Requests) / o.Rate * 1e9
+	delays := float64(o.PrefillTime) + float64(o.TransferTime) + float64(o.DecodeTime) +
+		float64(o.Lease.Initial()) + float64(o.Lease.Extension()) + float64(o.RestartAfter)
+	return 10*(span+delays) + float64(time.Hour)
 }
 
 // TrafficIDBytes is what the simulator assumes one prefill request id
@@ -1273,8 +1307,7 @@ func simulateTraffic(o TrafficOptions, everyStep bool) (TrafficResult, error) {
 		d.crashRng = newSimRand(o.Seed, streamCrash+uint64(d.idx))
 		c.scheduleCrash(d)
 	}
-	span := time.Duration(float64(o.Requests) / o.Rate * 1e9)
-	c.horizon = int64(10*(span+o.PrefillTime+o.TransferTime+o.DecodeTime+lc.Initial()+lc.Extension()+o.RestartAfter) + time.Hour)
+	c.horizon = int64(trafficHorizon(o))
 
 	end := c.runToEnd()
 

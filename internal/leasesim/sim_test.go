@@ -475,6 +475,12 @@ func TestTrafficOptionsValidate(t *testing.T) {
 		{func(o *TrafficOptions) { o.BytesPerRequest = -1 }, "bytes per request -1"},
 		{func(o *TrafficOptions) { o.Lease.Policy = "sometimes" }, `lease policy "sometimes"`},
 		{func(o *TrafficOptions) { o.Lease.Duration = time.Millisecond }, "lease duration 1ms"},
+		// 10 x (1e12 / 200 s) wrapped the horizon: a negative simulated time.
+		{func(o *TrafficOptions) { o.Requests = 1e12 }, "requests 1000000000000: want between 1 and 1000000000"},
+		{func(o *TrafficOptions) { o.Requests, o.Rate = 1e9, 1e-3 }, "the simulator's clock holds"},
+		{func(o *TrafficOptions) { o.Rate = 1e-300 }, "the simulator's clock holds"},
+		{func(o *TrafficOptions) { o.CrashEvery = 200 * 365 * 24 * time.Hour }, "crash interval"},
+		{func(o *TrafficOptions) { o.DecodeTime = math.MaxInt64 }, "decode time"},
 	} {
 		o := DefaultTrafficOptions()
 		tc.edit(&o)

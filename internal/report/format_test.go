@@ -51,7 +51,7 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
 		}
 	}
-	for _, bad := range []string{"", "x", "-1K", "1.3", "9999999T"} {
+	for _, bad := range []string{"", "x", "-1K", "1.3", "9999999T", "NaN", "nanK", "Inf", "-0.5", "1e300", "18014398509481985K"} {
 		if _, err := ParseSize(bad); err == nil {
 			t.Errorf("ParseSize(%q) accepted", bad)
 		}

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -116,11 +118,19 @@ type Loaded struct {
 	Notes       []string // what could not be checked or read, one line each
 }
 
+// MaxLoadBytes bounds each file Load reads (result, manifest, records):
+// a saved result comes from elsewhere, and one naming /dev/zero or a huge
+// file must fail with a message, not exhaust memory. A variable so that
+// tests can lower it.
+var MaxLoadBytes int64 = 1 << 30
+
 // Load reads a result from a result file or a --save directory. When the
 // result links a records file that is present and the kind keeps records,
 // the records are read and the summary recomputed from them; a missing or
 // changed records file is noted, not an error, since the stored summary
-// still stands.
+// still stands. Records are only read from a regular file inside the
+// result's directory (symlinks resolved): the path comes from the result
+// file, which may have been crafted to point anywhere.
 func Load(path string) (*Loaded, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -129,19 +139,25 @@ func Load(path string) (*Loaded, error) {
 	file := path
 	if st.IsDir() {
 		file = filepath.Join(path, ResultName)
-		if mb, err := os.ReadFile(filepath.Join(path, ManifestName)); err == nil {
+		if mb, err := readRegular(filepath.Join(path, ManifestName)); err == nil {
 			var m Manifest
 			if err := json.Unmarshal(mb, &m); err != nil || m.Schema != ManifestSchema {
 				return nil, fmt.Errorf("%s: not a nixlctl manifest", filepath.Join(path, ManifestName))
 			}
 			for _, f := range m.Files {
-				if f.Role == "result" {
-					file = filepath.Join(path, f.Name)
+				if f.Role != "result" {
+					continue
 				}
+				if !filepath.IsLocal(f.Name) {
+					return nil, fmt.Errorf("%s: result %q is not a file inside %s", filepath.Join(path, ManifestName), f.Name, path)
+				}
+				file = filepath.Join(path, f.Name)
 			}
+		} else if errors.Is(err, errTooLarge) {
+			return nil, err
 		}
 	}
-	data, err := os.ReadFile(file)
+	data, err := readRegular(file)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) && st.IsDir() {
 			return nil, fmt.Errorf("%s holds no %s (save one with --save DIR)", path, ResultName)
@@ -158,13 +174,15 @@ func Load(path string) (*Loaded, error) {
 	if ref == nil || !keeps {
 		return l, nil
 	}
-	rp := ref.Path
-	if !filepath.IsAbs(rp) {
-		if _, err := os.Stat(filepath.Join(filepath.Dir(file), rp)); err == nil {
-			rp = filepath.Join(filepath.Dir(file), rp)
-		}
+	rp, err := recordsPath(filepath.Dir(file), ref.Path)
+	if err != nil {
+		l.Notes = append(l.Notes, fmt.Sprintf("records %s not read (%v): showing the stored summary", ref.Path, err))
+		return l, nil
 	}
-	rb, err := os.ReadFile(rp)
+	rb, err := readRegular(rp)
+	if errors.Is(err, errTooLarge) {
+		return nil, err
+	}
 	if err != nil {
 		l.Notes = append(l.Notes, fmt.Sprintf("records %s not readable (%v): showing the stored summary", ref.Path, err))
 		return l, nil
@@ -177,4 +195,58 @@ func Load(path string) (*Loaded, error) {
 	}
 	l.FromRecords = true
 	return l, nil
+}
+
+// recordsPath resolves a result's records path: relative to the result's
+// directory (or, as --records FILE recorded it, to the working directory),
+// then through symlinks, and refuses it unless it lands inside the
+// result's directory.
+func recordsPath(dir, ref string) (string, error) {
+	rp := ref
+	if !filepath.IsAbs(rp) {
+		if _, err := os.Lstat(filepath.Join(dir, rp)); err == nil {
+			rp = filepath.Join(dir, rp)
+		}
+	}
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(rp)
+	if err != nil {
+		return "", err
+	}
+	if rel, err := filepath.Rel(realDir, real); err != nil || !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("outside the result's directory %s", dir)
+	}
+	return real, nil
+}
+
+var errTooLarge = errors.New("larger than the limit")
+
+// readRegular reads a regular file of at most MaxLoadBytes. It opens
+// without blocking so that a FIFO is refused rather than waited on, and
+// checks the opened file, not the name, so the answer cannot change in
+// between.
+func readRegular(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxLoadBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > MaxLoadBytes {
+		return nil, fmt.Errorf("%s: %w of %d bytes", path, errTooLarge, MaxLoadBytes)
+	}
+	return data, nil
 }

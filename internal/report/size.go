@@ -6,6 +6,10 @@ import (
 	"strings"
 )
 
+// maxSize bounds every size flag: far beyond any machine's memory, far
+// inside int64 and exact in a float64.
+const maxSize = 1 << 50
+
 // ParseSize reads a byte count: 4096, 64K, 64KiB, 1M, 1.5G (binary units;
 // a trailing B or iB is optional).
 func ParseSize(s string) (int64, error) {
@@ -26,8 +30,13 @@ func ParseSize(s string) (int64, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(strings.TrimSpace(t), 64)
-	if err != nil || f < 0 || f*float64(mult) > 1<<50 {
+	// Compared in float64 before any conversion, so a huge value cannot
+	// wrap; written so that NaN fails too.
+	if err != nil || !(f >= 0) {
 		return 0, fmt.Errorf("%q is not a size (examples: 4096, 64K, 1M, 8G)", s)
+	}
+	if !(f*float64(mult) <= maxSize) {
+		return 0, fmt.Errorf("%q is too large (limit %d bytes, 1 PiB)", s, int64(maxSize))
 	}
 	v := int64(f * float64(mult))
 	if float64(v) != f*float64(mult) {
