@@ -1,7 +1,9 @@
 package clocksync
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -100,5 +102,47 @@ func TestReadHostIdentityLive(t *testing.T) {
 	}
 	if !SameHost(a, b) {
 		t.Errorf("%+v is not the same host as itself", a)
+	}
+}
+
+// A time namespace shifts CLOCK_MONOTONIC while the boot id and PID
+// namespace stay the same (`unshare --time --monotonic 3600`), which is how
+// two hosts' clocks are reproduced on one machine; the identity must tell
+// such a process apart or its offset would be taken as zero. The test runs
+// itself under unshare, which needs root: elsewhere it skips.
+func TestTimeNamespaceIsAnotherClock(t *testing.T) {
+	if os.Getenv("CLOCKSYNC_PRINT_IDENTITY") == "1" {
+		h, err := ReadHostIdentity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("identity %s %s %s\n", h.BootID, h.PIDNamespace, h.TimeNamespace)
+		return
+	}
+	self, err := ReadHostIdentity()
+	if err != nil || self.TimeNamespace == "" {
+		t.Skipf("no time namespaces here (%v)", err)
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare")
+	}
+	cmd := exec.Command(unshare, "--time", "--monotonic", "3600", os.Args[0], "-test.run=^TestTimeNamespaceIsAnotherClock$")
+	cmd.Env = append(os.Environ(), "CLOCKSYNC_PRINT_IDENTITY=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot make a time namespace here: %v: %s", err, out)
+	}
+	var other HostIdentity
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "identity" {
+			other = HostIdentity{f[1], f[2], f[3]}
+		}
+	}
+	if other.BootID != self.BootID || other.PIDNamespace != self.PIDNamespace {
+		t.Fatalf("child %+v, self %+v: expected the same boot and PID namespace (output %s)", other, self, out)
+	}
+	if SameHost(self, other) {
+		t.Errorf("a process in another time namespace (%s) counts as the same clock as %s", other.TimeNamespace, self.TimeNamespace)
 	}
 }
