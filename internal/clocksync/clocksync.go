@@ -116,10 +116,9 @@ func estimateOne(s Sample) (Offset, error) {
 	if rtt < 0 {
 		return Offset{}, fmt.Errorf("negative round trip: endpoint took %d ns of a %d ns round trip", t2-s.T1, s.T3-s.T0)
 	}
-	lo := t2 - s.T3
+	lo, hi := t2-s.T3, s.T1-s.T0
+	// mid rounds down, so hi-mid rounds the bound up: an odd round trip's
+	// lost half nanosecond never leaves the truth outside it.
 	mid := lo + rtt/2
-	// Round the bound up so that an odd round trip's lost half nanosecond
-	// never leaves the truth outside it.
-	hi := s.T1 - s.T0
 	return Offset{Nanos: mid, Uncertainty: time.Duration(hi - mid), RTT: time.Duration(rtt)}, nil
 }
