@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/bench"
+)
+
+// Bad handoff options exit 2 with one line that names the flag, whether
+// the value came from a flag, the environment or the config file, and
+// whether it failed to parse (an enum) or to validate.
+func TestHandoffBadInputNamesTheFlag(t *testing.T) {
+	t.Chdir(t.TempDir())
+	tests := []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		stderr string
+	}{
+		{"validation", nil, []string{"push", "--isl", "0"}, "error: --isl: must be positive\n"},
+		{"enum", nil, []string{"pull", "--fragmentation", "bogus"}, `error: --fragmentation: unknown fragmentation "bogus" (want contiguous, scattered)` + "\n"},
+		{"verify", nil, []string{"sglang", "--verify", "bogus"}, `error: --verify: unknown verify mode "bogus" (want sparse, full)` + "\n"},
+		{"isl distribution", nil, []string{"pull", "--isl-dist", "zipf"}, `error: --isl-dist: unknown ISL distribution "zipf"`},
+		{"nested field", nil, []string{"pull", "--isl-dist", "uniform", "--isl-min", "9", "--isl-max", "3"}, "error: --isl-max: must be at least the minimum (9)\n"},
+		{"memory type", nil, []string{"pull", "--mem", "hbm"}, `error: --mem: unknown memory type "hbm"`},
+		{"two fields", nil, []string{"pull", "--requests", "0", "--warmup", "-1"}, "error: --requests: must be positive; --warmup: must not be negative\n"},
+		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, ucx)`},
+		{"config file", nil, []string{"push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
+	}
+	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, tc.env, append([]string{"bench"}, tc.args...)...)
+			if code != exitUsage || !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("exit %d, stderr %q (want 2 and %q)", code, stderr, tc.stderr)
+			}
+			if strings.Count(strings.TrimSpace(stderr), "\n") != 1 {
+				t.Errorf("want one line plus the usage hint, got %q", stderr)
+			}
+		})
+	}
+}
+
+// Every field of bench.HandoffOptions is a flag of the handoff commands
+// (under its mapstructure name) or says it is not one ("-").
+func TestHandoffOptionsAreFlags(t *testing.T) {
+	cmd := newHandoffCmd(&app{}, "push")
+	var missing []string
+	var walk func(reflect.Type, string)
+	walk = func(t reflect.Type, path string) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := f.Tag.Get("mapstructure")
+			switch {
+			case tag == "-":
+			case tag == ",squash":
+				walk(f.Type, path+f.Name+".")
+			case tag == "":
+				missing = append(missing, path+f.Name+" (no mapstructure tag)")
+			default:
+				name, ok := flagOf(reflect.TypeFor[bench.HandoffOptions](), path+f.Name)
+				if !ok || cmd.Flags().Lookup(name) == nil {
+					missing = append(missing, path+f.Name+" (--"+name+")")
+				}
+			}
+		}
+	}
+	walk(reflect.TypeFor[bench.HandoffOptions](), "")
+	if diff := cmp.Diff([]string(nil), missing); diff != "" {
+		t.Errorf("fields without a flag:\n%s", diff)
+	}
+}
+
+func TestFlagOf(t *testing.T) {
+	typ := reflect.TypeFor[handoffOptions]()
+	for path, want := range map[string]string{"ISL.Fixed": "isl", "ISL.Dist": "isl-dist", "RegTimeout": "registration-timeout",
+		"HandoffOptions.NoMerge": "no-merge", "Model": "model", "Protocol": "", "Spec": "", "ISL.Nope": "", "Nope": ""} {
+		got, ok := flagOf(typ, path)
+		if got != want || ok != (want != "") {
+			t.Errorf("flagOf(%s) = %q, %v; want %q", path, got, ok, want)
+		}
+	}
+}
