@@ -678,8 +678,9 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		id := reqID(i)
 		f, freed := c.freed[id]
 		lr, loaded := c.loads[id]
-		consumed := freed && (f.Reason == "consumed" || f.Reason == "pushed")
-		expired := freed && f.Reason == "expired"
+		reason := engine.FreedReason(f.Reason)
+		consumed := freed && reason.Consumed()
+		expired := freed && reason == engine.FreedExpired
 		var tGone int64 // when decode gave the request up
 		switch {
 		case c.aborted[id]:
@@ -720,7 +721,7 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		out := "held"
 		tEnd := end
 		if freed {
-			out, tEnd = map[bool]string{true: "consumed", false: f.Reason}[consumed], f.TFreed
+			out, tEnd = map[bool]string{true: string(engine.FreedConsumed), false: f.Reason}[consumed], f.TFreed
 		}
 		tl.Leases = append(tl.Leases, leasesim.TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
 		if expired {
