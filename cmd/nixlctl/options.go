@@ -130,4 +130,3 @@ func flagOf(t reflect.Type, path string) (string, bool) {
 	}
 	return name, true
 }
-
