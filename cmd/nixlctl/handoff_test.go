@@ -7,14 +7,15 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
 )
 
-// Bad handoff options exit 2 with one line that names the flag, whether
+// Bad bench options exit 2 with one line that names the flag, whether
 // the value came from a flag, the environment or the config file, and
 // whether it failed to parse (an enum) or to validate.
-func TestHandoffBadInputNamesTheFlag(t *testing.T) {
+func TestBadOptionsNameTheFlag(t *testing.T) {
 	t.Chdir(t.TempDir())
 	tests := []struct {
 		name   string
@@ -31,6 +32,9 @@ func TestHandoffBadInputNamesTheFlag(t *testing.T) {
 		{"two fields", nil, []string{"pull", "--requests", "0", "--warmup", "-1"}, "error: --requests: must be positive; --warmup: must not be negative\n"},
 		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, ucx)`},
 		{"config file", nil, []string{"push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
+		{"xfer size", nil, []string{"xfer", "--start-block-size", "4X"}, `error: --start-block-size: "4X" is not a size`},
+		{"xfer op", nil, []string{"xfer", "--op-type", "COPY"}, `error: --op-type: unknown op "COPY" (want READ or WRITE)` + "\n"},
+		{"xfer validation", nil, []string{"xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
 	}
 	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -48,33 +52,40 @@ func TestHandoffBadInputNamesTheFlag(t *testing.T) {
 	}
 }
 
-// Every field of bench.HandoffOptions is a flag of the handoff commands
-// (under its mapstructure name) or says it is not one ("-").
-func TestHandoffOptionsAreFlags(t *testing.T) {
-	cmd := newHandoffCmd(&app{}, "push")
-	var missing []string
-	var walk func(reflect.Type, string)
-	walk = func(t reflect.Type, path string) {
-		for i := range t.NumField() {
-			f := t.Field(i)
-			tag := f.Tag.Get("mapstructure")
-			switch {
-			case tag == "-":
-			case tag == ",squash":
-				walk(f.Type, path+f.Name+".")
-			case tag == "":
-				missing = append(missing, path+f.Name+" (no mapstructure tag)")
-			default:
-				name, ok := flagOf(reflect.TypeFor[bench.HandoffOptions](), path+f.Name)
-				if !ok || cmd.Flags().Lookup(name) == nil {
-					missing = append(missing, path+f.Name+" (--"+name+")")
+// Every field of a bench options struct the CLI decodes into is a flag
+// of its command (under its mapstructure name) or says it is not one ("-").
+func TestOptionsAreFlags(t *testing.T) {
+	for _, tc := range []struct {
+		opts reflect.Type
+		cmd  *cobra.Command
+	}{
+		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
+		{reflect.TypeFor[bench.XferOptions](), newBenchXferCmd(&app{})},
+	} {
+		var missing []string
+		var walk func(reflect.Type, string)
+		walk = func(t reflect.Type, path string) {
+			for i := range t.NumField() {
+				f := t.Field(i)
+				tag := f.Tag.Get("mapstructure")
+				switch {
+				case tag == "-":
+				case tag == ",squash":
+					walk(f.Type, path+f.Name+".")
+				case tag == "":
+					missing = append(missing, path+f.Name+" (no mapstructure tag)")
+				default:
+					name, ok := flagOf(tc.opts, path+f.Name)
+					if !ok || tc.cmd.Flags().Lookup(name) == nil {
+						missing = append(missing, path+f.Name+" (--"+name+")")
+					}
 				}
 			}
 		}
-	}
-	walk(reflect.TypeFor[bench.HandoffOptions](), "")
-	if diff := cmp.Diff([]string(nil), missing); diff != "" {
-		t.Errorf("fields without a flag:\n%s", diff)
+		walk(tc.opts, "")
+		if diff := cmp.Diff([]string(nil), missing); diff != "" {
+			t.Errorf("%s: fields without a flag:\n%s", tc.opts, diff)
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ func decodeHook() mapstructure.DecodeHookFunc {
 		mapstructure.TextUnmarshallerHookFunc(),
 		parseHook(map[reflect.Type]func(string) (any, error){
 			reflect.TypeFor[nixl.MemType](): func(s string) (any, error) { return nixl.ParseMemType(s) },
+			reflect.TypeFor[nixl.Op]():      func(s string) (any, error) { return nixl.ParseOp(s) },
 		}),
 	)
 }

@@ -1064,9 +1064,9 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// At least three rounds of the pipeline, so it runs full for most of
 	// the timed phase (fewer iterations than its depth never fill it).
 	iters := max(3*depth, min(200, int(2e9/float64(block*batch))))
-	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: block, MaxBlock: block, StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: string(h.o.DRAMAlloc),
-		TotalBufferSize: block * batch * depth, Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
+	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
+		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
+		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
 	}

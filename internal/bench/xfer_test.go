@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -56,7 +58,7 @@ var _ = cudatest.MustSetup()
 func smallXfer(op nixl.Op) XferOptions {
 	exe, _ := os.Executable()
 	return XferOptions{Backend: "ucx", Op: op, StartBlock: 4 << 10, MaxBlock: 16 << 10, StartBatch: 1, MaxBatch: 4,
-		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: "mmap", CheckConsistency: true,
+		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential, CheckConsistency: true,
 		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$", "target"}, Env: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}}}
 }
 
@@ -89,7 +91,7 @@ func TestRunXferAcrossProcesses(t *testing.T) {
 func TestRunXferInprocWithNotifsAndRecreate(t *testing.T) {
 	o := smallXfer(nixl.Write)
 	o.Target = TargetSpec{Inproc: true}
-	o.Notif, o.RecreateXfer, o.RandomOrder, o.DRAMAlloc = true, true, true, "ucx"
+	o.Notif, o.RecreateXfer, o.DescOrder, o.DRAMAlloc = true, true, DescRandom, engine.AllocUCX
 	o.MaxBlock, o.MaxBatch = 4<<10, 2
 	res, err := RunXfer(context.Background(), o)
 	if err != nil {
@@ -122,27 +124,69 @@ func TestRunXferInterrupted(t *testing.T) {
 func TestXferValidate(t *testing.T) {
 	base := smallXfer(nixl.Write)
 	tests := []struct {
+		name string
 		mut  func(*XferOptions)
-		want string
+		want []string // the fields at fault
 	}{
-		{func(o *XferOptions) { o.MaxBlock = 1 }, "block sizes"},
-		{func(o *XferOptions) { o.StartBatch = 0 }, "batch sizes"},
-		{func(o *XferOptions) { o.NumIter = 0 }, "--num-iter"},
-		{func(o *XferOptions) { o.PipelineDepth = 0 }, "--pipeline-depth"},
-		{func(o *XferOptions) { o.TotalBufferSize = 1024 }, "larger than --total-buffer-size"},
-		{func(o *XferOptions) { o.DRAMAlloc = "malloc" }, "--dram-alloc"},
+		{"block range", func(o *XferOptions) { o.MaxBlock = 1 }, []string{"MaxBlock"}},
+		{"no block", func(o *XferOptions) { o.StartBlock = 0 }, []string{"StartBlock"}},
+		{"batch", func(o *XferOptions) { o.StartBatch = 0 }, []string{"StartBatch"}},
+		{"iterations", func(o *XferOptions) { o.NumIter, o.WarmupIter = 0, -1 }, []string{"NumIter", "WarmupIter"}},
+		{"pipeline", func(o *XferOptions) { o.PipelineDepth = 0 }, []string{"PipelineDepth"}},
+		{"buffer smaller than a block", func(o *XferOptions) { o.TotalBufferSize = 1024 }, []string{"MaxBlock", "CheckConsistency"}},
+		{"dram alloc", func(o *XferOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}},
+		{"desc order", func(o *XferOptions) { o.DescOrder = "backwards" }, []string{"DescOrder"}},
+		{"device", func(o *XferOptions) { o.Device = -1 }, []string{"Device"}},
+		{"target device", func(o *XferOptions) { o.TargetDevice = -2 }, []string{"TargetDevice"}},
+		{"inproc and address", func(o *XferOptions) { o.Target.Inproc, o.Target.Addr = true, "x:1" }, []string{"Target.Inproc"}},
 	}
 	for _, tc := range tests {
-		o := base
-		tc.mut(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("want %q, got %v", tc.want, err)
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mut(&o)
+			err := o.Validate()
+			if !errkind.IsBadInput(err) {
+				t.Fatalf("Validate() = %v, want bad input", err)
+			}
+			var fields []string
+			for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
+				if fe, ok := e.(errkind.FieldError); ok {
+					fields = append(fields, fe.Field)
+				}
+			}
+			if diff := cmp.Diff(tc.want, fields); diff != "" {
+				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
+			}
+		})
+	}
+	d := DefaultXferOptions()
+	if err := d.Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want ByteSize
+		out  string
+		err  bool
+	}{
+		{"4K", 4 << 10, "4K", false}, {"64M", 64 << 20, "64M", false}, {"1.5M", 3 << 19, "1536K", false}, {"4096", 4 << 10, "4K", false},
+		{"1000", 1000, "1000", false}, {"", 0, "", false}, {"2G", 2 << 30, "2G", false}, {"4X", 0, "", true}, {"-1", 0, "", true},
+	} {
+		var b ByteSize
+		err := b.UnmarshalText([]byte(tc.in))
+		if (err != nil) != tc.err || b != tc.want || (err == nil && b.String() != tc.out) {
+			t.Errorf("%q: %d (%q), %v; want %d (%q), error %v", tc.in, b, b.String(), err, tc.want, tc.out, tc.err)
 		}
 	}
-	o := base
-	o.Device = -1
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--device") {
-		t.Errorf("negative device: %v", err)
+	var d DescOrder
+	if err := d.UnmarshalText([]byte("random")); err != nil || d != DescRandom {
+		t.Errorf("random: %v %v", d, err)
+	}
+	if err := d.UnmarshalText([]byte("zigzag")); err == nil || !strings.Contains(err.Error(), "sequential, random") {
+		t.Errorf("zigzag: %v", err)
 	}
 }
 
