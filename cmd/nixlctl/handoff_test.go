@@ -34,6 +34,7 @@ func TestBadOptionsNameTheFlag(t *testing.T) {
 		{"config file", nil, []string{"push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
 		{"xfer size", nil, []string{"xfer", "--start-block-size", "4X"}, `error: --start-block-size: "4X" is not a size`},
 		{"xfer op", nil, []string{"xfer", "--op-type", "COPY"}, `error: --op-type: unknown op "COPY" (want READ or WRITE)` + "\n"},
+		{"list element", nil, []string{"ec", "--grid", "1x8x8,44x80"}, `error: --grid: grid "44x80": want T x H x W`},
 		{"xfer validation", nil, []string{"xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
 	}
 	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {
@@ -61,6 +62,7 @@ func TestOptionsAreFlags(t *testing.T) {
 	}{
 		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
 		{reflect.TypeFor[bench.XferOptions](), newBenchXferCmd(&app{})},
+		{reflect.TypeFor[bench.ECOptions](), newBenchECCmd(&app{})},
 	} {
 		var missing []string
 		var walk func(reflect.Type, string)

@@ -9,6 +9,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
@@ -25,6 +26,7 @@ func decodeHook() mapstructure.DecodeHookFunc {
 		parseHook(map[reflect.Type]func(string) (any, error){
 			reflect.TypeFor[nixl.MemType](): func(s string) (any, error) { return nixl.ParseMemType(s) },
 			reflect.TypeFor[nixl.Op]():      func(s string) (any, error) { return nixl.ParseOp(s) },
+			reflect.TypeFor[kv.Grid]():      func(s string) (any, error) { return kv.ParseGrid(s) },
 		}),
 	)
 }
@@ -60,7 +62,8 @@ func decodeErrors(err error) error {
 	for _, e := range leafErrors(err) {
 		var de *mapstructure.DecodeError
 		if errors.As(e, &de) {
-			out = append(out, fmt.Errorf("--%s: %w", de.Name(), de.Unwrap()))
+			name, _, _ := strings.Cut(de.Name(), "[") // a list's element: the flag is the list's
+			out = append(out, fmt.Errorf("--%s: %w", name, de.Unwrap()))
 			continue
 		}
 		out = append(out, fmt.Errorf("options: %w", e))
