@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/leasesim"
 )
 
 // Bad bench options exit 2 with one line that names the flag, whether
@@ -23,26 +24,28 @@ func TestBadOptionsNameTheFlag(t *testing.T) {
 		args   []string
 		stderr string
 	}{
-		{"validation", nil, []string{"push", "--isl", "0"}, "error: --isl: must be positive\n"},
-		{"enum", nil, []string{"pull", "--fragmentation", "bogus"}, `error: --fragmentation: unknown fragmentation "bogus" (want contiguous, scattered)` + "\n"},
-		{"verify", nil, []string{"sglang", "--verify", "bogus"}, `error: --verify: unknown verify mode "bogus" (want sparse, full)` + "\n"},
-		{"isl distribution", nil, []string{"pull", "--isl-dist", "zipf"}, `error: --isl-dist: unknown ISL distribution "zipf"`},
-		{"nested field", nil, []string{"pull", "--isl-dist", "uniform", "--isl-min", "9", "--isl-max", "3"}, "error: --isl-max: must be at least the minimum (9)\n"},
-		{"memory type", nil, []string{"pull", "--mem", "hbm"}, `error: --mem: unknown memory type "hbm"`},
-		{"two fields", nil, []string{"pull", "--requests", "0", "--warmup", "-1"}, "error: --requests: must be positive; --warmup: must not be negative\n"},
-		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, ucx)`},
-		{"config file", nil, []string{"push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
-		{"xfer size", nil, []string{"xfer", "--start-block-size", "4X"}, `error: --start-block-size: "4X" is not a size`},
-		{"xfer op", nil, []string{"xfer", "--op-type", "COPY"}, `error: --op-type: unknown op "COPY" (want READ or WRITE)` + "\n"},
-		{"list element", nil, []string{"ec", "--grid", "1x8x8,44x80"}, `error: --grid: grid "44x80": want T x H x W`},
-		{"xfer validation", nil, []string{"xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
+		{"validation", nil, []string{"bench", "push", "--isl", "0"}, "error: --isl: must be positive\n"},
+		{"enum", nil, []string{"bench", "pull", "--fragmentation", "bogus"}, `error: --fragmentation: unknown fragmentation "bogus" (want contiguous, scattered)` + "\n"},
+		{"verify", nil, []string{"bench", "sglang", "--verify", "bogus"}, `error: --verify: unknown verify mode "bogus" (want sparse, full)` + "\n"},
+		{"isl distribution", nil, []string{"bench", "pull", "--isl-dist", "zipf"}, `error: --isl-dist: unknown ISL distribution "zipf"`},
+		{"nested field", nil, []string{"bench", "pull", "--isl-dist", "uniform", "--isl-min", "9", "--isl-max", "3"}, "error: --isl-max: must be at least the minimum (9)\n"},
+		{"memory type", nil, []string{"bench", "pull", "--mem", "hbm"}, `error: --mem: unknown memory type "hbm"`},
+		{"two fields", nil, []string{"bench", "pull", "--requests", "0", "--warmup", "-1"}, "error: --requests: must be positive; --warmup: must not be negative\n"},
+		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"bench", "pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, ucx)`},
+		{"config file", nil, []string{"bench", "push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
+		{"xfer size", nil, []string{"bench", "xfer", "--start-block-size", "4X"}, `error: --start-block-size: "4X" is not a size`},
+		{"xfer op", nil, []string{"bench", "xfer", "--op-type", "COPY"}, `error: --op-type: unknown op "COPY" (want READ or WRITE)` + "\n"},
+		{"lease-chaos", nil, []string{"lease-chaos", "--reaper", "tail"}, `error: --reaper: unknown reaper "tail" (want full or head-only)` + "\n"},
+		{"lease-chaos --sim traffic", nil, []string{"lease-chaos", "--sim", "--requests", "-1"}, "error: --requests: -1: want 0 (scenarios only) or more\n"},
+		{"list element", nil, []string{"bench", "ec", "--grid", "1x8x8,44x80"}, `error: --grid: grid "44x80": want T x H x W`},
+		{"xfer validation", nil, []string{"bench", "xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
 	}
 	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, stderr := runCLI(t, tc.env, append([]string{"bench"}, tc.args...)...)
+			code, _, stderr := runCLI(t, tc.env, tc.args...)
 			if code != exitUsage || !strings.Contains(stderr, tc.stderr) {
 				t.Errorf("exit %d, stderr %q (want 2 and %q)", code, stderr, tc.stderr)
 			}
@@ -63,6 +66,8 @@ func TestOptionsAreFlags(t *testing.T) {
 		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
 		{reflect.TypeFor[bench.XferOptions](), newBenchXferCmd(&app{})},
 		{reflect.TypeFor[bench.ECOptions](), newBenchECCmd(&app{})},
+		{reflect.TypeFor[bench.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
+		{reflect.TypeFor[leasesim.TrafficOptions](), newLeaseChaosCmd(&app{})},
 	} {
 		var missing []string
 		var walk func(reflect.Type, string)
