@@ -21,6 +21,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -87,7 +88,7 @@ type HandoffOptions struct {
 func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
-		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: 30 * time.Second, RegTimeout: 60 * time.Second,
+		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
 		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1}
 }
 

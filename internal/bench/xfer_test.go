@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -181,12 +182,36 @@ func TestByteSize(t *testing.T) {
 			t.Errorf("%q: %d (%q), %v; want %d (%q), error %v", tc.in, b, b.String(), err, tc.want, tc.out, tc.err)
 		}
 	}
-	var d DescOrder
-	if err := d.UnmarshalText([]byte("random")); err != nil || d != DescRandom {
-		t.Errorf("random: %v %v", d, err)
-	}
-	if err := d.UnmarshalText([]byte("zigzag")); err == nil || !strings.Contains(err.Error(), "sequential, random") {
-		t.Errorf("zigzag: %v", err)
+}
+
+// The bench package's enums parse themselves, naming the valid values
+// when they cannot.
+func TestBenchEnumsParse(t *testing.T) {
+	for _, tc := range []struct {
+		dst     interface{ UnmarshalText([]byte) error }
+		in      string
+		want    any
+		wantErr string
+	}{
+		{new(DescOrder), "random", DescRandom, ""},
+		{new(DescOrder), "sequential", DescSequential, ""},
+		{new(DescOrder), "zigzag", nil, "sequential, random"},
+		{new(ISLDist), "normal", ISLNormal, ""},
+		{new(ISLDist), "trace", ISLTrace, ""},
+		{new(ISLDist), "Fixed", nil, "fixed, uniform, normal, trace"},
+		{new(ISLDist), "", nil, "fixed, uniform, normal, trace"},
+	} {
+		err := tc.dst.UnmarshalText([]byte(tc.in))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.in)) {
+				t.Errorf("%T %q: %v, want an error naming %s", tc.dst, tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		got := reflect.ValueOf(tc.dst).Elem().Interface()
+		if err != nil || got != tc.want {
+			t.Errorf("%T %q: %v, %v; want %v", tc.dst, tc.in, got, err, tc.want)
+		}
 	}
 }
 

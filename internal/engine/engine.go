@@ -236,9 +236,6 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if cfg.SideChannel == "" {
 		cfg.SideChannel = "tcp://127.0.0.1:0"
 	}
-	if cfg.Lease <= 0 {
-		cfg.Lease = 30 * time.Second
-	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
 	}
