@@ -38,7 +38,7 @@ func weakSliceHook(sep string) mapstructure.DecodeHookFuncType {
 		if f.Kind() != reflect.String || t.Kind() != reflect.Slice {
 			return data, nil
 		}
-		if s := data.(string); s != "" {
+		if s := reflect.ValueOf(data).String(); s != "" {
 			return strings.Split(s, sep), nil
 		}
 		return []string{}, nil
