@@ -27,36 +27,17 @@ against a reference measured in the same run.`,
 	return cmd
 }
 
+// benchXferOptions is bench.XferOptions, which the flags decode into,
+// plus the model flags that shape one point like a KV transfer and the
+// measuring flags.
 type benchXferOptions struct {
-	Backend          string `mapstructure:"backend"`
-	OpType           string `mapstructure:"op-type"`
-	InitiatorSeg     string `mapstructure:"initiator-seg-type"`
-	TargetSeg        string `mapstructure:"target-seg-type"`
-	Device           int    `mapstructure:"device"`
-	TargetDevice     int    `mapstructure:"target-device"`
-	StartBlock       string `mapstructure:"start-block-size"`
-	MaxBlock         string `mapstructure:"max-block-size"`
-	StartBatch       int    `mapstructure:"start-batch-size"`
-	MaxBatch         int    `mapstructure:"max-batch-size"`
-	NumIter          int    `mapstructure:"num-iter"`
-	WarmupIter       int    `mapstructure:"warmup-iter"`
-	LargeBlkIterFtr  int    `mapstructure:"large-blk-iter-ftr"`
-	PipelineDepth    int    `mapstructure:"pipeline-depth"`
-	TotalBufferSize  string `mapstructure:"total-buffer-size"`
-	CheckConsistency bool   `mapstructure:"check-consistency"`
-	DRAMAlloc        string `mapstructure:"dram-alloc"`
-	HugePages        bool   `mapstructure:"use-hugepages"`
-	RecreateXfer     bool   `mapstructure:"recreate-xfer"`
-	DescOrder        string `mapstructure:"desc-order"`
-	Notif            bool   `mapstructure:"notif"`
-	Inproc           bool   `mapstructure:"inproc"`
-	Target           string `mapstructure:"target"`
-	Model            string `mapstructure:"model"`
-	ModelConfig      string `mapstructure:"model-config"`
-	Tokens           int    `mapstructure:"tokens"`
-	TP               int    `mapstructure:"tp"`
-	KVBlockSize      int    `mapstructure:"kv-block-size"`
-	measureOptions   `mapstructure:",squash"`
+	bench.XferOptions `mapstructure:",squash"`
+	Model             string `mapstructure:"model"`
+	ModelConfig       string `mapstructure:"model-config"`
+	Tokens            int    `mapstructure:"tokens"`
+	TP                int    `mapstructure:"tp"`
+	KVBlockSize       int    `mapstructure:"kv-block-size"`
+	measureOptions    `mapstructure:",squash"`
 }
 
 const benchXferLong = `A nixlbench-compatible transfer sweep: for each block size from
@@ -128,30 +109,31 @@ func newBenchXferCmd(a *app) *cobra.Command {
 			return runBenchXfer(cmd.Context(), a, o)
 		},
 	}
+	d := bench.DefaultXferOptions()
 	f := cmd.Flags()
-	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
-	f.String("op-type", "WRITE", "READ or WRITE")
-	f.String("initiator-seg-type", "DRAM", "initiator memory: DRAM or VRAM")
-	f.String("target-seg-type", "DRAM", "target memory: DRAM or VRAM")
-	f.Int("device", 0, "GPU of the initiator's VRAM (CUDA device index, as this process sees it)")
-	f.Int("target-device", -1, "GPU of the target's VRAM (default: --device)")
-	f.String("start-block-size", "4K", "first block size")
-	f.String("max-block-size", "64M", "last block size (doubling)")
-	f.Int("start-batch-size", 1, "first batch size (descriptors per request)")
-	f.Int("max-batch-size", 1, "last batch size (doubling)")
-	f.Int("num-iter", 1000, "timed requests per point")
-	f.Int("warmup-iter", 100, "untimed requests per point")
-	f.Int("large-blk-iter-ftr", 16, "divide iterations by this for blocks above 1 MiB")
-	f.Int("pipeline-depth", 1, "requests in flight")
-	f.String("total-buffer-size", "", "bytes per side (default: max block x max batch, at least 64K); smaller buffers are reused")
-	f.Bool("check-consistency", false, "verify per-descriptor tags after each point")
-	f.String("dram-alloc", "mmap", "DRAM allocation: mmap or ucx")
-	f.Bool("use-hugepages", false, "2 MiB pages for mmap buffers (needs vm.nr_hugepages)")
-	f.Bool("recreate-xfer", false, "create and release the request every iteration")
-	f.String("desc-order", "sequential", "descriptor placement: sequential (nixlbench) or random")
-	f.Bool("notif", false, "attach a notification to every request")
-	f.Bool("inproc", false, "run the target in this process")
-	f.String("target", "", "use a target started with serve target --listen (host:port)")
+	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	f.String("op-type", d.Op.String(), "READ or WRITE")
+	f.String("initiator-seg-type", d.InitiatorSeg.String(), "initiator memory: DRAM or VRAM")
+	f.String("target-seg-type", d.TargetSeg.String(), "target memory: DRAM or VRAM")
+	f.Int("device", d.Device, "GPU of the initiator's VRAM (CUDA device index, as this process sees it)")
+	f.Int("target-device", d.TargetDevice, "GPU of the target's VRAM (default: --device)")
+	f.String("start-block-size", d.StartBlock.String(), "first block size")
+	f.String("max-block-size", d.MaxBlock.String(), "last block size (doubling)")
+	f.Int("start-batch-size", d.StartBatch, "first batch size (descriptors per request)")
+	f.Int("max-batch-size", d.MaxBatch, "last batch size (doubling)")
+	f.Int("num-iter", d.NumIter, "timed requests per point")
+	f.Int("warmup-iter", d.WarmupIter, "untimed requests per point")
+	f.Int("large-blk-iter-ftr", d.LargeBlkIterFtr, "divide iterations by this for blocks above 1 MiB")
+	f.Int("pipeline-depth", d.PipelineDepth, "requests in flight")
+	f.String("total-buffer-size", d.TotalBufferSize.String(), "bytes per side (default: max block x max batch, at least 64K); smaller buffers are reused")
+	f.Bool("check-consistency", d.CheckConsistency, "verify per-descriptor tags after each point")
+	f.String("dram-alloc", d.DRAMAlloc.String(), "DRAM allocation: mmap or ucx")
+	f.Bool("use-hugepages", d.HugePages, "2 MiB pages for mmap buffers (needs vm.nr_hugepages)")
+	f.Bool("recreate-xfer", d.RecreateXfer, "create and release the request every iteration")
+	f.String("desc-order", d.DescOrder.String(), "descriptor placement: sequential (nixlbench) or random")
+	f.Bool("notif", d.Notif, "attach a notification to every request")
+	f.Bool("inproc", d.Target.Inproc, "run the target in this process")
+	f.String("target", d.Target.Addr, "use a target started with serve target --listen (host:port)")
 	f.String("model", "", "shape one point like a TP rank's KV transfer of this model preset")
 	f.String("model-config", "", "like --model, from a HuggingFace config.json")
 	f.Int("tokens", 4096, "tokens per request for --model")
@@ -162,55 +144,8 @@ func newBenchXferCmd(a *app) *cobra.Command {
 }
 
 func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
-	op, err := nixl.ParseOp(o.OpType)
-	if err != nil {
-		return errkind.BadInputf("--op-type: %v", err)
-	}
-	iseg, err := nixl.ParseMemType(o.InitiatorSeg)
-	if err != nil {
-		return errkind.BadInputf("--initiator-seg-type: %v", err)
-	}
-	tseg, err := nixl.ParseMemType(o.TargetSeg)
-	if err != nil {
-		return errkind.BadInputf("--target-seg-type: %v", err)
-	}
-	size := func(flag, s string) (int, error) {
-		if s == "" {
-			return 0, nil
-		}
-		v, err := report.ParseSize(s)
-		if err != nil {
-			return 0, errkind.BadInputf("--%s: %v", flag, err)
-		}
-		return int(v), nil
-	}
-	if o.TargetDevice == -1 {
-		o.TargetDevice = o.Device
-	}
-	x := bench.XferOptions{Backend: o.Backend, Op: op, InitiatorSeg: iseg, TargetSeg: tseg, Device: o.Device, TargetDevice: o.TargetDevice,
-		StartBatch: o.StartBatch, MaxBatch: o.MaxBatch, NumIter: o.NumIter, WarmupIter: o.WarmupIter,
-		LargeBlkIterFtr: o.LargeBlkIterFtr, PipelineDepth: o.PipelineDepth, CheckConsistency: o.CheckConsistency,
-		DRAMAlloc: o.DRAMAlloc, HugePages: o.HugePages, RecreateXfer: o.RecreateXfer, Notif: o.Notif,
-		Target: bench.TargetSpec{Inproc: o.Inproc, Addr: o.Target}, Version: version, Log: a.log}
-	if x.StartBlock, err = size("start-block-size", o.StartBlock); err != nil {
-		return err
-	}
-	if x.MaxBlock, err = size("max-block-size", o.MaxBlock); err != nil {
-		return err
-	}
-	if x.TotalBufferSize, err = size("total-buffer-size", o.TotalBufferSize); err != nil {
-		return err
-	}
-	switch o.DescOrder {
-	case "sequential":
-	case "random":
-		x.RandomOrder = true
-	default:
-		return errkind.BadInputf("--desc-order %q: want sequential or random", o.DescOrder)
-	}
-	if o.Inproc && o.Target != "" {
-		return errkind.BadInputf("--inproc and --target exclude each other")
-	}
+	x := o.XferOptions
+	x.Version, x.Log = version, a.log
 	if o.Model != "" || o.ModelConfig != "" {
 		m, err := loadModel(o.Model, o.ModelConfig)
 		if err != nil {
@@ -224,13 +159,13 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		if err != nil {
 			return errkind.BadInput(err)
 		}
-		x.StartBlock, x.MaxBlock = int(an.BytesPerDescriptor), int(an.BytesPerDescriptor)
+		x.StartBlock, x.MaxBlock = bench.ByteSize(an.BytesPerDescriptor), bench.ByteSize(an.BytesPerDescriptor)
 		x.StartBatch, x.MaxBatch = an.DescriptorsPerRequest, an.DescriptorsPerRequest
 		x.Shape = fmt.Sprintf("%s, %d tokens, TP %d, %d-token blocks: %s descriptors of %s per request per rank",
 			m.Name, o.Tokens, o.TP, spec.BlockSize, report.Int(int64(an.DescriptorsPerRequest)), report.Bytes(an.BytesPerDescriptor))
 	}
 	if err := x.Validate(); err != nil {
-		return errkind.BadInput(err)
+		return flagErrors(err, x)
 	}
 	if err := checkBackendName(o.Backend); err != nil {
 		return err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,31 +17,16 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
+// benchECOptions is bench.ECOptions, which the flags decode into, plus
+// the flags that resolve to its kv.Vision, the records file and the
+// measuring flags.
 type benchECOptions struct {
-	Backend          string        `mapstructure:"backend"`
-	Direction        string        `mapstructure:"direction"`
-	Model            string        `mapstructure:"model"`
-	HiddenSize       int           `mapstructure:"hidden-size"`
-	DType            string        `mapstructure:"dtype"`
-	SpatialMerge     int           `mapstructure:"spatial-merge"`
-	Grid             []string      `mapstructure:"grid"`
-	Requests         int           `mapstructure:"requests"`
-	ImagesPerRequest int           `mapstructure:"images-per-request"`
-	UniqueImages     int           `mapstructure:"unique-images"`
-	ZipfS            float64       `mapstructure:"zipf-s"`
-	Consumers        int           `mapstructure:"consumers"`
-	ProducerRegion   string        `mapstructure:"producer-region"`
-	ConsumerRegion   string        `mapstructure:"consumer-region"`
-	AckTimeout       time.Duration `mapstructure:"ack-timeout"`
-	EncodeTime       time.Duration `mapstructure:"encode-time"`
-	Overlap          bool          `mapstructure:"overlap"`
-	Verify           bool          `mapstructure:"verify"`
-	Warmup           int           `mapstructure:"warmup"`
-	Seed             uint64        `mapstructure:"seed"`
-	Records          string        `mapstructure:"records"`
-	Inproc           bool          `mapstructure:"inproc"`
-	Producer         string        `mapstructure:"producer"`
-	measureOptions   `mapstructure:",squash"`
+	bench.ECOptions `mapstructure:",squash"`
+	Model           string `mapstructure:"model"`
+	HiddenSize      int    `mapstructure:"hidden-size"`
+	DType           string `mapstructure:"dtype"`
+	SpatialMerge    int    `mapstructure:"spatial-merge"`
+	measureOptions  `mapstructure:",squash"`
 }
 
 const benchECLong = `Encoder-cache (EPD) transfers as vLLM's ECCPUConnector moves them: an encoder
@@ -101,51 +85,42 @@ func newBenchECCmd(a *app) *cobra.Command {
 			return runBenchEC(cmd.Context(), a, o)
 		},
 	}
+	d := bench.DefaultECOptions()
 	f := cmd.Flags()
-	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
-	f.String("direction", "read", "read: the consumer READs (upstream); write: the producer WRITEs")
+	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	f.String("direction", strings.ToLower(d.Direction.String()), "read: the consumer READs (upstream); write: the producer WRITEs")
 	f.String("model", kv.DefaultVisionModel, "vision geometry preset: "+strings.Join(kv.VisionPresets(), ", "))
 	f.Int("hidden-size", 0, "override the preset's hidden size (elements per embedding)")
 	f.String("dtype", "", "override the preset's embedding dtype (bf16, fp16, fp32, fp8)")
 	f.Int("spatial-merge", 0, "override the preset's spatial merge size")
 	f.StringSlice("grid", nil, "image patch grids TxHxW, comma-separated (default: the preset's)")
-	f.Int("requests", 200, "requests")
-	f.Int("images-per-request", 1, "distinct images per request")
-	f.Int("unique-images", 64, "distinct images (mm_hashes) in the workload")
-	f.Float64("zipf-s", 1.0, "Zipf exponent of image popularity (0: uniform)")
-	f.Int("consumers", 2, "consumers sharing the producer")
-	f.String("producer-region", "256M", "producer region size")
-	f.String("consumer-region", "64M", "region size of each consumer")
-	f.Duration("ack-timeout", ec.ECAckTimeout, "consumer ack timeout (vLLM's consumer_ack_timeout_s)")
-	f.Duration("encode-time", 0, "simulated encoder time per image (the entry is not ready meanwhile)")
-	f.Bool("overlap", false, "ask the consumer without waiting for the encode to finish")
-	f.Bool("verify", true, "check every delivered block's tags (outside the timed path)")
-	f.Int("warmup", 1, "untimed transfers per consumer first")
-	f.Uint64("seed", 1, "workload seed")
+	f.Int("requests", d.Requests, "requests")
+	f.Int("images-per-request", d.ImagesPerRequest, "distinct images per request")
+	f.Int("unique-images", d.UniqueImages, "distinct images (mm_hashes) in the workload")
+	f.Float64("zipf-s", d.ZipfS, "Zipf exponent of image popularity (0: uniform)")
+	f.Int("consumers", d.Consumers, "consumers sharing the producer")
+	f.String("producer-region", d.ProducerRegion.String(), "producer region size")
+	f.String("consumer-region", d.ConsumerRegion.String(), "region size of each consumer")
+	f.Duration("ack-timeout", d.AckTimeout, "consumer ack timeout (vLLM's consumer_ack_timeout_s)")
+	f.Duration("encode-time", d.EncodeTime, "simulated encoder time per image (the entry is not ready meanwhile)")
+	f.Bool("overlap", d.Overlap, "ask the consumer without waiting for the encode to finish")
+	f.Bool("verify", d.Verify, "check every delivered block's tags (outside the timed path)")
+	f.Int("warmup", d.Warmup, "untimed transfers per consumer first")
+	f.Uint64("seed", d.Seed, "workload seed")
 	f.String("records", "", "write one JSON line per image request to this file")
-	f.Bool("inproc", false, "run the encoder in this process")
-	f.String("producer", "", "use an encoder started with serve encoder --listen (host:port)")
+	f.Bool("inproc", d.Producer.Inproc, "run the encoder in this process")
+	f.String("producer", d.Producer.Addr, "use an encoder started with serve encoder --listen (host:port)")
 	addMeasureFlags(cmd, false)
 	return cmd
 }
 
 func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
-	x := bench.ECOptions{Backend: o.Backend, Requests: o.Requests, ImagesPerRequest: o.ImagesPerRequest,
-		UniqueImages: o.UniqueImages, ZipfS: o.ZipfS, Consumers: o.Consumers, AckTimeout: o.AckTimeout,
-		EncodeTime: o.EncodeTime, Overlap: o.Overlap, Verify: o.Verify, Warmup: o.Warmup, Seed: o.Seed,
-		Producer: bench.ProducerSpec{Inproc: o.Inproc, Addr: o.Producer}, Version: version, Log: a.log}
-	if o.Backend != "auto" && o.Backend != "" {
-		if _, ok := nixl.Lookup(o.Backend); !ok {
-			return errkind.BadInputf("--backend: unknown backend %q (available: auto, %s)", o.Backend, strings.Join(nixl.Backends(), ", "))
+	x := o.ECOptions
+	x.Version, x.Log = version, a.log
+	if x.Backend != "auto" && x.Backend != "" {
+		if _, ok := nixl.Lookup(x.Backend); !ok {
+			return errkind.BadInputf("--backend: unknown backend %q (available: auto, %s)", x.Backend, strings.Join(nixl.Backends(), ", "))
 		}
-	}
-	switch strings.ToLower(o.Direction) {
-	case "read":
-		x.Direction = nixl.Read
-	case "write":
-		x.Direction = nixl.Write
-	default:
-		return errkind.BadInputf("--direction %q: want read or write", o.Direction)
 	}
 	v, err := kv.VisionPreset(o.Model)
 	if err != nil {
@@ -163,37 +138,16 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		v.Merge = o.SpatialMerge
 	}
 	x.Vision = v
-	for _, g := range o.Grid {
-		grid, err := kv.ParseGrid(g)
-		if err != nil {
-			return errkind.BadInputf("--grid: %v", err)
-		}
-		x.Grids = append(x.Grids, grid)
-	}
-	if len(x.Grids) == 0 {
-		x.Grids = []kv.Grid{v.DefaultGrid}
-	}
-	for _, r := range []struct {
-		flag, val string
-		dst       *int
-	}{{"producer-region", o.ProducerRegion, &x.ProducerRegion}, {"consumer-region", o.ConsumerRegion, &x.ConsumerRegion}} {
-		n, err := report.ParseSize(r.val)
-		if err != nil {
-			return errkind.BadInputf("--%s: %v", r.flag, err)
-		}
-		*r.dst = int(n)
-	}
 	if err := x.Validate(); err != nil {
-		return errkind.BadInput(err)
+		return flagErrors(err, x)
 	}
 	// Before --records is created: a refused --save must leave no file.
 	mo := o.measureOptions
-	mo.Records = o.Records
 	if err := mo.validate(); err != nil {
 		return err
 	}
-	if o.Records != "" {
-		f, err := os.Create(o.Records)
+	if o.measureOptions.Records != "" {
+		f, err := os.Create(o.measureOptions.Records)
 		if err != nil {
 			return errkind.BadInputf("--records: %v", err)
 		}

@@ -13,16 +13,17 @@ func TestBenchECBadInputExitCodes(t *testing.T) {
 		args   []string
 		stderr string
 	}{
-		{[]string{"--direction", "up"}, `--direction "up": want read or write`},
+		{[]string{"--direction", "up"}, `--direction: unknown op "up" (want READ or WRITE)`},
 		{[]string{"--model", "nope"}, `unknown vision model "nope"`},
 		{[]string{"--grid", "1x3x4"}, "multiples of the spatial merge size 2"},
-		{[]string{"--grid", "0x4x4"}, "not a positive whole number"},
+		{[]string{"--grid", "0x4x4"}, "--grid: "},
+		{[]string{"--grid", "1x3x4"}, "--grid: "},
 		{[]string{"--consumer-region", "64K"}, "cannot hold one image"},
 		{[]string{"--producer-region", "lots"}, "is not a size"},
-		{[]string{"--unique-images", "1", "--images-per-request", "2"}, "must be at least --images-per-request"},
-		{[]string{"--zipf-s", "11"}, "--zipf-s must be between 0"},
-		{[]string{"--consumers", "65"}, "--consumers must be between 1 and 64"},
-		{[]string{"--ack-timeout", "0s"}, "--ack-timeout must be > 0"},
+		{[]string{"--unique-images", "1", "--images-per-request", "2"}, "--unique-images: 1 must be at least the images per request (2)"},
+		{[]string{"--zipf-s", "11"}, "--zipf-s: must be between 0"},
+		{[]string{"--consumers", "65"}, "--consumers: must be between 1 and 64"},
+		{[]string{"--ack-timeout", "0s"}, "--ack-timeout: must be positive"},
 		{[]string{"--backend", "rdma"}, `unknown backend "rdma"`},
 		{[]string{"--dtype", "int4"}, "--dtype: unknown dtype"},
 		{[]string{"--hidden-size", "-1"}, "hidden size must be > 0"},

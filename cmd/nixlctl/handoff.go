@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -19,49 +18,30 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
+// handoffOptions is bench.HandoffOptions, which the flags decode into,
+// plus what only the command line has: the model flags that resolve to
+// its kv.Spec, the trace file that becomes its entries, and the measuring
+// flags.
 type handoffOptions struct {
-	Backend        string        `mapstructure:"backend"`
-	Model          string        `mapstructure:"model"`
-	ModelConfig    string        `mapstructure:"model-config"`
-	KVDType        string        `mapstructure:"kv-dtype"`
-	BlockSize      int           `mapstructure:"block-size"`
-	Layout         string        `mapstructure:"layout"`
-	KVCacheLayout  string        `mapstructure:"kv-cache-layout"`
-	PrefillTP      int           `mapstructure:"prefill-tp"`
-	DecodeTP       int           `mapstructure:"decode-tp"`
-	Requests       int           `mapstructure:"requests"`
-	Warmup         int           `mapstructure:"warmup"`
-	ISL            int           `mapstructure:"isl"`
-	ISLDist        string        `mapstructure:"isl-dist"`
-	ISLMin         int           `mapstructure:"isl-min"`
-	ISLMax         int           `mapstructure:"isl-max"`
-	ISLMean        float64       `mapstructure:"isl-mean"`
-	ISLStd         float64       `mapstructure:"isl-std"`
-	Trace          string        `mapstructure:"trace"`
-	Rate           float64       `mapstructure:"rate"`
-	Concurrency    int           `mapstructure:"concurrency"`
-	PrefixHit      float64       `mapstructure:"prefix-hit"`
-	Fragmentation  string        `mapstructure:"fragmentation"`
-	NoMerge        bool          `mapstructure:"no-merge"`
-	NumBlocks      int           `mapstructure:"num-blocks"`
-	PrefillTime    time.Duration `mapstructure:"prefill-time"`
-	Lease          time.Duration `mapstructure:"kv-lease-duration"`
-	RegTimeout     time.Duration `mapstructure:"registration-timeout"`
-	ChunkTokens    int           `mapstructure:"chunk-tokens"`
-	Verify         string        `mapstructure:"verify"`
-	DRAMAlloc      string        `mapstructure:"dram-alloc"`
-	Mem            string        `mapstructure:"mem"`
-	Device         int           `mapstructure:"device"`
-	DecodeDevice   int           `mapstructure:"decode-device"`
-	XferRef        bool          `mapstructure:"xfer-reference"`
-	Inproc         bool          `mapstructure:"inproc"`
-	Prefill        string        `mapstructure:"prefill"`
-	Decode         string        `mapstructure:"decode"`
-	Seed           uint64        `mapstructure:"seed"`
-	measureOptions `mapstructure:",squash"`
+	bench.HandoffOptions `mapstructure:",squash"`
+	specFlags            `mapstructure:",squash"`
+	Trace                string `mapstructure:"trace"`
+	measureOptions       `mapstructure:",squash"`
 }
 
-var protocolHelp = map[string]string{
+// specFlags are the flags that describe a deployed model's KV cache
+// (resolved by kvSpec); TP is the prefill's.
+type specFlags struct {
+	Model         string `mapstructure:"model"`
+	ModelConfig   string `mapstructure:"model-config"`
+	KVDType       string `mapstructure:"kv-dtype"`
+	BlockSize     int    `mapstructure:"block-size"`
+	Layout        string `mapstructure:"layout"`
+	KVCacheLayout string `mapstructure:"kv-cache-layout"`
+	PrefillTP     int    `mapstructure:"prefill-tp"`
+}
+
+var protocolHelp = map[engine.Protocol]string{
 	engine.ProtoPull: `vLLM's default NixlConnector flow. Prefill computes the request, arms a lease on
 its blocks and returns kv_transfer_params (block ids, engine id, side channel);
 the router forwards them to decode, which handshakes with prefill's side
@@ -116,14 +96,14 @@ blocks still held after the run, and efficiency against memcpy (measured in the
 decode process) and against "bench xfer" on the same bytes (--xfer-reference).
 --records FILE writes one JSON line per request.`
 
-func newHandoffCmd(a *app, proto string) *cobra.Command {
-	short := map[string]string{
+func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
+	short := map[engine.Protocol]string{
 		engine.ProtoPull:   "vLLM pull: decode READs prefill's blocks",
 		engine.ProtoPush:   "vLLM push: prefill WRITEs into decode's pre-allocated blocks",
 		engine.ProtoSGLang: "SGLang: bootstrap room, pre-allocated pages, chunked WRITEs",
 	}[proto]
 	cmd := &cobra.Command{
-		Use:   proto,
+		Use:   proto.String(),
 		Short: short,
 		Long:  protocolHelp[proto] + handoffCommon,
 		Example: fmt.Sprintf(`  nixlctl bench %[1]s
@@ -139,8 +119,9 @@ func newHandoffCmd(a *app, proto string) *cobra.Command {
 			return runHandoff(cmd.Context(), a, proto, o)
 		},
 	}
+	d := bench.DefaultHandoffOptions()
 	f := cmd.Flags()
-	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
@@ -148,77 +129,49 @@ func newHandoffCmd(a *app, proto string) *cobra.Command {
 	f.String("layout", "flash-attn", "attention layout: flash-attn or flashinfer")
 	f.String("kv-cache-layout", "HND", "order inside a block: HND or NHD (SGLang is always NHD)")
 	f.Int("prefill-tp", 1, "prefill tensor-parallel size")
-	f.Int("decode-tp", 1, "decode tensor-parallel size")
-	f.Int("requests", 32, "measured requests")
-	f.Int("warmup", 2, "requests run first and left out of the summary")
-	f.Int("isl", 4096, "prompt tokens (fixed distribution)")
-	f.String("isl-dist", "fixed", "prompt length distribution: fixed, uniform, normal (or use --trace)")
-	f.Int("isl-min", 128, "smallest prompt (uniform, normal)")
-	f.Int("isl-max", 8192, "largest prompt (uniform, normal)")
-	f.Float64("isl-mean", 4096, "mean prompt (normal)")
-	f.Float64("isl-std", 1024, "prompt standard deviation (normal)")
+	f.Int("decode-tp", d.DecodeTP, "decode tensor-parallel size")
+	f.Int("requests", d.Requests, "measured requests")
+	f.Int("warmup", d.Warmup, "requests run first and left out of the summary")
+	f.Int("isl", d.ISL.Fixed, "prompt tokens (fixed distribution)")
+	f.String("isl-dist", d.ISL.Dist.String(), "prompt length distribution: fixed, uniform, normal (or use --trace)")
+	f.Int("isl-min", d.ISL.Min, "smallest prompt (uniform, normal)")
+	f.Int("isl-max", d.ISL.Max, "largest prompt (uniform, normal)")
+	f.Float64("isl-mean", d.ISL.Mean, "mean prompt (normal)")
+	f.Float64("isl-std", d.ISL.Std, "prompt standard deviation (normal)")
 	f.String("trace", "", "JSON-lines trace of {\"arrival\": s, \"isl\": n}")
-	f.Float64("rate", 0, "open loop: requests per second (Poisson); 0 = closed loop")
-	f.Int("concurrency", 8, "closed loop: requests in flight")
-	f.Float64("prefix-hit", 0, "fraction of each prompt decode already holds")
-	f.String("fragmentation", "contiguous", "block tables: contiguous or scattered")
-	f.Bool("no-merge", false, "post one descriptor per block per region (do not merge contiguous runs as NIXL does)")
-	f.Int("num-blocks", 0, "KV blocks per engine (default: enough for the workload)")
-	f.Duration("prefill-time", 0, "modelled prefill compute per token (e.g. 20us)")
-	f.Duration("kv-lease-duration", 30*time.Second, "how long prefill keeps a finished request's blocks")
-	f.Duration("registration-timeout", 60*time.Second, "push/SGLang decode-side watchdog")
-	f.Int("chunk-tokens", 0, "SGLang chunked prefill size (default: one chunk)")
-	f.String("verify", "sparse", "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
-	f.String("dram-alloc", "mmap", "pool allocation: mmap or ucx")
-	f.String("mem", "dram", "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
-	f.Int("device", 0, "prefill's GPU for --mem vram")
-	f.Int("decode-device", 0, "decode's GPU for --mem vram")
-	f.Bool("xfer-reference", false, "also run bench xfer on the same bytes for an efficiency ratio")
-	f.Bool("inproc", false, "run both endpoints in this process")
-	f.String("prefill", "", "use a prefill endpoint started with serve prefill --listen (host:port)")
-	f.String("decode", "", "use a decode endpoint started with serve decode --listen (host:port)")
-	f.Uint64("seed", 1, "random seed (prompt lengths, arrivals, block placement)")
+	f.Float64("rate", d.Rate, "open loop: requests per second (Poisson); 0 = closed loop")
+	f.Int("concurrency", d.Concurrency, "closed loop: requests in flight")
+	f.Float64("prefix-hit", d.PrefixHit, "fraction of each prompt decode already holds")
+	f.String("fragmentation", d.Fragmentation.String(), "block tables: contiguous or scattered")
+	f.Bool("no-merge", d.NoMerge, "post one descriptor per block per region (do not merge contiguous runs as NIXL does)")
+	f.Int("num-blocks", d.NumBlocks, "KV blocks per engine (default: enough for the workload)")
+	f.Duration("prefill-time", d.PrefillPerTok, "modelled prefill compute per token (e.g. 20us)")
+	f.Duration("kv-lease-duration", d.Lease, "how long prefill keeps a finished request's blocks")
+	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog")
+	f.Int("chunk-tokens", d.ChunkTokens, "SGLang chunked prefill size (default: one chunk)")
+	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
+	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
+	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
+	f.Int("device", d.Device, "prefill's GPU for --mem vram")
+	f.Int("decode-device", d.DecodeDevice, "decode's GPU for --mem vram")
+	f.Bool("xfer-reference", d.XferRef, "also run bench xfer on the same bytes for an efficiency ratio")
+	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
+	f.String("prefill", d.Prefill, "use a prefill endpoint started with serve prefill --listen (host:port)")
+	f.String("decode", d.Decode, "use a decode endpoint started with serve decode --listen (host:port)")
+	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")
 	addMeasureFlags(cmd, true)
 	return cmd
 }
 
-func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) error {
+func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOptions) error {
+	h := o.HandoffOptions
+	h.Protocol, h.Version, h.Log = proto, version, a.log
 	m, err := loadModel(o.Model, o.ModelConfig)
 	if err != nil {
 		return err
 	}
-	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, 1, false)
-	if err != nil {
+	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, 1, false); err != nil {
 		return fmt.Errorf("prefill: %w", err)
-	}
-	if _, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.DecodeTP, 1, false); err != nil {
-		return fmt.Errorf("decode: %w", err)
-	}
-	h := bench.HandoffOptions{Protocol: proto, Backend: o.Backend, Spec: spec, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup,
-		ISL:  bench.ISL{Dist: o.ISLDist, Fixed: o.ISL, Min: o.ISLMin, Max: o.ISLMax, Mean: o.ISLMean, Std: o.ISLStd},
-		Rate: o.Rate, Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Merge: !o.NoMerge, NumBlocks: o.NumBlocks,
-		PrefillPerTok: o.PrefillTime, Lease: o.Lease, RegTimeout: o.RegTimeout, ChunkTokens: o.ChunkTokens, DRAMAlloc: o.DRAMAlloc,
-		XferRef: o.XferRef, Inproc: o.Inproc, Prefill: o.Prefill, Decode: o.Decode, Version: version, Seed: o.Seed, Log: a.log}
-	switch o.Fragmentation {
-	case "contiguous":
-	case "scattered":
-		h.Scattered = true
-	default:
-		return errkind.BadInputf("--fragmentation %q: want contiguous or scattered", o.Fragmentation)
-	}
-	switch o.Verify {
-	case "sparse":
-	case "full":
-		h.Verify = engine.Full
-	default:
-		return errkind.BadInputf("--verify %q: want sparse or full", o.Verify)
-	}
-	if h.Mem, err = nixl.ParseMemType(o.Mem); err != nil {
-		return errkind.BadInputf("--mem: %v", err)
-	}
-	h.Device, h.DecodeDevice = o.Device, o.DecodeDevice
-	if o.DRAMAlloc != "mmap" && o.DRAMAlloc != "ucx" {
-		return errkind.BadInputf("--dram-alloc %q: want mmap or ucx", o.DRAMAlloc)
 	}
 	if o.Trace != "" {
 		f, err := os.Open(o.Trace)
@@ -230,13 +183,11 @@ func runHandoff(ctx context.Context, a *app, proto string, o handoffOptions) err
 		if err != nil {
 			return errkind.BadInputf("--trace %s: %v", o.Trace, err)
 		}
-		h.ISL.Dist = "trace"
-		h.Rate = 1 // arrivals come from the trace: open loop
 	}
 	if err := h.Validate(); err != nil {
-		return errkind.BadInput(err)
+		return flagErrors(err, h)
 	}
-	if err := checkBackendName(o.Backend); err != nil {
+	if err := checkBackendName(h.Backend); err != nil {
 		return err
 	}
 	if err := o.measureOptions.validate(); err != nil {

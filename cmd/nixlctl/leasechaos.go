@@ -17,36 +17,20 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
+// leaseChaosOptions is bench.LeaseChaosOptions and, for --sim, the
+// simulator's traffic (leasesim.TrafficOptions), which the flags decode
+// into, plus the model flags that resolve to its kv.Spec, the lease sweep
+// and the measuring flags.
 type leaseChaosOptions struct {
-	Scenario    []string      `mapstructure:"scenario"`
-	Policy      []string      `mapstructure:"policy"`
-	Lease       time.Duration `mapstructure:"kv-lease-duration"`
-	Timeout     time.Duration `mapstructure:"timeout"`
-	Reaper      string        `mapstructure:"reaper"`
-	Protocol    string        `mapstructure:"protocol"`
-	Backend     string        `mapstructure:"backend"`
-	Model       string        `mapstructure:"model"`
-	ModelConfig string        `mapstructure:"model-config"`
-	KVDType     string        `mapstructure:"kv-dtype"`
-	BlockSize   int           `mapstructure:"block-size"`
-	ISL         int           `mapstructure:"isl"`
-	Slack       time.Duration `mapstructure:"slack"`
-	Seed        uint64        `mapstructure:"seed"`
-	// --sim
-	Sim            bool          `mapstructure:"sim"`
-	Requests       int           `mapstructure:"requests"`
-	Rate           float64       `mapstructure:"rate"`
-	Decodes        int           `mapstructure:"decodes"`
-	Slots          int           `mapstructure:"slots"`
-	DecodeTime     time.Duration `mapstructure:"decode-time"`
-	PrefillTime    time.Duration `mapstructure:"prefill-time"`
-	TransferTime   time.Duration `mapstructure:"transfer-time"`
-	Step           time.Duration `mapstructure:"step"`
-	CrashEvery     time.Duration `mapstructure:"crash-every"`
-	RestartAfter   time.Duration `mapstructure:"restart-after"`
-	HBLoss         float64       `mapstructure:"hb-loss"`
-	SweepLease     []string      `mapstructure:"sweep-lease"`
-	measureOptions `mapstructure:",squash"`
+	bench.LeaseChaosOptions `mapstructure:",squash"`
+	Traffic                 leasesim.TrafficOptions `mapstructure:",squash"`
+	Model                   string                  `mapstructure:"model"`
+	ModelConfig             string                  `mapstructure:"model-config"`
+	KVDType                 string                  `mapstructure:"kv-dtype"`
+	BlockSize               int                     `mapstructure:"block-size"`
+	Sim                     bool                    `mapstructure:"sim"`
+	SweepLease              []string                `mapstructure:"sweep-lease"`
+	measureOptions          `mapstructure:",squash"`
 }
 
 const leaseChaosLong = `The KV lease protocol (vLLM PR #41383) under injected faults, with real
@@ -121,33 +105,38 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 			return runLeaseChaos(cmd.Context(), a, o)
 		},
 	}
+	d, t := bench.DefaultLeaseChaosOptions(), leasesim.DefaultTrafficOptions()
+	var policies []string
+	for _, p := range d.Policies {
+		policies = append(policies, string(p))
+	}
 	f := cmd.Flags()
-	f.StringSlice("scenario", leasesim.Scenarios(), "scenarios to run: "+strings.Join(leasesim.Scenarios(), ", "))
-	f.StringSlice("policy", []string{"lease", "fixed"}, "policies: lease (heartbeat-renewed) and/or fixed (one timeout)")
-	f.Duration("kv-lease-duration", 0, "lease duration, heartbeats every sixth, extension two thirds (default 3s; 30s with --sim)")
-	f.Duration("timeout", 0, "the fixed policy's timeout (default 16 x the lease, as 480 s is to 30 s)")
-	f.String("reaper", "full", "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
-	f.String("protocol", "pull", "pull (decode READs) or push (prefill WRITEs)")
-	f.String("backend", "auto", "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	f.StringSlice("scenario", d.Scenarios, "scenarios to run: "+strings.Join(leasesim.Scenarios(), ", "))
+	f.StringSlice("policy", policies, "policies: lease (heartbeat-renewed) and/or fixed (one timeout)")
+	f.Duration("kv-lease-duration", d.Lease, "lease duration, heartbeats every sixth, extension two thirds (default 3s; 30s with --sim)")
+	f.Duration("timeout", d.Timeout, "the fixed policy's timeout (default 16 x the lease, as 480 s is to 30 s)")
+	f.String("reaper", string(d.Reaper), "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
+	f.String("protocol", d.Protocol.String(), "pull (decode READs) or push (prefill WRITEs)")
+	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
 	f.Int("block-size", 16, "tokens per KV block")
-	f.Int("isl", 256, "prompt tokens of each request")
-	f.Duration("slack", 250*time.Millisecond, "how late a free may be beyond the protocol's promise before a scenario fails")
-	f.Uint64("seed", 1, "seed")
+	f.Int("isl", d.ISL, "prompt tokens of each request")
+	f.Duration("slack", d.Slack, "how late a free may be beyond the protocol's promise before a scenario fails")
+	f.Uint64("seed", d.Seed, "seed")
 	f.Bool("sim", false, "simulate in virtual time instead of running processes")
-	f.Int("requests", 1_000_000, "--sim: requests of the traffic run (0: scenarios only)")
-	f.Float64("rate", 200, "--sim: arrivals per second (Poisson)")
-	f.Int("decodes", 4, "--sim: decode engines")
-	f.Int("slots", 16, "--sim: requests each decode runs at once")
-	f.Duration("decode-time", 250*time.Millisecond, "--sim: mean time a request keeps its slot (exponential)")
-	f.Duration("prefill-time", 50*time.Millisecond, "--sim: prefill time per request")
-	f.Duration("transfer-time", 5*time.Millisecond, "--sim: KV transfer time per request")
-	f.Duration("step", 20*time.Millisecond, "--sim: engine step (heartbeats and reaping happen at steps)")
-	f.Duration("crash-every", 10*time.Minute, "--sim: mean time between crashes of each decode (0: none)")
-	f.Duration("restart-after", 30*time.Second, "--sim: how long a crashed decode stays down")
-	f.Float64("hb-loss", 0.05, "--sim: probability that a heartbeat message is lost")
+	f.Int("requests", t.Requests, "--sim: requests of the traffic run (0: scenarios only)")
+	f.Float64("rate", t.Rate, "--sim: arrivals per second (Poisson)")
+	f.Int("decodes", t.Decodes, "--sim: decode engines")
+	f.Int("slots", t.Slots, "--sim: requests each decode runs at once")
+	f.Duration("decode-time", t.DecodeTime, "--sim: mean time a request keeps its slot (exponential)")
+	f.Duration("prefill-time", t.PrefillTime, "--sim: prefill time per request")
+	f.Duration("transfer-time", t.TransferTime, "--sim: KV transfer time per request")
+	f.Duration("step", t.Step, "--sim: engine step (heartbeats and reaping happen at steps)")
+	f.Duration("crash-every", t.CrashEvery, "--sim: mean time between crashes of each decode (0: none)")
+	f.Duration("restart-after", t.RestartAfter, "--sim: how long a crashed decode stays down")
+	f.Float64("hb-loss", t.HBLoss, "--sim: probability that a heartbeat message is lost")
 	f.StringSlice("sweep-lease", nil, "--sim: lease durations to compare on the same traffic (e.g. 5s,10s,30s,60s,120s)")
 	addMeasureFlags(cmd, false)
 	return cmd
@@ -164,32 +153,19 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	if err != nil {
 		return err
 	}
-	spec, err := kvSpec(m, o.KVDType, o.BlockSize, "flash-attn", "HND", 1, 1, false)
-	if err != nil {
+	x := o.LeaseChaosOptions
+	x.Version, x.Log = version, a.log
+	for i, p := range x.Policies { // "lease, fixed" as well as "lease,fixed"
+		x.Policies[i] = lease.Policy(strings.TrimSpace(string(p)))
+	}
+	if x.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, "flash-attn", "HND", 1, 1, false); err != nil {
 		return err
 	}
-	if o.Lease == 0 {
-		o.Lease = 3 * time.Second
-		if o.Sim {
-			o.Lease = lease.DefaultDuration
-		}
-	}
-	// A lease beyond the maximum is refused by its validation; sixteen of
-	// them could wrap into a negative timeout first.
-	if o.Timeout == 0 && o.Lease <= lease.MaxDuration {
-		o.Timeout = 16 * o.Lease
-	}
-	var policies []lease.Policy
-	for _, p := range o.Policy {
-		policies = append(policies, lease.Policy(strings.TrimSpace(p)))
-	}
 	if o.Sim {
-		return runLeaseSim(ctx, a, o, spec, policies)
+		return runLeaseSim(ctx, a, o, x)
 	}
-	x := bench.LeaseChaosOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: lease.ReaperMode(o.Reaper),
-		Protocol: o.Protocol, Backend: o.Backend, Spec: spec, ISL: o.ISL, Slack: o.Slack, Version: version, Seed: o.Seed, Log: a.log}
 	if err := x.Validate(); err != nil {
-		return errkind.BadInput(err)
+		return flagErrors(err, o)
 	}
 	return a.runChaos(ctx, o.measureOptions, "scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink
@@ -217,15 +193,8 @@ func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run 
 	return nil
 }
 
-func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec, policies []lease.Policy) error {
-	x := bench.LeaseSimOptions{Scenarios: o.Scenario, Policies: policies, Lease: o.Lease, Timeout: o.Timeout,
-		Reaper: lease.ReaperMode(o.Reaper), Spec: spec, ISL: o.ISL, Version: version,
-		Traffic: leasesim.TrafficOptions{Requests: o.Requests, Rate: o.Rate, Decodes: o.Decodes, Slots: o.Slots, DecodeTime: o.DecodeTime,
-			PrefillTime: o.PrefillTime, TransferTime: o.TransferTime, Step: o.Step, CrashEvery: o.CrashEvery,
-			RestartAfter: o.RestartAfter, HBLoss: o.HBLoss, Seed: o.Seed}}
-	if o.Requests < 0 || o.Requests > leasesim.MaxTrafficRequests {
-		return errkind.BadInputf("--requests %d: want 0 (scenarios only) to %d", o.Requests, leasesim.MaxTrafficRequests)
-	}
+func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, lo bench.LeaseChaosOptions) error {
+	var sweep []time.Duration
 	for _, s := range o.SweepLease {
 		d, err := time.ParseDuration(strings.TrimSpace(s))
 		if err != nil || d <= 0 {
@@ -234,10 +203,15 @@ func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, spec kv.Spec,
 		if d > lease.MaxDuration {
 			return errkind.BadInputf("--sweep-lease %q: want at most %v", s, lease.MaxDuration)
 		}
-		x.Sweep = append(x.Sweep, d)
+		sweep = append(sweep, d)
 	}
+	x := lo.Sim(o.Traffic, sweep)
 	return a.runChaos(ctx, o.measureOptions, "simulated scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink
-		return bench.RunLeaseSim(ctx, x)
+		res, err := bench.RunLeaseSim(ctx, x)
+		if res == nil && errkind.IsBadInput(err) {
+			err = flagErrors(err, o) // the options were refused before anything ran
+		}
+		return res, err
 	})
 }

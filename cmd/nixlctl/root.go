@@ -108,8 +108,8 @@ func bindOptions(cmd *cobra.Command, opts any) error {
 	if err := mergeConfigFile(v, cmd, flags); err != nil {
 		return errkind.BadInput(err)
 	}
-	if err := v.Unmarshal(opts); err != nil {
-		return errkind.BadInput(fmt.Errorf("options: %w", err))
+	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
+		return errkind.BadInput(decodeErrors(err))
 	}
 	return checkDurations(v, flags)
 }

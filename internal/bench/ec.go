@@ -20,6 +20,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/ec"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -32,96 +33,114 @@ import (
 // encoder (producer) process and several consumers, with vLLM's
 // ECCPUConnector protocol. Sizes are bytes.
 type ECOptions struct {
-	Backend          string
-	Direction        nixl.Op // Read: the consumer READs (merged upstream); Write: the producer WRITEs
-	Vision           kv.Vision
-	Grids            []kv.Grid // unique image k has grid Grids[k % len]
-	Requests         int
-	ImagesPerRequest int
-	UniqueImages     int
-	ZipfS            float64 // mm_hash popularity: P(k) ∝ 1/(k+1)^s; 0 is uniform
-	Consumers        int
-	ProducerRegion   int
-	ConsumerRegion   int
-	AckTimeout       time.Duration
-	EncodeTime       time.Duration // the encoder's time per image (the entry is not ready meanwhile)
-	Overlap          bool          // ask consumers without waiting for the encode (NOT_READY happens)
-	Verify           bool          // check every block's tags on delivery, hits included
-	Warmup           int           // untimed transfers per consumer before the run
-	Seed             uint64
+	Backend   string  `mapstructure:"backend"`
+	Direction nixl.Op `mapstructure:"direction"` // Read: the consumer READs (merged upstream); Write: the producer WRITEs
+	// Vision is the encoder's geometry, which the CLI resolves from the
+	// model flags.
+	Vision           kv.Vision     `mapstructure:"-"`
+	Grids            []kv.Grid     `mapstructure:"grid"` // unique image k has grid Grids[k % len]; none: the model's
+	Requests         int           `mapstructure:"requests"`
+	ImagesPerRequest int           `mapstructure:"images-per-request"`
+	UniqueImages     int           `mapstructure:"unique-images"`
+	ZipfS            float64       `mapstructure:"zipf-s"` // mm_hash popularity: P(k) ∝ 1/(k+1)^s; 0 is uniform
+	Consumers        int           `mapstructure:"consumers"`
+	ProducerRegion   ByteSize      `mapstructure:"producer-region"`
+	ConsumerRegion   ByteSize      `mapstructure:"consumer-region"`
+	AckTimeout       time.Duration `mapstructure:"ack-timeout"`
+	EncodeTime       time.Duration `mapstructure:"encode-time"` // the encoder's time per image (the entry is not ready meanwhile)
+	Overlap          bool          `mapstructure:"overlap"`     // ask consumers without waiting for the encode (NOT_READY happens)
+	Verify           bool          `mapstructure:"verify"`      // check every block's tags on delivery, hits included
+	Warmup           int           `mapstructure:"warmup"`      // untimed transfers per consumer before the run
+	Seed             uint64        `mapstructure:"seed"`
 
-	Producer ProducerSpec
-	Records  io.Writer // JSON lines, one per image request (nil: none)
-	Version  string
-	Log      *slog.Logger
+	Producer ProducerSpec `mapstructure:",squash"`
+	Records  io.Writer    `mapstructure:"-"` // JSON lines, one per image request (nil: none)
+	Version  string       `mapstructure:"-"`
+	Log      *slog.Logger `mapstructure:"-"`
 	// Live receives a Start, then a Request per image request's transfer
 	// or hit (nil: nobody listens).
-	Live live.Sink
+	Live live.Sink `mapstructure:"-"`
+}
+
+// DefaultECOptions are the defaults of every knob that has one (the CLI's
+// flag defaults come from here).
+func DefaultECOptions() ECOptions {
+	return ECOptions{Backend: "auto", Direction: nixl.Read, Requests: 200, ImagesPerRequest: 1, UniqueImages: 64, ZipfS: 1,
+		Consumers: 2, ProducerRegion: 256 << 20, ConsumerRegion: 64 << 20, AckTimeout: ec.ECAckTimeout, Verify: true, Warmup: 1, Seed: 1}
 }
 
 // ProducerSpec says where the encoder runs.
 type ProducerSpec struct {
-	Inproc bool     // a goroutine of this process
-	Addr   string   // an encoder started elsewhere (serve encoder --listen)
-	Exe    string   // else: this program as a child; default ctl.SelfExe
-	Args   []string // default serve encoder --stdio
-	Env    []string
+	Inproc bool     `mapstructure:"inproc"`   // a goroutine of this process
+	Addr   string   `mapstructure:"producer"` // an encoder started elsewhere (serve encoder --listen)
+	Exe    string   `mapstructure:"-"`        // else: this program as a child; default ctl.SelfExe
+	Args   []string `mapstructure:"-"`        // default serve encoder --stdio
+	Env    []string `mapstructure:"-"`
 }
 
-// Validate checks the options.
+// grids are the images' grids: the ones asked for, else the model's.
+func (o *ECOptions) grids() []kv.Grid {
+	if len(o.Grids) == 0 {
+		return []kv.Grid{o.Vision.DefaultGrid}
+	}
+	return o.Grids
+}
+
+// Validate checks the options, as field errors (errkind.FieldError)
+// joined and marked bad input.
 func (o *ECOptions) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	if err := o.Vision.Validate(); err != nil {
-		bad("model: %v", err)
-	}
-	if len(o.Grids) == 0 {
-		bad("--grid: need at least one image grid")
+		errs = append(errs, fmt.Errorf("model: %w", err))
 	}
 	largest := int64(0)
-	for _, g := range o.Grids {
+	for _, g := range o.grids() {
 		b, err := o.Vision.EmbeddingBytes(g)
 		if err != nil {
-			bad("--grid: %v", err)
+			errs = append(errs, errkind.FieldError{Field: "Grids", Err: err})
 		}
 		largest = max(largest, b)
 	}
 	if o.Requests <= 0 {
-		bad("--requests must be > 0 (got %d)", o.Requests)
+		bad("Requests", "must be positive (got %d)", o.Requests)
 	}
 	if o.ImagesPerRequest <= 0 {
-		bad("--images-per-request must be > 0 (got %d)", o.ImagesPerRequest)
+		bad("ImagesPerRequest", "must be positive (got %d)", o.ImagesPerRequest)
 	}
 	if o.UniqueImages < o.ImagesPerRequest {
-		bad("--unique-images (%d) must be at least --images-per-request (%d): a request's images are distinct", o.UniqueImages, o.ImagesPerRequest)
+		bad("UniqueImages", "%d must be at least the images per request (%d): a request's images are distinct", o.UniqueImages, o.ImagesPerRequest)
 	}
 	if o.ZipfS < 0 || math.IsNaN(o.ZipfS) || o.ZipfS > 10 {
-		bad("--zipf-s must be between 0 (uniform) and 10 (got %g)", o.ZipfS)
+		bad("ZipfS", "must be between 0 (uniform) and 10 (got %g)", o.ZipfS)
 	}
 	if o.Consumers <= 0 || o.Consumers > 64 {
-		bad("--consumers must be between 1 and 64 (got %d)", o.Consumers)
+		bad("Consumers", "must be between 1 and 64 (got %d)", o.Consumers)
 	}
 	if o.Direction != nixl.Read && o.Direction != nixl.Write {
-		bad("--direction: want read or write")
+		bad("Direction", "want read or write")
 	}
 	if o.AckTimeout <= 0 {
-		bad("--ack-timeout must be > 0")
+		bad("AckTimeout", "must be positive")
 	}
-	if o.EncodeTime < 0 || o.Warmup < 0 {
-		bad("--encode-time and --warmup must be >= 0")
+	if o.EncodeTime < 0 {
+		bad("EncodeTime", "must not be negative")
+	}
+	if o.Warmup < 0 {
+		bad("Warmup", "must not be negative")
 	}
 	if largest > 0 {
 		if int64(o.ProducerRegion) < largest {
-			bad("--producer-region %s cannot hold one image of %s", report.Bytes(int64(o.ProducerRegion)), report.Bytes(largest))
+			bad("ProducerRegion", "%s cannot hold one image of %s", report.Bytes(int64(o.ProducerRegion)), report.Bytes(largest))
 		}
 		if int64(o.ConsumerRegion) < largest {
-			bad("--consumer-region %s cannot hold one image of %s", report.Bytes(int64(o.ConsumerRegion)), report.Bytes(largest))
+			bad("ConsumerRegion", "%s cannot hold one image of %s", report.Bytes(int64(o.ConsumerRegion)), report.Bytes(largest))
 		}
 	}
 	if o.Producer.Inproc && o.Producer.Addr != "" {
-		bad("--inproc and --producer exclude each other")
+		bad("Producer.Inproc", "excludes a producer address")
 	}
-	return errors.Join(errs...)
+	return errkind.BadInput(errors.Join(errs...))
 }
 
 // ECResult is a whole run.
@@ -289,6 +308,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	}
 	res := &ECResult{Meta: report.NewMeta("bench ec", o.Version)}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
+	o.Grids = o.grids()
 	v := o.Vision
 	block := v.BlockBytes()
 	compat := sidechannel.ECCompatHash("nixlctl-"+o.Version, v.HFName, TorchDType(v.DType), block)
@@ -300,8 +320,8 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	c := ECConfig{Model: v.Name, HFName: v.HFName, HiddenSize: v.HiddenSize, DType: string(v.DType), SpatialMerge: v.Merge,
 		BlockBytes: block, Direction: strings.ToLower(o.Direction.String()), Requests: o.Requests, ImagesPerRequest: o.ImagesPerRequest,
 		UniqueImages: o.UniqueImages, ZipfS: o.ZipfS, Consumers: o.Consumers, ConsumersRunAs: "goroutines of this process, one agent and region each",
-		ProducerRegion: o.ProducerRegion, ProducerBlocks: o.ProducerRegion / block, ConsumerRegion: o.ConsumerRegion,
-		ConsumerBlocks: o.ConsumerRegion / block, AckTimeoutMS: ms(o.AckTimeout.Nanoseconds()), EncodeTimeMS: ms(o.EncodeTime.Nanoseconds()),
+		ProducerRegion: int(o.ProducerRegion), ProducerBlocks: int(o.ProducerRegion) / block, ConsumerRegion: int(o.ConsumerRegion),
+		ConsumerBlocks: int(o.ConsumerRegion) / block, AckTimeoutMS: ms(o.AckTimeout.Nanoseconds()), EncodeTimeMS: ms(o.EncodeTime.Nanoseconds()),
 		Overlap: o.Overlap, Verify: o.Verify, Warmup: o.Warmup, Seed: o.Seed, CompatHash: compat}
 	for _, g := range o.Grids {
 		b, _ := v.EmbeddingBytes(g)
@@ -328,7 +348,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		listen = "tcp://0.0.0.0:0" // reachable from this host
 	}
 	rep, err := r.producer.Call(ec.EncoderRequest{Op: "setup", Backend: backend.Name, Name: "ec-producer",
-		RegionBytes: o.ProducerRegion, BlockBytes: block, CompatHash: compat, Listen: listen})
+		RegionBytes: int(o.ProducerRegion), BlockBytes: block, CompatHash: compat, Listen: listen})
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +367,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	}()
 	for i := range consumers {
 		if consumers[i], err = ec.NewConsumer(ec.ConsumerConfig{Name: fmt.Sprintf("ec-consumer-%d", i), Backend: backend.Name,
-			RegionBytes: o.ConsumerRegion, BlockBytes: block, CompatHash: compat, Direction: o.Direction,
+			RegionBytes: int(o.ConsumerRegion), BlockBytes: block, CompatHash: compat, Direction: o.Direction,
 			AckTimeout: o.AckTimeout, Verify: o.Verify, Log: o.Log}); err != nil {
 			return nil, err
 		}

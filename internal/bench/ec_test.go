@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -23,7 +26,7 @@ func smallEC(dir nixl.Op) ECOptions {
 	exe, _ := os.Executable()
 	img := 16 * 5120
 	return ECOptions{Backend: "ucx", Direction: dir, Vision: v, Grids: []kv.Grid{{T: 1, H: 8, W: 8}}, Requests: 40,
-		ImagesPerRequest: 2, UniqueImages: 12, ZipfS: 1, Consumers: 3, ProducerRegion: 10 * img, ConsumerRegion: 4 * img,
+		ImagesPerRequest: 2, UniqueImages: 12, ZipfS: 1, Consumers: 3, ProducerRegion: ByteSize(10 * img), ConsumerRegion: ByteSize(4 * img),
 		AckTimeout: 2 * time.Second, Verify: true, Warmup: 1, Seed: 7,
 		Producer: ProducerSpec{Exe: exe, Args: []string{"-test.run=^$"}, Env: []string{"NIXLCTL_BENCH_TEST_ENCODER=1"}}}
 }
@@ -154,32 +157,52 @@ func TestRunECInterrupted(t *testing.T) {
 
 func TestECValidate(t *testing.T) {
 	tests := []struct {
+		name string
 		mut  func(*ECOptions)
-		want string
+		want []string // the fields at fault
+		msg  string   // in the message
 	}{
-		{func(o *ECOptions) { o.Requests = 0 }, "--requests"},
-		{func(o *ECOptions) { o.ImagesPerRequest = 13 }, "--unique-images (12) must be at least"},
-		{func(o *ECOptions) { o.ZipfS = -1 }, "--zipf-s"},
-		{func(o *ECOptions) { o.ZipfS = math.NaN() }, "--zipf-s"},
-		{func(o *ECOptions) { o.Consumers = 0 }, "--consumers"},
-		{func(o *ECOptions) { o.ConsumerRegion = 1000 }, "--consumer-region 1000 B cannot hold one image"},
-		{func(o *ECOptions) { o.ProducerRegion = 1000 }, "--producer-region"},
-		{func(o *ECOptions) { o.Grids = []kv.Grid{{T: 1, H: 3, W: 4}} }, "multiples of the spatial merge"},
-		{func(o *ECOptions) { o.Grids = nil }, "--grid"},
-		{func(o *ECOptions) { o.AckTimeout = 0 }, "--ack-timeout"},
-		{func(o *ECOptions) { o.Producer = ProducerSpec{Inproc: true, Addr: "x:1"} }, "exclude"},
-		{func(o *ECOptions) { o.Vision.HiddenSize = 0 }, "hidden size"},
+		{"requests", func(o *ECOptions) { o.Requests = 0 }, []string{"Requests"}, ""},
+		{"unique images", func(o *ECOptions) { o.ImagesPerRequest = 13 }, []string{"UniqueImages"}, "12 must be at least the images per request (13)"},
+		{"zipf", func(o *ECOptions) { o.ZipfS = -1 }, []string{"ZipfS"}, ""},
+		{"zipf NaN", func(o *ECOptions) { o.ZipfS = math.NaN() }, []string{"ZipfS"}, ""},
+		{"consumers", func(o *ECOptions) { o.Consumers = 0 }, []string{"Consumers"}, ""},
+		{"consumer region", func(o *ECOptions) { o.ConsumerRegion = 1000 }, []string{"ConsumerRegion"}, "1000 B cannot hold one image"},
+		{"producer region", func(o *ECOptions) { o.ProducerRegion = 1000 }, []string{"ProducerRegion"}, ""},
+		{"grid", func(o *ECOptions) { o.Grids = []kv.Grid{{T: 1, H: 3, W: 4}} }, []string{"Grids"}, "multiples of the spatial merge"},
+		{"ack timeout", func(o *ECOptions) { o.AckTimeout = 0 }, []string{"AckTimeout"}, ""},
+		{"producer", func(o *ECOptions) { o.Producer = ProducerSpec{Inproc: true, Addr: "x:1"} }, []string{"Producer.Inproc"}, ""},
+		{"model", func(o *ECOptions) { o.Vision.HiddenSize = 0 }, nil, "hidden size"},
 	}
 	for _, tc := range tests {
-		o := smallEC(nixl.Read)
-		tc.mut(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("want %q, got %v", tc.want, err)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			o := smallEC(nixl.Read)
+			tc.mut(&o)
+			err := o.Validate()
+			if !errkind.IsBadInput(err) {
+				t.Fatalf("Validate() = %v, want bad input", err)
+			}
+			var fields []string
+			for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
+				if fe, ok := e.(errkind.FieldError); ok {
+					fields = append(fields, fe.Field)
+				}
+			}
+			if diff := cmp.Diff(tc.want, fields); diff != "" {
+				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
+			}
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("%v lacks %q", err, tc.msg)
+			}
+		})
 	}
 	o := smallEC(nixl.Read)
 	if err := o.Validate(); err != nil {
 		t.Errorf("valid options: %v", err)
+	}
+	o.Grids, o.Vision.DefaultGrid = nil, kv.Grid{T: 1, H: 8, W: 8} // the model's grid, small enough for the regions
+	if err := o.Validate(); err != nil || len(o.grids()) != 1 || o.grids()[0] != o.Vision.DefaultGrid {
+		t.Errorf("no grid: %v %v", o.grids(), err)
 	}
 }
 

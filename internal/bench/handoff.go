@@ -17,7 +17,9 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -27,124 +29,303 @@ import (
 
 // HandoffOptions configure `bench pull|push|sglang`: real prefill and
 // decode endpoints handing KV caches over with one protocol while the
-// driver plays the router.
+// driver plays the router. It is the one shape of these options: the CLI
+// decodes its flags into it (the mapstructure tags are the flag names;
+// "-" marks what is not a flag), Validate checks it, EngineConfig turns it
+// into both endpoints' configuration, and the result echoes it
+// (HandoffConfig). Adding a knob means a field here, its flag, and the
+// code that uses it.
 type HandoffOptions struct {
-	Protocol      string
-	Backend       string
-	Spec          kv.Spec // TP is the prefill's
-	DecodeTP      int
-	Requests      int
-	Warmup        int // requests run first and left out of the summary
-	ISL           ISL
-	Trace         []TraceEntry
-	Rate          float64 // open loop, requests per second (Poisson); 0 = closed loop
-	Concurrency   int     // closed loop
-	PrefixHit     float64 // fraction of each prompt decode already holds
-	Scattered     bool    // fragmented block tables
-	Merge         bool    // merge contiguous descriptors (as NIXL does)
-	NumBlocks     int     // per engine; 0 = enough for the workload
-	PrefillPerTok time.Duration
-	Lease         time.Duration
-	RegTimeout    time.Duration
-	ChunkTokens   int // SGLang chunked prefill
-	Verify        engine.Verify
-	DRAMAlloc     string
-	Mem           nixl.MemType // where both engines' KV pools live
-	Device        int          // prefill's GPU (VRAM)
-	DecodeDevice  int          // decode's GPU (VRAM)
-	XferRef       bool         // measure bench xfer on the same bytes for efficiency
-	Inproc        bool
-	Prefill       string // host:port of `serve prefill --listen`
-	Decode        string
-	Exe           string   // endpoint children; default this program
-	ExeArgs       []string // arguments before the role; default serve
-	ChildEnv      []string
+	Protocol engine.Protocol `mapstructure:"-"` // the command
+	Backend  string          `mapstructure:"backend"`
+	// Spec is the prefill's KV layout (its TP is the prefill's), which the
+	// CLI resolves from the model flags.
+	Spec          kv.Spec              `mapstructure:"-"`
+	DecodeTP      int                  `mapstructure:"decode-tp"`
+	Requests      int                  `mapstructure:"requests"`
+	Warmup        int                  `mapstructure:"warmup"` // requests run first and left out of the summary
+	ISL           ISL                  `mapstructure:",squash"`
+	Trace         []TraceEntry         `mapstructure:"-"`           // arrivals and prompt lengths; overrides ISL and the load
+	Rate          float64              `mapstructure:"rate"`        // open loop, requests per second (Poisson); 0 = closed loop
+	Concurrency   int                  `mapstructure:"concurrency"` // closed loop
+	PrefixHit     float64              `mapstructure:"prefix-hit"`  // fraction of each prompt decode already holds
+	Fragmentation engine.Fragmentation `mapstructure:"fragmentation"`
+	NoMerge       bool                 `mapstructure:"no-merge"`   // one descriptor per block per region, not merged as NIXL does
+	NumBlocks     int                  `mapstructure:"num-blocks"` // per engine; 0 = enough for the workload
+	PrefillPerTok time.Duration        `mapstructure:"prefill-time"`
+	Lease         time.Duration        `mapstructure:"kv-lease-duration"`
+	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push/SGLang watchdog
+	ChunkTokens   int                  `mapstructure:"chunk-tokens"`         // SGLang chunked prefill; 0 = one chunk
+	Verify        engine.Verify        `mapstructure:"verify"`
+	DRAMAlloc     engine.DRAMAlloc     `mapstructure:"dram-alloc"`
+	Mem           nixl.MemType         `mapstructure:"mem"`            // where both engines' KV pools live
+	Device        int                  `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice  int                  `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef       bool                 `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	Inproc        bool                 `mapstructure:"inproc"`
+	Prefill       string               `mapstructure:"prefill"` // host:port of `serve prefill --listen`
+	Decode        string               `mapstructure:"decode"`
+	Seed          uint64               `mapstructure:"seed"`
+
+	Exe      string   `mapstructure:"-"` // endpoint children; default this program
+	ExeArgs  []string `mapstructure:"-"` // arguments before the role; default serve
+	ChildEnv []string `mapstructure:"-"`
 	// OnStart, if set, is called once both endpoints are set up (chaos
 	// and fault tests use it to kill or stop them mid-run).
-	OnStart func(prefill, decode *Endpoint)
-	Version string
-	Seed    uint64
-	Log     *slog.Logger
+	OnStart func(prefill, decode *Endpoint) `mapstructure:"-"`
+	Version string                          `mapstructure:"-"`
+	Log     *slog.Logger                    `mapstructure:"-"`
 	// Live receives a Start, then a Request per finished request (warm-up
 	// ones marked), phases and warnings (nil: nobody listens).
-	Live live.Sink
+	Live live.Sink `mapstructure:"-"`
 }
 
-// Validate checks the options.
+// DefaultHandoffOptions are the defaults of every knob that has one (the
+// CLI's flag defaults come from here). The registration timeout is the
+// push/SGLang watchdog's only default: the engine uses what it is given.
+func DefaultHandoffOptions() HandoffOptions {
+	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
+		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
+		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
+		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1}
+}
+
+// Validate checks the options. Problems with one field are
+// errkind.FieldErrors (so the CLI can name the flag), all of them joined
+// and marked bad input.
 func (o *HandoffOptions) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	switch o.Protocol {
-	case engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang:
-	default:
-		bad("protocol %q: want pull, push or sglang", o.Protocol)
+	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
+	if !o.Protocol.Valid() {
+		bad("Protocol", "unknown protocol %q (want pull, push or sglang)", o.Protocol)
 	}
 	if o.Requests <= 0 && len(o.Trace) == 0 {
-		bad("--requests must be > 0")
+		bad("Requests", "must be positive")
 	}
 	if o.Warmup < 0 {
-		bad("--warmup must be >= 0")
+		bad("Warmup", "must not be negative")
 	}
-	if o.Rate < 0 || (o.Rate == 0 && o.Concurrency <= 0) {
-		bad("use --rate > 0 (open loop) or --concurrency > 0 (closed loop)")
-	}
-	if o.PrefixHit < 0 || o.PrefixHit >= 1 {
-		bad("--prefix-hit must be in [0, 1)")
-	}
-	if o.ISL.Dist != "trace" {
-		if err := o.ISL.Validate(); err != nil {
-			errs = append(errs, err)
+	// A trace gives the prompt lengths and the arrivals (usesTrace).
+	if len(o.Trace) == 0 {
+		if o.Rate < 0 {
+			bad("Rate", "must not be negative")
+		} else if o.Rate == 0 && o.Concurrency <= 0 {
+			bad("Rate", "0 means a closed loop, which needs a positive concurrency; use a rate > 0 (open loop) or a concurrency > 0")
+		}
+		if o.ISL.Dist == ISLTrace {
+			bad("ISL.Dist", "trace needs a trace file")
+		} else if err := o.ISL.Validate(); err != nil {
+			errs = append(errs, prefixFields("ISL.", err)...)
 		}
 	}
+	if o.PrefixHit < 0 || o.PrefixHit >= 1 {
+		bad("PrefixHit", "must be in [0, 1)")
+	}
+	if !o.Fragmentation.Valid() {
+		bad("Fragmentation", "unknown fragmentation %q (want contiguous or scattered)", o.Fragmentation)
+	}
+	if !valid(o.Verify, engine.Verifies) {
+		bad("Verify", "unknown verify mode %v (want sparse or full)", o.Verify)
+	}
+	if !o.DRAMAlloc.Valid() {
+		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", o.DRAMAlloc)
+	}
+	if o.Mem != nixl.DRAM && o.Mem != nixl.VRAM {
+		bad("Mem", "unknown memory type %v", o.Mem)
+	}
+	if o.NumBlocks < 0 {
+		bad("NumBlocks", "must not be negative")
+	}
+	if o.PrefillPerTok < 0 {
+		bad("PrefillPerTok", "must not be negative")
+	}
+	if o.Lease <= 0 {
+		bad("Lease", "must be positive")
+	}
+	if o.RegTimeout <= 0 {
+		bad("RegTimeout", "must be positive")
+	}
+	if o.ChunkTokens < 0 {
+		bad("ChunkTokens", "must not be negative")
+	}
 	if o.DecodeTP <= 0 {
-		bad("--decode-tp must be > 0")
+		bad("DecodeTP", "must be positive")
 	}
 	if (o.Prefill == "") != (o.Decode == "") {
-		bad("--prefill and --decode go together")
+		bad(map[bool]string{true: "Decode", false: "Prefill"}[o.Prefill == ""], "remote endpoints go together: give both prefill and decode, or neither")
 	}
 	if o.Inproc && o.Prefill != "" {
-		bad("--inproc and --prefill/--decode exclude each other")
+		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
 	if err := o.Spec.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("prefill: %w", err))
 	}
-	d := o.Spec
-	d.TP = o.DecodeTP
-	if err := d.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("decode: %w", err))
-	} else if _, err := kv.Plan(o.Spec, d); err != nil {
-		errs = append(errs, err)
+	if o.DecodeTP > 0 {
+		d := o.Spec
+		d.TP = o.DecodeTP
+		if err := d.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("decode: %w", err))
+		} else if _, err := kv.Plan(o.Spec, d); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return errors.Join(errs...)
+	return errkind.BadInput(errors.Join(errs...))
+}
+
+// prefixFields puts prefix before the field of every FieldError err joins
+// (a nested struct's errors, named from the outer struct).
+func prefixFields(prefix string, err error) []error {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make([]error, 0, len(errs))
+	for _, e := range errs {
+		if fe, ok := e.(errkind.FieldError); ok {
+			fe.Field = prefix + fe.Field
+			e = fe
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func valid[T comparable](v T, all []T) bool {
+	for _, x := range all {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// usesTrace settles what a trace overrides: prompt lengths and arrivals
+// come from it, an open loop.
+func (o *HandoffOptions) usesTrace() {
+	if len(o.Trace) > 0 {
+		o.ISL.Dist = ISLTrace
+		o.Rate = 1
+	}
+}
+
+// EngineConfig is one endpoint's configuration: the one translation from
+// the options, for both roles. numBlocks is the pool size RunHandoff
+// settled on.
+func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlocks int) engine.Config {
+	spec := o.Spec
+	c := engine.Config{Role: role, Backend: backend, Protocol: string(o.Protocol), Model: spec.Model, KVDType: spec.DType,
+		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
+		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
+		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem}
+	switch role {
+	case engine.RolePrefill:
+		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
+	case engine.RoleDecode:
+		c.TP, c.EngineID, c.Device, c.Seed = o.DecodeTP, "decode-0", o.DecodeDevice, o.Seed+1
+	}
+	return c
+}
+
+// HandoffConfig is what a handoff result says was asked: the options as
+// run, under the JSON names results have always used.
+type HandoffConfig struct {
+	Protocol           engine.Protocol      `json:"protocol"`
+	Model              string               `json:"model"`
+	KVDType            kv.DType             `json:"kv_dtype"`
+	BlockSize          int                  `json:"block_size"`
+	Layout             kv.AttnLayout        `json:"layout"`
+	Order              kv.CacheOrder        `json:"kv_cache_layout"`
+	PrefillTP          int                  `json:"prefill_tp"`
+	DecodeTP           int                  `json:"decode_tp"`
+	Requests           int                  `json:"requests"`
+	Warmup             int                  `json:"warmup"`
+	ISL                ISL                  `json:"isl"`
+	Rate               float64              `json:"rate"`
+	Concurrency        int                  `json:"concurrency"`
+	PrefixHit          float64              `json:"prefix_hit"`
+	Fragmentation      engine.Fragmentation `json:"fragmentation"`
+	Merge              bool                 `json:"merge_descriptors"`
+	NumBlocks          int                  `json:"num_blocks"`
+	PrefillPerToken    Duration             `json:"prefill_time_per_token"`
+	Lease              Duration             `json:"lease"`
+	RegTimeout         Duration             `json:"registration_timeout,omitempty"`
+	ChunkTokens        int                  `json:"chunk_tokens"`
+	Verify             engine.Verify        `json:"verify"`
+	DRAMAlloc          engine.DRAMAlloc     `json:"dram_alloc"`
+	Mem                string               `json:"mem"`
+	Endpoints          string               `json:"endpoints"`
+	PoolBytesPerEngine int64                `json:"pool_bytes_per_engine"`
+	Alloc              string               `json:"alloc"`
+	XferReference      *XferReference       `json:"xfer_reference,omitempty"`
+}
+
+// XferReference is the `bench xfer` point a handoff compared itself with.
+type XferReference struct {
+	Op            string `json:"op"`
+	BlockSize     int    `json:"block_size"`
+	BatchSize     int    `json:"batch_size"`
+	PipelineDepth int    `json:"pipeline_depth"`
+	Iterations    int    `json:"iterations"`
+}
+
+// Duration is a time.Duration written as Go writes it ("30s"), as results
+// always had it.
+type Duration time.Duration
+
+func (d Duration) String() string               { return time.Duration(d).String() }
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a Go duration ("30s", "1m0s").
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}
+
+// config echoes the options a run used (numBlocks being its pool size).
+func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
+	s := o.Spec
+	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
+		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
+		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
+		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
+		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process"}
+	switch {
+	case o.Prefill != "":
+		c.Endpoints = "remote " + o.Prefill + " / " + o.Decode
+	case o.Inproc:
+		c.Endpoints = "inproc"
+	}
+	return c
 }
 
 // HandoffRecord is one request, as written to --records. Durations are
 // milliseconds; stages that do not apply to the protocol are zero.
 type HandoffRecord struct {
-	Index          int     `json:"index"`
-	ID             string  `json:"id"`
-	Warmup         bool    `json:"warmup,omitempty"`
-	ISL            int     `json:"isl"`
-	PrefixTokens   int     `json:"prefix_tokens"`
-	Blocks         int     `json:"blocks"`
-	Descriptors    int     `json:"descriptors"`
-	LogicalDescs   int     `json:"logical_descriptors"`
-	Bytes          int64   `json:"bytes"`
-	FirstHandshake bool    `json:"first_handshake"`
-	HandshakeMS    float64 `json:"handshake_ms"`
-	RegRTTMS       float64 `json:"registration_rtt_ms,omitempty"` // push: registration sent -> matched at prefill
-	FinishToPostMS float64 `json:"finish_to_post_ms"`             // KV ready -> transfer posted
-	PostMS         float64 `json:"post_ms"`
-	TransferMS     float64 `json:"transfer_ms"`            // posted -> data in place
-	CompletionMS   float64 `json:"completion_to_ready_ms"` // data in place -> decode knows
-	HandoffMS      float64 `json:"handoff_ms"`             // KV ready at prefill -> decode ready
-	PrefillMS      float64 `json:"prefill_ms"`
-	CorruptBlocks  int     `json:"corrupt_blocks"`
-	Error          string  `json:"error,omitempty"`
-	Freed          string  `json:"prefill_freed,omitempty"` // why prefill released the blocks
-	TStart         int64   `json:"t_start"`
-	TFinish        int64   `json:"t_finish"`
-	TReady         int64   `json:"t_ready"`
+	Index          int                `json:"index"`
+	ID             string             `json:"id"`
+	Warmup         bool               `json:"warmup,omitempty"`
+	ISL            int                `json:"isl"`
+	PrefixTokens   int                `json:"prefix_tokens"`
+	Blocks         int                `json:"blocks"`
+	Descriptors    int                `json:"descriptors"`
+	LogicalDescs   int                `json:"logical_descriptors"`
+	Bytes          int64              `json:"bytes"`
+	FirstHandshake bool               `json:"first_handshake"`
+	HandshakeMS    float64            `json:"handshake_ms"`
+	RegRTTMS       float64            `json:"registration_rtt_ms,omitempty"` // push: registration sent -> matched at prefill
+	FinishToPostMS float64            `json:"finish_to_post_ms"`             // KV ready -> transfer posted
+	PostMS         float64            `json:"post_ms"`
+	TransferMS     float64            `json:"transfer_ms"`            // posted -> data in place
+	CompletionMS   float64            `json:"completion_to_ready_ms"` // data in place -> decode knows
+	HandoffMS      float64            `json:"handoff_ms"`             // KV ready at prefill -> decode ready
+	PrefillMS      float64            `json:"prefill_ms"`
+	CorruptBlocks  int                `json:"corrupt_blocks"`
+	Error          string             `json:"error,omitempty"`
+	Freed          engine.FreedReason `json:"prefill_freed,omitempty"` // why prefill released the blocks
+	TStart         int64              `json:"t_start"`
+	TFinish        int64              `json:"t_finish"`
+	TReady         int64              `json:"t_ready"`
 
 	// push: decode's side of the stages prefill's release completes.
 	tRegSent, tXferDone int64
@@ -212,7 +393,7 @@ type HandoffResult struct {
 	Protocol    string            `json:"protocol"`
 	Backend     string            `json:"backend"`
 	Model       string            `json:"model"`
-	Config      map[string]any    `json:"config"`
+	Config      HandoffConfig     `json:"config"`
 	Summary     HandoffSummary    `json:"summary"`
 	Prefill     engine.Stats      `json:"prefill_stats"`
 	Decode      engine.Stats      `json:"decode_stats"`
@@ -273,9 +454,9 @@ func (o *HandoffOptions) poolBlocks() int {
 	}
 	maxISL := o.ISL.Fixed
 	switch o.ISL.Dist {
-	case "uniform", "normal":
+	case ISLUniform, ISLNormal:
 		maxISL = o.ISL.Max
-	case "trace":
+	case ISLTrace:
 		for _, e := range o.Trace {
 			maxISL = max(maxISL, e.ISL)
 		}
@@ -293,6 +474,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	o.usesTrace()
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -302,7 +484,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol, o.Version), Protocol: o.Protocol, Backend: backend.Name, Model: spec.Model.Name}
+	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
 	blocks := o.poolBlocks()
 	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
@@ -318,23 +500,8 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}
 	}
-	base := engine.Config{Backend: backend.Name, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize,
-		Layout: spec.Layout, Order: spec.Order, NumBlocks: blocks, DRAMAlloc: o.DRAMAlloc, Scattered: o.Scattered, Merge: o.Merge,
-		Verify: o.Verify, Lease: o.Lease, RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Seed: o.Seed, Mem: o.Mem}
-	pc, dc := base, base
-	pc.Device, dc.Device = o.Device, o.DecodeDevice
-	pc.Role, pc.TP, pc.EngineID = engine.RolePrefill, spec.TP, "prefill-0"
-	dc.Role, dc.TP, dc.EngineID, dc.Seed = engine.RoleDecode, o.DecodeTP, "decode-0", o.Seed+1
-	res.Config = map[string]any{"protocol": o.Protocol, "model": spec.Model.Name, "kv_dtype": spec.DType, "block_size": spec.BlockSize,
-		"layout": spec.Layout, "kv_cache_layout": spec.Order, "prefill_tp": spec.TP, "decode_tp": o.DecodeTP, "requests": o.Requests,
-		"warmup": o.Warmup, "isl": o.ISL, "rate": o.Rate, "concurrency": o.Concurrency, "prefix_hit": o.PrefixHit,
-		"fragmentation": map[bool]string{false: "contiguous", true: "scattered"}[o.Scattered], "merge_descriptors": o.Merge,
-		"num_blocks": blocks, "prefill_time_per_token": o.PrefillPerTok.String(), "lease": o.Lease.String(),
-		"chunk_tokens": o.ChunkTokens, "verify": map[engine.Verify]string{engine.Sparse: "sparse", engine.Full: "full"}[o.Verify],
-		"dram_alloc": o.DRAMAlloc, "mem": o.Mem.String(), "endpoints": map[bool]string{true: "inproc", false: "process"}[o.Inproc]}
-	if o.Prefill != "" {
-		res.Config["endpoints"] = "remote " + o.Prefill + " / " + o.Decode
-	}
+	pc, dc := o.EngineConfig(engine.RolePrefill, backend.Name, blocks), o.EngineConfig(engine.RoleDecode, backend.Name, blocks)
+	res.Config = o.config(blocks)
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
 	pe, err := startEndpoint(ctx, &o, "prefill", o.Prefill)
 	if err != nil {
@@ -356,8 +523,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if o.OnStart != nil {
 		o.OnStart(pe, de)
 	}
-	res.Config["pool_bytes_per_engine"] = psetup.PoolBytes
-	res.Config["alloc"] = psetup.Alloc
+	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
 	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
 	go h.collectFreed()
 	runErr := h.run(ctx)
@@ -514,7 +680,7 @@ func (h *handoff) drainFreed(d time.Duration) {
 	for i := range h.records {
 		r := &h.records[i]
 		if f, ok := h.freed[r.ID]; ok {
-			r.Freed = f.Reason
+			r.Freed = engine.FreedReason(f.Reason)
 			// A push whose release came after the request's own short
 			// wait gets its WRITE stages now.
 			if h.o.Protocol == engine.ProtoPush && r.Error == "" && r.Bytes == 0 && f.Bytes > 0 {
@@ -547,7 +713,7 @@ func (h *handoff) run(ctx context.Context) error {
 	}
 	h.records = make([]HandoffRecord, n)
 	h.start = mono.Now()
-	live.Emit(o.Live, live.Start{Title: "bench " + o.Protocol, Total: n, Unit: "requests"})
+	live.Emit(o.Live, live.Start{Title: "bench " + o.Protocol.String(), Total: n, Unit: "requests"})
 	live.Emit(o.Live, live.Phase{Text: "measuring"})
 	var wg sync.WaitGroup
 	var firstErr error
@@ -861,9 +1027,9 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// At least three rounds of the pipeline, so it runs full for most of
 	// the timed phase (fewer iterations than its depth never fill it).
 	iters := max(3*depth, min(200, int(2e9/float64(block*batch))))
-	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: block, MaxBlock: block, StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc,
-		TotalBufferSize: block * batch * depth, Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
+	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
+		NumIter: iters, WarmupIter: 2, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
+		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
 	}
@@ -877,6 +1043,6 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	if len(xr.Points) == 0 {
 		return 0, nil
 	}
-	res.Config["xfer_reference"] = map[string]any{"op": xo.Op.String(), "block_size": block, "batch_size": batch, "pipeline_depth": depth, "iterations": iters}
+	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters}
 	return xr.Points[0].BandwidthGBps, nil
 }

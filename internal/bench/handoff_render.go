@@ -27,13 +27,13 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	s := res.Summary
 	c := res.Config
 	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), TP %v -> %v, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
-		res.Protocol, res.Model, islLabel(c["isl"]), c["kv_dtype"], c["prefill_tp"], c["decode_tp"], c["block_size"], c["fragmentation"],
-		res.Backend, res.Env.BackendVersion, c["dram_alloc"], c["endpoints"])
+		res.Protocol, res.Model, c.ISL.label(), c.KVDType, c.PrefillTP, c.DecodeTP, c.BlockSize, c.Fragmentation,
+		res.Backend, res.Env.BackendVersion, c.DRAMAlloc, c.Endpoints)
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
 	load := loadLabel(c)
-	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c["warmup"], load, c["prefix_hit"])
+	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c.Warmup, load, c.PrefixHit)
 	if err := stageTable(s).WriteText(w); err != nil {
 		return err
 	}
@@ -49,8 +49,8 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 
 func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	c := res.Config
-	fmt.Fprintf(w, "**bench %s** %s, %v tokens, TP %v -> %v, over %s %s\n\n", res.Protocol, res.Model, islLabel(c["isl"]),
-		c["prefill_tp"], c["decode_tp"], res.Backend, res.Env.BackendVersion)
+	fmt.Fprintf(w, "**bench %s** %s, %v tokens, TP %v -> %v, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
+		c.PrefillTP, c.DecodeTP, res.Backend, res.Env.BackendVersion)
 	if err := stageTable(res.Summary).WriteMarkdown(w); err != nil {
 		return err
 	}
@@ -111,32 +111,23 @@ func resultTable(res *HandoffResult) *report.Table {
 }
 
 // loadLabel says how requests arrived.
-func loadLabel(c map[string]any) string {
-	if islLabel(c["isl"]) == "trace" {
+func loadLabel(c HandoffConfig) string {
+	if c.ISL.Dist == ISLTrace {
 		return "open loop, arrivals from the trace"
 	}
-	if r, _ := c["rate"].(float64); r > 0 {
-		return fmt.Sprintf("open loop, %.3g requests/s (Poisson)", r)
+	if c.Rate > 0 {
+		return fmt.Sprintf("open loop, %.3g requests/s (Poisson)", c.Rate)
 	}
-	return fmt.Sprintf("closed loop, concurrency %v", c["concurrency"])
+	return fmt.Sprintf("closed loop, concurrency %v", c.Concurrency)
 }
 
-func islLabel(v any) string {
-	isl, ok := v.(ISL)
-	if m, isMap := v.(map[string]any); isMap {
-		// A result read back from JSON: the config's ISL is a plain map.
-		b, _ := json.Marshal(m)
-		ok = json.Unmarshal(b, &isl) == nil
-	}
-	if !ok {
-		return fmt.Sprint(v)
-	}
+func (isl ISL) label() string {
 	switch isl.Dist {
-	case "uniform":
+	case ISLUniform:
 		return fmt.Sprintf("uniform %d-%d", isl.Min, isl.Max)
-	case "normal":
+	case ISLNormal:
 		return fmt.Sprintf("normal %.0f±%.0f in [%d, %d]", isl.Mean, isl.Std, isl.Min, isl.Max)
-	case "trace":
+	case ISLTrace:
 		return "trace"
 	}
 	return fmt.Sprint(isl.Fixed)
@@ -233,8 +224,8 @@ func (res *HandoffResult) Figure() (report.Figure, error) {
 			return report.Figure{}, err
 		}
 	}
-	title := fmt.Sprintf("bench %s: %s, %s tokens, TP %v -> %v, %d requests", res.Protocol, res.Model, islLabel(res.Config["isl"]),
-		res.Config["prefill_tp"], res.Config["decode_tp"], res.Summary.Requests)
+	title := fmt.Sprintf("bench %s: %s, %s tokens, TP %v -> %v, %d requests", res.Protocol, res.Model, res.Config.ISL.label(),
+		res.Config.PrefillTP, res.Config.DecodeTP, res.Summary.Requests)
 	series := []report.LatencySeries{ser}
 	if len(xfer.Values) > 0 || (xfer.Hist != nil && xfer.Hist.Count() > 0) {
 		series = append(series, xfer)

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 )
 
@@ -29,8 +32,8 @@ func handoffOpts(t *testing.T, proto string, ptp, dtp int) HandoffOptions {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return HandoffOptions{Protocol: proto, Backend: "ucx", Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: ptp}, DecodeTP: dtp,
-		Requests: 6, Warmup: 1, ISL: ISL{Dist: "uniform", Min: 1, Max: 400}, Concurrency: 3, Merge: true, DRAMAlloc: "mmap",
+	return HandoffOptions{Protocol: engine.Protocol(proto), Backend: "ucx", Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: ptp}, DecodeTP: dtp,
+		Requests: 6, Warmup: 1, ISL: ISL{Dist: "uniform", Min: 1, Max: 400}, Concurrency: 3, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
 		Verify: engine.Full, Lease: 20 * time.Second, RegTimeout: 20 * time.Second, ChunkTokens: 64,
 		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 3}
 }
@@ -62,7 +65,7 @@ func TestHandoffAcrossProcesses(t *testing.T) {
 				}
 				if proto == engine.ProtoPush {
 					for _, r := range res.Records {
-						if r.Freed != "pushed" {
+						if r.Freed != engine.FreedPushed {
 							t.Errorf("%s freed %q, want pushed", r.ID, r.Freed)
 						}
 					}
@@ -74,7 +77,7 @@ func TestHandoffAcrossProcesses(t *testing.T) {
 
 func TestHandoffOpenLoopPrefixHitScatteredRecords(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
-	o.Inproc, o.Rate, o.PrefixHit, o.Scattered, o.Requests = true, 200, 0.25, true, 12
+	o.Inproc, o.Rate, o.PrefixHit, o.Fragmentation, o.Requests = true, 200, 0.25, engine.FragScattered, 12
 	res, err := RunHandoff(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -115,26 +118,84 @@ func TestHandoffTrace(t *testing.T) {
 	}
 }
 
+// Validate names the field at fault (the CLI turns it into the flag) and
+// marks the error bad input.
 func TestHandoffValidate(t *testing.T) {
 	base := handoffOpts(t, engine.ProtoPull, 1, 1)
 	tests := []struct {
+		name string
 		mut  func(*HandoffOptions)
-		want string
+		want []string // the fields at fault; nil: an error that names none, containing msg
+		msg  string
 	}{
-		{func(o *HandoffOptions) { o.Protocol = "carrier-pigeon" }, "protocol"},
-		{func(o *HandoffOptions) { o.Requests = 0 }, "--requests"},
-		{func(o *HandoffOptions) { o.Concurrency = 0 }, "--rate"},
-		{func(o *HandoffOptions) { o.PrefixHit = 1 }, "--prefix-hit"},
-		{func(o *HandoffOptions) { o.ISL = ISL{Dist: "uniform", Min: 5, Max: 1} }, "uniform"},
-		{func(o *HandoffOptions) { o.DecodeTP = 3 }, "decode"},
-		{func(o *HandoffOptions) { o.Prefill = "x:1" }, "--prefill and --decode"},
+		{"protocol", func(o *HandoffOptions) { o.Protocol = "carrier-pigeon" }, []string{"Protocol"}, ""},
+		{"no requests", func(o *HandoffOptions) { o.Requests = 0 }, []string{"Requests"}, ""},
+		{"closed loop without concurrency", func(o *HandoffOptions) { o.Concurrency = 0 }, []string{"Rate"}, ""},
+		{"prefix hit", func(o *HandoffOptions) { o.PrefixHit = 1 }, []string{"PrefixHit"}, ""},
+		{"fixed isl", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed} }, []string{"ISL.Fixed"}, ""},
+		{"uniform isl", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLUniform, Min: 5, Max: 1} }, []string{"ISL.Max"}, ""},
+		{"normal isl", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLNormal, Min: 0, Max: 10, Std: -1} }, []string{"ISL.Min", "ISL.Mean", "ISL.Std"}, ""},
+		{"trace without entries", func(o *HandoffOptions) { o.ISL.Dist = ISLTrace }, []string{"ISL.Dist"}, ""},
+		{"fragmentation", func(o *HandoffOptions) { o.Fragmentation = "swiss-cheese" }, []string{"Fragmentation"}, ""},
+		{"verify", func(o *HandoffOptions) { o.Verify = 7 }, []string{"Verify"}, ""},
+		{"dram alloc", func(o *HandoffOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}, ""},
+		{"registration timeout", func(o *HandoffOptions) { o.RegTimeout = 0 }, []string{"RegTimeout"}, ""},
+		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -1 }, []string{"Requests", "Warmup"}, ""},
+		{"prefill without decode", func(o *HandoffOptions) { o.Prefill = "x:1" }, []string{"Prefill"}, ""},
+		{"inproc and remote", func(o *HandoffOptions) { o.Prefill, o.Decode, o.Inproc = "x:1", "y:1", true }, []string{"Inproc"}, ""},
+		{"decode tp the layout refuses", func(o *HandoffOptions) { o.DecodeTP = 3 }, nil, "decode: "},
+		{"decode tp", func(o *HandoffOptions) { o.DecodeTP = 0 }, []string{"DecodeTP"}, ""},
 	}
 	for _, tc := range tests {
-		o := base
-		tc.mut(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("want %q, got %v", tc.want, err)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mut(&o)
+			err := o.Validate()
+			if err == nil || !errkind.IsBadInput(err) {
+				t.Fatalf("Validate() = %v, want bad input", err)
+			}
+			var fields []string
+			for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
+				if fe, ok := e.(errkind.FieldError); ok {
+					fields = append(fields, fe.Field)
+				}
+			}
+			if diff := cmp.Diff(tc.want, fields); diff != "" {
+				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
+			}
+			if tc.msg != "" && !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("%v lacks %q", err, tc.msg)
+			}
+		})
+	}
+	if err := base.Validate(); err != nil {
+		t.Errorf("the base options: %v", err)
+	}
+	d := DefaultHandoffOptions()
+	d.Protocol, d.Spec = engine.ProtoPush, base.Spec
+	if err := d.Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+}
+
+// Both endpoints get their configuration from one translation.
+func TestHandoffEngineConfig(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoPush, 2, 1)
+	o.Fragmentation, o.NoMerge, o.Device, o.DecodeDevice = engine.FragScattered, true, 1, 2
+	p, d := o.EngineConfig(engine.RolePrefill, "ucx", 99), o.EngineConfig(engine.RoleDecode, "ucx", 99)
+	if p.Role != engine.RolePrefill || p.TP != 2 || p.Device != 1 || p.Seed != o.Seed || p.EngineID != "prefill-0" {
+		t.Errorf("prefill: %+v", p)
+	}
+	if d.Role != engine.RoleDecode || d.TP != 1 || d.Device != 2 || d.Seed != o.Seed+1 || d.EngineID != "decode-0" {
+		t.Errorf("decode: %+v", d)
+	}
+	// Everything else is the same on both sides.
+	p.Role, p.TP, p.Device, p.Seed, p.EngineID = d.Role, d.TP, d.Device, d.Seed, d.EngineID
+	if diff := cmp.Diff(p, d); diff != "" {
+		t.Errorf("prefill and decode differ beyond their role (-prefill +decode):\n%s", diff)
+	}
+	if !d.Scattered || d.Merge || d.RegTimeout != o.RegTimeout || d.NumBlocks != 99 || d.Protocol != engine.ProtoPush {
+		t.Errorf("translation: %+v", d)
 	}
 }
 

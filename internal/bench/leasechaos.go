@@ -28,63 +28,109 @@ import (
 // LeaseChaosOptions configure `nixlctl lease-chaos`: every selected
 // scenario under every selected policy, each on a fresh pair of prefill
 // and decode processes with compressed time.
+//
+// The CLI decodes its flags into it (mapstructure tags are the flag names,
+// "-" is not a flag); the simulator's options derive from it (Sim).
 type LeaseChaosOptions struct {
-	Scenarios []string
-	Policies  []lease.Policy
-	Lease     time.Duration // kv_lease_duration, compressed
-	Timeout   time.Duration // the fixed policy's timeout
-	Reaper    lease.ReaperMode
-	Protocol  string // pull or push
-	Backend   string
-	Spec      kv.Spec
-	ISL       int
+	Scenarios []string       `mapstructure:"scenario"`
+	Policies  []lease.Policy `mapstructure:"policy"`
+	// Lease is kv_lease_duration, compressed; 0: 3 s on real processes,
+	// vLLM's 30 s in the simulator.
+	Lease    time.Duration    `mapstructure:"kv-lease-duration"`
+	Timeout  time.Duration    `mapstructure:"timeout"` // the fixed policy's timeout; 0: 16 leases, as 480 s is to 30 s
+	Reaper   lease.ReaperMode `mapstructure:"reaper"`
+	Protocol engine.Protocol  `mapstructure:"protocol"` // pull or push
+	Backend  string           `mapstructure:"backend"`
+	Spec     kv.Spec          `mapstructure:"-"` // resolved by the CLI from the model flags
+	ISL      int              `mapstructure:"isl"`
 	// Slack is how late a free may come beyond what the protocol promises
 	// before a scenario fails (process scheduling, RPC hops).
-	Slack    time.Duration
-	Exe      string   // endpoint children; default this program
-	ExeArgs  []string // arguments before the role; default serve
-	ChildEnv []string
-	Version  string
-	Seed     uint64
-	Log      *slog.Logger
-	Live     live.Sink
+	Slack    time.Duration `mapstructure:"slack"`
+	Exe      string        `mapstructure:"-"` // endpoint children; default this program
+	ExeArgs  []string      `mapstructure:"-"` // arguments before the role; default serve
+	ChildEnv []string      `mapstructure:"-"`
+	Version  string        `mapstructure:"-"`
+	Seed     uint64        `mapstructure:"seed"`
+	Log      *slog.Logger  `mapstructure:"-"`
+	Live     live.Sink     `mapstructure:"-"`
 }
 
-// Validate checks the options.
+// DefaultLeaseChaosOptions are the defaults of every knob that has one
+// (the CLI's flag defaults come from here); the lease and the timeout
+// depend on the mode (settle).
+func DefaultLeaseChaosOptions() LeaseChaosOptions {
+	return LeaseChaosOptions{Scenarios: leasesim.Scenarios(), Policies: []lease.Policy{lease.PolicyLease, lease.PolicyFixed},
+		Reaper: lease.ReapFull, Protocol: engine.ProtoPull, Backend: "auto", ISL: 256, Slack: 250 * time.Millisecond, Seed: 1}
+}
+
+// settle fills the lease and the fixed timeout left to their defaults,
+// which depend on whether time is real (compressed: 3 s) or simulated
+// (vLLM's 30 s).
+func (o *LeaseChaosOptions) settle(sim bool) {
+	if o.Lease == 0 {
+		o.Lease = 3 * time.Second
+		if sim {
+			o.Lease = lease.DefaultDuration
+		}
+	}
+	// A lease beyond the maximum is refused by its validation; sixteen of
+	// them could wrap into a negative timeout first.
+	if o.Timeout == 0 && o.Lease <= lease.MaxDuration {
+		o.Timeout = 16 * o.Lease
+	}
+}
+
+// Validate checks the options for a run on real processes, as field
+// errors (errkind.FieldError) joined and marked bad input.
 func (o *LeaseChaosOptions) Validate() error {
+	v := *o
+	v.settle(false)
 	var errs []error
-	if len(o.Scenarios) == 0 {
-		errs = append(errs, errors.New("no scenario selected"))
+	if len(v.Scenarios) == 0 {
+		errs = append(errs, errkind.Field("Scenarios", "no scenario selected"))
 	}
-	if o.Protocol != engine.ProtoPull && o.Protocol != engine.ProtoPush {
-		errs = append(errs, fmt.Errorf("protocol %q: lease-chaos runs pull or push (SGLang has no leases)", o.Protocol))
+	if v.Protocol != engine.ProtoPull && v.Protocol != engine.ProtoPush {
+		errs = append(errs, errkind.Field("Protocol", "lease-chaos runs pull or push, not %s (SGLang has no leases)", v.Protocol))
 	}
-	if o.Lease < 300*time.Millisecond {
-		errs = append(errs, fmt.Errorf("--lease %v: want at least 300ms (real processes need the margin)", o.Lease))
+	if v.Lease < 300*time.Millisecond {
+		errs = append(errs, errkind.Field("Lease", "want at least 300ms (got %v; real processes need the margin)", v.Lease))
 	}
-	errs = append(errs, validateChaos(o.Scenarios, o.Policies, o.Lease, o.Timeout, o.Reaper, o.Spec, o.ISL)...)
-	return errors.Join(errs...)
+	errs = append(errs, validateChaos(v.Scenarios, v.Policies, v.Lease, v.Timeout, v.Reaper, v.Spec, v.ISL)...)
+	return errkind.BadInput(errors.Join(errs...))
+}
+
+// Sim is the simulator's options for the same choices, with its own
+// defaults: the one translation from the lease-chaos options.
+func (o LeaseChaosOptions) Sim(traffic leasesim.TrafficOptions, sweep []time.Duration) LeaseSimOptions {
+	o.settle(true)
+	traffic.Seed = o.Seed
+	return LeaseSimOptions{Scenarios: o.Scenarios, Policies: o.Policies, Lease: o.Lease, Timeout: o.Timeout, Reaper: o.Reaper,
+		Spec: o.Spec, ISL: o.ISL, Traffic: traffic, Sweep: sweep, Version: o.Version, Live: o.Live}
 }
 
 // validateChaos checks what real and simulated runs share.
 func validateChaos(scenarios []string, policies []lease.Policy, leaseDur, timeout time.Duration, reaper lease.ReaperMode, spec kv.Spec, isl int) []error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	for _, s := range scenarios {
 		if !slices.Contains(leasesim.Scenarios(), s) {
-			bad("scenario %q: want one of %s", s, strings.Join(leasesim.Scenarios(), ", "))
+			bad("Scenarios", "unknown scenario %q (want one of %s)", s, strings.Join(leasesim.Scenarios(), ", "))
 		}
 	}
 	if len(policies) == 0 {
-		bad("no policy selected")
+		bad("Policies", "no policy selected")
 	}
 	for _, p := range policies {
 		if p != lease.PolicyLease && p != lease.PolicyFixed {
-			bad("policy %q: want lease or fixed", p)
+			bad("Policies", "unknown policy %q (want lease or fixed)", p)
 		}
 	}
 	if isl <= 0 || isl > kv.MaxTokens {
-		bad("--isl must be between 1 and %d", kv.MaxTokens)
+		bad("ISL", "must be between 1 and %d", kv.MaxTokens)
+	}
+	if reaper != lease.ReapFull && reaper != lease.ReapHeadOnly {
+		bad("Reaper", "unknown reaper %q (want full or head-only)", reaper)
+		reaper = lease.ReapFull // reported: the lease's own check need not repeat it
 	}
 	if _, err := (lease.Config{Policy: lease.PolicyFixed, Duration: leaseDur, Timeout: timeout, Reaper: reaper}).Normalize(); err != nil {
 		errs = append(errs, err)
@@ -103,6 +149,26 @@ func policyNames(ps []lease.Policy) []string {
 	return out
 }
 
+// LeaseChaosConfig is what a lease-chaos result says was asked, under the
+// JSON names results have always used; the fields only one mode has are
+// left out of the other's.
+type LeaseChaosConfig struct {
+	Scenarios []string `json:"scenarios"`
+	Policies  []string `json:"policies"`
+	Lease     Duration `json:"lease"`
+	Timeout   Duration `json:"timeout"`
+	Reaper    string   `json:"reaper"`
+	Protocol  string   `json:"protocol,omitempty"` // real
+	Model     string   `json:"model"`
+	ISL       int      `json:"isl"`
+	KVDType   kv.DType `json:"kv_dtype,omitempty"`   // real
+	BlockSize int      `json:"block_size,omitempty"` // real
+	Slack     Duration `json:"slack,omitempty"`      // real
+	Backend   string   `json:"backend,omitempty"`    // real
+	// BytesPerRequest is what one request's KV weighs (sim).
+	BytesPerRequest int64 `json:"bytes_per_request,omitempty"`
+}
+
 // LeaseChaosResult is a whole lease-chaos run (real processes, or the
 // simulator with --sim).
 type LeaseChaosResult struct {
@@ -111,7 +177,7 @@ type LeaseChaosResult struct {
 	Protocol  string                    `json:"protocol,omitempty"`
 	Backend   string                    `json:"backend,omitempty"`
 	Model     string                    `json:"model"`
-	Config    map[string]any            `json:"config"`
+	Config    LeaseChaosConfig          `json:"config"`
 	Scenarios []leasesim.ScenarioResult `json:"scenarios"`
 	Passed    int                       `json:"passed"`
 	Failed    int                       `json:"failed"`
@@ -155,18 +221,19 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.settle(false)
 	spec, _ := o.Spec.Normalize()
 	o.Spec = spec
 	backend, err := nixl.Resolve(o.Backend)
 	if err != nil {
 		return nil, err
 	}
-	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "real", Protocol: o.Protocol,
+	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "real", Protocol: string(o.Protocol),
 		Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
-	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policyNames(o.Policies), "lease": o.Lease.String(), "timeout": o.Timeout.String(),
-		"reaper": string(o.Reaper), "protocol": o.Protocol, "model": spec.Model.Name, "isl": o.ISL, "kv_dtype": spec.DType,
-		"block_size": spec.BlockSize, "slack": o.Slack.String(), "backend": backend.Name}
+	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
+		Reaper: string(o.Reaper), Protocol: string(o.Protocol), Model: spec.Model.Name, ISL: o.ISL, KVDType: spec.DType,
+		BlockSize: spec.BlockSize, Slack: Duration(o.Slack), Backend: backend.Name}
 	total := len(o.Scenarios) * len(o.Policies)
 	live.Emit(o.Live, live.Start{Title: "lease-chaos", Total: total, Unit: "scenarios"})
 	t0 := time.Now()
@@ -235,7 +302,7 @@ func (c *chaosRun) markQueued(i int) {
 func reqID(i int) string { return fmt.Sprintf("chaos-%03d", i) }
 
 func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc lease.Config, liveT0 time.Time) (leasesim.ScenarioResult, error) {
-	r := leasesim.ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: o.Protocol, Mode: "real",
+	r := leasesim.ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: string(o.Protocol), Mode: "real",
 		LeaseS: lc.Duration.Seconds(), TimeoutS: lc.Timeout.Seconds(), ExtensionS: lc.Extension().Seconds(), IntervalS: lc.HeartbeatInterval().Seconds()}
 	plan, err := leasesim.PlanFor(scenario, lc)
 	if err != nil {
@@ -243,7 +310,7 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	}
 	r.StepS, r.Requests = plan.Step.Seconds(), plan.Requests
 	per := o.Spec.BlocksFor(kv.FullAttention, o.ISL)
-	base := engine.Config{Backend: backend, Protocol: o.Protocol, Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
+	base := engine.Config{Backend: backend, Protocol: string(o.Protocol), Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
 		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, DRAMAlloc: "mmap", Merge: true,
 		Verify: engine.Sparse, Lease: lc.Duration, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
 		RegTimeout: max(lc.Duration, time.Second), Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
@@ -679,8 +746,9 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		id := reqID(i)
 		f, freed := c.freed[id]
 		lr, loaded := c.loads[id]
-		consumed := freed && (f.Reason == "consumed" || f.Reason == "pushed")
-		expired := freed && f.Reason == "expired"
+		reason := engine.FreedReason(f.Reason)
+		consumed := freed && reason.Consumed()
+		expired := freed && reason == engine.FreedExpired
 		var tGone int64 // when decode gave the request up
 		switch {
 		case c.aborted[id]:
@@ -721,7 +789,7 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		out := "held"
 		tEnd := end
 		if freed {
-			out, tEnd = map[bool]string{true: "consumed", false: f.Reason}[consumed], f.TFreed
+			out, tEnd = map[bool]string{true: string(engine.FreedConsumed), false: f.Reason}[consumed], f.TFreed
 		}
 		tl.Leases = append(tl.Leases, leasesim.TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
 		if expired {
@@ -798,6 +866,9 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	if len(o.Scenarios) == 0 && o.Traffic.Requests <= 0 {
 		errs = append(errs, errors.New("nothing to simulate: no scenario and no traffic"))
 	}
+	if o.Traffic.Requests < 0 {
+		errs = append(errs, errkind.Field("Traffic.Requests", "%d: want 0 (scenarios only) or more", o.Traffic.Requests))
+	}
 	if len(o.Sweep) > 0 && o.Traffic.Requests <= 0 {
 		errs = append(errs, errors.New("--sweep-lease needs traffic: --requests > 0"))
 	}
@@ -829,8 +900,8 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	}
 	spec, _ := o.Spec.Normalize()
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "sim", Model: spec.Model.Name}
-	res.Config = map[string]any{"scenarios": o.Scenarios, "policies": policyNames(o.Policies), "lease": o.Lease.String(), "timeout": o.Timeout.String(),
-		"reaper": string(o.Reaper), "model": spec.Model.Name, "isl": o.ISL, "bytes_per_request": geo.BytesPerRequest}
+	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
+		Reaper: string(o.Reaper), Model: spec.Model.Name, ISL: o.ISL, BytesPerRequest: geo.BytesPerRequest}
 	t0 := time.Now()
 	total := len(o.Scenarios) * len(o.Policies)
 	if o.Traffic.Requests > 0 {

@@ -65,7 +65,7 @@ func (res *LeaseChaosResult) Figure() (report.Figure, error) {
 	if len(fig.Panels) == 0 {
 		return report.Figure{}, fmt.Errorf("no lease timelines to plot")
 	}
-	fig.Title = fmt.Sprintf("lease-chaos (%s): lease %s", res.Mode, res.Config["lease"])
+	fig.Title = fmt.Sprintf("lease-chaos (%s): lease %s", res.Mode, res.Config.Lease)
 	fig.Columns = 2 // a scenario a row: its leases, then the number held
 	return fig, nil
 }
@@ -165,14 +165,13 @@ func verdict(r leasesim.ScenarioResult) string {
 }
 
 func leaseHeadline(res *LeaseChaosResult) string {
-	c := res.Config
 	var parts []string
 	if res.Mode == "real" {
 		parts = append(parts, fmt.Sprintf("real prefill and decode processes, %s over %s (%s)", res.Protocol, res.Env.Backend, res.Env.BackendVersion))
 	} else {
 		parts = append(parts, "virtual-time simulation of the same state machines")
 	}
-	parts = append(parts, fmt.Sprintf("%s, %v tokens a request", res.Model, c["isl"]))
+	parts = append(parts, fmt.Sprintf("%s, %v tokens a request", res.Model, res.Config.ISL))
 	if len(res.Scenarios) > 0 {
 		r := res.Scenarios[0]
 		// The lease policy's numbers, also when only the fixed policy ran.

@@ -30,7 +30,7 @@ func chaosOpts(t *testing.T, proto string, scenarios ...string) LeaseChaosOption
 	}
 	leaseDur := 1500 * time.Millisecond
 	return LeaseChaosOptions{Scenarios: scenarios, Policies: []lease.Policy{lease.PolicyLease, lease.PolicyFixed},
-		Lease: leaseDur, Timeout: leaseDur * 27 / 10, Reaper: lease.ReapFull, Protocol: proto, Backend: "ucx",
+		Lease: leaseDur, Timeout: leaseDur * 27 / 10, Reaper: lease.ReapFull, Protocol: engine.Protocol(proto), Backend: "ucx",
 		Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}, ISL: 128, Slack: 400 * time.Millisecond,
 		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 5}
 }

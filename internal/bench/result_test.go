@@ -83,8 +83,9 @@ func craftedXfer(t *testing.T) *XferResult {
 
 func craftedHandoff(t *testing.T) *HandoffResult {
 	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: engine.ProtoPush, Backend: "ucx", Model: "llama-3.1-8b",
-		Config: map[string]any{"isl": map[string]any{"Dist": "fixed", "Fixed": 512}, "kv_dtype": "bf16", "prefill_tp": 1, "decode_tp": 1, "block_size": 16,
-			"fragmentation": "contiguous", "dram_alloc": "mmap", "endpoints": "process", "concurrency": 2, "warmup": 1, "prefix_hit": 0},
+		Config: HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", ISL: ISL{Dist: ISLFixed, Fixed: 512}, KVDType: "bf16",
+			PrefillTP: 1, DecodeTP: 1, BlockSize: 16, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
+			Endpoints: "process", Concurrency: 2, Warmup: 1, Verify: engine.Sparse, Lease: Duration(30 * time.Second)},
 		Prefill: engine.Stats{ExpiredLeases: 1, FailedTransfers: 0}, Decode: engine.Stats{FailedNotifs: 1}}
 	for i := range 6 {
 		r := HandoffRecord{Index: i, ID: "cmpl-" + string(rune('a'+i)), Warmup: i == 0, ISL: 512, Blocks: 32, Descriptors: 64,
@@ -220,5 +221,44 @@ func TestRenderingsGolden(t *testing.T) {
 		if f, err := res.Figure(); err != nil || len(f.Panels) != 2 {
 			t.Errorf("figure: %v %+v", err, f)
 		}
+	}
+}
+
+// A result saved before the config was typed (a map written by the same
+// names) reads back into HandoffConfig and writes the same keys again.
+func TestHandoffConfigReadsSavedResults(t *testing.T) {
+	saved := `{"alloc":"mmap","block_size":16,"chunk_tokens":0,"concurrency":8,"decode_tp":1,"dram_alloc":"mmap","endpoints":"process",
+		"fragmentation":"scattered","isl":{"dist":"normal","fixed":4096,"min":128,"max":8192,"mean":4000,"std":1500},"kv_cache_layout":"HND",
+		"kv_dtype":"bf16","layout":"flash-attn","lease":"30s","mem":"DRAM","merge_descriptors":true,"model":"llama-3.1-8b","num_blocks":1234,
+		"pool_bytes_per_engine":5678,"prefill_time_per_token":"20µs","prefill_tp":2,"prefix_hit":0.25,"protocol":"push","rate":0,
+		"requests":32,"verify":"full","warmup":2,
+		"xfer_reference":{"op":"WRITE","block_size":4096,"batch_size":64,"pipeline_depth":8,"iterations":200}}`
+	var c HandoffConfig
+	if err := json.Unmarshal([]byte(saved), &c); err != nil {
+		t.Fatal(err)
+	}
+	want := HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", KVDType: "bf16", BlockSize: 16, Layout: "flash-attn",
+		Order: "HND", PrefillTP: 2, DecodeTP: 1, Requests: 32, Warmup: 2,
+		ISL:         ISL{Dist: ISLNormal, Fixed: 4096, Min: 128, Max: 8192, Mean: 4000, Std: 1500},
+		Concurrency: 8, PrefixHit: 0.25, Fragmentation: engine.FragScattered, Merge: true, NumBlocks: 1234,
+		PrefillPerToken: Duration(20 * time.Microsecond), Lease: Duration(30 * time.Second), Verify: engine.Full,
+		DRAMAlloc: engine.AllocMmap, Mem: "DRAM", Endpoints: "process", PoolBytesPerEngine: 5678, Alloc: "mmap",
+		XferReference: &XferReference{Op: "WRITE", BlockSize: 4096, BatchSize: 64, PipelineDepth: 8, Iterations: 200}}
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Errorf("saved config (-want +got):\n%s", diff)
+	}
+	var before, after map[string]any
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(saved), &before); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &after); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, after); diff != "" {
+		t.Errorf("written again (-saved +now):\n%s", diff)
 	}
 }

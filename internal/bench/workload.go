@@ -3,23 +3,59 @@ package bench
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// ISL says how long prompts are.
+// ISLDist is the distribution prompt lengths are drawn from.
+type ISLDist string
+
+// ISL distributions.
+const (
+	ISLFixed   ISLDist = "fixed"
+	ISLUniform ISLDist = "uniform"
+	ISLNormal  ISLDist = "normal"
+	// ISLTrace takes prompt lengths (and arrivals) from a trace.
+	ISLTrace ISLDist = "trace"
+)
+
+// ISLDists lists the valid distributions.
+var ISLDists = []ISLDist{ISLFixed, ISLUniform, ISLNormal, ISLTrace}
+
+func (d ISLDist) String() string { return string(d) }
+
+// UnmarshalText accepts the ISLDists.
+func (d *ISLDist) UnmarshalText(b []byte) error {
+	for _, x := range ISLDists {
+		if string(x) == string(b) {
+			*d = x
+			return nil
+		}
+	}
+	names := make([]string, len(ISLDists))
+	for i, x := range ISLDists {
+		names[i] = string(x)
+	}
+	return fmt.Errorf("unknown ISL distribution %q (want %s)", b, strings.Join(names, ", "))
+}
+
+// ISL says how long prompts are. The mapstructure tags are the flags of
+// the commands that take one (squashed into their options).
 type ISL struct {
-	Dist  string  `json:"dist"`  // fixed, uniform, normal, trace
-	Fixed int     `json:"fixed"` // fixed
-	Min   int     `json:"min"`   // uniform; clipping bounds for normal
-	Max   int     `json:"max"`
-	Mean  float64 `json:"mean"` // normal
-	Std   float64 `json:"std"`  // normal
+	Dist  ISLDist `json:"dist" mapstructure:"isl-dist"`
+	Fixed int     `json:"fixed" mapstructure:"isl"`     // fixed
+	Min   int     `json:"min" mapstructure:"isl-min"`   // uniform; clipping bounds for normal
+	Max   int     `json:"max" mapstructure:"isl-max"`   //
+	Mean  float64 `json:"mean" mapstructure:"isl-mean"` // normal
+	Std   float64 `json:"std" mapstructure:"isl-std"`   // normal
 }
 
 // TraceEntry is one request of a JSON-lines trace: when it arrives
@@ -63,34 +99,44 @@ func ReadTrace(r io.Reader) ([]TraceEntry, error) {
 	return out, nil
 }
 
-// Validate checks the distribution's parameters.
+// Validate checks the parameters the distribution uses, as field errors
+// (errkind.FieldError) joined.
 func (d ISL) Validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	switch d.Dist {
-	case "fixed":
+	case ISLFixed:
 		if d.Fixed <= 0 {
-			return fmt.Errorf("--isl must be > 0")
+			bad("Fixed", "must be positive")
 		}
-	case "uniform":
-		if d.Min <= 0 || d.Max < d.Min {
-			return fmt.Errorf("uniform ISL needs 0 < --isl-min <= --isl-max")
+	case ISLUniform, ISLNormal:
+		if d.Min <= 0 {
+			bad("Min", "must be positive")
 		}
-	case "normal":
-		if d.Mean <= 0 || d.Std < 0 || d.Min <= 0 || d.Max < d.Min {
-			return fmt.Errorf("normal ISL needs --isl-mean > 0, --isl-std >= 0 and 0 < --isl-min <= --isl-max")
+		if d.Max < d.Min {
+			bad("Max", "must be at least the minimum (%d)", d.Min)
 		}
-	case "trace":
+		if d.Dist == ISLNormal {
+			if d.Mean <= 0 {
+				bad("Mean", "must be positive")
+			}
+			if d.Std < 0 {
+				bad("Std", "must not be negative")
+			}
+		}
+	case ISLTrace:
 	default:
-		return fmt.Errorf("ISL distribution %q: want fixed, uniform, normal or trace", d.Dist)
+		bad("Dist", "unknown ISL distribution %q (want fixed, uniform, normal or trace)", d.Dist)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Draw samples one prompt length.
 func (d ISL) Draw(rng *rand.Rand) int {
 	switch d.Dist {
-	case "uniform":
+	case ISLUniform:
 		return d.Min + rng.IntN(d.Max-d.Min+1)
-	case "normal":
+	case ISLNormal:
 		v := int(math.Round(rng.NormFloat64()*d.Std + d.Mean))
 		return min(max(v, d.Min), d.Max)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -22,87 +23,197 @@ import (
 
 // XferOptions configure `bench xfer`, nixlbench's sweep with KV-minded
 // extras. Sizes are bytes.
+//
+// As HandoffOptions, it is the one shape of these options: the CLI decodes
+// its flags into it (mapstructure tags are the flag names, "-" is not a
+// flag) and Validate returns field errors the CLI names by flag.
 type XferOptions struct {
-	Backend          string
-	Op               nixl.Op
-	InitiatorSeg     nixl.MemType
-	TargetSeg        nixl.MemType
-	Device           int // GPU of the initiator's VRAM
-	TargetDevice     int // GPU of the target's VRAM
-	StartBlock       int
-	MaxBlock         int
-	StartBatch       int
-	MaxBatch         int
-	NumIter          int
-	WarmupIter       int
-	LargeBlkIterFtr  int // iterations are divided by this above 1 MiB blocks
-	PipelineDepth    int
-	TotalBufferSize  int
-	CheckConsistency bool
-	DRAMAlloc        string // mmap or ucx
-	HugePages        bool
-	RecreateXfer     bool
-	RandomOrder      bool   // scatter descriptors over the buffer (a fragmented block table)
-	Notif            bool   // attach a notification to every request
-	Shape            string // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
+	Backend          string           `mapstructure:"backend"`
+	Op               nixl.Op          `mapstructure:"op-type"`
+	InitiatorSeg     nixl.MemType     `mapstructure:"initiator-seg-type"`
+	TargetSeg        nixl.MemType     `mapstructure:"target-seg-type"`
+	Device           int              `mapstructure:"device"`        // GPU of the initiator's VRAM
+	TargetDevice     int              `mapstructure:"target-device"` // GPU of the target's VRAM; -1: Device
+	StartBlock       ByteSize         `mapstructure:"start-block-size"`
+	MaxBlock         ByteSize         `mapstructure:"max-block-size"`
+	StartBatch       int              `mapstructure:"start-batch-size"`
+	MaxBatch         int              `mapstructure:"max-batch-size"`
+	NumIter          int              `mapstructure:"num-iter"`
+	WarmupIter       int              `mapstructure:"warmup-iter"`
+	LargeBlkIterFtr  int              `mapstructure:"large-blk-iter-ftr"` // iterations are divided by this above 1 MiB blocks
+	PipelineDepth    int              `mapstructure:"pipeline-depth"`
+	TotalBufferSize  ByteSize         `mapstructure:"total-buffer-size"` // 0: max block x max batch, at least 64 KiB
+	CheckConsistency bool             `mapstructure:"check-consistency"`
+	DRAMAlloc        engine.DRAMAlloc `mapstructure:"dram-alloc"`
+	HugePages        bool             `mapstructure:"use-hugepages"`
+	RecreateXfer     bool             `mapstructure:"recreate-xfer"`
+	DescOrder        DescOrder        `mapstructure:"desc-order"`
+	Notif            bool             `mapstructure:"notif"` // attach a notification to every request
+	Shape            string           `mapstructure:"-"`     // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
 
-	Target  TargetSpec
-	Version string
-	Log     *slog.Logger
+	Target  TargetSpec   `mapstructure:",squash"`
+	Version string       `mapstructure:"-"`
+	Log     *slog.Logger `mapstructure:"-"`
 	// Live receives a Start, then a Point per finished sweep point, and
 	// warnings as they happen (nil: nobody listens).
-	Live live.Sink
+	Live live.Sink `mapstructure:"-"`
+}
+
+// DefaultXferOptions are nixlbench's defaults where it has them (the
+// CLI's flag defaults come from here).
+func DefaultXferOptions() XferOptions {
+	return XferOptions{Backend: "auto", Op: nixl.Write, InitiatorSeg: nixl.DRAM, TargetSeg: nixl.DRAM, TargetDevice: -1,
+		StartBlock: 4 << 10, MaxBlock: 64 << 20, StartBatch: 1, MaxBatch: 1, NumIter: 1000, WarmupIter: 100,
+		LargeBlkIterFtr: 16, PipelineDepth: 1, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential}
 }
 
 // TargetSpec says where the target runs.
 type TargetSpec struct {
-	Inproc bool     // a goroutine of this process
-	Addr   string   // a target started elsewhere (serve target --listen)
-	Exe    string   // else: this program as a child; default os.Executable
-	Args   []string // child arguments; default serve target --stdio
-	Env    []string
+	Inproc bool     `mapstructure:"inproc"` // a goroutine of this process
+	Addr   string   `mapstructure:"target"` // a target started elsewhere (serve target --listen)
+	Exe    string   `mapstructure:"-"`      // else: this program as a child; default os.Executable
+	Args   []string `mapstructure:"-"`      // child arguments; default serve target --stdio
+	Env    []string `mapstructure:"-"`
 }
 
-// Validate checks the options, nixlbench's rules included.
+// DescOrder is where a batch's descriptors point in the buffer.
+type DescOrder string
+
+// Descriptor orders.
+const (
+	// DescSequential is nixlbench's j*block.
+	DescSequential DescOrder = "sequential"
+	// DescRandom scatters descriptors over the buffer (a fragmented block table).
+	DescRandom DescOrder = "random"
+)
+
+// DescOrders lists the valid orders.
+var DescOrders = []DescOrder{DescSequential, DescRandom}
+
+func (d DescOrder) String() string { return string(d) }
+
+// UnmarshalText accepts sequential or random.
+func (d *DescOrder) UnmarshalText(b []byte) error {
+	if !valid(DescOrder(b), DescOrders) {
+		return fmt.Errorf("unknown descriptor order %q (want sequential, random)", b)
+	}
+	*d = DescOrder(b)
+	return nil
+}
+
+// ByteSize is a byte count that parses sizes with binary units ("64K",
+// "1M"; report.ParseSize); empty is 0.
+type ByteSize int
+
+// String writes the largest binary unit that divides the size ("4K",
+// "64M"), so it parses back; 0 is empty.
+func (b ByteSize) String() string {
+	if b == 0 {
+		return ""
+	}
+	for _, u := range []struct {
+		suffix string
+		n      ByteSize
+	}{{"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if b%u.n == 0 {
+			return fmt.Sprintf("%d%s", b/u.n, u.suffix)
+		}
+	}
+	return fmt.Sprint(int(b))
+}
+
+// UnmarshalText reads a size (4096, 64K, 1.5M).
+func (b *ByteSize) UnmarshalText(t []byte) error {
+	if len(t) == 0 {
+		*b = 0
+		return nil
+	}
+	v, err := report.ParseSize(string(t))
+	if err != nil {
+		return err
+	}
+	if int64(int(v)) != v {
+		return fmt.Errorf("%q is too large", t)
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+// Validate checks the options, nixlbench's rules included, as field
+// errors (errkind.FieldError) joined and marked bad input.
 func (o *XferOptions) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if o.StartBlock <= 0 || o.MaxBlock < o.StartBlock {
-		bad("block sizes: need 0 < start (%d) <= max (%d)", o.StartBlock, o.MaxBlock)
+	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
+	if o.StartBlock <= 0 {
+		bad("StartBlock", "must be positive")
+	} else if o.MaxBlock < o.StartBlock {
+		bad("MaxBlock", "must be at least the start block size (%v)", o.StartBlock)
 	}
-	if o.StartBatch <= 0 || o.MaxBatch < o.StartBatch {
-		bad("batch sizes: need 0 < start (%d) <= max (%d)", o.StartBatch, o.MaxBatch)
+	if o.StartBatch <= 0 {
+		bad("StartBatch", "must be positive")
+	} else if o.MaxBatch < o.StartBatch {
+		bad("MaxBatch", "must be at least the start batch size (%d)", o.StartBatch)
 	}
-	if o.NumIter <= 0 || o.WarmupIter < 0 {
-		bad("--num-iter must be > 0 and --warmup-iter >= 0")
+	if o.NumIter <= 0 {
+		bad("NumIter", "must be positive")
+	}
+	if o.WarmupIter < 0 {
+		bad("WarmupIter", "must not be negative")
 	}
 	if o.PipelineDepth <= 0 {
-		bad("--pipeline-depth must be > 0")
+		bad("PipelineDepth", "must be positive")
 	}
 	if o.LargeBlkIterFtr <= 0 {
-		bad("--large-blk-iter-ftr must be > 0")
+		bad("LargeBlkIterFtr", "must be positive")
 	}
-	if o.TotalBufferSize > 0 && o.MaxBlock > o.TotalBufferSize {
-		bad("--max-block-size %d is larger than --total-buffer-size %d", o.MaxBlock, o.TotalBufferSize)
+	if o.TotalBufferSize < 0 {
+		bad("TotalBufferSize", "must not be negative")
+	} else if o.TotalBufferSize > 0 && o.MaxBlock > o.TotalBufferSize {
+		bad("MaxBlock", "%v is larger than the total buffer size %v", o.MaxBlock, o.TotalBufferSize)
 	}
-	if o.Device < 0 || o.TargetDevice < 0 {
-		bad("--device and --target-device must be >= 0")
+	if o.Device < 0 {
+		bad("Device", "must not be negative")
 	}
-	if o.DRAMAlloc != "mmap" && o.DRAMAlloc != "ucx" {
-		bad("--dram-alloc %q: want mmap or ucx", o.DRAMAlloc)
+	if o.TargetDevice < -1 {
+		bad("TargetDevice", "must not be negative (-1: the initiator's device)")
+	}
+	if !o.DRAMAlloc.Valid() {
+		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", o.DRAMAlloc)
+	}
+	if !valid(o.DescOrder, DescOrders) {
+		bad("DescOrder", "unknown descriptor order %q (want sequential or random)", o.DescOrder)
+	}
+	if o.Op != nixl.Read && o.Op != nixl.Write {
+		bad("Op", "unknown op %v", o.Op)
+	}
+	for field, m := range map[string]nixl.MemType{"InitiatorSeg": o.InitiatorSeg, "TargetSeg": o.TargetSeg} {
+		if m != nixl.DRAM && m != nixl.VRAM {
+			bad(field, "unknown memory type %v", m)
+		}
+	}
+	if o.Target.Inproc && o.Target.Addr != "" {
+		bad("Target.Inproc", "excludes a target address")
 	}
 	if o.CheckConsistency && o.TotalBufferSize > 0 && o.TotalBufferSize < o.StartBlock {
-		bad("--check-consistency needs room for at least one block")
+		bad("CheckConsistency", "needs room for at least one block")
 	}
-	return errors.Join(errs...)
+	return errkind.BadInput(errors.Join(errs...))
+}
+
+// targetDevice is the target's GPU (-1 meaning the initiator's).
+func (o *XferOptions) targetDevice() int {
+	if o.TargetDevice < 0 {
+		return o.Device
+	}
+	return o.TargetDevice
 }
 
 // bufferSize is what each side allocates.
 func (o *XferOptions) bufferSize() int {
 	if o.TotalBufferSize > 0 {
-		return o.TotalBufferSize
+		return int(o.TotalBufferSize)
 	}
-	n := o.MaxBlock * o.MaxBatch
+	n := int(o.MaxBlock) * o.MaxBatch
 	if n < 64<<10 {
 		n = 64 << 10
 	}
@@ -203,13 +314,14 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.TargetDevice = o.targetDevice()
 	res := &XferResult{Meta: report.NewMeta("bench xfer", o.Version)}
 	size := o.bufferSize()
 	res.Config = XferConfig{Op: o.Op.String(), InitiatorSeg: o.InitiatorSeg.String(), TargetSeg: o.TargetSeg.String(),
-		StartBlock: o.StartBlock, MaxBlock: o.MaxBlock, StartBatch: o.StartBatch, MaxBatch: o.MaxBatch,
+		StartBlock: int(o.StartBlock), MaxBlock: int(o.MaxBlock), StartBatch: o.StartBatch, MaxBatch: o.MaxBatch,
 		NumIter: o.NumIter, WarmupIter: o.WarmupIter, PipelineDepth: o.PipelineDepth, TotalBufferSize: size,
-		DRAMAlloc: o.DRAMAlloc, CheckConsistency: o.CheckConsistency, RecreateXfer: o.RecreateXfer,
-		DescOrder: map[bool]string{false: "sequential", true: "random"}[o.RandomOrder], Notif: o.Notif, Shape: o.Shape}
+		DRAMAlloc: string(o.DRAMAlloc), CheckConsistency: o.CheckConsistency, RecreateXfer: o.RecreateXfer,
+		DescOrder: string(o.DescOrder), Notif: o.Notif, Shape: o.Shape}
 	live.Emit(o.Live, live.Phase{Text: "setting up the target"})
 	r, err := setupXfer(ctx, &o, res, size)
 	if err != nil {
@@ -223,7 +335,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 		live.Emit(o.Live, live.Warning{Text: "TCP fallback: RMA emulated over TCP"})
 	}
 	var points [][2]int
-	for b := o.StartBlock; b <= o.MaxBlock; b *= 2 {
+	for b := int(o.StartBlock); b <= int(o.MaxBlock); b *= 2 {
 		for n := o.StartBatch; n <= o.MaxBatch; n *= 2 {
 			points = append(points, [2]int{b, n}) // descriptors wrap around a smaller buffer
 		}
@@ -294,7 +406,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator"}); err != nil {
 		return nil, err
 	}
-	if r.local, err = cuda.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, o.DRAMAlloc, o.HugePages); err != nil {
+	if r.local, err = cuda.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, string(o.DRAMAlloc), o.HugePages); err != nil {
 		return nil, err
 	}
 	res.Config.InitiatorAlloc = r.local.Alloc
@@ -302,7 +414,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		return nil, segError("initiator", o.InitiatorSeg, err)
 	}
 	if o.TargetSeg != o.InitiatorSeg {
-		if err := probeSeg(r.agent, o.TargetSeg, o.TargetDevice, o.DRAMAlloc); err != nil {
+		if err := probeSeg(r.agent, o.TargetSeg, o.TargetDevice, string(o.DRAMAlloc)); err != nil {
 			return nil, segError("target", o.TargetSeg, err)
 		}
 	}
@@ -334,7 +446,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		res.Config.Target = "process"
 	}
 	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
-		Alloc: o.DRAMAlloc, HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
+		Alloc: string(o.DRAMAlloc), HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
 	if err != nil {
 		return nil, err
 	}
@@ -434,7 +546,7 @@ func (r *xferRun) offsets(block, batch, slot int, rng *rand.Rand) []int {
 	}
 	offs := make([]int, batch)
 	var perm []int
-	if r.o.RandomOrder {
+	if r.o.DescOrder == DescRandom {
 		perm = rng.Perm(slots)
 	}
 	for j := range offs {

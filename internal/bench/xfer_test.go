@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nixlctl/nixlctl/internal/ctl"
+
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -57,7 +60,7 @@ var _ = cudatest.MustSetup()
 func smallXfer(op nixl.Op) XferOptions {
 	exe, _ := os.Executable()
 	return XferOptions{Backend: "ucx", Op: op, StartBlock: 4 << 10, MaxBlock: 16 << 10, StartBatch: 1, MaxBatch: 4,
-		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: "mmap", CheckConsistency: true,
+		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential, CheckConsistency: true,
 		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$", "target"}, Env: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}}}
 }
 
@@ -90,7 +93,7 @@ func TestRunXferAcrossProcesses(t *testing.T) {
 func TestRunXferInprocWithNotifsAndRecreate(t *testing.T) {
 	o := smallXfer(nixl.Write)
 	o.Target = TargetSpec{Inproc: true}
-	o.Notif, o.RecreateXfer, o.RandomOrder, o.DRAMAlloc = true, true, true, "ucx"
+	o.Notif, o.RecreateXfer, o.DescOrder, o.DRAMAlloc = true, true, DescRandom, engine.AllocUCX
 	o.MaxBlock, o.MaxBatch = 4<<10, 2
 	res, err := RunXfer(context.Background(), o)
 	if err != nil {
@@ -123,27 +126,93 @@ func TestRunXferInterrupted(t *testing.T) {
 func TestXferValidate(t *testing.T) {
 	base := smallXfer(nixl.Write)
 	tests := []struct {
+		name string
 		mut  func(*XferOptions)
-		want string
+		want []string // the fields at fault
 	}{
-		{func(o *XferOptions) { o.MaxBlock = 1 }, "block sizes"},
-		{func(o *XferOptions) { o.StartBatch = 0 }, "batch sizes"},
-		{func(o *XferOptions) { o.NumIter = 0 }, "--num-iter"},
-		{func(o *XferOptions) { o.PipelineDepth = 0 }, "--pipeline-depth"},
-		{func(o *XferOptions) { o.TotalBufferSize = 1024 }, "larger than --total-buffer-size"},
-		{func(o *XferOptions) { o.DRAMAlloc = "malloc" }, "--dram-alloc"},
+		{"block range", func(o *XferOptions) { o.MaxBlock = 1 }, []string{"MaxBlock"}},
+		{"no block", func(o *XferOptions) { o.StartBlock = 0 }, []string{"StartBlock"}},
+		{"batch", func(o *XferOptions) { o.StartBatch = 0 }, []string{"StartBatch"}},
+		{"iterations", func(o *XferOptions) { o.NumIter, o.WarmupIter = 0, -1 }, []string{"NumIter", "WarmupIter"}},
+		{"pipeline", func(o *XferOptions) { o.PipelineDepth = 0 }, []string{"PipelineDepth"}},
+		{"buffer smaller than a block", func(o *XferOptions) { o.TotalBufferSize = 1024 }, []string{"MaxBlock", "CheckConsistency"}},
+		{"dram alloc", func(o *XferOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}},
+		{"desc order", func(o *XferOptions) { o.DescOrder = "backwards" }, []string{"DescOrder"}},
+		{"device", func(o *XferOptions) { o.Device = -1 }, []string{"Device"}},
+		{"target device", func(o *XferOptions) { o.TargetDevice = -2 }, []string{"TargetDevice"}},
+		{"inproc and address", func(o *XferOptions) { o.Target.Inproc, o.Target.Addr = true, "x:1" }, []string{"Target.Inproc"}},
 	}
 	for _, tc := range tests {
-		o := base
-		tc.mut(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("want %q, got %v", tc.want, err)
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mut(&o)
+			err := o.Validate()
+			if !errkind.IsBadInput(err) {
+				t.Fatalf("Validate() = %v, want bad input", err)
+			}
+			var fields []string
+			for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
+				if fe, ok := e.(errkind.FieldError); ok {
+					fields = append(fields, fe.Field)
+				}
+			}
+			if diff := cmp.Diff(tc.want, fields); diff != "" {
+				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
+			}
+		})
+	}
+	d := DefaultXferOptions()
+	if err := d.Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want ByteSize
+		out  string
+		err  bool
+	}{
+		{"4K", 4 << 10, "4K", false}, {"64M", 64 << 20, "64M", false}, {"1.5M", 3 << 19, "1536K", false}, {"4096", 4 << 10, "4K", false},
+		{"1000", 1000, "1000", false}, {"", 0, "", false}, {"2G", 2 << 30, "2G", false}, {"4X", 0, "", true}, {"-1", 0, "", true},
+	} {
+		var b ByteSize
+		err := b.UnmarshalText([]byte(tc.in))
+		if (err != nil) != tc.err || b != tc.want || (err == nil && b.String() != tc.out) {
+			t.Errorf("%q: %d (%q), %v; want %d (%q), error %v", tc.in, b, b.String(), err, tc.want, tc.out, tc.err)
 		}
 	}
-	o := base
-	o.Device = -1
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--device") {
-		t.Errorf("negative device: %v", err)
+}
+
+// The bench package's enums parse themselves, naming the valid values
+// when they cannot.
+func TestBenchEnumsParse(t *testing.T) {
+	for _, tc := range []struct {
+		dst     interface{ UnmarshalText([]byte) error }
+		in      string
+		want    any
+		wantErr string
+	}{
+		{new(DescOrder), "random", DescRandom, ""},
+		{new(DescOrder), "sequential", DescSequential, ""},
+		{new(DescOrder), "zigzag", nil, "sequential, random"},
+		{new(ISLDist), "normal", ISLNormal, ""},
+		{new(ISLDist), "trace", ISLTrace, ""},
+		{new(ISLDist), "Fixed", nil, "fixed, uniform, normal, trace"},
+		{new(ISLDist), "", nil, "fixed, uniform, normal, trace"},
+	} {
+		err := tc.dst.UnmarshalText([]byte(tc.in))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.in)) {
+				t.Errorf("%T %q: %v, want an error naming %s", tc.dst, tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		got := reflect.ValueOf(tc.dst).Elem().Interface()
+		if err != nil || got != tc.want {
+			t.Errorf("%T %q: %v, %v; want %v", tc.dst, tc.in, got, err, tc.want)
+		}
 	}
 }
 

@@ -20,13 +20,13 @@ import (
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
-// Roles.
+// Roles (untyped, so they compare with plain strings too; see Role).
 const (
 	RolePrefill = "prefill"
 	RoleDecode  = "decode"
 )
 
-// Protocols.
+// Protocols (untyped, so they compare with plain strings too; see Protocol).
 const (
 	ProtoPull   = "pull"
 	ProtoPush   = "push"
@@ -35,7 +35,7 @@ const (
 
 // Config sets up one engine endpoint (all its TP ranks).
 type Config struct {
-	Role      string        `json:"role"`
+	Role      Role          `json:"role"`
 	EngineID  string        `json:"engine_id"`
 	Backend   string        `json:"backend"`
 	Protocol  string        `json:"protocol"`
@@ -46,7 +46,7 @@ type Config struct {
 	Order     kv.CacheOrder `json:"kv_cache_layout"`
 	TP        int           `json:"tp"`
 	NumBlocks int           `json:"num_blocks"`
-	DRAMAlloc string        `json:"dram_alloc"`
+	DRAMAlloc DRAMAlloc     `json:"dram_alloc"`
 	// Mem is where the KV pools live: DRAM, or VRAM on GPU Device.
 	Mem       nixl.MemType `json:"mem"`
 	Device    int          `json:"device"`
@@ -215,28 +215,26 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Role != RolePrefill && cfg.Role != RoleDecode {
+	// Only what protects the engine from a malformed setup call: the
+	// driver's options (bench.HandoffOptions.Validate) check everything a
+	// user can get wrong, and their defaults are the only ones.
+	if !cfg.Role.Valid() {
 		return nil, fmt.Errorf("role %q: want prefill or decode", cfg.Role)
 	}
-	switch cfg.Protocol {
-	case ProtoPull, ProtoPush, ProtoSGLang:
-	default:
+	if !Protocol(cfg.Protocol).Valid() {
 		return nil, fmt.Errorf("protocol %q: want pull, push or sglang", cfg.Protocol)
 	}
 	if cfg.NumBlocks <= 0 {
 		return nil, fmt.Errorf("num_blocks must be > 0")
 	}
+	if cfg.Protocol != ProtoPull && cfg.RegTimeout <= 0 {
+		return nil, fmt.Errorf("reg_timeout must be > 0 for %s", cfg.Protocol)
+	}
 	if cfg.EngineID == "" {
-		cfg.EngineID = cfg.Role + "-" + randHex(4)
+		cfg.EngineID = string(cfg.Role) + "-" + randHex(4)
 	}
 	if cfg.SideChannel == "" {
 		cfg.SideChannel = "tcp://127.0.0.1:0"
-	}
-	if cfg.Lease <= 0 {
-		cfg.Lease = 30 * time.Second
-	}
-	if cfg.RegTimeout <= 0 {
-		cfg.RegTimeout = 480 * time.Second
 	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
@@ -274,7 +272,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		}
 		rk.agent = a
 		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
-		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), cfg.DRAMAlloc, false); err != nil {
+		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), string(cfg.DRAMAlloc), false); err != nil {
 			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)
 		}
 		if err := a.RegisterMem(rk.buf); err != nil {

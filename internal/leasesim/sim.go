@@ -1048,26 +1048,27 @@ func simulatePlan(p ChaosPlan, lc lease.Config, g SimGeometry, everyStep bool) S
 // TrafficOptions is a long run of Poisson traffic through one prefill
 // engine and several decode engines.
 type TrafficOptions struct {
-	Lease    lease.Config `json:"lease"`
-	Requests int          `json:"requests"`
-	Rate     float64      `json:"rate"`    // Poisson arrivals per second
-	Decodes  int          `json:"decodes"` // the router sends each request to the live one with the fewest queued+running
-	Slots    int          `json:"slots"`   // per decode
+	// The mapstructure tags are lease-chaos --sim's flags.
+	Lease    lease.Config `json:"lease" mapstructure:"-"`
+	Requests int          `json:"requests" mapstructure:"requests"`
+	Rate     float64      `json:"rate" mapstructure:"rate"`       // Poisson arrivals per second
+	Decodes  int          `json:"decodes" mapstructure:"decodes"` // the router sends each request to the live one with the fewest queued+running
+	Slots    int          `json:"slots" mapstructure:"slots"`     // per decode
 	// DecodeTime is the mean time a request keeps its slot after its KV is
 	// read (exponential).
-	DecodeTime   time.Duration `json:"decode_time"`
-	PrefillTime  time.Duration `json:"prefill_time"`
-	TransferTime time.Duration `json:"transfer_time"`
-	Step         time.Duration `json:"step"` // engine step, both sides
+	DecodeTime   time.Duration `json:"decode_time" mapstructure:"decode-time"`
+	PrefillTime  time.Duration `json:"prefill_time" mapstructure:"prefill-time"`
+	TransferTime time.Duration `json:"transfer_time" mapstructure:"transfer-time"`
+	Step         time.Duration `json:"step" mapstructure:"step"` // engine step, both sides
 	// CrashEvery is the mean time between crashes of each decode
 	// (exponential; 0: none); a crashed decode comes back empty after
 	// RestartAfter.
-	CrashEvery   time.Duration `json:"crash_every"`
-	RestartAfter time.Duration `json:"restart_after"`
+	CrashEvery   time.Duration `json:"crash_every" mapstructure:"crash-every"`
+	RestartAfter time.Duration `json:"restart_after" mapstructure:"restart-after"`
 	// HBLoss: each heartbeat message is lost with this probability.
-	HBLoss          float64 `json:"heartbeat_loss"`
-	BytesPerRequest int64   `json:"bytes_per_request"`
-	Seed            uint64  `json:"seed"`
+	HBLoss          float64 `json:"heartbeat_loss" mapstructure:"hb-loss"`
+	BytesPerRequest int64   `json:"bytes_per_request" mapstructure:"-"`
+	Seed            uint64  `json:"seed" mapstructure:"seed"`
 }
 
 // DefaultTrafficOptions is a busy hour and a half: 1M requests at 200/s

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/go-viper/mapstructure/v2"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// decodeHook turns the strings viper resolves (flag, environment, file)
+// into option fields: durations and comma-separated lists as viper does
+// by default, then any type that parses itself (encoding.TextUnmarshaler:
+// the engine's and bench's enums), then the few types whose package
+// offers only a Parse function.
+func decodeHook() mapstructure.DecodeHookFunc {
+	return mapstructure.ComposeDecodeHookFunc(
+		mapstructure.StringToTimeDurationHookFunc(),
+		weakSliceHook(","),
+		mapstructure.TextUnmarshallerHookFunc(),
+		parseHook(map[reflect.Type]func(string) (any, error){
+			reflect.TypeFor[nixl.MemType](): func(s string) (any, error) { return nixl.ParseMemType(s) },
+			reflect.TypeFor[nixl.Op]():      func(s string) (any, error) { return nixl.ParseOp(s) },
+			reflect.TypeFor[kv.Grid]():      func(s string) (any, error) { return kv.ParseGrid(s) },
+		}),
+	)
+}
+
+// weakSliceHook is viper's default for lists (which a custom hook
+// replaces): "a,b" is two items and "" none.
+func weakSliceHook(sep string) mapstructure.DecodeHookFuncType {
+	return func(f, t reflect.Type, data any) (any, error) {
+		if f.Kind() != reflect.String || t.Kind() != reflect.Slice {
+			return data, nil
+		}
+		if s := reflect.ValueOf(data).String(); s != "" {
+			return strings.Split(s, sep), nil
+		}
+		return []string{}, nil
+	}
+}
+
+func parseHook(parsers map[reflect.Type]func(string) (any, error)) mapstructure.DecodeHookFuncType {
+	return func(f, t reflect.Type, data any) (any, error) {
+		parse, ok := parsers[t]
+		if !ok || f.Kind() != reflect.String {
+			return data, nil
+		}
+		return parse(reflect.ValueOf(data).String())
+	}
+}
+
+// decodeErrors names the flag of each field that did not decode (the
+// field's key is the flag's name), one error per field.
+func decodeErrors(err error) error {
+	var out []error
+	for _, e := range leafErrors(err) {
+		var de *mapstructure.DecodeError
+		if errors.As(e, &de) {
+			name, _, _ := strings.Cut(de.Name(), "[") // a list's element: the flag is the list's
+			out = append(out, fmt.Errorf("--%s: %w", name, de.Unwrap()))
+			continue
+		}
+		out = append(out, fmt.Errorf("options: %w", e))
+	}
+	return errors.Join(out...)
+}
+
+// leafErrors flattens joined errors, looking through wrappers around a
+// join (mapstructure's "decoding failed" and errkind's marks).
+func leafErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, leafErrors(e)...)
+		}
+		return out
+	}
+	if u := errors.Unwrap(err); u != nil {
+		if _, isJoin := u.(interface{ Unwrap() []error }); isJoin {
+			return leafErrors(u)
+		}
+	}
+	return []error{err}
+}
+
+// flagErrors rewrites an options struct's validation errors for the
+// command line: a field's error (errkind.FieldError) names the field's
+// flag, found from the mapstructure tags of opts, so no table maps fields
+// to flags. Other errors pass unchanged; the result is bad input.
+func flagErrors(err error, opts any) error {
+	if err == nil {
+		return nil
+	}
+	var out []error
+	for _, e := range leafErrors(err) {
+		var fe errkind.FieldError
+		if errors.As(e, &fe) {
+			if flag, ok := flagOf(reflect.TypeOf(opts), fe.Field); ok {
+				e = fmt.Errorf("--%s: %w", flag, fe.Err)
+			}
+		}
+		out = append(out, e)
+	}
+	return errkind.BadInput(errors.Join(out...))
+}
+
+// flagOf follows a field path ("ISL.Fixed") through t and returns the
+// last field's mapstructure name; squashed structs are looked through,
+// and a field without a name ("-") has no flag.
+func flagOf(t reflect.Type, path string) (string, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return "", false
+	}
+	head, rest, nested := strings.Cut(path, ".")
+	f, ok := t.FieldByName(head)
+	if !ok {
+		return "", false
+	}
+	if nested {
+		return flagOf(f.Type, rest)
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
+	if name == "" || name == "-" {
+		return "", false
+	}
+	return name, true
+}

@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The engine's enumerations parse themselves (encoding.TextUnmarshaler),
+// so a flag, an environment variable, a config file and a JSON RPC all
+// reject an unknown value the same way, naming the valid ones.
+
+// Protocol is how KV moves from prefill to decode. The Proto* constants
+// stay untyped so that code comparing them with plain strings keeps
+// compiling.
+type Protocol string
+
+// Protocols lists the valid protocols.
+var Protocols = []Protocol{ProtoPull, ProtoPush, ProtoSGLang}
+
+func (p Protocol) String() string { return string(p) }
+
+// UnmarshalText accepts pull, push or sglang.
+func (p *Protocol) UnmarshalText(b []byte) error { return parseEnum(p, "protocol", b, Protocols) }
+
+// Valid reports whether p is one of Protocols.
+func (p Protocol) Valid() bool { return valid(p, Protocols) }
+
+// Role is an endpoint's part in a handoff.
+type Role string
+
+// Roles lists the valid roles.
+var Roles = []Role{RolePrefill, RoleDecode}
+
+func (r Role) String() string { return string(r) }
+
+// UnmarshalText accepts prefill or decode.
+func (r *Role) UnmarshalText(b []byte) error { return parseEnum(r, "role", b, Roles) }
+
+// Valid reports whether r is one of Roles.
+func (r Role) Valid() bool { return valid(r, Roles) }
+
+// Verifies lists the valid verification depths.
+var Verifies = []Verify{Sparse, Full}
+
+func (v Verify) String() string {
+	switch v {
+	case Sparse:
+		return "sparse"
+	case Full:
+		return "full"
+	}
+	return fmt.Sprintf("Verify(%d)", int(v))
+}
+
+// MarshalText writes the name, so configs and results read "sparse", not 0.
+func (v Verify) MarshalText() ([]byte, error) {
+	if !valid(v, Verifies) {
+		return nil, fmt.Errorf("unknown verify mode %d", int(v))
+	}
+	return []byte(v.String()), nil
+}
+
+// UnmarshalText accepts sparse or full.
+func (v *Verify) UnmarshalText(b []byte) error {
+	for _, x := range Verifies {
+		if x.String() == string(b) {
+			*v = x
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown verify mode %q (want %s)", b, list(Verifies))
+}
+
+// Fragmentation is how the block allocator places a request's blocks.
+type Fragmentation string
+
+// Fragmentations.
+const (
+	// FragContiguous allocates first-fit, so descriptors merge.
+	FragContiguous Fragmentation = "contiguous"
+	// FragScattered places blocks at random, so descriptors cannot merge.
+	FragScattered Fragmentation = "scattered"
+)
+
+// Fragmentations lists the valid fragmentations.
+var Fragmentations = []Fragmentation{FragContiguous, FragScattered}
+
+func (f Fragmentation) String() string { return string(f) }
+
+// UnmarshalText accepts contiguous or scattered.
+func (f *Fragmentation) UnmarshalText(b []byte) error {
+	return parseEnum(f, "fragmentation", b, Fragmentations)
+}
+
+// Valid reports whether f is one of Fragmentations.
+func (f Fragmentation) Valid() bool { return valid(f, Fragmentations) }
+
+// DRAMAlloc is how a DRAM pool is allocated: mmap (as an engine allocates
+// its own pool) or by the transfer backend (UCX-allocated memory).
+type DRAMAlloc string
+
+// DRAM allocations.
+const (
+	AllocMmap DRAMAlloc = "mmap"
+	AllocUCX  DRAMAlloc = "ucx"
+)
+
+// DRAMAllocs lists the valid allocations.
+var DRAMAllocs = []DRAMAlloc{AllocMmap, AllocUCX}
+
+func (a DRAMAlloc) String() string { return string(a) }
+
+// UnmarshalText accepts mmap or ucx; empty is the zero value, which the
+// allocator takes as mmap (a Config that never set it still decodes).
+func (a *DRAMAlloc) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*a = ""
+		return nil
+	}
+	return parseEnum(a, "DRAM allocation", b, DRAMAllocs)
+}
+
+// Valid reports whether a is one of DRAMAllocs.
+func (a DRAMAlloc) Valid() bool { return valid(a, DRAMAllocs) }
+
+// FreedReason says why prefill released a request's blocks (FreedEvent).
+type FreedReason string
+
+// Freed reasons.
+const (
+	FreedConsumed FreedReason = "consumed" // every consumer read them (pull)
+	FreedExpired  FreedReason = "expired"  // the lease ran out first
+	FreedPushed   FreedReason = "pushed"   // prefill's WRITEs into decode finished (push)
+	FreedFailed   FreedReason = "failed"   // the transfer failed
+)
+
+// FreedReasons lists the valid reasons.
+var FreedReasons = []FreedReason{FreedConsumed, FreedExpired, FreedPushed, FreedFailed}
+
+func (r FreedReason) String() string { return string(r) }
+
+// UnmarshalText accepts the FreedReasons.
+func (r *FreedReason) UnmarshalText(b []byte) error {
+	return parseEnum(r, "freed reason", b, FreedReasons)
+}
+
+// Valid reports whether r is one of FreedReasons.
+func (r FreedReason) Valid() bool { return valid(r, FreedReasons) }
+
+// Consumed reports whether the blocks went where they were meant to (read
+// by decode, or written into it), as opposed to expiring or failing.
+func (r FreedReason) Consumed() bool { return r == FreedConsumed || r == FreedPushed }
+
+func parseEnum[T interface {
+	~string
+	fmt.Stringer
+}](dst *T, kind string, b []byte, all []T) error {
+	s := T(b)
+	if !valid(s, all) {
+		return fmt.Errorf("unknown %s %q (want %s)", kind, b, list(all))
+	}
+	*dst = s
+	return nil
+}
+
+func valid[T comparable](v T, all []T) bool {
+	for _, x := range all {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func list[T fmt.Stringer](all []T) string {
+	s := make([]string, len(all))
+	for i, x := range all {
+		s[i] = x.String()
+	}
+	return strings.Join(s, ", ")
+}

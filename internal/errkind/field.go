@@ -1,0 +1,20 @@
+package errkind
+
+import "fmt"
+
+// FieldError is a problem with one field of an options struct. Field is
+// the Go field's path ("ISL.Fixed"), not a flag name: internal packages do
+// not know their flags, and the CLI, which does, names the flag instead
+// (it derives the flag from the field's mapstructure tag).
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e FieldError) Unwrap() error { return e.Err }
+
+// Field makes a FieldError with a formatted message.
+func Field(field, format string, a ...any) error {
+	return FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+}
