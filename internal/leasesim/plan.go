@@ -351,19 +351,6 @@ func OutcomeLine(r *ScenarioResult) string {
 	return strings.Join(parts, ", ")
 }
 
-func ms(ns int64) float64 { return float64(ns) / 1e6 }
-
-func mean(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := 0.0
-	for _, x := range xs {
-		s += x
-	}
-	return s / float64(len(xs))
-}
-
 // Series names a scenario run: "decode-crash lease".
 func (r ScenarioResult) Series() string {
 	s := r.Scenario + " " + r.Policy
