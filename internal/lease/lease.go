@@ -15,7 +15,7 @@ import (
 // caller runs on (CLOCK_MONOTONIC in the endpoints, a virtual clock in the
 // simulator and the unit tests), so the same code runs in both.
 
-// LeasePolicy is how prefill decides that a finished request's blocks
+// Policy is how prefill decides that a finished request's blocks
 // will never be read.
 type Policy string
 
@@ -52,7 +52,7 @@ const (
 // month is far beyond any deployment and far from wrapping.
 const MaxDuration = 30 * 24 * time.Hour
 
-// LeaseConfig configures both sides of the protocol.
+// Config configures both sides of the protocol.
 type Config struct {
 	Policy Policy `json:"policy"`
 	// Duration is kv_lease_duration: the initial lease; heartbeats go out
@@ -148,7 +148,7 @@ type Lease struct {
 	prev, next *Lease
 }
 
-// LeaseStats counts what a table did.
+// Stats counts what a table did.
 type Stats struct {
 	Granted         int64 `json:"granted"`
 	Released        int64 `json:"released"`
@@ -159,7 +159,7 @@ type Stats struct {
 	IgnoredRenewals int64 `json:"ignored_renewals"` // heartbeats under the fixed policy
 }
 
-// LeaseTable is prefill's table of finished requests waiting for their
+// Table is prefill's table of finished requests waiting for their
 // consumers. It is not safe for concurrent use: the endpoint holds its
 // lock around it; the simulator is single-threaded.
 type Table struct {
@@ -172,7 +172,7 @@ type Table struct {
 	stats      Stats
 }
 
-// NewLeaseTable makes an empty table; cfg must be normalized.
+// NewTable makes an empty table; cfg must be normalized.
 func NewTable(cfg Config) *Table {
 	return &Table{cfg: cfg, byID: map[string]*Lease{}}
 }

@@ -329,7 +329,7 @@ func Judge(p ChaosPlan, lc lease.Config, r *ScenarioResult, slack time.Duration)
 	r.Expectation = strings.Join(checks, "; ")
 }
 
-// outcomeLine says what happened in one line.
+// OutcomeLine says what happened in one line.
 func OutcomeLine(r *ScenarioResult) string {
 	parts := []string{fmt.Sprintf("%d/%d completed", r.Completed, r.Requests)}
 	add := func(n int, what string) {

@@ -894,8 +894,6 @@ func (c *simCore) reaped(p *simPrefill, l *lease.Lease) {
 	c.endLease(p, r, l, "expired")
 }
 
-// finish ends the run at end: leases still held count as dead up to then
-// and as leaked.
 // runToEnd runs the events out and closes the books at the last moment
 // something happened (or the horizon, if the run was cut there).
 func (c *simCore) runToEnd() int64 {
@@ -909,6 +907,8 @@ func (c *simCore) runToEnd() int64 {
 	return end
 }
 
+// finish ends the run at end: leases still held count as dead up to then
+// and as leaked.
 func (c *simCore) finish(end int64) {
 	c.now = end
 	for _, p := range c.prefills {
