@@ -15,7 +15,8 @@ import (
 //
 //   - `--save DIR`, `nixlctl report show` and `report compare` (Render, Metrics)
 //   - `nixlctl gate` (Metrics: Stable ones are gated by default)
-//   - `--plot` (the optional Plottable), `-o prom` (the optional PromExporter)
+//   - `--plot` (the optional Plottable)
+//   - `-o prom` only through Render(w, FormatProm); see PromExporter
 //   - records kept beside the result and re-read (the optional RecordsKeeper)
 //
 // Header comes from the embedded Meta; results stay plain structs whose
@@ -34,8 +35,14 @@ type Plottable interface {
 	Figure() (Figure, error)
 }
 
-// PromExporter results can write Prometheus text exposition (-o prom).
+// PromExporter is the method the kinds that support `-o prom` share.
+// Nothing asserts it: `-o prom` and `report show -o prom` call
+// Render(w, FormatProm), so a kind with WriteProm must also route
+// FormatProm to it from Render, or the format is refused.
 type PromExporter interface {
+	// WriteProm writes the result as Prometheus text exposition under
+	// vLLM NixlConnector's metric names and buckets (fill a
+	// NewVLLMTransfers and call its Write).
 	WriteProm(w io.Writer) error
 }
 
