@@ -63,6 +63,7 @@ func TestSpanTags(t *testing.T) {
 }
 
 func TestAllocSeg(t *testing.T) {
+	t.Parallel()
 	b, err := cuda.AllocSeg(nil, nixl.DRAM, 0, 4096, "mmap", false)
 	if err != nil || b.Mem != nixl.DRAM || b.Alloc != "mmap" {
 		t.Fatalf("%+v %v", b, err)

@@ -13,6 +13,7 @@ import (
 )
 
 func TestPyJSONMatchesPython(t *testing.T) {
+	t.Parallel()
 	// Pinned from CPython 3.11: json.dumps(f, sort_keys=True) and its sha256.
 	f := map[string]any{"vllm_version": "nixlctl-dev", "nixl_connector_version": 12, "model": "llama-3.1-8b",
 		"dtype": "bfloat16", "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "attn_backend_name": "FLASH_ATTN",
@@ -78,6 +79,7 @@ func TestHandshakeRoundTrip(t *testing.T) {
 }
 
 func TestDecodeGetMetaVariants(t *testing.T) {
+	t.Parallel()
 	b, _ := msgpack.Marshal([]any{[]byte("get_meta_msg"), 0, 3})
 	if pp, tp, err := DecodeGetMeta(b); err != nil || pp != 0 || tp != 3 {
 		t.Errorf("v12: %d %d %v", pp, tp, err)
@@ -125,6 +127,7 @@ func FuzzDecodeHandshakeReply(f *testing.F) {
 }
 
 func TestPyJSONCompactMatchesPython(t *testing.T) {
+	t.Parallel()
 	// Pinned from CPython 3.11: json.dumps(f, separators=(",", ":")) and
 	// its sha256, the encoder-cache connector's form.
 	f := []any{"nixlctl-dev", "mod\u00e9l\U0001F600\"\\", "float16", 7168, nil, true, 2.5, 3.0}

@@ -26,6 +26,7 @@ func update(t *testing.T, m Model, msg tea.Msg) (Model, tea.Cmd) {
 // TestModelUpdates drives the model as a run would: events into a Stats,
 // ticks into the model, keys from the user.
 func TestModelUpdates(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{t: time.Unix(0, 0)}
 	st := live.NewStats(clk.now)
 	interrupted := 0
@@ -86,6 +87,7 @@ func TestModelUpdates(t *testing.T) {
 // A sweep shows per-point rates and the last point's percentiles; the
 // run's end quits the program.
 func TestModelSweepAndDone(t *testing.T) {
+	t.Parallel()
 	m := New(nil, nil)
 	m, _ = update(t, m, SnapshotMsg(live.Snapshot{Title: "bench xfer WRITE", Total: 4, Done: 2, OK: 2, Unit: "points",
 		Rate: []float64{1, 4}, CurGBps: 4, AvgGBps: 2.5, Points: []string{"WRITE 4 KiB x 1", "WRITE 8 KiB x 1"},
@@ -105,6 +107,7 @@ func TestModelSweepAndDone(t *testing.T) {
 // The whole program runs headless, as in CI: no input (so no terminal is
 // opened or queried), output into a buffer; the run's end quits it.
 func TestProgramHeadless(t *testing.T) {
+	t.Parallel()
 	st := live.NewStats(nil)
 	st.Emit(live.Start{Title: "bench pull", Total: 2, Unit: "requests"})
 	st.Emit(live.Request{Bytes: 1 << 20, Latency: time.Millisecond, OK: true})
