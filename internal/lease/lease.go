@@ -177,20 +177,11 @@ func NewTable(cfg Config) *Table {
 	return &Table{cfg: cfg, byID: map[string]*Lease{}}
 }
 
-// Config returns the table's configuration.
-func (t *Table) Config() Config { return t.cfg }
-
 // Len is the number of leases held.
 func (t *Table) Len() int { return len(t.byID) }
 
 // Stats returns the counters.
 func (t *Table) Stats() Stats { return t.stats }
-
-// Get returns a held lease.
-func (t *Table) Get(id string) (*Lease, bool) {
-	l, ok := t.byID[id]
-	return l, ok
-}
 
 // Grant starts a lease when prefill finishes a request. Granting an id
 // that is held already restarts that lease.

@@ -86,19 +86,3 @@ func Emit(s Sink, e Event) {
 		s.Emit(e)
 	}
 }
-
-// Multi sends every event to each sink in turn.
-type Multi []Sink
-
-// Emit implements Sink.
-func (m Multi) Emit(e Event) {
-	for _, s := range m {
-		Emit(s, e)
-	}
-}
-
-// Func adapts a function to a Sink.
-type Func func(Event)
-
-// Emit implements Sink.
-func (f Func) Emit(e Event) { f(e) }

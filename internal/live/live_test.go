@@ -53,7 +53,7 @@ func TestStatsRequests(t *testing.T) {
 func TestStatsPointsAndGauges(t *testing.T) {
 	t.Parallel()
 	st := NewStats(nil)
-	Multi{st, Func(func(Event) {})}.Emit(Start{Title: "bench xfer", Total: 2, Unit: "points"})
+	st.Emit(Start{Title: "bench xfer", Total: 2, Unit: "points"})
 	st.Emit(Point{Label: "WRITE 4 KiB x 1", Bytes: 2e9, Elapsed: time.Second, P50: time.Microsecond, P99: 3 * time.Microsecond, OK: true})
 	st.Emit(Point{Label: "WRITE 8 KiB x 1", Bytes: 4e9, Elapsed: time.Second, OK: true})
 	st.Emit(Gauge{Series: "RSS a", At: time.Second, Value: 10, Unit: "MB"})
