@@ -10,7 +10,7 @@ import (
 )
 
 // The KV lease protocol (vLLM PR #41383) as plain state machines: a
-// LeaseTable on prefill and a HeartbeatTracker on decode. Neither reads a
+// Table on prefill and a HeartbeatTracker on decode. Neither reads a
 // clock: every method takes "now" in nanoseconds of whatever clock the
 // caller runs on (CLOCK_MONOTONIC in the endpoints, a virtual clock in the
 // simulator and the unit tests), so the same code runs in both.

@@ -185,7 +185,8 @@ type simDecode struct {
 
 func (d *simDecode) qlen() int { return len(d.queue) - d.qhead }
 
-// simSource hands out requests in arrival order (arriveP ascending).
+// simSource hands out requests in arrival order, so the finish times next
+// returns never decrease.
 type simSource interface {
 	// next returns the next request with idx, ids, gen and hold set, and
 	// the time prefill finishes it; nil when there are no more.
