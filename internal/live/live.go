@@ -86,3 +86,9 @@ func Emit(s Sink, e Event) {
 		s.Emit(e)
 	}
 }
+
+// Func adapts a function to a Sink.
+type Func func(Event)
+
+// Emit implements Sink.
+func (f Func) Emit(e Event) { f(e) }
