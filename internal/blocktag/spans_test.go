@@ -14,7 +14,8 @@ import (
 var _ = cudatest.MustSetup()
 
 // The same calls tag and verify host and device memory; a block written
-// to the wrong place is caught either way.
+// to the wrong place is caught either way. Not parallel: it lowers the
+// package's stageLimit.
 func TestSpanTags(t *testing.T) {
 	allocs := map[string]func(size int) (*nixl.Buffer, error){
 		"DRAM": func(size int) (*nixl.Buffer, error) { return nixl.AllocDRAM(size, false) },

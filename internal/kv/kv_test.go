@@ -427,6 +427,7 @@ func TestParseTokens(t *testing.T) {
 // byte counts wrap (2^20 layers x 2^20 heads x 2^20 head_dim went
 // negative).
 func TestCacheSizeOverflowRefused(t *testing.T) {
+	t.Parallel()
 	huge := Model{Name: "huge", NumLayers: 1 << 20, NumAttentionHeads: 1 << 20, NumKVHeads: 1 << 20, HeadDim: 1 << 20, DType: FP32}
 	tests := []struct {
 		name string
@@ -456,6 +457,7 @@ func TestCacheSizeOverflowRefused(t *testing.T) {
 }
 
 func TestMulChecked(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   []int64
 		want int64
