@@ -10,6 +10,7 @@ import (
 // A re-run keeps the measurement's flags and drops where the first run
 // wrote its output, in every form a flag can take.
 func TestRerunArgs(t *testing.T) {
+	t.Parallel()
 	in := []string{"bench", "push", "--isl", "512", "--save", "run1", "--plot=p.png", "-o", "table", "--records", "r.jsonl",
 		"--tui", "--concurrency=4", "-ojson", "--output", "csv", "--config", "c.yaml"}
 	want := []string{"bench", "push", "--isl", "512", "--concurrency=4", "--config", "c.yaml", "-o", "json", "--tui=off"}
@@ -19,6 +20,7 @@ func TestRerunArgs(t *testing.T) {
 }
 
 func TestParseFraction(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]float64{"5%": 0.05, "0.05": 0.05, " 12.5% ": 0.125, "0": 0, "1000%": 10, "5 %": 0.05, "0.999": 0.999, "0%": 0} {
 		if got, err := parseFraction(in); err != nil || got != want {
 			t.Errorf("%q: %v %v", in, got, err)

@@ -35,6 +35,7 @@ func (w withCUDA) Run() int {
 // [cuda] holds where a CUDA driver (real or the tests' fake) is usable,
 // [cuda2] where it shows two GPUs.
 func TestScripts(t *testing.T) {
+	t.Parallel()
 	testscript.Run(t, testscript.Params{
 		Dir: "testdata/script",
 		Setup: func(e *testscript.Env) error {

@@ -59,7 +59,7 @@ func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (Span
 	return c, err
 }
 
-// visitSpans checks every span and calls bad for each wrong one.
+// VisitSpans checks every span and calls bad for each wrong one.
 func VisitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad func(i int, s nixl.Span, m *Mismatch)) error {
 	note := func(i int, s nixl.Span, m *Mismatch) {
 		if m != nil {

@@ -14,7 +14,8 @@ import (
 var _ = cudatest.MustSetup()
 
 // The same calls tag and verify host and device memory; a block written
-// to the wrong place is caught either way.
+// to the wrong place is caught either way. Not parallel: it lowers the
+// package's stageLimit.
 func TestSpanTags(t *testing.T) {
 	allocs := map[string]func(size int) (*nixl.Buffer, error){
 		"DRAM": func(size int) (*nixl.Buffer, error) { return nixl.AllocDRAM(size, false) },
@@ -63,6 +64,7 @@ func TestSpanTags(t *testing.T) {
 }
 
 func TestAllocSeg(t *testing.T) {
+	t.Parallel()
 	b, err := cuda.AllocSeg(nil, nixl.DRAM, 0, 4096, "mmap", false)
 	if err != nil || b.Mem != nixl.DRAM || b.Alloc != "mmap" {
 		t.Fatalf("%+v %v", b, err)

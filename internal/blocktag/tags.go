@@ -11,7 +11,7 @@ import (
 // lands in the wrong place, a stale block and a partial copy are all
 // detected — whole-buffer fill patterns would pass all three.
 
-// TagKey combines the identity of a block into one key.
+// Key combines the identity of a block into one key.
 func Key(parts ...uint64) uint64 {
 	h := uint64(0x9e3779b97f4a7c15)
 	for _, p := range parts {
@@ -29,7 +29,7 @@ func mix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// FillTags writes the tag pattern of key into b. A trailing partial word
+// Fill writes the tag pattern of key into b. A trailing partial word
 // gets the leading bytes of its tag.
 func Fill(b []byte, key uint64) {
 	n := len(b) / 8
@@ -43,7 +43,7 @@ func Fill(b []byte, key uint64) {
 	}
 }
 
-// TagMismatch describes the first wrong word of a block.
+// Mismatch describes the first wrong word of a block.
 type Mismatch struct {
 	Offset int // byte offset inside the block
 	Want   uint64
@@ -54,7 +54,7 @@ func (m Mismatch) Error() string {
 	return fmt.Sprintf("tag mismatch at byte %d: want %#x, got %#x", m.Offset, m.Want, m.Got)
 }
 
-// CheckTags verifies b against the pattern of key; nil means every byte
+// Check verifies b against the pattern of key; nil means every byte
 // matches.
 func Check(b []byte, key uint64) *Mismatch {
 	n := len(b) / 8

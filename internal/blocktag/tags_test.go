@@ -3,6 +3,7 @@ package blocktag
 import "testing"
 
 func TestTags(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{0, 1, 7, 8, 9, 4096, 4099} {
 		b := make([]byte, n)
 		key := Key(7, 3, uint64(n))

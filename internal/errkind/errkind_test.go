@@ -7,6 +7,7 @@ import (
 )
 
 func TestKinds(t *testing.T) {
+	t.Parallel()
 	base := errors.New("boom")
 	if BadInput(nil) != nil {
 		t.Error("BadInput(nil) must stay nil")

@@ -10,6 +10,7 @@ import (
 )
 
 func TestParseHFConfig(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		json string
@@ -56,6 +57,7 @@ func TestParseHFConfig(t *testing.T) {
 }
 
 func TestParseHFConfigMatchesPresets(t *testing.T) {
+	t.Parallel()
 	m, err := ParseHFConfig("c", []byte(`{"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192, "torch_dtype": "bfloat16"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +68,7 @@ func TestParseHFConfigMatchesPresets(t *testing.T) {
 }
 
 func TestParseHFConfigErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ json, want string }{
 		{``, "not a JSON object"},
 		{`[1,2]`, "not a JSON object"},

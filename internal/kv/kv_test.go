@@ -19,6 +19,7 @@ func mustPreset(t *testing.T, name string) Model {
 // Published per-token sizes: layers x 2 x kv_heads x head_dim x bytes, MLA
 // layers x (512 + 64) x bytes.
 func TestBytesPerTokenEveryPreset(t *testing.T) {
+	t.Parallel()
 	want := map[string]int64{ // bf16
 		"llama-3.2-1b":    32768,
 		"llama-3.2-3b":    114688,
@@ -58,6 +59,7 @@ func TestBytesPerTokenEveryPreset(t *testing.T) {
 }
 
 func TestPresetLookupIsForgiving(t *testing.T) {
+	t.Parallel()
 	for _, n := range []string{"Llama-3.1-70B", "llama_3.1_70b", "meta-llama/Llama-3.1-70B-Instruct"} {
 		if m, err := Preset(n); err != nil || m.Name != "llama-3.1-70b" {
 			t.Errorf("Preset(%q) = %v, %v", n, m.Name, err)
@@ -70,6 +72,7 @@ func TestPresetLookupIsForgiving(t *testing.T) {
 }
 
 func TestPresetIsACopy(t *testing.T) {
+	t.Parallel()
 	m := mustPreset(t, "gpt-oss-20b")
 	m.LayerTypes[0] = FullAttention
 	m2 := mustPreset(t, "gpt-oss-20b")
@@ -79,6 +82,7 @@ func TestPresetIsACopy(t *testing.T) {
 }
 
 func TestPerRankSplit(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		model        string
 		tp           int
@@ -119,6 +123,7 @@ func TestPerRankSplit(t *testing.T) {
 }
 
 func TestHeadsNeverSplitBelowOne(t *testing.T) {
+	t.Parallel()
 	s := Spec{Model: mustPreset(t, "qwen3-235b-a22b"), TP: 8}
 	var got []HeadRange
 	for r := 0; r < 8; r++ {
@@ -131,6 +136,7 @@ func TestHeadsNeverSplitBelowOne(t *testing.T) {
 }
 
 func TestPipelineSplit(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		layers, pp int
 		want       []int
@@ -166,6 +172,7 @@ func TestPipelineSplit(t *testing.T) {
 // vLLM's FlashAttention layout registers K and V of every layer as separate
 // regions and sends one descriptor per block per region.
 func TestDescriptorCountsFlashAttention(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		model        string
 		tokens, bs   int
@@ -209,6 +216,7 @@ func TestDescriptorCountsFlashAttention(t *testing.T) {
 }
 
 func TestSlidingWindowBlocks(t *testing.T) {
+	t.Parallel()
 	s := Spec{Model: mustPreset(t, "gpt-oss-120b")} // window 128, block 16
 	tests := []struct{ tokens, full, sliding int }{
 		{1, 1, 1},
@@ -246,6 +254,7 @@ func TestSlidingWindowBlocks(t *testing.T) {
 }
 
 func TestBlockChunks(t *testing.T) {
+	t.Parallel()
 	m := mustPreset(t, "llama-3.1-8b") // 8 KV heads, head_dim 128
 	hb := int64(128 * 2)
 	tests := []struct {
@@ -282,6 +291,7 @@ func TestBlockChunks(t *testing.T) {
 }
 
 func TestPlanHeterogeneousTP(t *testing.T) {
+	t.Parallel()
 	type read struct {
 		Src   int
 		Heads HeadRange
@@ -339,6 +349,7 @@ func TestPlanHeterogeneousTP(t *testing.T) {
 }
 
 func TestAnalyzeHetero(t *testing.T) {
+	t.Parallel()
 	s := Spec{Model: mustPreset(t, "llama-3.1-70b"), TP: 1}
 	a, err := Analyze(s, 4096, 2)
 	if err != nil {
@@ -360,6 +371,7 @@ func TestAnalyzeHetero(t *testing.T) {
 }
 
 func TestSpecErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		spec Spec
 		want string
@@ -390,6 +402,7 @@ func TestSpecErrors(t *testing.T) {
 }
 
 func TestParseTokens(t *testing.T) {
+	t.Parallel()
 	got, err := ParseTokens("1024, 4096,8k,128K")
 	if err != nil {
 		t.Fatal(err)
@@ -414,6 +427,7 @@ func TestParseTokens(t *testing.T) {
 // byte counts wrap (2^20 layers x 2^20 heads x 2^20 head_dim went
 // negative).
 func TestCacheSizeOverflowRefused(t *testing.T) {
+	t.Parallel()
 	huge := Model{Name: "huge", NumLayers: 1 << 20, NumAttentionHeads: 1 << 20, NumKVHeads: 1 << 20, HeadDim: 1 << 20, DType: FP32}
 	tests := []struct {
 		name string
@@ -443,6 +457,7 @@ func TestCacheSizeOverflowRefused(t *testing.T) {
 }
 
 func TestMulChecked(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   []int64
 		want int64
@@ -464,6 +479,7 @@ func TestMulChecked(t *testing.T) {
 }
 
 func TestParseDType(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]DType{"bfloat16": BF16, "torch.float16": FP16, "FP8": FP8, "fp8_e4m3": FP8, "float32": FP32} {
 		if got, err := ParseDType(in); err != nil || got != want {
 			t.Errorf("ParseDType(%q) = %v, %v", in, got, err)

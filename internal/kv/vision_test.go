@@ -8,6 +8,7 @@ import (
 // The llm-d#2535 example: one [1, 44, 80] image on Qwen3.5-4B is 880
 // blocks of 5,120 bytes, 4,505,600 bytes in all.
 func TestVisionQwen35Example(t *testing.T) {
+	t.Parallel()
 	v, err := VisionPreset("qwen3.5-4b")
 	if err != nil {
 		t.Fatal(err)
@@ -29,6 +30,7 @@ func TestVisionQwen35Example(t *testing.T) {
 }
 
 func TestVisionPresetsAndGrids(t *testing.T) {
+	t.Parallel()
 	// LLaVA-1.5: 576 tokens of 4096 fp16 = 4,718,592 bytes (the "~4.7 MB"
 	// of vLLM's EC metrics notes).
 	v, _ := VisionPreset("llava-1.5-7b")

@@ -10,12 +10,12 @@ import (
 )
 
 // The KV lease protocol (vLLM PR #41383) as plain state machines: a
-// LeaseTable on prefill and a HeartbeatTracker on decode. Neither reads a
+// Table on prefill and a HeartbeatTracker on decode. Neither reads a
 // clock: every method takes "now" in nanoseconds of whatever clock the
 // caller runs on (CLOCK_MONOTONIC in the endpoints, a virtual clock in the
 // simulator and the unit tests), so the same code runs in both.
 
-// LeasePolicy is how prefill decides that a finished request's blocks
+// Policy is how prefill decides that a finished request's blocks
 // will never be read.
 type Policy string
 
@@ -52,7 +52,7 @@ const (
 // month is far beyond any deployment and far from wrapping.
 const MaxDuration = 30 * 24 * time.Hour
 
-// LeaseConfig configures both sides of the protocol.
+// Config configures both sides of the protocol.
 type Config struct {
 	Policy Policy `json:"policy"`
 	// Duration is kv_lease_duration: the initial lease; heartbeats go out
@@ -148,7 +148,7 @@ type Lease struct {
 	prev, next *Lease
 }
 
-// LeaseStats counts what a table did.
+// Stats counts what a table did.
 type Stats struct {
 	Granted         int64 `json:"granted"`
 	Released        int64 `json:"released"`
@@ -159,7 +159,7 @@ type Stats struct {
 	IgnoredRenewals int64 `json:"ignored_renewals"` // heartbeats under the fixed policy
 }
 
-// LeaseTable is prefill's table of finished requests waiting for their
+// Table is prefill's table of finished requests waiting for their
 // consumers. It is not safe for concurrent use: the endpoint holds its
 // lock around it; the simulator is single-threaded.
 type Table struct {
@@ -172,25 +172,16 @@ type Table struct {
 	stats      Stats
 }
 
-// NewLeaseTable makes an empty table; cfg must be normalized.
+// NewTable makes an empty table; cfg must be normalized.
 func NewTable(cfg Config) *Table {
 	return &Table{cfg: cfg, byID: map[string]*Lease{}}
 }
-
-// Config returns the table's configuration.
-func (t *Table) Config() Config { return t.cfg }
 
 // Len is the number of leases held.
 func (t *Table) Len() int { return len(t.byID) }
 
 // Stats returns the counters.
 func (t *Table) Stats() Stats { return t.stats }
-
-// Get returns a held lease.
-func (t *Table) Get(id string) (*Lease, bool) {
-	l, ok := t.byID[id]
-	return l, ok
-}
 
 // Grant starts a lease when prefill finishes a request. Granting an id
 // that is held already restarts that lease.

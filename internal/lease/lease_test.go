@@ -23,6 +23,7 @@ func leaseCfg(t *testing.T, c Config) Config {
 }
 
 func TestLeaseConfigDerivedTimes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		cfg                    Config
 		initial, ext, interval time.Duration
@@ -41,6 +42,7 @@ func TestLeaseConfigDerivedTimes(t *testing.T) {
 }
 
 func TestLeaseConfigRejectsBadValues(t *testing.T) {
+	t.Parallel()
 	for _, c := range []Config{
 		{Policy: "sometimes"}, {Reaper: "tail"}, {Duration: time.Millisecond}, {Duration: -time.Second}, {Timeout: -1},
 		{Duration: MaxDuration + 1}, {Timeout: 2000000 * time.Hour},
@@ -52,6 +54,7 @@ func TestLeaseConfigRejectsBadValues(t *testing.T) {
 }
 
 func TestLeaseRenewExtendsAndNeverShortens(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{}
 	tb := NewTable(leaseCfg(t, Config{Duration: 30 * time.Second}))
 	l := tb.Grant("a", 100, clk.now)
@@ -76,6 +79,7 @@ func TestLeaseRenewExtendsAndNeverShortens(t *testing.T) {
 }
 
 func TestLeaseRenewIgnoresUnknownIDs(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{}))
 	tb.Grant("a", 1, 0)
 	if n := tb.Renew([]string{"x", "a", "y"}, int64(20*time.Second)); n != 1 {
@@ -91,6 +95,7 @@ func TestLeaseRenewIgnoresUnknownIDs(t *testing.T) {
 }
 
 func TestFixedPolicyIgnoresHeartbeats(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{Policy: PolicyFixed, Timeout: 10 * time.Second}))
 	l := tb.Grant("a", 1, 0)
 	tb.Renew([]string{"a"}, int64(9*time.Second))
@@ -114,6 +119,7 @@ func ids(ls []*Lease) []string {
 }
 
 func TestFullReaperFreesEveryExpiredLease(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{Duration: 3 * time.Second}))
 	for i, id := range []string{"a", "b", "c", "d"} {
 		tb.Grant(id, 10, int64(i)*int64(100*time.Millisecond))
@@ -130,6 +136,7 @@ func TestFullReaperFreesEveryExpiredLease(t *testing.T) {
 }
 
 func TestHeadOnlyReaperLeaksBehindARenewedLease(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{Duration: 3 * time.Second, Reaper: ReapHeadOnly}))
 	for i, id := range []string{"a", "b", "c", "d"} {
 		tb.Grant(id, 10, int64(i)*int64(100*time.Millisecond))
@@ -159,6 +166,7 @@ func TestHeadOnlyReaperLeaksBehindARenewedLease(t *testing.T) {
 }
 
 func TestReaperSkipsPinnedLeases(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []ReaperMode{ReapFull, ReapHeadOnly} {
 		tb := NewTable(leaseCfg(t, Config{Duration: time.Second, Reaper: mode}))
 		tb.Grant("a", 1, 0)
@@ -178,6 +186,7 @@ func TestReaperSkipsPinnedLeases(t *testing.T) {
 }
 
 func TestLeaseReleaseAndRegrant(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{Duration: time.Second}))
 	tb.Grant("a", 1, 0)
 	if _, ok := tb.Release("a"); !ok {
@@ -200,6 +209,7 @@ func TestLeaseReleaseAndRegrant(t *testing.T) {
 }
 
 func TestLeaseTableManyLeasesExpireInDeadlineOrder(t *testing.T) {
+	t.Parallel()
 	tb := NewTable(leaseCfg(t, Config{Duration: 6 * time.Second}))
 	const n = 1000
 	for i := range n {
@@ -228,6 +238,7 @@ func TestLeaseTableManyLeasesExpireInDeadlineOrder(t *testing.T) {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestParseHeartbeat(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		ids  []string
@@ -278,6 +289,7 @@ var (
 )
 
 func TestHeartbeatTrackerGroupsByEngine(t *testing.T) {
+	t.Parallel()
 	tr := NewHeartbeatTracker(5 * time.Second)
 	tr.Track("d1", engA, "p1")
 	tr.Track("d2", engB, "p2")
@@ -290,6 +302,7 @@ func TestHeartbeatTrackerGroupsByEngine(t *testing.T) {
 }
 
 func TestHeartbeatTrackerThrottles(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{}
 	tr := NewHeartbeatTracker(5 * time.Second)
 	if got := tr.Due(clk.now); got != nil {
@@ -311,6 +324,7 @@ func TestHeartbeatTrackerThrottles(t *testing.T) {
 }
 
 func TestHeartbeatTrackerStops(t *testing.T) {
+	t.Parallel()
 	tr := NewHeartbeatTracker(time.Second)
 	tr.Track("done", engA, "p1")   // KV arrives
 	tr.Track("abort", engA, "p2")  // aborted while queued
@@ -333,6 +347,7 @@ func TestHeartbeatTrackerStops(t *testing.T) {
 }
 
 func TestHeartbeatTrackerOffUnderFixedPolicy(t *testing.T) {
+	t.Parallel()
 	cfg := leaseCfg(t, Config{Policy: PolicyFixed})
 	tr := NewHeartbeatTracker(cfg.HeartbeatInterval())
 	tr.Track("d1", engA, "p1")

@@ -11,7 +11,7 @@ import (
 )
 
 // lease-chaos: the scenarios, shared by the real-process runner
-// (RunLeaseChaos) and the virtual-time simulator (SimulateLease), so that
+// (bench.RunLeaseChaos) and the virtual-time simulator (SimulatePlan), so that
 // both play the same plan and are judged by the same expectations.
 //
 // A plan's clock starts (t = 0) when the router sends request 0 to
@@ -329,7 +329,7 @@ func Judge(p ChaosPlan, lc lease.Config, r *ScenarioResult, slack time.Duration)
 	r.Expectation = strings.Join(checks, "; ")
 }
 
-// outcomeLine says what happened in one line.
+// OutcomeLine says what happened in one line.
 func OutcomeLine(r *ScenarioResult) string {
 	parts := []string{fmt.Sprintf("%d/%d completed", r.Completed, r.Requests)}
 	add := func(n int, what string) {
@@ -349,19 +349,6 @@ func OutcomeLine(r *ScenarioResult) string {
 		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func ms(ns int64) float64 { return float64(ns) / 1e6 }
-
-func mean(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := 0.0
-	for _, x := range xs {
-		s += x
-	}
-	return s / float64(len(xs))
 }
 
 // Series names a scenario run: "decode-crash lease".

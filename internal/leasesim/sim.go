@@ -185,7 +185,8 @@ type simDecode struct {
 
 func (d *simDecode) qlen() int { return len(d.queue) - d.qhead }
 
-// simSource hands out requests in arrival order (arriveP ascending).
+// simSource hands out requests in arrival order, so the finish times next
+// returns never decrease.
 type simSource interface {
 	// next returns the next request with idx, ids, gen and hold set, and
 	// the time prefill finishes it; nil when there are no more.
@@ -894,8 +895,6 @@ func (c *simCore) reaped(p *simPrefill, l *lease.Lease) {
 	c.endLease(p, r, l, "expired")
 }
 
-// finish ends the run at end: leases still held count as dead up to then
-// and as leaked.
 // runToEnd runs the events out and closes the books at the last moment
 // something happened (or the horizon, if the run was cut there).
 func (c *simCore) runToEnd() int64 {
@@ -909,6 +908,8 @@ func (c *simCore) runToEnd() int64 {
 	return end
 }
 
+// finish ends the run at end: leases still held count as dead up to then
+// and as leaked.
 func (c *simCore) finish(end int64) {
 	c.now = end
 	for _, p := range c.prefills {

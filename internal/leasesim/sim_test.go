@@ -55,6 +55,7 @@ var (
 )
 
 func TestSimulatePlanLeasePolicy(t *testing.T) {
+	t.Parallel()
 	want := map[string]simCounts{
 		ScenarioDecodeOverload: allComplete,
 		ScenarioHeartbeatLoss:  allComplete,
@@ -68,6 +69,7 @@ func TestSimulatePlanLeasePolicy(t *testing.T) {
 		lc := simLC(t, lease.Config{Duration: L})
 		for _, sc := range Scenarios() {
 			t.Run(fmt.Sprintf("%s/%v", sc, L), func(t *testing.T) {
+				t.Parallel()
 				p := simPlan(t, sc, lc)
 				r := SimulatePlan(p, lc, simGeom)
 				if d := cmp.Diff(want[sc], countsOf(r)); d != "" {
@@ -124,6 +126,7 @@ func TestSimulatePlanLeasePolicy(t *testing.T) {
 // behind request 0's long decode): the aborted requests' leases expire
 // behind it and stay held until it is consumed (vLLM issue #58222).
 func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
+	t.Parallel()
 	for _, L := range simLeases {
 		lc := simLC(t, lease.Config{Duration: L, Reaper: lease.ReapHeadOnly})
 		p := simPlan(t, ScenarioAbortBeforeRd, lc)
@@ -149,6 +152,7 @@ func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
 }
 
 func TestSimulatePlanFixedPolicyLongTimeout(t *testing.T) {
+	t.Parallel()
 	want := map[string]simCounts{
 		ScenarioDecodeOverload: allComplete,
 		ScenarioHeartbeatLoss:  allComplete,
@@ -184,6 +188,7 @@ func TestSimulatePlanFixedPolicyLongTimeout(t *testing.T) {
 // (6 x 0.6 L) and 7: their blocks are freed before decode reads them, and
 // decode catches both reads.
 func TestSimulatePlanFixedPolicyShortTimeoutFreesQueuedRequests(t *testing.T) {
+	t.Parallel()
 	for _, L := range simLeases {
 		lc := simLC(t, lease.Config{Policy: lease.PolicyFixed, Duration: L, Timeout: L * 33 / 10})
 		r := SimulatePlan(simPlan(t, ScenarioDecodeOverload, lc), lc, simGeom)
@@ -221,6 +226,7 @@ func simConfigs(L time.Duration) []lease.Config {
 // stepping at every boundary gives (the held-leases samples aside: they
 // are taken at every prefill step processed).
 func TestSimulatePlanSteppingEquivalence(t *testing.T) {
+	t.Parallel()
 	for _, L := range simLeases {
 		for _, c := range simConfigs(L) {
 			lc := simLC(t, c)
@@ -240,6 +246,7 @@ func TestSimulatePlanSteppingEquivalence(t *testing.T) {
 }
 
 func TestSimulatePlanDeterministicAndTimeline(t *testing.T) {
+	t.Parallel()
 	lc := simLC(t, lease.Config{Duration: 3 * time.Second})
 	faults := map[string][]string{
 		ScenarioDecodeOverload: nil,
@@ -305,6 +312,7 @@ func cmpFloat(a, b float64) int {
 // A plan whose decode dies at a fixed time: requests that reach decode
 // after the death are lost too, and every lease lapses.
 func TestSimulatePlanKillDecodeAt(t *testing.T) {
+	t.Parallel()
 	lc := simLC(t, lease.Config{Duration: 3 * time.Second})
 	p := simPlan(t, ScenarioDecodeOverload, lc)
 	p.ArrivalGap = time.Second
@@ -330,6 +338,7 @@ func smallTraffic() TrafficOptions {
 }
 
 func TestSimulateTrafficConservation(t *testing.T) {
+	t.Parallel()
 	for _, o := range []TrafficOptions{smallTraffic(), func() TrafficOptions {
 		o := smallTraffic()
 		o.Lease.Policy, o.Lease.Timeout = lease.PolicyFixed, 2*time.Second
@@ -370,6 +379,7 @@ func TestSimulateTrafficConservation(t *testing.T) {
 }
 
 func TestSimulateTrafficSeeds(t *testing.T) {
+	t.Parallel()
 	o := smallTraffic()
 	a, err := SimulateTraffic(o)
 	if err != nil {
@@ -388,6 +398,7 @@ func TestSimulateTrafficSeeds(t *testing.T) {
 }
 
 func TestSimulateTrafficSteppingEquivalence(t *testing.T) {
+	t.Parallel()
 	for _, o := range []TrafficOptions{smallTraffic(), func() TrafficOptions {
 		o := smallTraffic()
 		o.Lease.Reaper = lease.ReapHeadOnly
@@ -412,6 +423,7 @@ func TestSimulateTrafficSteppingEquivalence(t *testing.T) {
 // Without crashes or lost heartbeats, and with queue waits far below the
 // lease, nothing expires.
 func TestSimulateTrafficNoFaultsNothingExpires(t *testing.T) {
+	t.Parallel()
 	o := DefaultTrafficOptions()
 	o.Requests, o.CrashEvery, o.HBLoss = 20000, 0, 0
 	r, err := SimulateTraffic(o)
@@ -435,6 +447,7 @@ func TestSimulateTrafficNoFaultsNothingExpires(t *testing.T) {
 // Long queues and 90% of heartbeats lost: leases lapse under waiting
 // requests, and decode catches every late read.
 func TestSimulateTrafficHeavyLossFreesQueuedRequests(t *testing.T) {
+	t.Parallel()
 	o := DefaultTrafficOptions()
 	o.Requests, o.Rate, o.Decodes, o.Slots, o.DecodeTime = 3000, 100, 1, 4, 50*time.Millisecond // 80/s of capacity
 	o.Lease.Duration, o.HBLoss, o.CrashEvery = 3*time.Second, 0.9, 0
@@ -456,6 +469,7 @@ func TestSimulateTrafficHeavyLossFreesQueuedRequests(t *testing.T) {
 }
 
 func TestTrafficOptionsValidate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		edit func(*TrafficOptions)
 		want string
@@ -499,6 +513,7 @@ func TestTrafficOptionsValidate(t *testing.T) {
 }
 
 func TestSweepLease(t *testing.T) {
+	t.Parallel()
 	o := smallTraffic()
 	o.Requests = 3000
 	leases := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second}
@@ -549,6 +564,7 @@ func TestSweepLease(t *testing.T) {
 }
 
 func TestSweepLeaseRecommendation(t *testing.T) {
+	t.Parallel()
 	row := func(lease float64, dead float64, premature int) SweepRow {
 		return SweepRow{Policy: "lease", LeaseS: lease, DeadBlockGBs: dead, PrematureFrees: premature}
 	}

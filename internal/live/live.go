@@ -87,16 +87,6 @@ func Emit(s Sink, e Event) {
 	}
 }
 
-// Multi sends every event to each sink in turn.
-type Multi []Sink
-
-// Emit implements Sink.
-func (m Multi) Emit(e Event) {
-	for _, s := range m {
-		Emit(s, e)
-	}
-}
-
 // Func adapts a function to a Sink.
 type Func func(Event)
 

@@ -22,6 +22,7 @@ func (c *fakeClock) add(d time.Duration) {
 }
 
 func TestStatsRequests(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{t: time.Unix(100, 0)}
 	st := NewStats(clk.now)
 	Emit(st, Start{Title: "bench pull", Total: 4, Unit: "requests"})
@@ -50,8 +51,9 @@ func TestStatsRequests(t *testing.T) {
 }
 
 func TestStatsPointsAndGauges(t *testing.T) {
+	t.Parallel()
 	st := NewStats(nil)
-	Multi{st, Func(func(Event) {})}.Emit(Start{Title: "bench xfer", Total: 2, Unit: "points"})
+	st.Emit(Start{Title: "bench xfer", Total: 2, Unit: "points"})
 	st.Emit(Point{Label: "WRITE 4 KiB x 1", Bytes: 2e9, Elapsed: time.Second, P50: time.Microsecond, P99: 3 * time.Microsecond, OK: true})
 	st.Emit(Point{Label: "WRITE 8 KiB x 1", Bytes: 4e9, Elapsed: time.Second, OK: true})
 	st.Emit(Gauge{Series: "RSS a", At: time.Second, Value: 10, Unit: "MB"})
@@ -65,6 +67,7 @@ func TestStatsPointsAndGauges(t *testing.T) {
 
 // Progress in a log: silent before the delay, then one line per tenth.
 func TestProgressLines(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{t: time.Unix(0, 0)}
 	var b strings.Builder
 	p := newProgress(&b, false, time.Second, clk.now)
@@ -87,6 +90,7 @@ func TestProgressLines(t *testing.T) {
 }
 
 func TestSparkline(t *testing.T) {
+	t.Parallel()
 	if got := Sparkline([]float64{0, 1, 2, 4, 8}, 5); got != "▁▂▃▅█" {
 		t.Errorf("%q", got)
 	}

@@ -118,7 +118,9 @@ func (a *FaultyAgent) Stats() FaultStats {
 	return a.stats
 }
 
-// SetFaults changes the faults from now on (chaos scenarios switch them).
+// SetFaults changes the faults from now on, so one wrapped agent can go
+// through several fault regimes. Only the tests switch faults today: the
+// chaos scenarios fix theirs in WithFaults.
 func (a *FaultyAgent) SetFaults(f Faults) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

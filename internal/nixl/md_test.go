@@ -13,6 +13,7 @@ func sampleMD() Metadata {
 }
 
 func TestMetadataRoundTrip(t *testing.T) {
+	t.Parallel()
 	in := sampleMD()
 	b, err := in.Encode()
 	if err != nil {
@@ -28,6 +29,7 @@ func TestMetadataRoundTrip(t *testing.T) {
 }
 
 func TestMetadataCorruption(t *testing.T) {
+	t.Parallel()
 	b, _ := sampleMD().Encode()
 	for i := 0; i < len(b); i++ {
 		if _, err := DecodeMetadata(b[:i]); !errors.Is(err, ErrBadMetadata) {
@@ -45,6 +47,7 @@ func TestMetadataCorruption(t *testing.T) {
 }
 
 func TestRegionContains(t *testing.T) {
+	t.Parallel()
 	r := RegionMD{Addr: 100, Len: 50}
 	for _, tc := range []struct {
 		d    Desc

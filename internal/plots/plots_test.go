@@ -79,6 +79,7 @@ func figures(t *testing.T) map[string]report.Figure {
 // TestFiguresDecode draws every kind of figure as PNG and SVG and checks
 // the files are real images. NIXLCTL_PLOT_DIR keeps them for a look.
 func TestFiguresDecode(t *testing.T) {
+	t.Parallel()
 	dir := os.Getenv("NIXLCTL_PLOT_DIR")
 	if dir == "" {
 		dir = t.TempDir()
@@ -130,6 +131,7 @@ func wellFormedXML(b []byte) error {
 // A log axis over values <= 0 panics inside gonum and leaves an empty file
 // with plot.Save; Save must neither panic nor leave a file.
 func TestSaveNoEmptyFileOnBadData(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "bad.png")
 	f := report.Figure{Panels: []report.Panel{{XScale: report.Log10, Lines: []report.Line{{X: []float64{0, -1}, Y: []float64{1, 2}}}}}}
 	if err := Save(path, f); err == nil {
@@ -148,6 +150,7 @@ func TestSaveNoEmptyFileOnBadData(t *testing.T) {
 }
 
 func TestLogTicks(t *testing.T) {
+	t.Parallel()
 	labels := func(ts logTicks, lo, hi float64) (n int, out []string) {
 		for _, tk := range ts.Ticks(lo, hi) {
 			if tk.Label != "" {

@@ -19,6 +19,7 @@ Threads:	9
 `
 
 func TestParseProcStatus(t *testing.T) {
+	t.Parallel()
 	got, err := ParseProcStatus([]byte(statusSample))
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +41,7 @@ func TestParseProcStatus(t *testing.T) {
 }
 
 func TestParseMemInfo(t *testing.T) {
+	t.Parallel()
 	in := "MemTotal:       24684092 kB\nMemFree:        24000000 kB\nMemAvailable:   23100000 kB\nHugePages_Total:      16\nHugePages_Free:       10\nHugePages_Rsvd:        2\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n"
 	got, err := ParseMemInfo([]byte(in))
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strings"
 )
 
 // Comparison lays several results side by side, the first as reference.
@@ -158,11 +157,4 @@ func (c *Comparison) jsonSafe() any {
 		Rows    []row    `json:"metrics"`
 		Notes   []string `json:"notes,omitempty"`
 	}{c.cmd, c.Labels, rows, c.Notes}
-}
-
-// String is the text table (for debugging and tests).
-func (c *Comparison) String() string {
-	var b strings.Builder
-	_ = c.Table().WriteText(&b)
-	return b.String()
 }

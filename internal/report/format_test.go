@@ -7,6 +7,7 @@ import (
 )
 
 func TestFormatting(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ got, want string }{
 		{Int(0), "0"}, {Int(999), "999"}, {Int(1000), "1,000"}, {Int(327680), "327,680"}, {Int(-1234567), "-1,234,567"},
 		{Bytes(999), "999 B"}, {Bytes(1024), "1 KiB"}, {Bytes(327680), "320 KiB"}, {Bytes(1342177280), "1.25 GiB"},
@@ -26,6 +27,7 @@ func TestFormatting(t *testing.T) {
 }
 
 func TestTableRenderings(t *testing.T) {
+	t.Parallel()
 	tb := &Table{Title: "T", Columns: []Column{{"name", Left}, {"value", Right}}, Notes: []string{"note"}}
 	tb.AddRow("a|b", "1")
 	tb.AddRow("long name", "12,345")
@@ -46,6 +48,7 @@ func TestTableRenderings(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]int64{"4096": 4096, "64K": 65536, "64KiB": 65536, "1m": 1 << 20, "1.5G": 3 << 29, "2TB": 2 << 40, "0": 0} {
 		if got, err := ParseSize(in); err != nil || got != want {
 			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)

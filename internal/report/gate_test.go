@@ -8,6 +8,7 @@ import (
 )
 
 func TestGateDecisions(t *testing.T) {
+	t.Parallel()
 	base := fake(0.80, latencies(400, 2.0, 0.4))
 	tests := []struct {
 		name    string
@@ -27,6 +28,7 @@ func TestGateDecisions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			b := base
 			if tc.name == "noise: baseline within the range of three runs" || tc.name == "regression: three runs all below" {
 				b = fake(0.80, nil)
@@ -59,6 +61,7 @@ func TestGateDecisions(t *testing.T) {
 }
 
 func TestGateErrors(t *testing.T) {
+	t.Parallel()
 	b := fake(0.8, nil)
 	other := fake(0.8, nil)
 	other.Command = "fake other"
@@ -81,6 +84,7 @@ func TestGateErrors(t *testing.T) {
 
 // The Markdown a CI job summary shows, and the comparison tables.
 func TestGateAndCompareGolden(t *testing.T) {
+	t.Parallel()
 	base := fake(0.80, latencies(400, 2.0, 0.4))
 	g, err := Gate(base, []Result{fake(0.64, latencies(400, 2.5, 0.4))}, GateOptions{MaxRegression: 0.05, Metrics: []string{"efficiency", "p99_ms"}})
 	if err != nil {
@@ -119,6 +123,7 @@ func TestGateAndCompareGolden(t *testing.T) {
 }
 
 func TestPromGolden(t *testing.T) {
+	t.Parallel()
 	v := NewVLLMTransfers(map[string]string{"model_name": "llama-3.1-8b", "source": "nixlctl"})
 	v.Observe(4e6, 200e3, 64<<20, 64)                                       // 4 ms, 0.2 ms
 	v.Observe(12e6, 1e6, 64<<20, 64)                                        // le=0.025, post exactly on 0.001

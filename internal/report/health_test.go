@@ -17,6 +17,7 @@ func (s sickResult) Problems() []string { return s.problems }
 // was interrupted, however good its numbers, nor judges against such a
 // baseline.
 func TestGateRefusesFailedRuns(t *testing.T) {
+	t.Parallel()
 	healthy, better := fake(0.80, nil), fake(0.95, nil)
 	crashed := sickResult{fake(0.95, nil), []string{"83 of 200 requests failed", "224 blocks leaked (still held at the end)"}}
 	tests := []struct {
@@ -33,6 +34,7 @@ func TestGateRefusesFailedRuns(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			g, err := Gate(tc.base, tc.runs, GateOptions{MaxRegression: 0.05})
 			if err != nil {
 				t.Fatal(err)

@@ -26,6 +26,7 @@ func analyses(t *testing.T, model string, tp, decodeTP int, tokens ...int) []kv.
 }
 
 func TestKVLayoutGolden(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		file   string
 		format Format
@@ -46,6 +47,7 @@ func TestKVLayoutGolden(t *testing.T) {
 }
 
 func TestKVLayoutJSONShape(t *testing.T) {
+	t.Parallel()
 	var one, many bytes.Buffer
 	if err := WriteKVLayout(&one, FormatJSON, analyses(t, "llama-3.1-8b", 1, 0, 4096)); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestHistogramPercentiles(t *testing.T) {
+	t.Parallel()
 	h := NewHistogram()
 	for i := 1; i <= 1000; i++ {
 		h.Record(time.Duration(i) * time.Microsecond)

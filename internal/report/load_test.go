@@ -13,10 +13,9 @@ import (
 // records path at recPath, as a crafted or moved result file would.
 func savedWithRecordsPath(t *testing.T, recPath string) string {
 	t.Helper()
-	RegisterKind(func() Result { return new(recordsFake) }, "fake records")
 	dir := filepath.Join(t.TempDir(), "run")
 	r := &recordsFake{fakeResult: *fake(0.5, nil), recs: []float64{0.25, 0.25}}
-	r.Command = "fake records"
+	r.Command = recordsCommand
 	if _, err := Save(dir, r); err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +42,7 @@ func savedWithRecordsPath(t *testing.T, recPath string) string {
 // the result's directory is read (a result naming /dev/zero exhausted
 // memory), and never more than MaxLoadBytes.
 func TestLoadReadsOnlyRecordsInsideTheResultDir(t *testing.T) {
+	t.Parallel()
 	outside := filepath.Join(t.TempDir(), "elsewhere.jsonl")
 	if err := os.WriteFile(outside, []byte("{\"schema\":\"nixlctl.records/v1\"}\n{\"v\":0.125}\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -73,6 +73,7 @@ func TestLoadReadsOnlyRecordsInsideTheResultDir(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			dir := savedWithRecordsPath(t, tc.records)
 			if tc.setup != nil {
 				tc.setup(t, dir)
@@ -101,6 +102,7 @@ func TestLoadReadsOnlyRecordsInsideTheResultDir(t *testing.T) {
 	}
 }
 
+// Not parallel: it lowers the package's MaxLoadBytes.
 func TestLoadSizeLimit(t *testing.T) {
 	dir := savedWithRecordsPath(t, RecordsName)
 	defer func(n int64) { MaxLoadBytes = n }(MaxLoadBytes)
@@ -122,6 +124,7 @@ func TestLoadSizeLimit(t *testing.T) {
 }
 
 func TestLoadRefusesWhatIsNotAResultFile(t *testing.T) {
+	t.Parallel()
 	if _, err := Load("/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("/dev/zero: %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 )
 
 func TestWriteMetricsProm(t *testing.T) {
+	t.Parallel()
 	r := fake(0.8, nil)
 	var b bytes.Buffer
 	if err := WriteMetricsProm(&b, r); err != nil {

@@ -27,7 +27,9 @@ var (
 	promDescBuckets = []float64{10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000}
 )
 
-// promHist is a Prometheus histogram: cumulative counts per upper bound.
+// promHist is a Prometheus histogram. It keeps a count per bucket, not
+// the cumulative ones Prometheus exposes, so observing stays one
+// increment; Write accumulates them.
 type promHist struct {
 	bounds []float64
 	counts []float64 // per bucket, not cumulative; len(bounds)+1 with +Inf last
@@ -145,8 +147,9 @@ func braces(l string) string {
 	return "{" + l + "}"
 }
 
-// promFloat formats like prometheus_client: integers without a fraction
-// ("3.0" there, "3" is equally valid), others in shortest form.
+// promFloat formats like prometheus_client, so output diffs cleanly
+// against a vLLM scrape: integers with one decimal ("3.0"; the format
+// would accept "3"), others in shortest form.
 func promFloat(x float64) string {
 	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
 		return strconv.FormatFloat(x, 'f', 1, 64)

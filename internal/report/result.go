@@ -15,7 +15,9 @@ import (
 //
 //   - `--save DIR`, `nixlctl report show` and `report compare` (Render, Metrics)
 //   - `nixlctl gate` (Metrics: Stable ones are gated by default)
-//   - `--plot` (the optional Plottable), `-o prom` (the optional PromExporter)
+//   - `--plot` (the optional Plottable)
+//   - `-o prom` through Render(w, FormatProm): the kind's WriteProm (see
+//     PromExporter) or WriteMetricsProm
 //   - records kept beside the result and re-read (the optional RecordsKeeper)
 //
 // Header comes from the embedded Meta; results stay plain structs whose
@@ -34,8 +36,15 @@ type Plottable interface {
 	Figure() (Figure, error)
 }
 
-// PromExporter results can write Prometheus text exposition (-o prom).
+// PromExporter is the method of the kinds whose runs are KV transfers and
+// so can speak vLLM's own metrics (bench xfer, the handoff benchmarks).
+// Nothing asserts it: `-o prom` and `report show -o prom` call
+// Render(w, FormatProm), and such a kind's Render calls WriteProm; other
+// kinds answer with WriteMetricsProm.
 type PromExporter interface {
+	// WriteProm writes the result as Prometheus text exposition under
+	// vLLM NixlConnector's metric names and buckets (fill a
+	// NewVLLMTransfers and call its Write).
 	WriteProm(w io.Writer) error
 }
 

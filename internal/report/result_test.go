@@ -26,10 +26,16 @@ type fakeResult struct {
 	Hist       string  `json:"latency_histogram"`
 }
 
-const fakeCommand = "fake measure"
+const (
+	fakeCommand    = "fake measure"
+	recordsCommand = "fake records"
+)
 
+// The fake kinds are registered once, before any test runs, so that tests
+// never write the registry and can run in parallel.
 func init() {
 	RegisterKind(func() Result { return new(fakeResult) }, fakeCommand)
+	RegisterKind(func() Result { return new(recordsFake) }, recordsCommand)
 }
 
 func (r *fakeResult) Metrics() []Metric {
@@ -76,6 +82,7 @@ func fake(eff float64, h *Histogram) *fakeResult {
 }
 
 func TestDecodeResultSchemaChecks(t *testing.T) {
+	t.Parallel()
 	r := fake(0.8, latencies(100, 2, 1))
 	r.Args = []string{"fake", "--x", "1"}
 	r.RecordsFile = &RecordsRef{Path: "records.jsonl", Schema: RecordsSchema, Count: 3, SHA256: "ab"}
@@ -104,6 +111,7 @@ func TestDecodeResultSchemaChecks(t *testing.T) {
 }
 
 func TestNvidiaGPUs(t *testing.T) {
+	t.Parallel()
 	fsys := fstest.MapFS{
 		"version":                       {Data: []byte("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\nGCC version: gcc 12\n")},
 		"gpus/0000:3b:00.0/information": {Data: []byte("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: \t\t 42\nGPU UUID: \t GPU-bbbb\nBus Location: \t 0000:3b:00.0\nDevice Minor: \t 1\n")},
@@ -157,10 +165,10 @@ func (r *recordsFake) ReadRecords(rd io.Reader) error {
 }
 
 func TestSaveAndLoad(t *testing.T) {
-	RegisterKind(func() Result { return new(recordsFake) }, "fake records")
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "run")
 	r := &recordsFake{fakeResult: *fake(0.5, nil), recs: []float64{0.5, 0.5}}
-	r.Command = "fake records"
+	r.Command = recordsCommand
 	m, err := Save(dir, r)
 	if err != nil {
 		t.Fatal(err)
@@ -195,6 +203,7 @@ func TestSaveAndLoad(t *testing.T) {
 // The U statistic on histograms matches a brute-force count over all
 // pairs of the same values.
 func TestCompareDistsMatchesBruteForce(t *testing.T) {
+	t.Parallel()
 	av := []float64{1, 2, 2, 3, 5, 8}
 	bv := []float64{2, 3, 3, 4, 9, 9, 10}
 	a, b := NewHistogram(), NewHistogram()

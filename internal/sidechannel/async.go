@@ -38,8 +38,6 @@ type AsyncRouter struct {
 
 	mu   sync.Mutex  // guards push
 	push *zmq.Socket // nil once the router stopped
-
-	malformed atomic.Int64
 }
 
 var inprocSeq atomic.Uint64
@@ -82,9 +80,6 @@ func (r *AsyncRouter) Endpoint() string { return r.endpoint }
 
 // In delivers received messages; it is closed when the router stops.
 func (r *AsyncRouter) In() <-chan Msg { return r.in }
-
-// Malformed counts messages without a routing envelope (dropped).
-func (r *AsyncRouter) Malformed() int64 { return r.malformed.Load() }
 
 // Wait blocks until the router has closed its sockets.
 func (r *AsyncRouter) Wait() { <-r.done }
@@ -141,7 +136,6 @@ func (r *AsyncRouter) serve(ctx context.Context, sock, pull *zmq.Socket, log *sl
 						break
 					}
 					if len(msg) < 2 {
-						r.malformed.Add(1)
 						log.Warn("side channel: message without routing envelope", "frames", len(msg))
 						continue
 					}

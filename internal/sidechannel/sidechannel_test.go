@@ -13,6 +13,7 @@ import (
 )
 
 func TestPyJSONMatchesPython(t *testing.T) {
+	t.Parallel()
 	// Pinned from CPython 3.11: json.dumps(f, sort_keys=True) and its sha256.
 	f := map[string]any{"vllm_version": "nixlctl-dev", "nixl_connector_version": 12, "model": "llama-3.1-8b",
 		"dtype": "bfloat16", "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "attn_backend_name": "FLASH_ATTN",
@@ -51,7 +52,9 @@ func TestHandshakeRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sampleMeta(), h.Meta); diff != "" {
+	// The server sends the wire form (empty lists, not nulls), so that is
+	// what comes back.
+	if diff := cmp.Diff(sampleMeta().Wire(), h.Meta); diff != "" {
 		t.Error(diff)
 	}
 	if h.RTT <= 0 || h.ClockOffset.Abs() > h.RTT {
@@ -78,6 +81,7 @@ func TestHandshakeRoundTrip(t *testing.T) {
 }
 
 func TestDecodeGetMetaVariants(t *testing.T) {
+	t.Parallel()
 	b, _ := msgpack.Marshal([]any{[]byte("get_meta_msg"), 0, 3})
 	if pp, tp, err := DecodeGetMeta(b); err != nil || pp != 0 || tp != 3 {
 		t.Errorf("v12: %d %d %v", pp, tp, err)
@@ -125,6 +129,7 @@ func FuzzDecodeHandshakeReply(f *testing.F) {
 }
 
 func TestPyJSONCompactMatchesPython(t *testing.T) {
+	t.Parallel()
 	// Pinned from CPython 3.11: json.dumps(f, separators=(",", ":")) and
 	// its sha256, the encoder-cache connector's form.
 	f := []any{"nixlctl-dev", "mod\u00e9l\U0001F600\"\\", "float16", 7168, nil, true, 2.5, 3.0}

@@ -11,6 +11,7 @@ import (
 // The map must carry vLLM's 19 field names with a non-null value each, and
 // ssm_sizes must be a pair.
 func TestAgentMetadataHasNoNulls(t *testing.T) {
+	t.Parallel()
 	md := AgentMetadata{EngineID: "e", NumBlocks: 4, BlockSize: 16, KVCacheLayout: "HND", AttnBackendName: "FLASH_ATTN"}.Wire()
 	b, err := msgpack.Marshal(&md)
 	if err != nil {

@@ -171,20 +171,6 @@ type Dealer struct {
 	endpoint string
 }
 
-// DialDealer connects a DEALER to endpoint.
-func DialDealer(endpoint string) (*Dealer, error) {
-	sock, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		return nil, err
-	}
-	_ = sock.SetLinger(0)
-	if err := sock.Connect(endpoint); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
-	}
-	return &Dealer{sock: sock, endpoint: endpoint}, nil
-}
-
 // Send sends [“”, frames...] (the empty delimiter a ROUTER expects from
 // REQ-style peers).
 func (d *Dealer) Send(frames [][]byte) error {

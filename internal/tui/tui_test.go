@@ -26,6 +26,7 @@ func update(t *testing.T, m Model, msg tea.Msg) (Model, tea.Cmd) {
 // TestModelUpdates drives the model as a run would: events into a Stats,
 // ticks into the model, keys from the user.
 func TestModelUpdates(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{t: time.Unix(0, 0)}
 	st := live.NewStats(clk.now)
 	interrupted := 0
@@ -86,6 +87,7 @@ func TestModelUpdates(t *testing.T) {
 // A sweep shows per-point rates and the last point's percentiles; the
 // run's end quits the program.
 func TestModelSweepAndDone(t *testing.T) {
+	t.Parallel()
 	m := New(nil, nil)
 	m, _ = update(t, m, SnapshotMsg(live.Snapshot{Title: "bench xfer WRITE", Total: 4, Done: 2, OK: 2, Unit: "points",
 		Rate: []float64{1, 4}, CurGBps: 4, AvgGBps: 2.5, Points: []string{"WRITE 4 KiB x 1", "WRITE 8 KiB x 1"},
@@ -105,11 +107,12 @@ func TestModelSweepAndDone(t *testing.T) {
 // The whole program runs headless, as in CI: no input (so no terminal is
 // opened or queried), output into a buffer; the run's end quits it.
 func TestProgramHeadless(t *testing.T) {
+	t.Parallel()
 	st := live.NewStats(nil)
 	st.Emit(live.Start{Title: "bench pull", Total: 2, Unit: "requests"})
 	st.Emit(live.Request{Bytes: 1 << 20, Latency: time.Millisecond, OK: true})
-	var out strings.Builder
-	p := tea.NewProgram(New(st, nil), tea.WithInput(nil), tea.WithOutput(&syncWriter{w: &out}),
+	out := &syncWriter{}
+	p := tea.NewProgram(New(st, nil), tea.WithInput(nil), tea.WithOutput(out),
 		tea.WithWindowSize(100, 20), tea.WithoutSignalHandler())
 	done := make(chan tea.Model, 1)
 	go func() {
@@ -119,7 +122,9 @@ func TestProgramHeadless(t *testing.T) {
 		}
 		done <- m
 	}()
-	time.Sleep(2 * Refresh)
+	// DoneMsg only once a frame shows the run: the program has polled its
+	// source and drawn while the run was going on.
+	waitFor(t, "a frame showing the run's title", func() bool { return strings.Contains(out.String(), "bench pull") })
 	p.Send(DoneMsg{})
 	select {
 	case m := <-done:
@@ -131,14 +136,34 @@ func TestProgramHeadless(t *testing.T) {
 	}
 }
 
-// syncWriter serialises writes: the program writes from its own goroutine.
+// syncWriter serialises writes and reads: the program writes from its own
+// goroutine while the test reads.
 type syncWriter struct {
 	mu sync.Mutex
-	w  *strings.Builder
+	w  strings.Builder
 }
 
 func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+// waitFor polls cond until it holds, so a test waits only as long as the
+// program needs, and fails naming what never happened.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
