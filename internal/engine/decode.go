@@ -463,7 +463,8 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					}
 					continue
 				}
-				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), rd.Chunks, local, remote, start, r.Tokens, false, e.cfg.Merge)
+				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
+					LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge})
 				if err != nil {
 					res.err = err
 					return

@@ -87,6 +87,9 @@ type Config struct {
 	CrashAt string       `json:"crash_at,omitempty"`
 	Faults  *nixl.Faults `json:"faults,omitempty"`
 	Seed    uint64       `json:"seed"`
+	// Clock drives the protocol state machines' deadlines (nil: the real
+	// CLOCK_MONOTONIC); only in-process tests set another.
+	Clock Clock `json:"-"`
 }
 
 // LeaseConfig is the engine's lease configuration.
@@ -185,6 +188,7 @@ type Engine struct {
 	alloc *BlockAllocator
 	side  *sidechannel.HandshakeServer
 	c     counters
+	clock Clock
 
 	remotesMu sync.Mutex
 	remotes   map[string]*remoteEngine
@@ -255,6 +259,10 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	}
 	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
 		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, info: map[string]string{}}
+	e.clock = cfg.Clock
+	if e.clock == nil {
+		e.clock = monoClock{}
+	}
 	e.ctx, e.cancel = context.WithCancel(ctx)
 	ok := false
 	defer func() {

@@ -600,7 +600,8 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 				chunks = rd.Chunks
 			}
 		}
-		ml, err := buildMoves(rk.pool, re.meta(d), chunks, src, dblocks, start, q.tokens, true, e.cfg.Merge)
+		ml, err := buildMoves(rk.pool, re.meta(d), moveOpts{Chunks: chunks, LocalBlocks: src, RemoteBlocks: dblocks,
+			LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
 		if err != nil {
 			s.failPush(rk, q, err)
 			return

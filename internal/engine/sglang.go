@@ -661,7 +661,8 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 		for c, from := 0, 0; from < len(src) || (c == 0 && len(src) == 0); c++ {
 			to := min(from+pagesPerChunk, len(src))
 			last := to == len(src)
-			ml, err := buildMoves(rk.pool, rm, chunks, src[from:to], dst[from:to], prefixPages+from, r.Tokens, true, true)
+			ml, err := buildMoves(rk.pool, rm, moveOpts{Chunks: chunks, LocalBlocks: src[from:to], RemoteBlocks: dst[from:to],
+				LogicalStart: prefixPages + from, Tokens: r.Tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
 			if err != nil {
 				return descs, logical, err
 			}
