@@ -143,8 +143,11 @@ type Stats struct {
 	FailedNotifs     int64 `json:"failed_notifs"`
 	RegTimeouts      int64 `json:"registration_timeouts"`
 	MalformedControl int64 `json:"malformed_side_channel_msgs"`
-	BlocksInUse      int64 `json:"blocks_in_use"`
-	BlocksTotal      int64 `json:"blocks_total"`
+	// StaleControl counts SGLang TransferInfos and ABORTs that came twice
+	// or after their room was taken: ignored, as a retrying peer's are.
+	StaleControl int64 `json:"stale_side_channel_msgs,omitempty"`
+	BlocksInUse  int64 `json:"blocks_in_use"`
+	BlocksTotal  int64 `json:"blocks_total"`
 	// Heartbeats counts heartbeat messages received (prefill);
 	// HeartbeatsSent those sent and HeartbeatsLost those a fault plan
 	// dropped (decode).
@@ -165,7 +168,7 @@ type Stats struct {
 type counters struct {
 	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
-	heartbeatsSent, aborted                                                      atomic.Int64
+	heartbeatsSent, aborted, staleControl                                        atomic.Int64
 }
 
 // rank is one TP rank: its own agent and pool.
@@ -395,7 +398,7 @@ func (e *Engine) Stats() Stats {
 		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
-		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load()}
+		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load()}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)
