@@ -338,9 +338,12 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		e.wg.Add(1)
 		go e.pre.reaper()
 	}
-	if e.dec != nil && e.dec.tracker != nil && cfg.LeaseConfig().HeartbeatInterval() > 0 {
-		e.wg.Add(1)
-		go e.dec.heartbeatLoop()
+	if e.dec != nil {
+		hb := e.dec.tracker != nil && cfg.LeaseConfig().HeartbeatInterval() > 0
+		if hb || cfg.Protocol == ProtoPush {
+			e.wg.Add(1)
+			go e.dec.stepLoop(hb)
+		}
 	}
 	ok = true
 	return e, nil
