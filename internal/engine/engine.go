@@ -200,9 +200,12 @@ type Engine struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	pre  *prefillState // prefill role
-	dec  *decodeState  // decode role
-	sgl  *sglState     // SGLang bootstrap and rooms
+	// role is what the engine is; pre, dec and sgl are the states it
+	// drives (pre or dec by Config.Role, sgl with SGLang).
+	role role
+	pre  *prefillState
+	dec  *decodeState
+	sgl  *sglState
 	info map[string]string
 }
 
@@ -330,21 +333,12 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			return nil, err
 		}
 	}
+	e.role = newRole(e)
 	for _, rk := range e.ranks {
 		e.wg.Add(1)
 		go e.notifLoop(rk)
 	}
-	if e.pre != nil {
-		e.wg.Add(1)
-		go e.pre.reaper()
-	}
-	if e.dec != nil {
-		hb := e.dec.tracker != nil && cfg.LeaseConfig().HeartbeatInterval() > 0
-		if hb || cfg.Protocol == ProtoPush {
-			e.wg.Add(1)
-			go e.dec.stepLoop(hb)
-		}
-	}
+	e.role.start()
 	ok = true
 	return e, nil
 }
@@ -370,9 +364,7 @@ type SetupReply struct {
 func (e *Engine) Setup() SetupReply {
 	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.side.Endpoint(), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
 		CompatHash: e.hash, PID: int(nixl.Self().PID)}
-	if e.sgl != nil {
-		rep.Bootstrap = e.sgl.bootstrapAddr
-	}
+	e.role.setup(&rep)
 	for _, rk := range e.ranks {
 		rep.PoolBytes += int64(rk.buf.Len)
 		rep.Alloc = rk.buf.Alloc
@@ -407,12 +399,7 @@ func (e *Engine) Stats() Stats {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)
 		}
 	}
-	if e.pre != nil {
-		e.pre.stats(&st)
-	}
-	if e.dec != nil {
-		e.dec.stats(&st)
-	}
+	e.role.stats(&st)
 	return st
 }
 
@@ -423,8 +410,8 @@ func (e *Engine) Close() {
 	if e.side != nil {
 		e.side.Wait()
 	}
-	if e.sgl != nil {
-		e.sgl.close()
+	if e.role != nil {
+		e.role.close()
 	}
 	for _, rk := range e.ranks {
 		if rk.agent != nil {
@@ -434,23 +421,24 @@ func (e *Engine) Close() {
 			rk.buf.Free()
 		}
 	}
-	if e.sgl != nil {
-		e.sgl.freeAux() // after the agents that registered them
+	if e.role != nil {
+		e.role.closeAfterAgents()
 	}
 }
 
-// notifLoop owns one rank's incoming notifications and routes them by
-// kind: PUSH_REG registrations, HB heartbeats, SGLang room tags, and
-// "<request id>:<count>" completions.
+// notifLoop owns one rank's incoming notifications and hands them to
+// the role (PUSH_REG registrations, HB heartbeats, SGLang room tags,
+// "<request id>:<count>" completions); it is also the rank's owner for
+// the role's per-rank work (push: the one goroutine that posts WRITEs).
 func (e *Engine) notifLoop(rk *rank) {
 	defer e.wg.Done()
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
 	for {
 		var tick <-chan time.Time
-		if e.pre != nil && e.pre.pushPending(rk.idx) {
-			// Unmatched finished blocks: look again in a millisecond even
-			// if no notification wakes us (vLLM's writer does the same).
+		if e.role.pending(rk.idx) {
+			// WRITEs in flight: look again in a millisecond even if no
+			// notification wakes us (vLLM's writer does the same).
 			poll.Reset(time.Millisecond)
 			tick = poll.C
 		}
@@ -459,7 +447,7 @@ func (e *Engine) notifLoop(rk *rank) {
 			return
 		case <-rk.agent.NotifReady():
 		case <-tick:
-		case <-e.wakeCh(rk.idx):
+		case <-e.role.wake(rk.idx):
 		}
 		notifs, err := rk.agent.GetNotifs()
 		if err != nil {
@@ -470,52 +458,21 @@ func (e *Engine) notifLoop(rk *rank) {
 		}
 		for from, msgs := range notifs {
 			for _, m := range msgs {
-				e.route(rk, from, m)
+				e.role.onNotif(rk, from, m)
 			}
 		}
-		if e.pre != nil {
-			e.pre.pushStep(rk)
-		}
+		e.role.afterNotifs(rk)
 	}
 }
 
-func (e *Engine) wakeCh(r int) <-chan struct{} {
-	if e.pre != nil {
-		return e.pre.wake[r]
+// completion parses a "<request id>:<count>" notification, counting and
+// logging one that is not.
+func (e *Engine) completion(from, s string) (string, int, bool) {
+	id, n, ok := parseCompletion(s)
+	if !ok {
+		e.badNotif("malformed notification", from, s)
 	}
-	return nil
-}
-
-func (e *Engine) route(rk *rank, from string, m []byte) {
-	s := string(m)
-	switch {
-	case strings.HasPrefix(s, "PUSH_REG:"):
-		if e.pre == nil {
-			e.badNotif("PUSH_REG received by a decode engine", from, s)
-			return
-		}
-		e.pre.onPushReg(rk, from, m[len("PUSH_REG:"):])
-	case strings.HasPrefix(s, "HB:"):
-		if e.pre == nil {
-			e.badNotif("heartbeat received by a decode engine", from, s)
-			return
-		}
-		ids, _ := lease.ParseHeartbeat(s)
-		e.pre.onHeartbeat(ids)
-	case e.sgl != nil && e.dec != nil && isSGLangNotif(s):
-		e.sgl.onNotif(rk, from, s)
-	default:
-		id, n, ok := parseCompletion(s)
-		if !ok {
-			e.badNotif("malformed notification", from, s)
-			return
-		}
-		if e.pre != nil {
-			e.pre.onConsumed(rk, from, id, n)
-		} else {
-			e.dec.onPushDone(rk, from, id, n)
-		}
-	}
+	return id, n, ok
 }
 
 func (e *Engine) badNotif(what, from, msg string) {
