@@ -585,6 +585,25 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 	return took, re, nil
 }
 
+// shaken returns the remote engine when an earlier handshake already
+// loaded every pair (nil: a handshake is needed), without any I/O.
+func (e *Engine) shaken(engineID, endpoint string, pairs [][2]int) *remoteEngine {
+	e.remotesMu.Lock()
+	re := e.remotes[engineID]
+	e.remotesMu.Unlock()
+	if re == nil || re.endpoint != endpoint {
+		return nil
+	}
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	for _, pr := range pairs {
+		if _, ok := re.loaded[pr]; !ok {
+			return nil
+		}
+	}
+	return re
+}
+
 // agentName is the loaded name of a remote rank for a local rank.
 func (re *remoteEngine) agentName(local, remote int) string {
 	re.mu.Lock()

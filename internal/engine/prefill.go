@@ -470,9 +470,10 @@ func (s *prefillState) pushStep(rk *rank) {
 	s.pollWrites(rk)
 }
 
-// startHandshake plans which decode ranks this rank writes to and shakes
-// hands with the decode engine off the owner goroutine (it may take a
-// round trip); the result goes back to the owner, which posts.
+// startHandshake plans which decode ranks this rank writes to and, unless
+// an earlier request did, shakes hands with the decode engine off the
+// owner goroutine (it may take a round trip); the result goes back to the
+// owner, which posts.
 func (s *prefillState) startHandshake(rk *rank, j pushJob) {
 	e := s.e
 	reg := j.reg
@@ -494,6 +495,10 @@ func (s *prefillState) startHandshake(rk *rank, j pushJob) {
 		}
 	}
 	endpoint := "tcp://" + net.JoinHostPort(reg.DecodeHost, strconv.Itoa(reg.DecodePort))
+	if h.re = e.shaken(reg.DecodeEngineID, endpoint, pairs); h.re != nil {
+		s.postWrites(rk, h) // the usual case: hands were shaken for an earlier request
+		return
+	}
 	e.wg.Add(1) // the owner is counted, so the group is not at zero here
 	go func() {
 		defer e.wg.Done()
