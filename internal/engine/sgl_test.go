@@ -2,11 +2,14 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -191,9 +194,11 @@ func TestSGLTracker(t *testing.T) {
 // A peer that sends its TransferInfo again while prefill is writing the
 // room must not touch what the writer reads (it was a map shared with the
 // inbox goroutine: Go's "concurrent map read and map write"). Run with
-// -race.
+// -race. With two decode ranks the room holds two TransferInfos, so the
+// writer's loop over them lasts long enough for the race detector to
+// catch the old code (about one run in five).
 func TestSGLangDuplicateTransferInfoDuringSend(t *testing.T) {
-	p, d, _ := engines(t, ProtoSGLang, 1, 1, nil)
+	p, d, _ := engines(t, ProtoSGLang, 1, 2, nil)
 	push, err := sidechannel.DialPush(p.sgl.ranks[0].inbox.Endpoint(), time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -243,5 +248,46 @@ send:
 	waitStat(t, "stale control messages", func() int64 { return p.Stats().StaleControl }, int64(sent))
 	if st := p.Stats(); st.MalformedControl != 0 || st.StaleControl != int64(sent) {
 		t.Errorf("prefill after %d duplicates: %+v", sent, st)
+	}
+}
+
+// Decode's rooms with notifications duplicated and held back behind later
+// ones (out of order): every room still completes once, with its data.
+func TestSGLangDuplicateAndReorderedNotifs(t *testing.T) {
+	for _, tps := range [][2]int{{1, 1}, {2, 1}, {1, 2}} {
+		t.Run(fmt.Sprintf("%d-%d", tps[0], tps[1]), func(t *testing.T) {
+			p, d, _ := engines(t, ProtoSGLang, tps[0], tps[1], func(c *Config) {
+				// Prefill receives no notifications in SGLang: this is decode's.
+				c.Faults = &nixl.Faults{DupNotif: 0.3, DelayNotif: 0.3, DelayNotifs: 2 * time.Millisecond, Seed: 7}
+			})
+			ctx := context.Background()
+			for i := range 4 {
+				room := uint64(900 + i)
+				var wg sync.WaitGroup
+				var perr error
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, perr = p.sgl.prefill(ctx, PrefillRequest{ID: "r", Tokens: 200, Key: room, Room: room, ChunkTokens: 32})
+				}()
+				lr, _ := d.dec.Load(ctx, LoadRequest{ID: "r", Tokens: 200, Key: room, Room: room, Bootstrap: p.sgl.bootstrapAddr})
+				wg.Wait()
+				if perr != nil || lr.Error != "" || lr.CorruptBlocks != 0 {
+					t.Fatalf("room %d: prefill %v, decode %s (corrupt %d: %s)", room, perr, lr.Error, lr.CorruptBlocks, lr.Corrupt)
+				}
+			}
+			var injected nixl.FaultStats
+			for _, rk := range d.ranks {
+				fs := rk.agent.(*nixl.FaultyAgent).Stats()
+				injected.DuplicatedNotifs += fs.DuplicatedNotifs
+				injected.DelayedNotifs += fs.DelayedNotifs
+			}
+			if injected.DuplicatedNotifs == 0 || injected.DelayedNotifs == 0 {
+				t.Fatalf("no faults injected: %+v", injected)
+			}
+			if st := d.Stats(); st.DuplicateNotifs == 0 || st.MalformedNotifs != 0 || st.BlocksInUse != 0 {
+				t.Errorf("decode after %+v: %+v", injected, st)
+			}
+		})
 	}
 }
