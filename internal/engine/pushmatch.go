@@ -8,7 +8,9 @@ package engine
 // feeds them what happened with the time it happened, and does the I/O
 // (handshakes, WRITEs, notifications) their answers call for.
 
-// pushPhase is where one prefill rank is with one finished request.
+// pushPhase is where one prefill rank is with one finished request. A
+// registration whose request has not finished prefill yet is the phase
+// before these: waiting for prefill, parked by base id (pushMatcher.parked).
 type pushPhase uint8
 
 const (
