@@ -199,7 +199,8 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 	// first, which stays renewed.
 	for _, reaper := range []lease.ReaperMode{lease.ReapFull, lease.ReapHeadOnly} {
 		t.Run(string(reaper), func(t *testing.T) {
-			p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.Reaper = reaper; c.DecodeHold = 2 * time.Second })
+			clk := newFakeClock()
+			p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.Reaper = reaper; c.DecodeHold = 2 * time.Second; c.Clock = clk })
 			ctx := context.Background()
 			var prs []PrefillReply
 			for i := range 4 {
@@ -215,7 +216,14 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 				t.Fatal(lr.Error)
 			}
 			c1 := loadAsync(d, LoadRequest{ID: "ho-1", Tokens: 16, Key: 2, Params: prs[1].Params})
-			time.Sleep(testLease + 300*time.Millisecond)
+			waitFor(t, "decode to queue ho-1", func() bool {
+				d.dec.mu.Lock()
+				defer d.dec.mu.Unlock()
+				return len(d.dec.queue) == 1
+			})
+			for range (testLease + 300*time.Millisecond) / (50 * time.Millisecond) {
+				leaseStep(t, clk, p, d, 50*time.Millisecond)
+			}
 			st := p.Stats()
 			if reaper == lease.ReapFull && (st.ExpiredLeases != 2 || st.ExpiredUnreleasedMax != 0) {
 				t.Errorf("full reaper: %+v", st)
@@ -338,4 +346,25 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// leaseStep moves the engines' fake clock by dt and runs one engine step
+// on each side as their loops would at that time: decode sends the
+// heartbeats that are due (shaking hands first if it must), prefill gets
+// them, then applies them and reaps. Nothing waits for time to pass, so
+// a loaded machine cannot make a heartbeat late.
+func leaseStep(t *testing.T, clk *fakeClock, p, d *Engine, dt time.Duration) {
+	t.Helper()
+	now := clk.Advance(dt)
+	waitFor(t, "decode's heartbeat handshake", func() bool {
+		d.dec.heartbeatStep(now)
+		d.dec.mu.Lock()
+		defer d.dec.mu.Unlock()
+		hp := d.dec.hb[p.cfg.EngineID]
+		return hp == nil || hp.ready
+	})
+	d.dec.heartbeatStep(now) // a batch held back while the handshake ran goes now
+	sent := d.Stats().HeartbeatsSent
+	waitStat(t, "heartbeats at prefill", func() int64 { return p.Stats().Heartbeats }, sent)
+	p.pre.step(now)
 }
