@@ -153,7 +153,8 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 }
 
 func TestAbortStopsHeartbeatsAndTheLeaseLapses(t *testing.T) {
-	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.DecodeHold = 3 * testLease })
+	clk := newFakeClock()
+	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.DecodeHold = 3 * testLease; c.Clock = clk })
 	ctx := context.Background()
 	var chs []<-chan LoadReply
 	var ids []string
@@ -164,27 +165,38 @@ func TestAbortStopsHeartbeatsAndTheLeaseLapses(t *testing.T) {
 		}
 		ids = append(ids, pr.RequestID)
 		chs = append(chs, loadAsync(d, LoadRequest{ID: fmt.Sprintf("ab-%d", i), Tokens: 32, Key: uint64(40 + i), Params: pr.Params}))
-		time.Sleep(20 * time.Millisecond) // keep the order in decode's queue
+		waitFor(t, "decode to take request "+fmt.Sprint(i), func() bool { // keep the order in decode's queue
+			d.dec.mu.Lock()
+			defer d.dec.mu.Unlock()
+			return d.dec.running+len(d.dec.queue) == i+1
+		})
 	}
 	if lr := <-chs[0]; lr.Error != "" {
 		t.Fatal(lr.Error)
 	}
 	waitFreed(t, rec, "consumed")
-	time.Sleep(testLease / 2) // a few heartbeats for ab-1
+	for range 6 { // a few heartbeats for ab-1, half a lease
+		leaseStep(t, clk, p, d, testLease/12)
+	}
 	if d.dec.Abort("nope") {
 		t.Error("aborted an unknown request")
 	}
-	tAbort := time.Now()
+	tAbort := clk.Now()
 	if !d.dec.Abort("ab-1") {
 		t.Fatal("ab-1 was not in the queue")
 	}
 	if lr := <-chs[1]; lr.Error != errAborted.Error() {
 		t.Errorf("aborted load: %q", lr.Error)
 	}
-	ev := waitFreed(t, rec, "expired")
-	took := time.Since(tAbort)
+	// Its heartbeats stopped: the lease lapses an extension after the last
+	// one, which came at most an interval before the abort.
 	ext, iv := 2*testLease/3, testLease/6
-	if ev.ID != ids[1] || ev.Renewals == 0 || took > ext+iv+200*time.Millisecond {
+	for p.Stats().ExpiredLeases == 0 && time.Duration(clk.Now()-tAbort) <= 2*ext {
+		leaseStep(t, clk, p, d, testLease/12)
+	}
+	ev := waitFreed(t, rec, "expired")
+	took := time.Duration(clk.Now() - tAbort)
+	if ev.ID != ids[1] || ev.Renewals == 0 || took > ext+iv || took < ext-iv {
 		t.Errorf("aborted request freed after %v (extension %v + interval %v), event %+v", took, ext, iv, ev)
 	}
 	if st := d.Stats(); st.Aborted != 1 || st.Queued != 0 {
