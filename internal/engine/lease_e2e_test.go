@@ -109,8 +109,11 @@ func pushCoords(p *Engine, id string) TransferParams {
 func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	// The fixed policy sends none: a queued request outlives its timeout
 	// and its blocks are freed under it: the late READ sees poisoned tags.
+	clk := newFakeClock()
+	t0 := clk.Now()
 	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) {
 		c.LeasePolicy, c.FixedTimeout, c.DecodeHold = lease.PolicyFixed, 300*time.Millisecond, 800*time.Millisecond
+		c.Clock = clk
 	})
 	ctx := context.Background()
 	var chs []<-chan LoadReply
@@ -128,17 +131,23 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 			return d.dec.running+len(d.dec.queue) == i+1
 		})
 	}
-	first, second := <-chs[0], <-chs[1]
-	if first.Error != "" || first.CorruptBlocks != 0 {
+	// fx-0 is read and decodes for 800 ms (real time) holding the only
+	// slot; meanwhile fx-1's timeout passes on the engines' clock.
+	if first := <-chs[0]; first.Error != "" || first.CorruptBlocks != 0 {
 		t.Errorf("first: %+v", first)
 	}
-	if second.CorruptBlocks == 0 {
-		t.Errorf("the read after the timeout was not caught: %+v", second)
-	}
 	waitFreed(t, rec, "consumed")
+	p.pre.step(clk.Advance(300*time.Millisecond - 1))
+	if st := p.Stats(); st.ExpiredLeases != 0 {
+		t.Fatalf("freed before the fixed timeout: %+v", st)
+	}
+	p.pre.step(clk.Advance(1))
 	ev := waitFreed(t, rec, "expired")
-	if ev.Renewals != 0 || time.Duration(ev.TFreed-ev.TFinish) < 300*time.Millisecond {
-		t.Errorf("fixed timeout freed after %v with %d renewals", time.Duration(ev.TFreed-ev.TFinish), ev.Renewals)
+	if ev.Renewals != 0 || ev.TDeadline != t0+int64(300*time.Millisecond) {
+		t.Errorf("fixed timeout: deadline %v after the grant, %d renewals", time.Duration(ev.TDeadline-t0), ev.Renewals)
+	}
+	if second := <-chs[1]; second.CorruptBlocks == 0 {
+		t.Errorf("the read after the timeout was not caught: %+v", second)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for p.Stats().UnknownNotifs == 0 && time.Now().Before(deadline) {
