@@ -143,11 +143,8 @@ type Stats struct {
 	FailedNotifs     int64 `json:"failed_notifs"`
 	RegTimeouts      int64 `json:"registration_timeouts"`
 	MalformedControl int64 `json:"malformed_side_channel_msgs"`
-	// StaleControl counts SGLang TransferInfos and ABORTs that came twice
-	// or after their room was taken: ignored, as a retrying peer's are.
-	StaleControl int64 `json:"stale_side_channel_msgs,omitempty"`
-	BlocksInUse  int64 `json:"blocks_in_use"`
-	BlocksTotal  int64 `json:"blocks_total"`
+	BlocksInUse      int64 `json:"blocks_in_use"`
+	BlocksTotal      int64 `json:"blocks_total"`
 	// Heartbeats counts heartbeat messages received (prefill);
 	// HeartbeatsSent those sent and HeartbeatsLost those a fault plan
 	// dropped (decode).
@@ -163,6 +160,9 @@ type Stats struct {
 	// Decode's queue: requests waiting for a slot, and aborted there.
 	Queued  int   `json:"queued,omitempty"`
 	Aborted int64 `json:"aborted,omitempty"`
+	// StaleControl counts SGLang TransferInfos and ABORTs that came twice
+	// or after their room was taken: ignored, as a retrying peer's are.
+	StaleControl int64 `json:"stale_side_channel_msgs,omitempty"`
 }
 
 type counters struct {
