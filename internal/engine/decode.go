@@ -17,18 +17,13 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
-type dreq struct {
-	id        string
-	want, got []int
-	done      chan struct{}
-	closed    bool
-	tLast     int64
-}
-
 type decodeState struct {
-	e    *Engine
-	mu   sync.Mutex
-	reqs map[string]*dreq
+	e  *Engine
+	mu sync.Mutex
+	// push: the completions each request waits for and its watchdog, and
+	// per request the channel closed when they are in or it fired.
+	waits    *pushWaits
+	waitDone map[string]chan struct{}
 
 	// tracker heartbeats the prefill engines of every request from its
 	// arrival to its KV (pull and push; nil for SGLang); hb is the state
@@ -55,7 +50,7 @@ type waiter struct {
 }
 
 func newDecodeState(e *Engine) *decodeState {
-	s := &decodeState{e: e, reqs: map[string]*dreq{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
+	s := &decodeState{e: e, waits: newPushWaits(), waitDone: map[string]chan struct{}{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
 	if e.cfg.Protocol != ProtoSGLang {
 		s.tracker = lease.NewHeartbeatTracker(e.cfg.LeaseConfig().HeartbeatInterval())
 	}
@@ -245,12 +240,9 @@ func (s *decodeState) stats(st *Stats) {
 	st.Queued = len(s.queue)
 }
 
-// heartbeatLoop is the heartbeat half of decode's engine step: every
-// step, send the batches that are due to every rank of their prefill
-// engine. An engine decode has not shaken hands with yet gets a
-// handshake started in the background and its batch a step after it is
-// done (vLLM's proactive handshake).
-func (s *decodeState) heartbeatLoop() {
+// stepLoop is decode's engine step: send the heartbeats that are due,
+// and (push) fire the registration watchdogs past their deadline.
+func (s *decodeState) stepLoop(heartbeats bool) {
 	e := s.e
 	defer e.wg.Done()
 	t := time.NewTicker(e.cfg.Step)
@@ -261,36 +253,49 @@ func (s *decodeState) heartbeatLoop() {
 			return
 		case <-t.C:
 		}
-		now := mono.Now()
-		s.mu.Lock()
-		batches := s.tracker.Due(now)
-		var send []lease.HeartbeatBatch
-		retry := false
-		for _, b := range batches {
-			p := s.hb[b.Target.EngineID]
-			if p == nil {
-				p = &hbPeer{}
-				s.hb[b.Target.EngineID] = p
-			}
-			switch {
-			case p.ready:
-				send = append(send, b)
-			case p.busy:
-				retry = true
-			case p.failedAt != 0 && now-p.failedAt < int64(e.cfg.LeaseConfig().HeartbeatInterval()):
-				// The engine did not answer lately: try again at the next interval.
-			default:
-				p.busy, retry = true, true
-				go s.heartbeatHandshake(b.Target, p)
-			}
+		if heartbeats {
+			s.heartbeatStep(e.now())
 		}
-		if retry {
-			s.tracker.Retry()
+		if e.cfg.Protocol == ProtoPush {
+			s.watchdog(e.now())
 		}
-		s.mu.Unlock()
-		for _, b := range send {
-			s.sendHeartbeat(b)
+	}
+}
+
+// heartbeatStep sends the batches that are due to every rank of their
+// prefill engine. An engine decode has not shaken hands with yet gets a
+// handshake started in the background and its batch a step after it is
+// done (vLLM's proactive handshake).
+func (s *decodeState) heartbeatStep(now int64) {
+	e := s.e
+	s.mu.Lock()
+	batches := s.tracker.Due(now)
+	var send []lease.HeartbeatBatch
+	retry := false
+	for _, b := range batches {
+		p := s.hb[b.Target.EngineID]
+		if p == nil {
+			p = &hbPeer{}
+			s.hb[b.Target.EngineID] = p
 		}
+		switch {
+		case p.ready:
+			send = append(send, b)
+		case p.busy:
+			retry = true
+		case p.failedAt != 0 && now-p.failedAt < int64(e.cfg.LeaseConfig().HeartbeatInterval()):
+			// The engine did not answer lately: try again at the next interval.
+		default:
+			p.busy, retry = true, true
+			go s.heartbeatHandshake(b.Target, p)
+		}
+	}
+	if retry {
+		s.tracker.Retry()
+	}
+	s.mu.Unlock()
+	for _, b := range send {
+		s.sendHeartbeat(b)
 	}
 }
 
@@ -309,7 +314,7 @@ func (s *decodeState) heartbeatHandshake(t lease.HeartbeatTarget, p *hbPeer) {
 	defer s.mu.Unlock()
 	p.busy = false
 	if err != nil {
-		p.failedAt = mono.Now()
+		p.failedAt = e.now()
 		e.log.Debug("heartbeat handshake failed", "engine", t.EngineID, "err", err)
 		return
 	}
@@ -463,7 +468,8 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					}
 					continue
 				}
-				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), rd.Chunks, local, remote, start, r.Tokens, false, e.cfg.Merge)
+				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
+					LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge})
 				if err != nil {
 					res.err = err
 					return
@@ -567,15 +573,14 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		s.release(local)
 		return err
 	}
-	q := &dreq{id: rep.RequestID, want: make([]int, len(e.ranks)), got: make([]int, len(e.ranks)), done: make(chan struct{})}
+	want := make([]int, len(e.ranks))
 	for d := range e.ranks {
-		for _, rd := range plan.Decode[d].Reads {
-			_ = rd
-			q.want[d]++ // one WRITE (and notification) per prefill rank that serves this rank
-		}
+		want[d] = len(plan.Decode[d].Reads) // one WRITE (and notification) per prefill rank that serves this rank
 	}
+	id, done := rep.RequestID, make(chan struct{})
 	s.mu.Lock()
-	s.reqs[q.id] = q
+	s.waits.Add(id, want, e.now(), int64(e.cfg.RegTimeout))
+	s.waitDone[id] = done
 	s.mu.Unlock()
 	rep.TRegSent = mono.Now()
 	msg := append([]byte("PUSH_REG:"), payload...)
@@ -584,7 +589,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		for pr := 0; pr < p.TPSize; pr++ {
 			if err := rk.agent.SendNotif(re.agentName(d, pr), msg); err != nil {
 				e.c.failedNotifs.Add(1)
-				e.log.Warn("PUSH_REG not sent", "request", q.id, "prefill_rank", pr, "err", err)
+				e.log.Warn("PUSH_REG not sent", "request", id, "prefill_rank", pr, "err", err)
 				continue
 			}
 			sent++
@@ -596,17 +601,18 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		waitErr = errors.New("no prefill rank took the registration")
 	} else {
 		select {
-		case <-q.done:
-		case <-time.After(e.cfg.RegTimeout):
-			e.c.regTimeouts.Add(1)
-			waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
+		case <-done:
 		case <-ctx.Done():
 			waitErr = ctx.Err()
 		}
 	}
 	s.mu.Lock()
-	delete(s.reqs, q.id)
-	rep.TXferDone = q.tLast
+	if waitErr == nil && s.waits.reqs[id].expired {
+		e.c.regTimeouts.Add(1)
+		waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
+	}
+	rep.TXferDone = s.waits.Remove(id)
+	delete(s.waitDone, id)
 	s.mu.Unlock()
 	rep.TReady = mono.Now()
 	if waitErr == nil {
@@ -624,25 +630,26 @@ func (s *decodeState) startOf(r LoadRequest) int {
 func (s *decodeState) onPushDone(rk *rank, from, id string, _ int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	q := s.reqs[id]
-	if q == nil {
+	// The completion's time is a stage time joined with prefill's: the
+	// real clock, not the engine's.
+	switch s.waits.Completion(id, rk.idx, mono.Now()) {
+	case completionUnknown:
 		s.e.c.unknown.Add(1)
 		s.e.log.Warn("completion for an unknown request (late, or after the watchdog)", "request", id, "from", from)
-		return
-	}
-	q.got[rk.idx]++
-	q.tLast = mono.Now()
-	if q.got[rk.idx] > q.want[rk.idx] {
+	case completionDuplicate:
 		s.e.c.duplicate.Add(1)
+	case completionComplete:
+		close(s.waitDone[id])
 	}
-	for d := range q.want {
-		if q.got[d] < q.want[d] {
-			return
-		}
-	}
-	if !q.closed {
-		q.closed = true
-		close(q.done)
+}
+
+// watchdog fires the registration watchdog of the push requests past
+// their deadline (decode's engine step).
+func (s *decodeState) watchdog(now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range s.waits.Expire(now) {
+		close(s.waitDone[id])
 	}
 }
 

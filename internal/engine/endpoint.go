@@ -55,45 +55,37 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
 		if err != nil {
 			return nil, err
 		}
-		if e.pre == nil && e.sgl == nil {
-			return nil, errors.New("this endpoint is a decode engine")
-		}
 		var r PrefillRequest
 		if err := json.Unmarshal(params, &r); err != nil {
 			return nil, fmt.Errorf("prefill: %w", err)
 		}
-		if e.cfg.Protocol == ProtoSGLang {
-			return e.sgl.prefill(ctx, r)
-		}
-		return e.pre.Prefill(ctx, r)
+		return e.role.Prefill(ctx, r)
 	})
 	srv.Handle("load", func(ctx context.Context, params json.RawMessage) (any, error) {
 		e, err := get()
 		if err != nil {
 			return nil, err
 		}
-		if e.dec == nil {
-			return nil, errors.New("this endpoint is a prefill engine")
-		}
 		var r LoadRequest
 		if err := json.Unmarshal(params, &r); err != nil {
 			return nil, fmt.Errorf("load: %w", err)
 		}
-		return e.dec.Load(ctx, r)
+		return e.role.Load(ctx, r)
 	})
 	srv.Handle("abort", func(ctx context.Context, params json.RawMessage) (any, error) {
 		e, err := get()
 		if err != nil {
 			return nil, err
 		}
-		if e.dec == nil {
-			return nil, errors.New("this endpoint is a prefill engine")
-		}
 		var r AbortRequest
 		if err := json.Unmarshal(params, &r); err != nil {
 			return nil, fmt.Errorf("abort: %w", err)
 		}
-		return AbortReply{Aborted: e.dec.Abort(r.ID)}, nil
+		aborted, err := e.role.Abort(r.ID)
+		if err != nil {
+			return nil, err
+		}
+		return AbortReply{Aborted: aborted}, nil
 	})
 	srv.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
 		e, err := get()

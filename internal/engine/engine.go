@@ -87,6 +87,9 @@ type Config struct {
 	CrashAt string       `json:"crash_at,omitempty"`
 	Faults  *nixl.Faults `json:"faults,omitempty"`
 	Seed    uint64       `json:"seed"`
+	// Clock drives the protocol state machines' deadlines (nil: the real
+	// CLOCK_MONOTONIC); only in-process tests set another.
+	Clock Clock `json:"-"`
 }
 
 // LeaseConfig is the engine's lease configuration.
@@ -157,12 +160,15 @@ type Stats struct {
 	// Decode's queue: requests waiting for a slot, and aborted there.
 	Queued  int   `json:"queued,omitempty"`
 	Aborted int64 `json:"aborted,omitempty"`
+	// StaleControl counts SGLang TransferInfos and ABORTs that came twice
+	// or after their room was taken: ignored, as a retrying peer's are.
+	StaleControl int64 `json:"stale_side_channel_msgs,omitempty"`
 }
 
 type counters struct {
 	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
-	heartbeatsSent, aborted                                                      atomic.Int64
+	heartbeatsSent, aborted, staleControl                                        atomic.Int64
 }
 
 // rank is one TP rank: its own agent and pool.
@@ -185,6 +191,7 @@ type Engine struct {
 	alloc *BlockAllocator
 	side  *sidechannel.HandshakeServer
 	c     counters
+	clock Clock
 
 	remotesMu sync.Mutex
 	remotes   map[string]*remoteEngine
@@ -193,9 +200,12 @@ type Engine struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	pre  *prefillState // prefill role
-	dec  *decodeState  // decode role
-	sgl  *sglState     // SGLang bootstrap and rooms
+	// role is what the engine is; pre, dec and sgl are the states it
+	// drives (pre or dec by Config.Role, sgl with SGLang).
+	role role
+	pre  *prefillState
+	dec  *decodeState
+	sgl  *sglState
 	info map[string]string
 }
 
@@ -253,6 +263,10 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	}
 	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
 		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, info: map[string]string{}}
+	e.clock = cfg.Clock
+	if e.clock == nil {
+		e.clock = monoClock{}
+	}
 	e.ctx, e.cancel = context.WithCancel(ctx)
 	ok := false
 	defer func() {
@@ -317,18 +331,12 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			return nil, err
 		}
 	}
+	e.role = newRole(e)
 	for _, rk := range e.ranks {
 		e.wg.Add(1)
 		go e.notifLoop(rk)
 	}
-	if e.pre != nil {
-		e.wg.Add(1)
-		go e.pre.reaper()
-	}
-	if e.dec != nil && e.dec.tracker != nil && cfg.LeaseConfig().HeartbeatInterval() > 0 {
-		e.wg.Add(1)
-		go e.dec.heartbeatLoop()
-	}
+	e.role.start()
 	ok = true
 	return e, nil
 }
@@ -354,9 +362,7 @@ type SetupReply struct {
 func (e *Engine) Setup() SetupReply {
 	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.side.Endpoint(), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
 		CompatHash: e.hash, PID: int(nixl.Self().PID)}
-	if e.sgl != nil {
-		rep.Bootstrap = e.sgl.bootstrapAddr
-	}
+	e.role.setup(&rep)
 	for _, rk := range e.ranks {
 		rep.PoolBytes += int64(rk.buf.Len)
 		rep.Alloc = rk.buf.Alloc
@@ -385,18 +391,13 @@ func (e *Engine) Stats() Stats {
 		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
-		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load()}
+		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load()}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)
 		}
 	}
-	if e.pre != nil {
-		e.pre.stats(&st)
-	}
-	if e.dec != nil {
-		e.dec.stats(&st)
-	}
+	e.role.stats(&st)
 	return st
 }
 
@@ -407,8 +408,8 @@ func (e *Engine) Close() {
 	if e.side != nil {
 		e.side.Wait()
 	}
-	if e.sgl != nil {
-		e.sgl.close()
+	if e.role != nil {
+		e.role.close()
 	}
 	for _, rk := range e.ranks {
 		if rk.agent != nil {
@@ -418,23 +419,24 @@ func (e *Engine) Close() {
 			rk.buf.Free()
 		}
 	}
-	if e.sgl != nil {
-		e.sgl.freeAux() // after the agents that registered them
+	if e.role != nil {
+		e.role.closeAfterAgents()
 	}
 }
 
-// notifLoop owns one rank's incoming notifications and routes them by
-// kind: PUSH_REG registrations, HB heartbeats, SGLang room tags, and
-// "<request id>:<count>" completions.
+// notifLoop owns one rank's incoming notifications and hands them to
+// the role (PUSH_REG registrations, HB heartbeats, SGLang room tags,
+// "<request id>:<count>" completions); it is also the rank's owner for
+// the role's per-rank work (push: the one goroutine that posts WRITEs).
 func (e *Engine) notifLoop(rk *rank) {
 	defer e.wg.Done()
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
 	for {
 		var tick <-chan time.Time
-		if e.pre != nil && e.pre.pushPending(rk.idx) {
-			// Unmatched finished blocks: look again in a millisecond even
-			// if no notification wakes us (vLLM's writer does the same).
+		if e.role.pending(rk.idx) {
+			// WRITEs in flight: look again in a millisecond even if no
+			// notification wakes us (vLLM's writer does the same).
 			poll.Reset(time.Millisecond)
 			tick = poll.C
 		}
@@ -443,7 +445,7 @@ func (e *Engine) notifLoop(rk *rank) {
 			return
 		case <-rk.agent.NotifReady():
 		case <-tick:
-		case <-e.wakeCh(rk.idx):
+		case <-e.role.wake(rk.idx):
 		}
 		notifs, err := rk.agent.GetNotifs()
 		if err != nil {
@@ -454,52 +456,21 @@ func (e *Engine) notifLoop(rk *rank) {
 		}
 		for from, msgs := range notifs {
 			for _, m := range msgs {
-				e.route(rk, from, m)
+				e.role.onNotif(rk, from, m)
 			}
 		}
-		if e.pre != nil {
-			e.pre.pushStep(rk)
-		}
+		e.role.afterNotifs(rk)
 	}
 }
 
-func (e *Engine) wakeCh(r int) <-chan struct{} {
-	if e.pre != nil {
-		return e.pre.wake[r]
+// completion parses a "<request id>:<count>" notification, counting and
+// logging one that is not.
+func (e *Engine) completion(from, s string) (string, int, bool) {
+	id, n, ok := parseCompletion(s)
+	if !ok {
+		e.badNotif("malformed notification", from, s)
 	}
-	return nil
-}
-
-func (e *Engine) route(rk *rank, from string, m []byte) {
-	s := string(m)
-	switch {
-	case strings.HasPrefix(s, "PUSH_REG:"):
-		if e.pre == nil {
-			e.badNotif("PUSH_REG received by a decode engine", from, s)
-			return
-		}
-		e.pre.onPushReg(rk, from, m[len("PUSH_REG:"):])
-	case strings.HasPrefix(s, "HB:"):
-		if e.pre == nil {
-			e.badNotif("heartbeat received by a decode engine", from, s)
-			return
-		}
-		ids, _ := lease.ParseHeartbeat(s)
-		e.pre.onHeartbeat(ids)
-	case e.sgl != nil && e.dec != nil && isSGLangNotif(s):
-		e.sgl.onNotif(rk, from, s)
-	default:
-		id, n, ok := parseCompletion(s)
-		if !ok {
-			e.badNotif("malformed notification", from, s)
-			return
-		}
-		if e.pre != nil {
-			e.pre.onConsumed(rk, from, id, n)
-		} else {
-			e.dec.onPushDone(rk, from, id, n)
-		}
-	}
+	return id, n, ok
 }
 
 func (e *Engine) badNotif(what, from, msg string) {
@@ -610,6 +581,25 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 		re.loaded[pr] = name
 	}
 	return took, re, nil
+}
+
+// shaken returns the remote engine when an earlier handshake already
+// loaded every pair (nil: a handshake is needed), without any I/O.
+func (e *Engine) shaken(engineID, endpoint string, pairs [][2]int) *remoteEngine {
+	e.remotesMu.Lock()
+	re := e.remotes[engineID]
+	e.remotesMu.Unlock()
+	if re == nil || re.endpoint != endpoint {
+		return nil
+	}
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	for _, pr := range pairs {
+		if _, ok := re.loaded[pr]; !ok {
+			return nil
+		}
+	}
+	return re
 }
 
 // agentName is the loaded name of a remote rank for a local rank.

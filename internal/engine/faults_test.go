@@ -133,24 +133,31 @@ func TestUnknownRemoteBlocksRefused(t *testing.T) {
 }
 
 func TestPushWatchdogAndHeartbeat(t *testing.T) {
-	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) { c.RegTimeout = 300 * time.Millisecond; c.Lease = 600 * time.Millisecond })
+	clk := newFakeClock()
+	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) {
+		c.Clock, c.RegTimeout, c.Lease = clk, 300*time.Millisecond, 600*time.Millisecond
+	})
 	host, port, _ := splitEndpoint(p.side.Endpoint())
 	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 1}
 	// Decode registers for a request prefill never runs: the watchdog fails it.
-	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "lonely", Tokens: 64, Key: 1, Params: params})
-	if !strings.Contains(lr.Error, "watchdog") || d.Stats().RegTimeouts != 1 || d.Stats().BlocksInUse != 0 {
+	loaded := loadAsync(d, LoadRequest{ID: "lonely", Tokens: 64, Key: 1, Params: params})
+	waitWaiting(t, d)
+	d.dec.watchdog(clk.Advance(300 * time.Millisecond))
+	if lr := <-loaded; !strings.Contains(lr.Error, "watchdog") || d.Stats().RegTimeouts != 1 || d.Stats().BlocksInUse != 0 {
 		t.Fatalf("watchdog: %q %+v", lr.Error, d.Stats())
 	}
 	// Prefill runs a request nobody registers for: the lease frees it, and
 	// heartbeats keep it alive past the lease first.
 	pr, _ := p.pre.Prefill(context.Background(), PrefillRequest{ID: "orphan", Tokens: 64, Key: 2})
 	for i := 0; i < 5; i++ {
-		time.Sleep(200 * time.Millisecond)
+		now := clk.Advance(200 * time.Millisecond)
 		p.pre.onHeartbeat([]string{pr.RequestID, "unknown-id"})
+		p.pre.step(now)
 	}
 	if p.Stats().BlocksInUse == 0 {
 		t.Fatal("heartbeats did not keep the lease alive")
 	}
+	p.pre.step(clk.Advance(600 * time.Millisecond))
 	ev := waitFreed(t, rec, "expired")
 	if ev.ID != pr.RequestID || p.Stats().ExpiredLeases != 1 {
 		t.Errorf("expired %+v", ev)

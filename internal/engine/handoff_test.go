@@ -174,7 +174,16 @@ func TestPushBothArrivalOrders(t *testing.T) {
 				} else {
 					wg.Add(1)
 					go load()
-					time.Sleep(50 * time.Millisecond) // the registration lands first
+					waitFor(t, "the registration to land first", func() bool {
+						p.pre.mu.Lock()
+						defer p.pre.mu.Unlock()
+						for r := range p.ranks {
+							if p.pre.push.parked[r][id] == nil {
+								return false
+							}
+						}
+						return true
+					})
 					if _, err := p.pre.Prefill(ctx, PrefillRequest{ID: id, Tokens: tokens, Key: key}); err != nil {
 						t.Fatal(err)
 					}

@@ -109,8 +109,11 @@ func pushCoords(p *Engine, id string) TransferParams {
 func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	// The fixed policy sends none: a queued request outlives its timeout
 	// and its blocks are freed under it: the late READ sees poisoned tags.
+	clk := newFakeClock()
+	t0 := clk.Now()
 	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) {
 		c.LeasePolicy, c.FixedTimeout, c.DecodeHold = lease.PolicyFixed, 300*time.Millisecond, 800*time.Millisecond
+		c.Clock = clk
 	})
 	ctx := context.Background()
 	var chs []<-chan LoadReply
@@ -128,17 +131,23 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 			return d.dec.running+len(d.dec.queue) == i+1
 		})
 	}
-	first, second := <-chs[0], <-chs[1]
-	if first.Error != "" || first.CorruptBlocks != 0 {
+	// fx-0 is read and decodes for 800 ms (real time) holding the only
+	// slot; meanwhile fx-1's timeout passes on the engines' clock.
+	if first := <-chs[0]; first.Error != "" || first.CorruptBlocks != 0 {
 		t.Errorf("first: %+v", first)
 	}
-	if second.CorruptBlocks == 0 {
-		t.Errorf("the read after the timeout was not caught: %+v", second)
-	}
 	waitFreed(t, rec, "consumed")
+	p.pre.step(clk.Advance(300*time.Millisecond - 1))
+	if st := p.Stats(); st.ExpiredLeases != 0 {
+		t.Fatalf("freed before the fixed timeout: %+v", st)
+	}
+	p.pre.step(clk.Advance(1))
 	ev := waitFreed(t, rec, "expired")
-	if ev.Renewals != 0 || time.Duration(ev.TFreed-ev.TFinish) < 300*time.Millisecond {
-		t.Errorf("fixed timeout freed after %v with %d renewals", time.Duration(ev.TFreed-ev.TFinish), ev.Renewals)
+	if ev.Renewals != 0 || ev.TDeadline != t0+int64(300*time.Millisecond) {
+		t.Errorf("fixed timeout: deadline %v after the grant, %d renewals", time.Duration(ev.TDeadline-t0), ev.Renewals)
+	}
+	if second := <-chs[1]; second.CorruptBlocks == 0 {
+		t.Errorf("the read after the timeout was not caught: %+v", second)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for p.Stats().UnknownNotifs == 0 && time.Now().Before(deadline) {
@@ -153,7 +162,8 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 }
 
 func TestAbortStopsHeartbeatsAndTheLeaseLapses(t *testing.T) {
-	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.DecodeHold = 3 * testLease })
+	clk := newFakeClock()
+	p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.DecodeHold = 3 * testLease; c.Clock = clk })
 	ctx := context.Background()
 	var chs []<-chan LoadReply
 	var ids []string
@@ -164,27 +174,38 @@ func TestAbortStopsHeartbeatsAndTheLeaseLapses(t *testing.T) {
 		}
 		ids = append(ids, pr.RequestID)
 		chs = append(chs, loadAsync(d, LoadRequest{ID: fmt.Sprintf("ab-%d", i), Tokens: 32, Key: uint64(40 + i), Params: pr.Params}))
-		time.Sleep(20 * time.Millisecond) // keep the order in decode's queue
+		waitFor(t, "decode to take request "+fmt.Sprint(i), func() bool { // keep the order in decode's queue
+			d.dec.mu.Lock()
+			defer d.dec.mu.Unlock()
+			return d.dec.running+len(d.dec.queue) == i+1
+		})
 	}
 	if lr := <-chs[0]; lr.Error != "" {
 		t.Fatal(lr.Error)
 	}
 	waitFreed(t, rec, "consumed")
-	time.Sleep(testLease / 2) // a few heartbeats for ab-1
+	for range 6 { // a few heartbeats for ab-1, half a lease
+		leaseStep(t, clk, p, d, testLease/12)
+	}
 	if d.dec.Abort("nope") {
 		t.Error("aborted an unknown request")
 	}
-	tAbort := time.Now()
+	tAbort := clk.Now()
 	if !d.dec.Abort("ab-1") {
 		t.Fatal("ab-1 was not in the queue")
 	}
 	if lr := <-chs[1]; lr.Error != errAborted.Error() {
 		t.Errorf("aborted load: %q", lr.Error)
 	}
-	ev := waitFreed(t, rec, "expired")
-	took := time.Since(tAbort)
+	// Its heartbeats stopped: the lease lapses an extension after the last
+	// one, which came at most an interval before the abort.
 	ext, iv := 2*testLease/3, testLease/6
-	if ev.ID != ids[1] || ev.Renewals == 0 || took > ext+iv+200*time.Millisecond {
+	for p.Stats().ExpiredLeases == 0 && time.Duration(clk.Now()-tAbort) <= 2*ext {
+		leaseStep(t, clk, p, d, testLease/12)
+	}
+	ev := waitFreed(t, rec, "expired")
+	took := time.Duration(clk.Now() - tAbort)
+	if ev.ID != ids[1] || ev.Renewals == 0 || took > ext+iv || took < ext-iv {
 		t.Errorf("aborted request freed after %v (extension %v + interval %v), event %+v", took, ext, iv, ev)
 	}
 	if st := d.Stats(); st.Aborted != 1 || st.Queued != 0 {
@@ -199,7 +220,8 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 	// first, which stays renewed.
 	for _, reaper := range []lease.ReaperMode{lease.ReapFull, lease.ReapHeadOnly} {
 		t.Run(string(reaper), func(t *testing.T) {
-			p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.Reaper = reaper; c.DecodeHold = 2 * time.Second })
+			clk := newFakeClock()
+			p, d, rec := leaseEngines(t, ProtoPull, func(c *Config) { c.Reaper = reaper; c.DecodeHold = 2 * time.Second; c.Clock = clk })
 			ctx := context.Background()
 			var prs []PrefillReply
 			for i := range 4 {
@@ -215,7 +237,14 @@ func TestHeadOnlyReaperLeaksInAnEngine(t *testing.T) {
 				t.Fatal(lr.Error)
 			}
 			c1 := loadAsync(d, LoadRequest{ID: "ho-1", Tokens: 16, Key: 2, Params: prs[1].Params})
-			time.Sleep(testLease + 300*time.Millisecond)
+			waitFor(t, "decode to queue ho-1", func() bool {
+				d.dec.mu.Lock()
+				defer d.dec.mu.Unlock()
+				return len(d.dec.queue) == 1
+			})
+			for range (testLease + 300*time.Millisecond) / (50 * time.Millisecond) {
+				leaseStep(t, clk, p, d, 50*time.Millisecond)
+			}
 			st := p.Stats()
 			if reaper == lease.ReapFull && (st.ExpiredLeases != 2 || st.ExpiredUnreleasedMax != 0) {
 				t.Errorf("full reaper: %+v", st)
@@ -338,4 +367,25 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// leaseStep moves the engines' fake clock by dt and runs one engine step
+// on each side as their loops would at that time: decode sends the
+// heartbeats that are due (shaking hands first if it must), prefill gets
+// them, then applies them and reaps. Nothing waits for time to pass, so
+// a loaded machine cannot make a heartbeat late.
+func leaseStep(t *testing.T, clk *fakeClock, p, d *Engine, dt time.Duration) {
+	t.Helper()
+	now := clk.Advance(dt)
+	waitFor(t, "decode's heartbeat handshake", func() bool {
+		d.dec.heartbeatStep(now)
+		d.dec.mu.Lock()
+		defer d.dec.mu.Unlock()
+		hp := d.dec.hb[p.cfg.EngineID]
+		return hp == nil || hp.ready
+	})
+	d.dec.heartbeatStep(now) // a batch held back while the handshake ran goes now
+	sent := d.Stats().HeartbeatsSent
+	waitStat(t, "heartbeats at prefill", func() int64 { return p.Stats().Heartbeats }, sent)
+	p.pre.step(now)
 }

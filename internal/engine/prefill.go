@@ -27,29 +27,6 @@ type preq struct {
 	// pull: completion notifications per rank, and how many each expects.
 	seen, want []int
 	rankDone   []bool
-	// push: per rank, the registration that matched and the writes posted.
-	push []*pushRank
-}
-
-type pushRank struct {
-	reg        *PushReg
-	tReg       int64
-	waiting    bool // handshake with the decode engine in progress
-	writes     []pushWrite
-	posted     int
-	done       int
-	failed     bool
-	tPostStart int64
-	tPostEnd   int64
-	tDone      int64
-	descs      int
-	logical    int
-	bytes      int64
-}
-
-type pushWrite struct {
-	agent nixl.Agent
-	req   nixl.XferReq
 }
 
 // PushReg is the registration decode sends prefill in push mode
@@ -131,12 +108,6 @@ func asInt(v any) (int, bool) {
 	return 0, false
 }
 
-type pendingReg struct {
-	reg    PushReg
-	blocks []int
-	t      int64
-}
-
 type prefillState struct {
 	e  *Engine
 	mu sync.Mutex
@@ -147,21 +118,30 @@ type prefillState struct {
 	hbPending    [][]string
 	expiredHeld  int
 	expiredHeldM int
-	// reqs by prefill id; byRouter maps the base id to prefill ids so a
-	// registration finds its request whatever suffix decode gave it.
-	reqs      map[string]*preq
-	byBase    map[string]*preq
-	regs      []map[string]pendingReg // per rank: registrations not matched yet, by base id
-	wake      []chan struct{}
-	unmatched []int // per rank: staged requests without a matched registration
+	// reqs by prefill id; byBase by the id without its suffix, so a
+	// heartbeat with decode's id finds its lease.
+	reqs   map[string]*preq
+	byBase map[string]*preq
+	// push (nil otherwise): the matcher, and per rank the handshakes
+	// done for its owner to post, the owner's WRITEs in flight and the
+	// channel that wakes the owner.
+	push       *pushMatcher
+	handshaken [][]pushHandshake
+	writes     []map[string][]nixl.XferReq // owner-only: no lock
+	wake       []chan struct{}
 }
 
 func newPrefillState(e *Engine) *prefillState {
 	s := &prefillState{e: e, reqs: map[string]*preq{}, byBase: map[string]*preq{}, leases: lease.NewTable(e.cfg.LeaseConfig())}
 	for range e.ranks {
-		s.regs = append(s.regs, map[string]pendingReg{})
 		s.wake = append(s.wake, make(chan struct{}, 1))
-		s.unmatched = append(s.unmatched, 0)
+	}
+	if e.cfg.Protocol == ProtoPush {
+		s.push = newPushMatcher(len(e.ranks), int64(e.cfg.Lease))
+		s.handshaken = make([][]pushHandshake, len(e.ranks))
+		for range e.ranks {
+			s.writes = append(s.writes, map[string][]nixl.XferReq{})
+		}
 	}
 	return s
 }
@@ -212,26 +192,17 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 		}
 	}
 	q.seen, q.want, q.rankDone = make([]int, len(e.ranks)), make([]int, len(e.ranks)), make([]bool, len(e.ranks))
-	if e.cfg.Protocol == ProtoPush {
-		q.push = make([]*pushRank, len(e.ranks))
-		for i := range q.push {
-			q.push[i] = &pushRank{}
-		}
-	}
+	var matched []int
 	s.mu.Lock()
 	s.reqs[q.id] = q
 	s.byBase[BaseRequestID(q.id)] = q
-	s.leases.Grant(q.id, q.bytes, q.tFinish)
-	if q.push != nil {
-		for i := range e.ranks {
-			s.unmatched[i]++
-		}
+	s.leases.Grant(q.id, q.bytes, e.now())
+	if s.push != nil {
+		matched = s.push.Finished(q.id)
 	}
 	s.mu.Unlock()
-	if q.push != nil {
-		for i := range e.ranks {
-			s.wakeRank(i)
-		}
+	for _, r := range matched {
+		s.wakeRank(r) // the registration came first: its owner can start
 	}
 	host, port, _ := splitEndpoint(e.side.Endpoint())
 	return PrefillReply{RequestID: q.id, Blocks: n, TStart: t0, TFinish: q.tFinish, Params: TransferParams{
@@ -343,21 +314,20 @@ func (s *prefillState) free(q *preq, reason string, reaped *lease.Lease) {
 	for _, n := range q.seen {
 		ev.Consumers += n
 	}
-	if q.push != nil {
-		for i, pr := range q.push {
-			if pr.reg == nil && !pr.failed {
-				s.unmatched[i]--
+	if s.push != nil {
+		if pq := s.push.Forget(q.id); pq != nil {
+			for _, st := range pq.ranks {
+				ev.TRegReceived = max(ev.TRegReceived, st.tReg)
+				if ev.TPostStart == 0 || (st.post.tStart != 0 && st.post.tStart < ev.TPostStart) {
+					ev.TPostStart = st.post.tStart
+				}
+				ev.TPostEnd = max(ev.TPostEnd, st.post.tEnd)
+				ev.TWriteDone = max(ev.TWriteDone, st.tDone)
+				ev.Descriptors += st.post.descs
+				ev.LogicalDescs += st.post.logical
+				ev.Bytes += st.post.bytes
+				ev.Failed = ev.Failed || st.failed
 			}
-			ev.TRegReceived = max(ev.TRegReceived, pr.tReg)
-			if ev.TPostStart == 0 || (pr.tPostStart != 0 && pr.tPostStart < ev.TPostStart) {
-				ev.TPostStart = pr.tPostStart
-			}
-			ev.TPostEnd = max(ev.TPostEnd, pr.tPostEnd)
-			ev.TWriteDone = max(ev.TWriteDone, pr.tDone)
-			ev.Descriptors += pr.descs
-			ev.LogicalDescs += pr.logical
-			ev.Bytes += pr.bytes
-			ev.Failed = ev.Failed || pr.failed
 		}
 	}
 	s.mu.Unlock()
@@ -387,7 +357,7 @@ func (s *prefillState) reaper() {
 			return
 		case <-t.C:
 		}
-		s.step(mono.Now())
+		s.step(s.e.now())
 	}
 }
 
@@ -437,6 +407,20 @@ func (s *prefillState) step(now int64) {
 }
 
 // --- push ------------------------------------------------------------
+//
+// Each rank has one owner goroutine (its notification loop) that drives
+// the push: it takes matches from the matcher, starts their handshakes
+// off the goroutine, posts the WRITEs when a handshake comes back, and
+// polls them. Only the owner posts and polls a rank's WRITEs.
+
+// pushHandshake is a handshake's result, handed back to the rank's owner.
+type pushHandshake struct {
+	job     pushJob
+	plan    kv.TransferPlan
+	targets []int // decode ranks this prefill rank writes to
+	re      *remoteEngine
+	err     error
+}
 
 // onPushReg takes a decode registration, in either order with the
 // request's finished blocks.
@@ -446,167 +430,137 @@ func (s *prefillState) onPushReg(rk *rank, from string, payload []byte) {
 		s.e.badNotif(err.Error(), from, string(payload))
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	key := BaseRequestID(reg.RequestID)
-	if q := s.match(reg.RequestID); q != nil && q.push[rk.idx].reg != nil {
-		return // the same registration from another decode rank: one is enough
-	}
-	if _, dup := s.regs[rk.idx][key]; dup {
+	if s.push == nil {
+		s.e.badNotif("PUSH_REG received by an engine not in push mode", from, reg.RequestID)
 		return
 	}
-	s.regs[rk.idx][key] = pendingReg{reg: reg, blocks: blocks, t: mono.Now()}
+	s.mu.Lock()
+	s.push.Register(rk.idx, reg, blocks, s.e.now())
+	s.mu.Unlock()
+	// The owner (this goroutine) takes a match right after its notifications.
 }
 
-// match finds the prefill request a decode request id belongs to: the
-// exact id first, then the id without its random suffix.
-func (s *prefillState) match(decodeID string) *preq {
-	if q := s.reqs[decodeID]; q != nil {
-		return q
-	}
-	return s.byBase[BaseRequestID(decodeID)]
-}
-
+// pushPending says whether rank r's owner must poll: WRITEs in flight.
 func (s *prefillState) pushPending(r int) bool {
-	if s.e.cfg.Protocol != ProtoPush {
+	if s.push == nil {
 		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.unmatched[r] > 0 {
-		return true
-	}
-	for _, q := range s.reqs {
-		if pr := q.push[r]; pr.posted > pr.done {
-			return true
-		}
-	}
-	return false
+	return s.push.Writing(r)
 }
 
-// pushStep is the writer's work for one rank: match registrations with
-// finished requests, post the WRITEs of matched ones, and collect finished
-// WRITEs. It runs on the rank's notification goroutine, which owns the
-// rank's notifications and WRITE submission.
+// pushStep is the owner's work for one rank: start the matches, post the
+// WRITEs of the handshakes that came back, and collect finished WRITEs.
 func (s *prefillState) pushStep(rk *rank) {
-	if s.e.cfg.Protocol != ProtoPush {
+	if s.push == nil {
 		return
 	}
-	type job struct {
-		q   *preq
-		reg pendingReg
-	}
-	var jobs []job
-	var polls []*preq
 	s.mu.Lock()
-	for key, pr := range s.regs[rk.idx] {
-		q := s.match(pr.reg.RequestID)
-		if q == nil {
-			if mono.Since(pr.t) > s.e.cfg.Lease {
-				delete(s.regs[rk.idx], key) // its request is long gone
-			}
-			continue
-		}
-		delete(s.regs[rk.idx], key)
-		p := q.push[rk.idx]
-		p.reg, p.tReg = &pr.reg, pr.t
-		s.unmatched[rk.idx]--
-		jobs = append(jobs, job{q, pr})
-	}
-	for _, q := range s.reqs {
-		if p := q.push[rk.idx]; p.posted > p.done {
-			polls = append(polls, q)
-		}
-	}
+	jobs := s.push.Take(rk.idx, s.e.now())
+	done := s.handshaken[rk.idx]
+	s.handshaken[rk.idx] = nil
 	s.mu.Unlock()
 	for _, j := range jobs {
-		s.startWrites(rk, j.q, j.reg)
+		s.startHandshake(rk, j)
 	}
-	for _, q := range polls {
-		s.pollWrites(rk, q)
+	for _, h := range done {
+		s.postWrites(rk, h)
 	}
+	s.pollWrites(rk)
 }
 
-// startWrites posts one rank's WRITEs for a matched request into the
-// decode ranks this prefill rank serves; the handshake with the decode
-// engine runs off this goroutine.
-func (s *prefillState) startWrites(rk *rank, q *preq, pr pendingReg) {
+// startHandshake plans which decode ranks this rank writes to and, unless
+// an earlier request did, shakes hands with the decode engine off the
+// owner goroutine (it may take a round trip); the result goes back to the
+// owner, which posts.
+func (s *prefillState) startHandshake(rk *rank, j pushJob) {
 	e := s.e
-	reg := pr.reg
+	reg := j.reg
 	dspec := e.spec
 	dspec.TP = reg.DecodeTPSize
 	plan, err := kv.Plan(e.spec, dspec)
 	if err != nil {
-		s.failPush(rk, q, fmt.Errorf("decode tp %d: %w", reg.DecodeTPSize, err))
+		s.failPush(rk, j.id, fmt.Errorf("decode tp %d: %w", reg.DecodeTPSize, err))
 		return
 	}
-	var targets []int // decode ranks this rank writes to
+	h := pushHandshake{job: j, plan: plan}
 	var pairs [][2]int
 	for d, dr := range plan.Decode {
 		for _, rd := range dr.Reads {
 			if rd.PrefillRank == rk.idx {
-				targets = append(targets, d)
+				h.targets = append(h.targets, d)
 				pairs = append(pairs, [2]int{rk.idx, d})
 			}
 		}
 	}
 	endpoint := "tcp://" + net.JoinHostPort(reg.DecodeHost, strconv.Itoa(reg.DecodePort))
-	s.mu.Lock()
-	p := q.push[rk.idx]
-	if p.waiting {
-		s.mu.Unlock()
+	if h.re = e.shaken(reg.DecodeEngineID, endpoint, pairs); h.re != nil {
+		s.postWrites(rk, h) // the usual case: hands were shaken for an earlier request
 		return
 	}
-	p.waiting = true
-	s.mu.Unlock()
-	// The handshake may take a round trip; don't hold the writer.
+	e.wg.Add(1) // the owner is counted, so the group is not at zero here
 	go func() {
-		_, re, err := e.handshake(e.ctx, reg.DecodeEngineID, endpoint, targets, pairs)
+		defer e.wg.Done()
+		_, h.re, h.err = e.handshake(e.ctx, reg.DecodeEngineID, endpoint, h.targets, pairs)
 		s.mu.Lock()
-		p.waiting = false
+		s.handshaken[rk.idx] = append(s.handshaken[rk.idx], h)
 		s.mu.Unlock()
-		if err != nil {
-			s.failPush(rk, q, err)
-			return
-		}
-		s.postWrites(rk, q, reg, plan, targets, re, pr.blocks)
+		s.wakeRank(rk.idx)
 	}()
 }
 
-func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.TransferPlan, targets []int, re *remoteEngine, dblocks []int) {
+// postWrites posts one rank's WRITEs for a request into the decode ranks
+// it serves, on the owner goroutine.
+func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 	e := s.e
+	id, reg := h.job.id, h.job.reg
+	if h.err != nil {
+		s.failPush(rk, id, h.err)
+		return
+	}
+	s.mu.Lock()
+	q := s.reqs[id]
+	ok, pin := s.push.Handshaken(id, rk.idx)
+	if ok && pin {
+		// Blocks under a WRITE cannot be freed until it ends (they are
+		// still being read): the reaper passes them by meanwhile.
+		s.leases.Pin(id, true)
+	}
+	s.mu.Unlock()
+	if !ok || q == nil {
+		return // freed while the handshake ran
+	}
 	// Decode may hold a prefix already: send only the tail it allocated.
+	dblocks := h.job.blocks
 	src := q.blocks
 	if len(dblocks) < len(src) {
 		src = src[len(src)-len(dblocks):]
 	}
 	if len(dblocks) > len(src) {
-		s.failPush(rk, q, fmt.Errorf("decode registered %d blocks for a %d-block request", len(dblocks), len(src)))
+		s.failPush(rk, id, fmt.Errorf("decode registered %d blocks for a %d-block request", len(dblocks), len(src)))
 		return
 	}
 	start := len(q.blocks) - len(src)
 	notif := []byte(fmt.Sprintf("%s:%d", reg.RequestID, e.spec.TP))
-	s.mu.Lock()
-	p := q.push[rk.idx]
-	s.mu.Unlock()
-	t0 := mono.Now()
-	var writes []pushWrite
-	var descs, logical int
-	var bytes int64
-	for _, d := range targets {
+	post := pushPost{tStart: mono.Now()}
+	var writes []nixl.XferReq
+	for _, d := range h.targets {
 		var chunks []kv.Chunk
-		for _, rd := range plan.Decode[d].Reads {
+		for _, rd := range h.plan.Decode[d].Reads {
 			if rd.PrefillRank == rk.idx {
 				chunks = rd.Chunks
 			}
 		}
-		ml, err := buildMoves(rk.pool, re.meta(d), chunks, src, dblocks, start, q.tokens, true, e.cfg.Merge)
+		ml, err := buildMoves(rk.pool, h.re.meta(d), moveOpts{Chunks: chunks, LocalBlocks: src, RemoteBlocks: dblocks,
+			LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
 		if err != nil {
-			s.failPush(rk, q, err)
-			return
+			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", err)
+			post.failed = true
+			break
 		}
 		mem := rk.buf.Mem
-		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(re.meta(d), mem), ml.remote, re.agentName(rk.idx, d), notif)
+		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(h.re.meta(d), mem), ml.remote, h.re.agentName(rk.idx, d), notif)
 		if err == nil {
 			var st nixl.Status
 			if st, err = rk.agent.PostXferReq(x); st == nixl.Failed && err == nil {
@@ -620,82 +574,78 @@ func (s *prefillState) postWrites(rk *rank, q *preq, reg PushReg, plan kv.Transf
 			// vLLM drops a failed WRITE on the floor: decode is not told
 			// and finds out from its watchdog; the lease frees our blocks.
 			e.c.failedXfers.Add(1)
-			e.log.Warn("push WRITE failed", "request", q.id, "decode_rank", d, "err", err)
-			s.mu.Lock()
-			p.failed = true
-			s.mu.Unlock()
+			e.log.Warn("push WRITE failed", "request", id, "decode_rank", d, "err", err)
+			post.failed = true
 			continue
 		}
-		writes = append(writes, pushWrite{agent: rk.agent, req: x})
-		descs += len(ml.local)
-		logical += ml.logical
-		bytes += ml.bytes
+		writes = append(writes, x)
+		post.descs += len(ml.local)
+		post.logical += ml.logical
+		post.bytes += ml.bytes
+	}
+	post.writes, post.tEnd = len(writes), mono.Now()
+	if len(writes) > 0 {
+		s.writes[rk.idx][id] = writes
 	}
 	s.mu.Lock()
-	p.writes = append(p.writes, writes...)
-	p.posted += len(writes)
-	if len(writes) > 0 {
-		// Blocks under a WRITE cannot be freed until it ends (they are
-		// still being read): the reaper passes them by meanwhile.
-		s.leases.Pin(q.id, true)
-	}
-	p.tPostStart, p.tPostEnd = t0, mono.Now()
-	p.descs, p.logical, p.bytes = descs, logical, bytes
+	end := s.pushEndLocked(id, s.push.Posted(id, rk.idx, post, mono.Now()))
 	s.mu.Unlock()
-	s.wakeRank(rk.idx)
+	s.ended(q, end)
 }
 
-// pollWrites collects a rank's finished WRITEs; when every rank's writes
-// for a request are done the blocks go back to the pool.
-func (s *prefillState) pollWrites(rk *rank, q *preq) {
-	s.mu.Lock()
-	p := q.push[rk.idx]
-	writes := append([]pushWrite(nil), p.writes...)
-	s.mu.Unlock()
-	var done, failed int
-	for _, w := range writes {
-		st, err := w.agent.XferStatus(w.req)
-		switch st {
-		case nixl.Done:
-			done++
-		case nixl.Failed:
-			failed++
-			s.e.c.failedXfers.Add(1)
-			s.e.log.Warn("push WRITE failed", "request", q.id, "err", err)
+// pollWrites collects a rank's finished WRITEs (owner goroutine); when
+// every rank's writes for a request are done the blocks go back to the pool.
+func (s *prefillState) pollWrites(rk *rank) {
+	for id, writes := range s.writes[rk.idx] {
+		var done, failed int
+		for _, x := range writes {
+			st, err := rk.agent.XferStatus(x)
+			switch st {
+			case nixl.Done:
+				done++
+			case nixl.Failed:
+				failed++
+				s.e.c.failedXfers.Add(1)
+				s.e.log.Warn("push WRITE failed", "request", id, "err", err)
+			}
 		}
+		if done+failed < len(writes) {
+			continue
+		}
+		for _, x := range writes {
+			_ = rk.agent.ReleaseXferReq(x)
+		}
+		delete(s.writes[rk.idx], id)
+		s.mu.Lock()
+		q := s.reqs[id]
+		end := s.pushEndLocked(id, s.push.WritesDone(id, rk.idx, failed > 0, mono.Now()))
+		s.mu.Unlock()
+		s.ended(q, end)
 	}
-	if done+failed < len(writes) {
-		return
+}
+
+// pushEndLocked unpins the lease when no rank writes any more, under the
+// same lock as the transition that said so (another rank may pin next).
+func (s *prefillState) pushEndLocked(id string, end pushEnd) pushEnd {
+	if end.unpin {
+		s.leases.Pin(id, false)
 	}
-	for _, w := range writes {
-		_ = w.agent.ReleaseXferReq(w.req)
-	}
-	s.mu.Lock()
-	p.writes = nil
-	p.done = p.posted
-	p.tDone = mono.Now()
-	p.failed = p.failed || failed > 0
-	all := true
-	anyFailed := false
-	inFlight := false
-	for _, pr := range q.push {
-		all = all && pr.reg != nil && pr.posted > 0 && pr.done == pr.posted
-		anyFailed = anyFailed || pr.failed
-		inFlight = inFlight || pr.posted > pr.done
-	}
-	if !inFlight {
-		s.leases.Pin(q.id, false)
-	}
-	s.mu.Unlock()
-	if all && !anyFailed {
+	return end
+}
+
+// ended frees a request whose every rank pushed. With a failed WRITE the
+// blocks wait for the lease, as in vLLM.
+func (s *prefillState) ended(q *preq, end pushEnd) {
+	if q != nil && end.free {
 		s.free(q, "pushed", nil)
 	}
-	// With a failed WRITE the blocks wait for the lease, as in vLLM.
 }
 
-func (s *prefillState) failPush(rk *rank, q *preq, err error) {
-	s.e.log.Warn("push failed", "request", q.id, "rank", rk.idx, "err", err)
+func (s *prefillState) failPush(rk *rank, id string, err error) {
+	s.e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", err)
 	s.mu.Lock()
-	q.push[rk.idx].failed = true
+	q := s.reqs[id]
+	end := s.pushEndLocked(id, s.push.Fail(id, rk.idx))
 	s.mu.Unlock()
+	s.ended(q, end)
 }

@@ -1,9 +1,16 @@
 package engine
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 func TestSGLMessagesRoundTrip(t *testing.T) {
@@ -37,5 +44,250 @@ func TestSGLMessagesRoundTrip(t *testing.T) {
 		if _, err := parseSGLNotif(m); err == nil {
 			t.Errorf("%s accepted", m)
 		}
+	}
+}
+
+func TestSGLRooms(t *testing.T) {
+	const ttl = 100
+	ti := func(room uint64, agent string, want int) SGLTransferInfo {
+		return SGLTransferInfo{Room: room, AgentName: agent, RequiredDst: want, DstPages: []int32{int32(len(agent))}}
+	}
+	type step struct {
+		at    int64
+		op    string // info, abort, claim, start, finish
+		room  uint64
+		agent string
+		want  int
+		ev    roomEvent // info, abort
+		state roomState // claim; the room's state after any step
+		gone  bool      // the room is forgotten after the step
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		stats sglRoomStats
+	}{
+		{name: "infos before prefill", steps: []step{
+			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: 1, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
+			{at: 2, op: "claim", room: 1, state: roomReady},
+			{at: 3, op: "start", room: 1, state: roomSending},
+			{at: 4, op: "finish", room: 1, state: roomDone},
+		}},
+		{name: "prefill before infos", steps: []step{
+			{at: 0, op: "claim", room: 1, state: roomBootstrapping},
+			{at: 1, op: "info", room: 1, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
+		}},
+		{name: "duplicate before sending: first wins", steps: []step{
+			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: 1, op: "info", room: 1, agent: "d0", want: 2, ev: roomDuplicate, state: roomBootstrapping},
+			{at: 2, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
+			{at: 3, op: "info", room: 1, agent: "d1", want: 2, ev: roomDuplicate, state: roomReady},
+		}, stats: sglRoomStats{Duplicates: 2}},
+		{name: "late while sending and after done", steps: []step{
+			{at: 0, op: "info", room: 1, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
+			{at: 1, op: "start", room: 1, state: roomSending},
+			{at: 2, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomSending},
+			{at: 3, op: "info", room: 1, agent: "d9", want: 1, ev: roomLate, state: roomSending},
+			{at: 4, op: "abort", room: 1, ev: roomLate, state: roomSending},
+			{at: 5, op: "finish", room: 1, state: roomDone},
+			{at: 6, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomDone},
+			// A done room is remembered for ttl, then forgotten.
+			{at: 5 + ttl, op: "info", room: 2, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: 5 + ttl, op: "claim", room: 1, state: roomBootstrapping},
+		}, stats: sglRoomStats{Late: 4}},
+		{name: "abort before and after ready", steps: []step{
+			{at: 0, op: "abort", room: 1, ev: roomWoke, state: roomAborted},
+			{at: 1, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomAborted},
+			{at: 2, op: "info", room: 2, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
+			{at: 3, op: "abort", room: 2, ev: roomWoke, state: roomAborted},
+			{at: 4, op: "start", room: 2, state: roomAborted},
+		}, stats: sglRoomStats{Late: 1, Aborted: 2}},
+		{name: "a room nobody claims expires", steps: []step{
+			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: ttl - 1, op: "info", room: 2, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: ttl, op: "info", room: 3, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: ttl, op: "finish", room: 9, gone: true}, // checks room 9; room 1 was dropped above
+		}, stats: sglRoomStats{Expired: 1}},
+		{name: "a claim keeps the room past its first deadline", steps: []step{
+			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
+			{at: ttl - 1, op: "claim", room: 1, state: roomBootstrapping},
+			{at: ttl + 1, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := newSGLRooms(ttl)
+			for i, st := range tc.steps {
+				var ev roomEvent
+				switch st.op {
+				case "info":
+					ev = rs.Info(ti(st.room, st.agent, st.want), st.at)
+				case "abort":
+					ev = rs.Abort(st.room, st.at)
+				case "claim":
+					if got := rs.Claim(st.room, st.at); got != st.state {
+						t.Fatalf("step %d: claim found %s, want %s", i, got, st.state)
+					}
+				case "start":
+					infos, _, ok := rs.Start(st.room)
+					if ok != (st.state == roomSending) {
+						t.Fatalf("step %d: start %v", i, ok)
+					}
+					for _, in := range infos {
+						if in.DstPages[0] != int32(len(in.AgentName)) {
+							t.Fatalf("step %d: start handed out %+v", i, in)
+						}
+					}
+				case "finish":
+					rs.Finish(st.room, st.at)
+				}
+				if (st.op == "info" || st.op == "abort") && ev != st.ev {
+					t.Fatalf("step %d (%s room %d %s): event %d, want %d", i, st.op, st.room, st.agent, ev, st.ev)
+				}
+				got, ok := rs.State(st.room)
+				if ok == st.gone || (ok && got != st.state) {
+					t.Fatalf("step %d: room %d is %s (present %v), want %s (gone %v)", i, st.room, got, ok, st.state, st.gone)
+				}
+			}
+			if diff := cmp.Diff(tc.stats, rs.stats); diff != "" {
+				t.Errorf("stats (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSGLTracker(t *testing.T) {
+	kvN := func(chunk int, last bool, sender int) sglNotif {
+		return sglNotif{kind: "kv", chunk: chunk, last: last, sender: sender}
+	}
+	aux, nokv := sglNotif{kind: "aux"}, func(sender int) sglNotif { return sglNotif{kind: "nokv", sender: sender} }
+	for _, tc := range []struct {
+		name    string
+		senders int
+		notifs  []sglNotif
+		want    []sglNotifEvent
+	}{
+		{"in order", 1, []sglNotif{kvN(0, false, 0), kvN(1, true, 0), aux},
+			[]sglNotifEvent{notifProgress, notifProgress, notifComplete}},
+		{"last chunk and aux first", 1, []sglNotif{aux, kvN(2, true, 0), kvN(0, false, 0), kvN(1, false, 0)},
+			[]sglNotifEvent{notifProgress, notifProgress, notifProgress, notifComplete}},
+		{"duplicates", 1, []sglNotif{kvN(0, false, 0), kvN(0, false, 0), aux, aux, kvN(1, true, 0)},
+			[]sglNotifEvent{notifProgress, notifDuplicate, notifProgress, notifDuplicate, notifComplete}},
+		{"late after complete", 1, []sglNotif{kvN(0, true, 0), aux, kvN(0, true, 0), aux},
+			[]sglNotifEvent{notifProgress, notifComplete, notifLate, notifLate}},
+		{"two senders and a dummy rank", 3, []sglNotif{kvN(0, true, 1), nokv(2), nokv(2), aux, kvN(0, true, 0)},
+			[]sglNotifEvent{notifProgress, notifProgress, notifDuplicate, notifProgress, notifComplete}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newSGLTracker(tc.senders)
+			var got []sglNotifEvent
+			for i, n := range tc.notifs {
+				got = append(got, tr.Notif(n, int64(i+1)))
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A peer that sends its TransferInfo again while prefill is writing the
+// room must not touch what the writer reads (it was a map shared with the
+// inbox goroutine: Go's "concurrent map read and map write"). Run with
+// -race. With two decode ranks the room holds two TransferInfos, so the
+// writer's loop over them lasts long enough for the race detector to
+// catch the old code (about one run in five).
+func TestSGLangDuplicateTransferInfoDuringSend(t *testing.T) {
+	p, d, _ := engines(t, ProtoSGLang, 1, 2, nil)
+	push, err := sidechannel.DialPush(p.sgl.ranks[0].inbox.Endpoint(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer push.Close()
+	ctx := context.Background()
+	const room, tokens = uint64(4242), 1000
+	prefilled := make(chan error, 1)
+	go func() {
+		_, err := p.sgl.prefill(ctx, PrefillRequest{ID: "r", Tokens: tokens, Key: room, Room: room, ChunkTokens: 16})
+		prefilled <- err
+	}()
+	loaded := make(chan LoadReply, 1)
+	go func() {
+		lr, _ := d.dec.Load(ctx, LoadRequest{ID: "r", Tokens: tokens, Key: room, Room: room, Bootstrap: p.sgl.bootstrapAddr})
+		loaded <- lr
+	}()
+	// Once decode's own TransferInfo is in, repeat it (other pages, so a
+	// duplicate that won would corrupt the transfer) until prefill is done.
+	waitFor(t, "the room to be bootstrapped", func() bool {
+		p.sgl.mu.Lock()
+		defer p.sgl.mu.Unlock()
+		st, ok := p.sgl.rooms[0].State(room)
+		return ok && st != roomBootstrapping
+	})
+	dup := SGLTransferInfo{Room: room, DecodeIP: "127.0.0.1", DecodePort: 1, AgentName: d.ranks[0].agent.Name(),
+		DstPages: []int32{0}, RequiredDst: 1}.Encode()
+	var perr error
+	sent := 0
+send:
+	for {
+		select {
+		case perr = <-prefilled:
+			break send
+		default:
+		}
+		if err := push.Send(dup); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+	}
+	lr := <-loaded
+	if perr != nil || lr.Error != "" || lr.CorruptBlocks != 0 {
+		t.Fatalf("prefill %v, decode %s (corrupt %d: %s)", perr, lr.Error, lr.CorruptBlocks, lr.Corrupt)
+	}
+	// Every duplicate is counted once the inbox has read it.
+	waitStat(t, "stale control messages", func() int64 { return p.Stats().StaleControl }, int64(sent))
+	if st := p.Stats(); st.MalformedControl != 0 || st.StaleControl != int64(sent) {
+		t.Errorf("prefill after %d duplicates: %+v", sent, st)
+	}
+}
+
+// Decode's rooms with notifications duplicated and held back behind later
+// ones (out of order): every room still completes once, with its data.
+func TestSGLangDuplicateAndReorderedNotifs(t *testing.T) {
+	for _, tps := range [][2]int{{1, 1}, {2, 1}, {1, 2}} {
+		t.Run(fmt.Sprintf("%d-%d", tps[0], tps[1]), func(t *testing.T) {
+			p, d, _ := engines(t, ProtoSGLang, tps[0], tps[1], func(c *Config) {
+				// Prefill receives no notifications in SGLang: this is decode's.
+				c.Faults = &nixl.Faults{DupNotif: 0.3, DelayNotif: 0.3, DelayNotifs: 2 * time.Millisecond, Seed: 7}
+			})
+			ctx := context.Background()
+			for i := range 4 {
+				room := uint64(900 + i)
+				var wg sync.WaitGroup
+				var perr error
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, perr = p.sgl.prefill(ctx, PrefillRequest{ID: "r", Tokens: 200, Key: room, Room: room, ChunkTokens: 32})
+				}()
+				lr, _ := d.dec.Load(ctx, LoadRequest{ID: "r", Tokens: 200, Key: room, Room: room, Bootstrap: p.sgl.bootstrapAddr})
+				wg.Wait()
+				if perr != nil || lr.Error != "" || lr.CorruptBlocks != 0 {
+					t.Fatalf("room %d: prefill %v, decode %s (corrupt %d: %s)", room, perr, lr.Error, lr.CorruptBlocks, lr.Corrupt)
+				}
+			}
+			var injected nixl.FaultStats
+			for _, rk := range d.ranks {
+				fs := rk.agent.(*nixl.FaultyAgent).Stats()
+				injected.DuplicatedNotifs += fs.DuplicatedNotifs
+				injected.DelayedNotifs += fs.DelayedNotifs
+			}
+			if injected.DuplicatedNotifs == 0 || injected.DelayedNotifs == 0 {
+				t.Fatalf("no faults injected: %+v", injected)
+			}
+			if st := d.Stats(); st.DuplicateNotifs == 0 || st.MalformedNotifs != 0 || st.BlocksInUse != 0 {
+				t.Errorf("decode after %+v: %+v", injected, st)
+			}
+		})
 	}
 }

@@ -264,38 +264,11 @@ type sglPeer struct {
 	ready  bool
 }
 
-type sglRoom struct {
-	infos   map[string]SGLTransferInfo // by decode agent name
-	want    int
-	tReady  int64 // when the last TransferInfo arrived
-	ready   chan struct{}
-	closed  bool
-	aborted bool
-	// decode side
-	tracker *sglTracker
-}
-
-// sglTracker is decode's view of one room: SGLang's is_done.
-type sglTracker struct {
-	aux      bool
-	chunks   map[int]map[int]bool // sender -> chunk ids received
-	expected map[int]int          // sender -> chunks (from its last chunk)
-	senders  int                  // prefill ranks that must report
-	done     chan struct{}
-	closed   bool
-	tLast    int64
-}
-
-func (t *sglTracker) complete() bool {
-	if !t.aux || len(t.expected) < t.senders {
-		return false
-	}
-	for s, n := range t.expected {
-		if len(t.chunks[s]) != n {
-			return false
-		}
-	}
-	return true
+// sglRecv is a room decode is receiving: its tracker, and the channel
+// closed when the tracker says it is complete.
+type sglRecv struct {
+	tr   *sglTracker
+	done chan struct{}
 }
 
 type sglState struct {
@@ -306,10 +279,15 @@ type sglState struct {
 	mu            sync.Mutex
 	table         map[int]map[string]string // prefill: tp rank -> {rank_ip, rank_port}
 	peers         []map[string]*sglPeer     // prefill, per rank: decode agent -> registration
-	rooms         []map[uint64]*sglRoom     // per rank
-	info          map[string]sglPrefillInfo // decode: bootstrap addr -> prefill info
-	registered    map[[2]string]bool        // decode: (local agent, prefill rank addr) registered
-	client        *http.Client
+	// Prefill, per rank: the rooms, and the prefill calls waiting for a
+	// room to be bootstrapped (closed when it is, or aborted).
+	rooms []*sglRooms
+	waits []map[uint64]chan struct{}
+	// Decode, per rank: the rooms being received.
+	recv       []map[uint64]*sglRecv
+	info       map[string]sglPrefillInfo // decode: bootstrap addr -> prefill info
+	registered map[[2]string]bool        // decode: (local agent, prefill rank addr) registered
+	client     *http.Client
 }
 
 type sglPrefillInfo struct {
@@ -342,7 +320,9 @@ func newSGLState(e *Engine) (*sglState, error) {
 		}
 		s.ranks = append(s.ranks, sr)
 		s.peers = append(s.peers, map[string]*sglPeer{})
-		s.rooms = append(s.rooms, map[uint64]*sglRoom{})
+		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.RegTimeout)))
+		s.waits = append(s.waits, map[uint64]chan struct{}{})
+		s.recv = append(s.recv, map[uint64]*sglRecv{})
 	}
 	if e.cfg.Role == RolePrefill {
 		if err := s.serveBootstrap(host); err != nil {
@@ -479,31 +459,25 @@ func (s *sglState) onInbox(r int, frames [][]byte) {
 			s.e.log.Warn("SGLang transfer info from an unregistered decode agent", "agent", info.AgentName)
 			return
 		}
-		room := s.roomLocked(r, info.Room)
-		room.infos[info.AgentName] = *info
-		room.want = info.RequiredDst
-		if len(room.infos) >= room.want && !room.closed {
-			room.closed = true
-			room.tReady = mono.Now()
-			close(room.ready)
-		}
+		s.roomEventLocked(r, info.Room, s.rooms[r].Info(*info, s.e.now()), "transfer info")
 	default:
-		room := s.roomLocked(r, abort)
-		room.aborted = true
-		if !room.closed {
-			room.closed = true
-			close(room.ready)
-		}
+		s.roomEventLocked(r, abort, s.rooms[r].Abort(abort, s.e.now()), "abort")
 	}
 }
 
-func (s *sglState) roomLocked(r int, id uint64) *sglRoom {
-	room := s.rooms[r][id]
-	if room == nil {
-		room = &sglRoom{infos: map[string]SGLTransferInfo{}, ready: make(chan struct{}), want: 1}
-		s.rooms[r][id] = room
+// roomEventLocked acts on what a message did to a room: wake the prefill
+// call waiting for it, or count a duplicate or late message.
+func (s *sglState) roomEventLocked(r int, room uint64, ev roomEvent, what string) {
+	switch ev {
+	case roomWoke:
+		if ch := s.waits[r][room]; ch != nil {
+			close(ch)
+			delete(s.waits[r], room)
+		}
+	case roomDuplicate, roomLate:
+		s.e.c.staleControl.Add(1)
+		s.e.log.Debug("SGLang "+what+": duplicate or late, ignored", "rank", r, "room", room)
 	}
-	return room
 }
 
 // prefill computes a room's KV and sends it chunk by chunk to the decode
@@ -537,31 +511,55 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	rep.TFinish = mono.Now()
 	rep.Blocks = n
 	// Wait for every rank's room to be bootstrapped (all decode ranks' TransferInfo in).
+	defer func() {
+		s.mu.Lock()
+		for i := range e.ranks {
+			s.rooms[i].Finish(r.Room, e.now())
+			delete(s.waits[i], r.Room)
+		}
+		s.mu.Unlock()
+	}()
 	timeout := time.NewTimer(e.cfg.RegTimeout)
 	defer timeout.Stop()
-	rooms := make([]*sglRoom, len(e.ranks))
 	for i := range e.ranks {
 		s.mu.Lock()
-		rooms[i] = s.roomLocked(i, r.Room)
+		var ready chan struct{}
+		if s.rooms[i].Claim(r.Room, e.now()) == roomBootstrapping {
+			if ready = s.waits[i][r.Room]; ready == nil {
+				ready = make(chan struct{})
+				s.waits[i][r.Room] = ready
+			}
+		}
 		s.mu.Unlock()
+		if ready == nil {
+			continue
+		}
 		select {
-		case <-rooms[i].ready:
+		case <-ready:
 		case <-timeout.C:
 			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.RegTimeout)
 		case <-ctx.Done():
 			return rep, ctx.Err()
 		}
 	}
-	defer func() {
-		s.mu.Lock()
-		for i := range e.ranks {
-			delete(s.rooms[i], r.Room)
+	// Take every rank's room at once: from here on, a TransferInfo or an
+	// ABORT is late and changes nothing this call reads.
+	infos := make([][]SGLTransferInfo, len(e.ranks))
+	s.mu.Lock()
+	for i := range e.ranks {
+		var ok bool
+		var tReady int64
+		if infos[i], tReady, ok = s.rooms[i].Start(r.Room); !ok {
+			st, _ := s.rooms[i].State(r.Room)
+			s.mu.Unlock()
+			if st == roomAborted {
+				return rep, fmt.Errorf("room %d aborted by decode", r.Room)
+			}
+			return rep, fmt.Errorf("room %d is %s on rank %d", r.Room, st, i)
 		}
-		s.mu.Unlock()
-	}()
-	for _, room := range rooms {
-		rep.TBootstrapped = max(rep.TBootstrapped, room.tReady)
+		rep.TBootstrapped = max(rep.TBootstrapped, tReady)
 	}
+	s.mu.Unlock()
 	chunk := r.ChunkTokens
 	if chunk <= 0 {
 		chunk = r.Tokens
@@ -571,14 +569,11 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	errs := make([]error, len(e.ranks))
 	starts, ends, descs, logical := make([]int64, len(e.ranks)), make([]int64, len(e.ranks)), make([]int, len(e.ranks)), make([]int, len(e.ranks))
 	for i, rk := range e.ranks {
-		if rooms[i].aborted {
-			return rep, fmt.Errorf("room %d aborted by decode", r.Room)
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			starts[i] = mono.Now()
-			descs[i], logical[i], errs[i] = s.sendRoom(ctx, rk, rooms[i], r, blocks, chunk, bs)
+			descs[i], logical[i], errs[i] = s.sendRoom(ctx, rk, infos[i], r, blocks, chunk, bs)
 			ends[i] = mono.Now()
 		}()
 	}
@@ -599,8 +594,10 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 }
 
 // sendRoom sends one prefill rank's chunks of a room to each decode agent
-// in it, then the aux row, and waits for the WRITEs.
-func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r PrefillRequest, blocks []int, chunk, bs int) (descs, logical int, err error) {
+// in it, then the aux row, and waits for the WRITEs. infos is the room's
+// own copy, taken when it started sending: messages arriving meanwhile
+// cannot change it.
+func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferInfo, r PrefillRequest, blocks []int, chunk, bs int) (descs, logical int, err error) {
 	e := s.e
 	sr := s.ranks[rk.idx]
 	var xfers []nixl.XferReq
@@ -609,10 +606,8 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 			_ = rk.agent.ReleaseXferReq(x)
 		}
 	}()
-	s.mu.Lock()
-	infos := room.infos
-	s.mu.Unlock()
-	for agentName, info := range infos {
+	for _, info := range infos {
+		agentName := info.AgentName
 		s.mu.Lock()
 		peer := s.peers[rk.idx][agentName]
 		s.mu.Unlock()
@@ -661,7 +656,8 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, room *sglRoom, r Pref
 		for c, from := 0, 0; from < len(src) || (c == 0 && len(src) == 0); c++ {
 			to := min(from+pagesPerChunk, len(src))
 			last := to == len(src)
-			ml, err := buildMoves(rk.pool, rm, chunks, src[from:to], dst[from:to], prefixPages+from, r.Tokens, true, true)
+			ml, err := buildMoves(rk.pool, rm, moveOpts{Chunks: chunks, LocalBlocks: src[from:to], RemoteBlocks: dst[from:to],
+				LogicalStart: prefixPages + from, Tokens: r.Tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
 			if err != nil {
 				return descs, logical, err
 			}
@@ -760,17 +756,26 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 	requiredDst := max(1, len(e.ranks)/info.AttnTPSize)
 	t0 := mono.Now()
 	first := false
-	trackers := make([]*sglTracker, len(e.ranks))
+	recvs := make([]*sglRecv, len(e.ranks))
+	defer func() {
+		s.mu.Lock()
+		for d := range e.ranks {
+			if s.recv[d][r.Room] == recvs[d] {
+				delete(s.recv[d], r.Room)
+			}
+		}
+		s.mu.Unlock()
+	}()
 	for d, rk := range e.ranks {
 		var targets []int
 		for _, rd := range plan.Decode[d].Reads {
 			targets = append(targets, rd.PrefillRank)
 		}
 		targets = append(targets, plan.Decode[d].NotifyOnly...)
-		tr := &sglTracker{chunks: map[int]map[int]bool{}, expected: map[int]int{}, senders: len(targets), done: make(chan struct{})}
-		trackers[d] = tr
+		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{})}
+		recvs[d] = rc
 		s.mu.Lock()
-		s.roomLocked(d, r.Room).tracker = tr
+		s.recv[d][r.Room] = rc
 		s.mu.Unlock()
 		row, err := s.ranks[d].pool.Alloc(1)
 		if err != nil {
@@ -799,18 +804,11 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 		rep.HandshakeMS, rep.FirstHandshake = float64(mono.Since(t0))/1e6, true
 	}
 	rep.TRegSent = mono.Now()
-	defer func() {
-		s.mu.Lock()
-		for d := range e.ranks {
-			delete(s.rooms[d], r.Room)
-		}
-		s.mu.Unlock()
-	}()
 	timeout := time.NewTimer(e.cfg.RegTimeout)
 	defer timeout.Stop()
-	for _, tr := range trackers {
+	for _, rc := range recvs {
 		select {
-		case <-tr.done:
+		case <-rc.done:
 		case <-timeout.C:
 			e.c.regTimeouts.Add(1)
 			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.RegTimeout)
@@ -818,7 +816,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			return ctx.Err()
 		}
 		s.mu.Lock()
-		rep.TXferDone = max(rep.TXferDone, tr.tLast)
+		rep.TXferDone = max(rep.TXferDone, rc.tr.tLast)
 		s.mu.Unlock()
 	}
 	rep.TReady = mono.Now()
@@ -941,34 +939,18 @@ func (s *sglState) onNotif(rk *rank, from, m string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	room := s.rooms[rk.idx][n.room]
-	if room == nil || room.tracker == nil {
+	rc := s.recv[rk.idx][n.room]
+	if rc == nil {
 		s.e.c.unknown.Add(1)
 		s.e.log.Warn("notification for an unknown room", "room", n.room, "from", from)
 		return
 	}
-	tr := room.tracker
-	tr.tLast = mono.Now()
-	switch n.kind {
-	case "aux":
-		tr.aux = true
-	case "nokv":
-		tr.expected[n.sender] = 0
-		tr.chunks[n.sender] = map[int]bool{}
-	case "kv":
-		if tr.chunks[n.sender] == nil {
-			tr.chunks[n.sender] = map[int]bool{}
-		}
-		if tr.chunks[n.sender][n.chunk] {
-			s.e.c.duplicate.Add(1)
-		}
-		tr.chunks[n.sender][n.chunk] = true
-		if n.last {
-			tr.expected[n.sender] = n.chunk + 1
-		}
-	}
-	if tr.complete() && !tr.closed {
-		tr.closed = true
-		close(tr.done)
+	// The tracker's time is a stage time (the last WRITE seen), joined
+	// with prefill's: the real clock, not the engine's.
+	switch rc.tr.Notif(n, mono.Now()) {
+	case notifComplete:
+		close(rc.done)
+	case notifDuplicate, notifLate:
+		s.e.c.duplicate.Add(1)
 	}
 }
