@@ -194,6 +194,9 @@ func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run 
 }
 
 func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, lo bench.LeaseChaosOptions) error {
+	if n := o.Traffic.Requests; n > leasesim.MaxTrafficRequests {
+		return errkind.BadInputf("--requests %d: want 0 (scenarios only) to %d", n, leasesim.MaxTrafficRequests)
+	}
 	var sweep []time.Duration
 	for _, s := range o.SweepLease {
 		d, err := time.ParseDuration(strings.TrimSpace(s))
