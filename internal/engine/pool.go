@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"sort"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -31,6 +32,10 @@ type piece struct {
 	head     int // global KV head (0 for MLA)
 	part     int // 0 = K (or latent), 1 = V inside a K|V block
 	token    int // -1 when the piece spans all tokens
+	// salt is the piece's share of its key, the same in every block:
+	// computed once, so a piece's key costs one mix, not four (token-major
+	// layouts have a piece per head per token: a million per request).
+	salt uint64
 }
 
 // NewPool lays out and registers a rank's pool of numBlocks blocks in buf,
@@ -51,6 +56,13 @@ func NewPool(spec kv.Spec, tpRank, ppRank, numBlocks int, buf *nixl.Buffer) (*Po
 		return nil, fmt.Errorf("pool of %d blocks needs %d bytes, buffer has %d", numBlocks, off, buf.Len)
 	}
 	p.pieces = blockPieces(spec, r.Heads)
+	// Walk pieces in memory order: token-major pieces of one head lie a
+	// token row apart, and visiting them head by head strides the block.
+	sort.Slice(p.pieces, func(i, j int) bool { return p.pieces[i].off < p.pieces[j].off })
+	for i := range p.pieces {
+		pc := &p.pieces[i]
+		pc.salt = blocktag.Key(uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
+	}
 	return p, nil
 }
 
@@ -112,7 +124,7 @@ func blockKey(reqKey uint64, reg kv.Region, logical int) uint64 {
 }
 
 func pieceKey(bk uint64, pc piece) uint64 {
-	return blocktag.Key(bk, uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
+	return blocktag.Key(bk ^ pc.salt)
 }
 
 // Verify says how much of each piece tags cover: Sparse writes the first
@@ -138,14 +150,46 @@ func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Ver
 		_ = blocktag.FillSpans(p.Buf, spans, func(i int) uint64 { return keys[i] })
 		return
 	}
-	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
-		if v == Full {
+	if v == Full {
+		p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
 			blocktag.Fill(b, key)
-		} else {
-			blocktag.FillSparse(b, key)
+			return true
+		})
+		return
+	}
+	// The sparse walk without a call per piece: token-major layouts have
+	// a million pieces a request, and the endpoints' CPU is the limit on
+	// small machines.
+	data := p.Buf.Bytes()
+	if data == nil {
+		return
+	}
+	p.eachBlock(reqKey, blocks, logicalStart, tokens, func(_, _ int, bk uint64, off int64) bool {
+		for k := range p.pieces {
+			pc := &p.pieces[k]
+			blocktag.FillSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt))
 		}
 		return true
 	})
+}
+
+// eachBlock calls f for every (region, request block) the request holds
+// there (sliding-window regions keep only the tail), with the block's key
+// and its offset in the pool; f returns false to stop.
+func (p *Pool) eachBlock(reqKey uint64, blocks []int, logicalStart, tokens int, f func(region, logical int, bk uint64, off int64) bool) {
+	for i, reg := range p.Rank.Regions {
+		keep := p.Spec.BlocksFor(reg.Kind, tokens) // blocks this region holds for the whole request
+		total := logicalStart + len(blocks)
+		for j, b := range blocks {
+			logical := logicalStart + j
+			if logical < total-keep {
+				continue // outside a sliding window
+			}
+			if !f(i, logical, blockKey(reqKey, reg, logical), int64(p.BlockAddr(i, b)-p.Buf.Addr)) {
+				return
+			}
+		}
+	}
 }
 
 // Check verifies the tags Fill wrote and returns how many blocks (region
@@ -169,11 +213,33 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 		}
 		return bad, first
 	}
-	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
-		if v == Full {
-			return blocktag.Check(b, key) == nil
+	onBad := func(region, block int, err error) {
+		bad++ // each (region, block) at most once
+		if first == nil {
+			reg := p.Rank.Regions[region]
+			first = fmt.Errorf("layer %d %s, logical block %d: %w", reg.Layer, reg.Part, block, err)
 		}
-		return blocktag.CheckSparse(b, key) == nil
+	}
+	if v != Full {
+		// Sparse, without a call per piece (see Fill).
+		data := p.Buf.Bytes()
+		if data == nil {
+			return 0, nil
+		}
+		p.eachBlock(reqKey, blocks, logicalStart, tokens, func(i, logical int, bk uint64, off int64) bool {
+			for k := range p.pieces {
+				pc := &p.pieces[k]
+				if blocktag.CheckSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt)) != nil {
+					onBad(i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
+					break
+				}
+			}
+			return true
+		})
+		return bad, first
+	}
+	p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
+		return blocktag.Check(b, key) == nil
 	}, func(region, block int, err error) {
 		bad++ // walk reports each (region, block) at most once
 		if first == nil {
@@ -204,13 +270,13 @@ func (p *Pool) Poison(blocks []int) {
 	for i := range p.Rank.Regions {
 		for _, b := range blocks {
 			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
-			for _, pc := range p.pieces {
-				seg := data[off+pc.off : off+pc.off+pc.len]
-				for w := int64(0); w+8 <= int64(len(seg)); w += blocktag.SparseStride {
-					binary.LittleEndian.PutUint64(seg[w:], 0xdeadbeefdeadbeef)
-				}
-				if len(seg) >= 8 {
-					binary.LittleEndian.PutUint64(seg[len(seg)-8:], 0xdeadbeefdeadbeef)
+			// Each piece's first word: every check (sparse and full)
+			// starts there, so a read of the freed block after this fails
+			// on every piece it copied, at half the cache lines of
+			// poisoning every tag word.
+			for k := range p.pieces {
+				if pc := &p.pieces[k]; pc.len >= 8 {
+					binary.LittleEndian.PutUint64(data[off+pc.off:], 0xdeadbeefdeadbeef)
 				}
 			}
 		}
@@ -246,23 +312,14 @@ func (p *Pool) walk(reqKey uint64, blocks []int, logicalStart, tokens int, visit
 	if data == nil {
 		return
 	}
-	for i, reg := range p.Rank.Regions {
-		keep := p.Spec.BlocksFor(reg.Kind, tokens) // blocks this region holds for the whole request
-		total := logicalStart + len(blocks)
-		for j, b := range blocks {
-			logical := logicalStart + j
-			if logical < total-keep {
-				continue // outside a sliding window
-			}
-			bk := blockKey(reqKey, reg, logical)
-			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
-			for _, pc := range p.pieces {
-				seg := data[off+pc.off : off+pc.off+pc.len]
-				if !visit(seg, pieceKey(bk, pc)) && len(onBad) > 0 {
-					onBad[0](i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
-					break
-				}
+	p.eachBlock(reqKey, blocks, logicalStart, tokens, func(i, logical int, bk uint64, off int64) bool {
+		for k := range p.pieces {
+			pc := &p.pieces[k]
+			if !visit(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt)) && len(onBad) > 0 {
+				onBad[0](i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
+				break
 			}
 		}
-	}
+		return true
+	})
 }

@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// The tag work per request of llama-3.1-8b's shape (32 layers, 8 KV heads,
+// 16-token blocks), 128 blocks: HND has a piece per head per block, NHD
+// (SGLang's token-major layout) one per head per token, 16 times as many.
+func benchPool(b *testing.B, order kv.CacheOrder) (*Pool, []int) {
+	m, err := kv.Preset("llama-3.1-8b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	spec, err := kv.Spec{Model: m, BlockSize: 16, TP: 1, Order: order}.Normalize()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 128
+	buf, err := nixl.AllocDRAM(int(PoolBytes(spec, 0, 0, n)), false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { buf.Free() })
+	p, err := NewPool(spec, 0, 0, n, buf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	blocks := make([]int, n)
+	for i := range blocks {
+		blocks[i] = i
+	}
+	return p, blocks
+}
+
+func BenchmarkPoolTags(b *testing.B) {
+	for _, order := range []kv.CacheOrder{kv.HND, kv.NHD} {
+		p, blocks := benchPool(b, order)
+		tokens := len(blocks) * 16
+		b.Run(string(order)+"/fill", func(b *testing.B) {
+			for b.Loop() {
+				p.Fill(7, blocks, 0, tokens, Sparse)
+			}
+		})
+		b.Run(string(order)+"/check", func(b *testing.B) {
+			p.Fill(7, blocks, 0, tokens, Sparse)
+			for b.Loop() {
+				if bad, err := p.Check(7, blocks, 0, tokens, Sparse); bad != 0 {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(string(order)+"/poison", func(b *testing.B) {
+			for b.Loop() {
+				p.Poison(blocks)
+			}
+		})
+	}
+}
