@@ -652,5 +652,3 @@ func (s *decodeState) watchdog(now int64) {
 		close(s.waitDone[id])
 	}
 }
-
-func msgpackMarshal(v any) ([]byte, error) { return msgpack.Marshal(v) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/kv"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 type evRecorder struct {
@@ -238,6 +239,8 @@ func TestPushReg(t *testing.T) {
 }
 
 func jsonToMsgpack(v map[string]any) ([]byte, error) { return msgpackMarshal(v) }
+
+func msgpackMarshal(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
 func TestSGLangAcrossTP(t *testing.T) {
 	for _, tps := range [][2]int{{1, 1}, {2, 1}, {1, 2}, {4, 2}} {

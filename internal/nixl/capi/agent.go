@@ -610,22 +610,13 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
-	if len(localIdx) != len(remoteIdx) {
-		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
-	}
 	li := make([]C.int, len(localIdx))
 	ri := make([]C.int, len(remoteIdx))
-	var total int64
-	for i := range localIdx {
-		x, y := localIdx[i], remoteIdx[i]
-		if x < 0 || x >= len(l.descs) || y < 0 || y >= len(rm.descs) {
-			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, x, y, len(l.descs), len(rm.descs))
-		}
-		if l.descs[x].Len != rm.descs[y].Len {
-			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, l.descs[x].Len, rm.descs[y].Len, nixl.ErrLengthMismatch)
-		}
-		li[i], ri[i] = C.int(x), C.int(y)
-		total += int64(l.descs[x].Len)
+	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.descs), len(rm.descs),
+		func(i int) uint64 { return l.descs[i].Len }, func(i int) uint64 { return rm.descs[i].Len },
+		func(i, x, y int) { li[i], ri[i] = C.int(x), C.int(y) })
+	if err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

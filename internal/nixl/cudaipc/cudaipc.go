@@ -541,31 +541,24 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
-	if len(localIdx) != len(remoteIdx) {
-		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
-	}
 	if len(notif) > maxNotif {
 		return nil, fmt.Errorf("make request: notification of %d bytes (at most %d)", len(notif), maxNotif)
 	}
 	ops := make([]cuda.Copy, 0, len(localIdx))
-	var total int64
-	for i := range localIdx {
-		li, ri := localIdx[i], remoteIdx[i]
-		if li < 0 || li >= len(l.addrs) || ri < 0 || ri >= len(rm.addrs) {
-			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(l.addrs), len(rm.addrs))
-		}
-		if l.lens[li] != rm.lens[ri] {
-			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, l.lens[li], rm.lens[ri], nixl.ErrLengthMismatch)
-		}
-		if l.lens[li] == 0 {
-			continue
-		}
-		c := cuda.Copy{Dst: rm.addrs[ri], Src: l.addrs[li], Len: l.lens[li]}
-		if op == nixl.Read {
-			c.Dst, c.Src = c.Src, c.Dst
-		}
-		ops = append(ops, c)
-		total += int64(l.lens[li])
+	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.addrs), len(rm.addrs),
+		func(i int) uint64 { return uint64(l.lens[i]) }, func(i int) uint64 { return uint64(rm.lens[i]) },
+		func(_, li, ri int) {
+			if l.lens[li] == 0 {
+				return
+			}
+			c := cuda.Copy{Dst: rm.addrs[ri], Src: l.addrs[li], Len: l.lens[li]}
+			if op == nixl.Read {
+				c.Dst, c.Src = c.Src, c.Dst
+			}
+			ops = append(ops, c)
+		})
+	if err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -581,22 +574,7 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 }
 
 func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, remoteMem nixl.MemType, remote []nixl.Desc, remoteName string, notif []byte) (nixl.XferReq, error) {
-	if len(local) != len(remote) {
-		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
-	}
-	ld, err := a.PrepXferDlist("", mem, local)
-	if err != nil {
-		return nil, err
-	}
-	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
-	if err != nil {
-		return nil, err
-	}
-	idx := make([]int, len(local))
-	for i := range idx {
-		idx[i] = i
-	}
-	return a.MakeXferReq(op, ld, idx, rd, idx, notif)
+	return nixl.CreateXferReqByPrep(a, op, mem, local, remoteMem, remote, remoteName, notif)
 }
 
 func (a *agent) req(x nixl.XferReq) (*request, error) {

@@ -761,22 +761,15 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
-	if len(localIdx) != len(remoteIdx) {
-		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
-	}
 	ops := make([]C.nx_op_t, len(localIdx))
-	var total int64
-	for i := range localIdx {
-		li, ri := localIdx[i], remoteIdx[i]
-		if li < 0 || li >= len(l.descs) || ri < 0 || ri >= len(rm.descs) {
-			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(l.descs), len(rm.descs))
-		}
-		ld, rd := l.descs[li], rm.descs[ri]
-		if ld.Len != rd.Len {
-			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ld.Len, rd.Len, nixl.ErrLengthMismatch)
-		}
-		ops[i] = C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]}
-		total += int64(ld.Len)
+	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.descs), len(rm.descs),
+		func(i int) uint64 { return l.descs[i].Len }, func(i int) uint64 { return rm.descs[i].Len },
+		func(i, li, ri int) {
+			ld, rd := l.descs[li], rm.descs[ri]
+			ops[i] = C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]}
+		})
+	if err != nil {
+		return nil, err
 	}
 	return a.newRequest(op, rm.remote, ops, total, notif)
 }
@@ -814,22 +807,7 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 }
 
 func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, remoteMem nixl.MemType, remote []nixl.Desc, remoteName string, notif []byte) (nixl.XferReq, error) {
-	if len(local) != len(remote) {
-		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
-	}
-	ld, err := a.PrepXferDlist("", mem, local)
-	if err != nil {
-		return nil, err
-	}
-	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
-	if err != nil {
-		return nil, err
-	}
-	idx := make([]int, len(local))
-	for i := range idx {
-		idx[i] = i
-	}
-	return a.MakeXferReq(op, ld, idx, rd, idx, notif)
+	return nixl.CreateXferReqByPrep(a, op, mem, local, remoteMem, remote, remoteName, notif)
 }
 
 func (a *agent) req(x nixl.XferReq) (*request, error) {

@@ -1,0 +1,52 @@
+package nixl
+
+import "fmt"
+
+// Every backend checks a request's arguments the same way; these helpers
+// are that one way, so the backends differ only in what they build.
+
+// CreateXferReqByPrep is CreateXferReq for a backend whose requests are
+// made from prepared lists: it prepares both sides and makes the request
+// pairing descriptor i with descriptor i.
+func CreateXferReqByPrep(a Agent, op Op, mem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteName string, notif []byte) (XferReq, error) {
+	if len(local) != len(remote) {
+		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
+	}
+	ld, err := a.PrepXferDlist("", mem, local)
+	if err != nil {
+		return nil, err
+	}
+	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
+	if err != nil {
+		return nil, err
+	}
+	idx := make([]int, len(local))
+	for i := range idx {
+		idx[i] = i
+	}
+	return a.MakeXferReq(op, ld, idx, rd, idx, notif)
+}
+
+// PairIndices checks MakeXferReq's index lists against prepared lists of
+// nLocal and nRemote descriptors whose lengths localLen and remoteLen give,
+// and calls each for every pair in order; it returns the bytes the pairs
+// move. Pairs must be in range and of equal length (ErrLengthMismatch).
+func PairIndices(localIdx, remoteIdx []int, nLocal, nRemote int, localLen, remoteLen func(int) uint64, each func(i, li, ri int)) (int64, error) {
+	if len(localIdx) != len(remoteIdx) {
+		return 0, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
+	}
+	var total int64
+	for i := range localIdx {
+		li, ri := localIdx[i], remoteIdx[i]
+		if li < 0 || li >= nLocal || ri < 0 || ri >= nRemote {
+			return 0, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, nLocal, nRemote)
+		}
+		ll, rl := localLen(li), remoteLen(ri)
+		if ll != rl {
+			return 0, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ll, rl, ErrLengthMismatch)
+		}
+		each(i, li, ri)
+		total += int64(ll)
+	}
+	return total, nil
+}
