@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // preq is a finished request whose blocks prefill keeps for its consumers.
@@ -77,35 +78,13 @@ func flattenBlockIDs(v any) ([]int, error) {
 	}
 	out := make([]int, 0, len(list))
 	for _, x := range list {
-		n, ok := asInt(x)
+		n, ok := sidechannel.AsInt(x)
 		if !ok || n < 0 {
 			return nil, fmt.Errorf("block id %v is not a non-negative integer", x)
 		}
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-func asInt(v any) (int, bool) {
-	switch x := v.(type) {
-	case int8:
-		return int(x), true
-	case int16:
-		return int(x), true
-	case int32:
-		return int(x), true
-	case int64:
-		return int(x), x == int64(int(x))
-	case uint8:
-		return int(x), true
-	case uint16:
-		return int(x), true
-	case uint32:
-		return int(x), true
-	case uint64:
-		return int(x), x < 1<<31
-	}
-	return 0, false
 }
 
 type prefillState struct {

@@ -95,8 +95,8 @@ func DecodeGetMeta(frame []byte) (pp, tp int, err error) {
 	default:
 		return 0, 0, fmt.Errorf("handshake request: %d elements, want [get_meta_msg, pp_rank, tp_rank]", len(parts))
 	}
-	pp, ok1 := asInt(parts[1])
-	tp, ok2 := asInt(parts[2])
+	pp, ok1 := AsInt(parts[1])
+	tp, ok2 := AsInt(parts[2])
 	if !ok1 || !ok2 || pp < 0 || tp < 0 {
 		return 0, 0, fmt.Errorf("handshake request: ranks must be non-negative integers, got %v and %v", parts[1], parts[2])
 	}
@@ -113,7 +113,9 @@ func DecodeGetMeta(frame []byte) (pp, tp int, err error) {
 	return pp, tp, nil
 }
 
-func asInt(v any) (int, bool) {
+// AsInt reads an integer msgpack decoded into any (its width depends on
+// the value), refusing one that does not fit an int.
+func AsInt(v any) (int, bool) {
 	switch x := v.(type) {
 	case int8:
 		return int(x), true
