@@ -338,13 +338,20 @@ func (r *HandoffRecord) applyPushFreed(f engine.FreedEvent) {
 	r.RegRTTMS = stageMS(r.tRegSent, f.TRegReceived)
 	r.FinishToPostMS = stageMS(r.TFinish, f.TPostStart)
 	r.PostMS = stageMS(f.TPostStart, f.TPostEnd)
-	r.TransferMS = stageMS(f.TPostEnd, r.tXferDone)
+	// Both ends on prefill's clock: its agent saw the WRITE posted and
+	// done. Decode's notification stamp may come before prefill's own
+	// view of the post's end (UCX's progress thread finishes first), and
+	// subtracting across processes assumes one clock.
+	r.TransferMS = stageMS(f.TPostEnd, f.TWriteDone)
 }
 
 // stageMS is the milliseconds from a to b, monotonic nanoseconds; 0 when
-// either is missing or they are out of order.
+// either stamp is missing (a stage the protocol does not have). A stage
+// whose end comes before its start is returned negative, never clamped:
+// the summary counts it and the run warns (clocks that disagree, or a
+// stamp taken on the wrong side).
 func stageMS(a, b int64) float64 {
-	if a == 0 || b == 0 || b < a {
+	if a == 0 || b == 0 {
 		return 0
 	}
 	return float64(b-a) / 1e6
@@ -377,6 +384,10 @@ type HandoffSummary struct {
 	XferGBps          float64            `json:"xfer_gbps,omitempty"`
 	EfficiencyXfer    float64            `json:"efficiency_vs_xfer,omitempty"`
 	LeakedBlocks      int64              `json:"leaked_blocks"`
+	// NegativeStages counts, per stage, the requests whose stage ended
+	// before it started by the stamps (left out of that stage's
+	// histogram): clocks that disagree, or a stamp on the wrong side.
+	NegativeStages map[string]int `json:"negative_stages,omitempty"`
 	// FailuresByReason counts the failed requests by what failed them
 	// (their errors with ids and numbers folded, or "corrupt blocks").
 	FailuresByReason map[string]int `json:"failures_by_reason,omitempty"`
@@ -578,6 +589,10 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	if res.Summary.CorruptBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d corrupt blocks: data arrived wrong or late", res.Summary.CorruptBlocks))
+	}
+	if ns := res.Summary.NegativeStages; len(ns) > 0 {
+		res.Warn(fmt.Sprintf("negative stage times, left out of their histograms: %s (clocks that disagree, or a stamp on the wrong side)",
+			strings.TrimSuffix(strings.TrimPrefix(byReason(ns), " ("), ")")))
 	}
 	if n := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; n > 0 {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
@@ -859,7 +874,9 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 	case engine.ProtoSGLang:
 		rec.RegRTTMS = ms(lr.TRegSent, pr.TBootstrapped)
 		rec.FinishToPostMS = ms(max(pr.TFinish, pr.TBootstrapped), pr.TPostStart)
-		rec.TransferMS = ms(pr.TPostStart, lr.TXferDone)
+		// Both ends on prefill's clock: the WRITEs posted, and done
+		// (sendRoom returns when they are).
+		rec.TransferMS = ms(pr.TPostStart, pr.TSent)
 		rec.Descriptors, rec.LogicalDescs = pr.Descriptors, pr.LogicalDescs
 		rec.Bytes = int64(lr.Blocks) * h.bytesPerBlock()
 	}
@@ -938,13 +955,26 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 		s.Bytes += r.Bytes
 		s.DescriptorsPerReq += float64(r.Descriptors)
 		s.LogicalDescsReq += float64(r.LogicalDescs)
-		hand.Record(ms(r.HandoffMS))
-		// A stage the protocol does not have (or did not reach) stays out.
+		// Every measured request has a handoff and a transfer stage, even
+		// one that read 0 (a copy done inside the post): the histograms
+		// count every request that moved bytes. Other stages a protocol
+		// lacks are 0 and stay out. A negative stage is counted, not
+		// recorded, and the run warns.
 		for _, st := range []struct {
-			h *report.Histogram
-			v float64
-		}{{xfer, r.TransferMS}, {post, r.PostMS}, {f2p, r.FinishToPostMS}, {comp, r.CompletionMS}, {reg, r.RegRTTMS}} {
-			if st.v > 0 {
+			name   string
+			h      *report.Histogram
+			v      float64
+			always bool
+		}{{"handoff_ms", hand, r.HandoffMS, true}, {"transfer_ms", xfer, r.TransferMS, r.Bytes > 0}, {"post_ms", post, r.PostMS, false},
+			{"finish_to_post_ms", f2p, r.FinishToPostMS, false}, {"completion_to_ready_ms", comp, r.CompletionMS, false},
+			{"registration_rtt_ms", reg, r.RegRTTMS, false}} {
+			switch {
+			case st.v < 0:
+				if s.NegativeStages == nil {
+					s.NegativeStages = map[string]int{}
+				}
+				s.NegativeStages[st.name]++
+			case st.v > 0 || st.always:
 				st.h.Record(ms(st.v))
 			}
 		}

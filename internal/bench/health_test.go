@@ -33,3 +33,28 @@ func TestHandoffProblems(t *testing.T) {
 		t.Errorf("a healthy run has problems: %q", p)
 	}
 }
+
+// Every measured request counts in the transfer histogram, even when its
+// transfer stage read 0 (the copy happened inside the post); a negative
+// stage is counted and left out, never clamped to 0.
+func TestStagesCountEveryMeasuredRequest(t *testing.T) {
+	recs := []HandoffRecord{
+		{ID: "a", Bytes: 10, HandoffMS: 2, PostMS: 1, TransferMS: 1},
+		{ID: "b", Bytes: 10, HandoffMS: 2, PostMS: 2, TransferMS: 0},
+		{ID: "c", Bytes: 10, HandoffMS: 2, PostMS: 1, TransferMS: -0.5},
+		{ID: "d", Error: "decode: boom"},
+	}
+	s := SummarizeHandoff(recs, 0)
+	if s.TransferMS.Count != 2 || s.HandoffLatencyMS.Count != 3 || s.PostMS.Count != 3 {
+		t.Errorf("counts: transfer %d (want 2: a and b), handoff %d, post %d (want 3)", s.TransferMS.Count, s.HandoffLatencyMS.Count, s.PostMS.Count)
+	}
+	if d := cmp.Diff(map[string]int{"transfer_ms": 1}, s.NegativeStages); d != "" {
+		t.Errorf("negative stages (-want +got):\n%s", d)
+	}
+	if got := stageMS(200, 100); got >= 0 {
+		t.Errorf("stageMS(200, 100) = %v: a stage that ends before it starts must stay negative", got)
+	}
+	if got := stageMS(0, 100); got != 0 {
+		t.Errorf("stageMS with a missing stamp = %v, want 0", got)
+	}
+}
