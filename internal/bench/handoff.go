@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -410,7 +411,10 @@ type HandoffResult struct {
 	Decode      engine.Stats      `json:"decode_stats"`
 	Transports  map[string]string `json:"transports,omitempty"`
 	Interrupted bool              `json:"interrupted,omitempty"`
-	Records     []HandoffRecord   `json:"-"`
+	// EndpointDied names the endpoint that died during the timed phase and
+	// how ("decode: signal: killed"); the run stopped there.
+	EndpointDied string          `json:"endpoint_died,omitempty"`
+	Records      []HandoffRecord `json:"-"`
 }
 
 // Endpoint is a connection to a prefill or decode endpoint.
@@ -537,7 +541,38 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
 	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
 	go h.collectFreed()
-	runErr := h.run(ctx)
+	// Liveness: an endpoint that dies stops the run at once, with the
+	// reason, instead of the router sending it requests that wait out
+	// watchdogs (push) or fail a wave at a time (SGLang).
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	var died atomic.Pointer[string]
+	for _, ep := range []struct {
+		role string
+		c    *ctl.Client
+	}{{"prefill", pe.rpc}, {"decode", de.rpc}} {
+		go func() {
+			select {
+			case <-ep.c.Done():
+				d := &endpointDeath{role: ep.role, why: ep.c.Why()}
+				what := d.String()
+				died.CompareAndSwap(nil, &what)
+				stopRun(d)
+				if o.Log != nil {
+					o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
+				}
+			case <-runCtx.Done():
+			}
+		}()
+	}
+	runErr := h.run(runCtx)
+	if d := died.Load(); d != nil {
+		res.EndpointDied = *d
+		res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
+		if ctx.Err() == nil {
+			runErr = nil // the result says it; the CLI fails the run on it
+		}
+	}
 	// Give prefill a moment to report its last frees, and, for blocks of
 	// failed requests, the time their leases take (up to 5 s): what is held
 	// after that is reported.
@@ -736,6 +771,10 @@ func (h *handoff) run(ctx context.Context) error {
 	runOne := func(i int) {
 		defer wg.Done()
 		r := h.one(ctx, i, isls[i])
+		var death *endpointDeath
+		if r.Error != "" && errors.As(context.Cause(ctx), &death) {
+			r.Error = "stopped: " + death.Error() // not the context's "canceled"
+		}
 		r.Warmup = i < o.Warmup
 		h.mu.Lock()
 		h.records[i] = r
@@ -1076,3 +1115,11 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters}
 	return xr.Points[0].BandwidthGBps, nil
 }
+
+// endpointDeath is why a run stopped when an endpoint died.
+type endpointDeath struct{ role, why string }
+
+// String is "decode (signal: killed)".
+func (e *endpointDeath) String() string { return e.role + " (" + e.why + ")" }
+
+func (e *endpointDeath) Error() string { return "the " + e.String() + " endpoint died" }

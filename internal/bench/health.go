@@ -25,6 +25,9 @@ func (res *HandoffResult) Problems() []string {
 	if s.LeakedBlocks > 0 {
 		p = append(p, fmt.Sprintf("%d blocks leaked (still held at the end)", s.LeakedBlocks))
 	}
+	if res.EndpointDied != "" {
+		p = append(p, "the "+res.EndpointDied+" endpoint died mid-run")
+	}
 	if res.Interrupted {
 		p = append(p, "interrupted")
 	}

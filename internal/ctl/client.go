@@ -237,6 +237,28 @@ func (c *Client) Events() <-chan Event { return c.events }
 // Done is closed when nothing more will come from the server.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
+// Why says why nothing more will come from the server, once Done is
+// closed: how a child exited (waiting up to a second for its exit
+// status), or what ended the connection.
+func (c *Client) Why() string {
+	if c.exited != nil {
+		select {
+		case <-c.exited:
+			if c.exitErr != nil {
+				return c.exitErr.Error()
+			}
+			return "exited"
+		case <-time.After(time.Second):
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err.Error()
+	}
+	return "connection closed"
+}
+
 func (c *Client) register() (uint64, chan Message, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -296,6 +318,11 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 	select {
 	case <-ctx.Done():
 		c.forget(id)
+		// Stop the work at the other end too (best effort: a server that
+		// is gone needs no telling).
+		if b, err := json.Marshal(cancelParams{ID: id}); err == nil {
+			_ = c.write(Message{Method: cancelMethod, Params: b})
+		}
 		return ctx.Err()
 	case m, ok := <-ch:
 		if !ok {

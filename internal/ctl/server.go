@@ -33,6 +33,8 @@ type Server struct {
 	handlers map[string]Handler
 	onClose  Handler
 	wg       sync.WaitGroup
+	runMu    sync.Mutex
+	running  map[uint64]context.CancelFunc // requests running, by id (cancelMethod)
 }
 
 // NewServer writes replies and events to w.
@@ -117,6 +119,13 @@ func (s *Server) Serve(ctx context.Context, r io.Reader) error {
 			s.reply(m.ID, nil, fmt.Errorf("malformed request: %w", err))
 			continue
 		}
+		if m.Method == cancelMethod {
+			var p cancelParams
+			if json.Unmarshal(m.Params, &p) == nil {
+				s.cancelRunning(p.ID)
+			}
+			continue
+		}
 		if m.Method == closeMethod {
 			s.wg.Wait()
 			var res any
@@ -133,9 +142,18 @@ func (s *Server) Serve(ctx context.Context, r io.Reader) error {
 			continue
 		}
 		s.wg.Add(1)
+		// While the request runs, its context ends with the session or a
+		// cancel from the caller. Once answered it is left alone: a role
+		// may keep what it started with it (an engine made by "setup");
+		// the role's release function stops that.
+		hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+		stop := context.AfterFunc(ctx, hcancel)
+		s.track(m.ID, hcancel)
 		go func() {
 			defer s.wg.Done()
-			res, err := h(ctx, m.Params)
+			res, err := h(hctx, m.Params)
+			stop()
+			s.untrack(m.ID)
 			s.reply(m.ID, res, err)
 		}()
 	}
@@ -199,5 +217,37 @@ func Typed[P any](f func(context.Context, P) (any, error)) Handler {
 			}
 		}
 		return f(ctx, p)
+	}
+}
+
+// track keeps a running request's cancel function under its id (ids are
+// the client's; 0, a request that wants no answer, is not tracked).
+func (s *Server) track(id uint64, cancel context.CancelFunc) {
+	if id == 0 {
+		return
+	}
+	s.runMu.Lock()
+	if s.running == nil {
+		s.running = map[uint64]context.CancelFunc{}
+	}
+	s.running[id] = cancel
+	s.runMu.Unlock()
+}
+
+func (s *Server) untrack(id uint64) {
+	if id == 0 {
+		return
+	}
+	s.runMu.Lock()
+	delete(s.running, id)
+	s.runMu.Unlock()
+}
+
+func (s *Server) cancelRunning(id uint64) {
+	s.runMu.Lock()
+	cancel := s.running[id]
+	s.runMu.Unlock()
+	if cancel != nil {
+		cancel()
 	}
 }

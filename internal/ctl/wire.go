@@ -23,3 +23,14 @@ type Event struct {
 // closeMethod ends a session once the requests running are answered; the
 // server answers it itself, so no role can shadow it.
 const closeMethod = "close"
+
+// cancelMethod (params {"id": N}, itself sent without an id and never
+// answered) cancels the context of request N if it still runs: a caller
+// that gave up on a request (its context ended) stops the work at the
+// other end too, so an endpoint does not go on holding blocks for a run
+// that has stopped.
+const cancelMethod = "cancel"
+
+type cancelParams struct {
+	ID uint64 `json:"id"`
+}
