@@ -63,7 +63,13 @@ func TestLeaseHeartbeatsKeepQueuedRequestsAlive(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				time.Sleep(20 * time.Millisecond) // keep the order in decode's queue
+				// Decode's queue is first come first served: hb-i must be in
+				// it before hb-i+1 is sent.
+				waitFor(t, "decode to take "+id, func() bool {
+					d.dec.mu.Lock()
+					defer d.dec.mu.Unlock()
+					return d.dec.running+len(d.dec.queue) >= i+1
+				})
 			}
 			// The last one waits 2 x 0.8 s in decode's queue: longer than the
 			// 0.6 s lease, kept by heartbeats.
