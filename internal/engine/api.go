@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -12,15 +15,75 @@ import (
 type TransferParams struct {
 	DoRemotePrefill bool   `json:"do_remote_prefill"`
 	DoRemoteDecode  bool   `json:"do_remote_decode"`
-	RemoteBlockIDs  []int  `json:"remote_block_ids"`
+	RemoteBlockIDs  []int  `json:"-"` // one KV-cache group's; on the wire, one list per group
 	RemoteEngineID  string `json:"remote_engine_id"`
 	RemoteRequestID string `json:"remote_request_id"`
 	RemoteHost      string `json:"remote_host"`
 	RemotePort      int    `json:"remote_port"`
 	TPSize          int    `json:"tp_size"`
+	DCPSize         int    `json:"dcp_size"`
 	PPSize          int    `json:"pp_size"`
 	RemoteNumTokens int    `json:"remote_num_tokens"`
-	TransferMode    string `json:"transfer_mode"`
+	// RemoteBlocksExpiry is vLLM's remote_blocks_expiry_time: set only for
+	// blocks a decode caches in bidirectional mode, else null.
+	RemoteBlocksExpiry *float64 `json:"remote_blocks_expiry_time"`
+	TransferMode       string   `json:"transfer_mode"`
+}
+
+// MarshalJSON writes vLLM's form: every key present, remote_block_ids as
+// one list per KV-cache group (nixlctl's engines have one group), dcp_size
+// 1 unless set.
+func (p TransferParams) MarshalJSON() ([]byte, error) {
+	if p.DCPSize == 0 {
+		p.DCPSize = 1
+	}
+	ids := p.RemoteBlockIDs
+	if ids == nil {
+		ids = []int{}
+	}
+	groups, err := json.Marshal([][]int{ids})
+	if err != nil {
+		return nil, err
+	}
+	type plain TransferParams // no MarshalJSON: no recursion
+	return json.Marshal(struct {
+		plain
+		RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
+	}{plain(p), groups})
+}
+
+// UnmarshalJSON reads vLLM's per-group lists (one group: more than one is
+// a hybrid model nixlctl does not lay out, and an error), the flat list
+// of connector versions before groups, or null.
+func (p *TransferParams) UnmarshalJSON(b []byte) error {
+	type plain TransferParams
+	var w struct {
+		plain
+		RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*p = TransferParams(w.plain)
+	raw := bytes.TrimSpace(w.RemoteBlockIDs)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	var groups [][]int
+	if err := json.Unmarshal(raw, &groups); err == nil {
+		switch len(groups) {
+		case 0:
+		case 1:
+			p.RemoteBlockIDs = groups[0]
+		default:
+			return fmt.Errorf("remote_block_ids: %d KV-cache groups; nixlctl lays out one", len(groups))
+		}
+		return nil
+	}
+	if err := json.Unmarshal(raw, &p.RemoteBlockIDs); err != nil {
+		return fmt.Errorf("remote_block_ids: want a list of block id lists: %w", err)
+	}
+	return nil
 }
 
 // SideEndpoint is the ZMQ endpoint of the params' side channel.
