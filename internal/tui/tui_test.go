@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -165,5 +166,31 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The view names the log its run's stderr goes to and shows its last
+// lines, without the control characters that would move the cursor.
+func TestLogPane(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/run.log"
+	m := New(nil, nil).WithLog(path)
+	m, _ = update(t, m, TickMsg(time.Now())) // no file yet: just the path
+	if v := m.Render(); !strings.Contains(v, path) {
+		t.Fatalf("view lacks the log path:\n%s", v)
+	}
+	lines := "one\ntwo\n\n\x1b[2Jthree\tx\nfour\n"
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = update(t, m, TickMsg(time.Now()))
+	v := m.Render()
+	for _, want := range []string{path, "two", "[2Jthree x", "four"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("view lacks %q:\n%s", want, v)
+		}
+	}
+	if strings.Contains(v, "one") || strings.Contains(v, "\x1b[2J") {
+		t.Errorf("view shows more than the last %d lines, or their escapes:\n%q", logTailLines, v)
 	}
 }
