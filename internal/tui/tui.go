@@ -217,9 +217,10 @@ func (m Model) Render() string {
 	return b.String()
 }
 
-// tailLines is the last n non-empty lines of the file at path, from its
-// last 4 KiB (a log line longer than that shows its end); none when it
-// cannot be read.
+// tailLines is the last n non-empty whole lines of the file at path,
+// from its last 4 KiB; none when it cannot be read. A line still being
+// written (children's lines arrive through a pipe, in pieces) waits for
+// its newline, and the window's cut first line is left out.
 func tailLines(path string, n int) []string {
 	f, err := os.Open(path)
 	if err != nil {
@@ -233,8 +234,13 @@ func tailLines(path string, n int) []string {
 		off = st.Size() - window
 	}
 	k, _ := f.ReadAt(buf, off)
+	text := string(buf[:k])
+	text = text[:strings.LastIndexByte(text, '\n')+1]
+	if off > 0 {
+		text = text[strings.IndexByte(text, '\n')+1:]
+	}
 	var lines []string
-	for _, l := range strings.Split(string(buf[:k]), "\n") {
+	for _, l := range strings.Split(text, "\n") {
 		// Tabs and escapes would move the cursor inside the view.
 		l = strings.Map(func(r rune) rune {
 			if r == '\t' {

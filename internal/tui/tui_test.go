@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -170,7 +171,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // The view names the log its run's stderr goes to and shows its last
-// lines, without the control characters that would move the cursor.
+// whole lines, without the control characters that would move the cursor.
 func TestLogPane(t *testing.T) {
 	t.Parallel()
 	path := t.TempDir() + "/run.log"
@@ -179,7 +180,7 @@ func TestLogPane(t *testing.T) {
 	if v := m.Render(); !strings.Contains(v, path) {
 		t.Fatalf("view lacks the log path:\n%s", v)
 	}
-	lines := "one\ntwo\n\n\x1b[2Jthree\tx\nfour\n"
+	lines := "one\ntwo\n\n\x1b[2Jthree\tx\nfour\nfive, still being writ"
 	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,30 @@ func TestLogPane(t *testing.T) {
 			t.Errorf("view lacks %q:\n%s", want, v)
 		}
 	}
-	if strings.Contains(v, "one") || strings.Contains(v, "\x1b[2J") {
+	if strings.Contains(v, "one") || strings.Contains(v, "five") || strings.Contains(v, "\x1b[2J") {
 		t.Errorf("view shows more than the last %d lines, or their escapes:\n%q", logTailLines, v)
+	}
+}
+
+// A log longer than the window read shows its last lines, not the
+// window's cut first one.
+func TestTailLinesWindow(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/run.log"
+	var b strings.Builder
+	for i := range 500 {
+		fmt.Fprintf(&b, "line %03d %s\n", i, strings.Repeat("x", 20))
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := tailLines(path, 200)
+	if len(got) == 0 || !strings.HasPrefix(got[len(got)-1], "line 499 ") {
+		t.Fatalf("tail ends %q, want line 499", got[len(got)-1:])
+	}
+	for _, l := range got {
+		if !strings.HasPrefix(l, "line ") {
+			t.Errorf("a cut line in the tail: %q", l)
+		}
 	}
 }
