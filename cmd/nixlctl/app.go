@@ -57,7 +57,11 @@ type app struct {
 	io     *ioStreams
 	format report.Format
 	log    *slog.Logger
-	args   []string // the command line after "nixlctl", recorded in results
+	// stderr is io.ErrOut as the logger and the children write to it, so
+	// the live view can move their lines to a file (viewLog).
+	stderr  *switchWriter
+	args    []string // the command line after "nixlctl", recorded in results
+	command string   // the running command's path ("nixlctl lease-chaos"), names the view's log
 	// interrupt stops the running command as the first Ctrl-C does (the
 	// TUI calls it: in raw mode Ctrl-C is a key press, not a signal).
 	interrupt func()
@@ -125,7 +129,8 @@ type errInterrupted struct{ sig os.Signal }
 func (e errInterrupted) Error() string { return "interrupted by " + e.sig.String() }
 
 func run(ctx context.Context, ios *ioStreams, args []string) int {
-	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(ios.ErrOut, nil)), args: args,
+	stderr := &switchWriter{w: ios.ErrOut}
+	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(stderr, nil)), stderr: stderr, args: args,
 		interrupt: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGINT) }}
 	root := newRootCmd(a)
 	root.SetArgs(args)

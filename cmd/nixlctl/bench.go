@@ -173,6 +173,7 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 	if err := o.measureOptions.validate(); err != nil {
 		return err
 	}
+	x.ChildStderr = a.childStderr(o.measureOptions)
 	var res *bench.XferResult
 	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink

@@ -155,6 +155,7 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		x.Records = f
 	}
 	mo.Records = "" // bench ec writes its own records (x.Records)
+	x.ChildStderr = a.childStderr(mo)
 	var res *bench.ECResult
 	_, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink

@@ -193,6 +193,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	if err := o.measureOptions.validate(); err != nil {
 		return err
 	}
+	h.ChildStderr = a.childStderr(o.measureOptions)
 	var res *bench.HandoffResult
 	_, err = a.measureAndRender(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		h.Live = sink

@@ -167,6 +167,7 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 	if err := x.Validate(); err != nil {
 		return flagErrors(err, o)
 	}
+	x.ChildStderr = a.childStderr(o.measureOptions)
 	return a.runChaos(ctx, o.measureOptions, "scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
 		x.Live = sink
 		return bench.RunLeaseChaos(ctx, x)

@@ -196,7 +196,7 @@ func (a *app) measureAndRender(ctx context.Context, mo measureOptions, run runne
 // records, the saved directory and the plot that were asked for; the
 // caller renders the result to stdout.
 func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (report.Result, error) {
-	useTUI := mo.TUI != "off" && a.io.StdinTTY && a.io.StdoutTTY
+	useTUI := a.wantsTUI(mo)
 	if mo.TUI == "on" && !useTUI {
 		a.log.Info("--tui needs stdin and stdout to be terminals; showing progress on stderr instead")
 	}
@@ -228,6 +228,11 @@ func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (repor
 	return res, err
 }
 
+// wantsTUI says whether the run gets the TUI (now or after tuiDelay).
+func (a *app) wantsTUI(mo measureOptions) bool {
+	return mo.TUI != "off" && a.io.StdinTTY && a.io.StdoutTTY
+}
+
 // withTUI runs with the terminal UI, started after delay if the run is
 // still going. A second Ctrl-C in the UI re-sends the interrupt, which the
 // signal handler turns into exit 130 once the terminal is restored.
@@ -249,7 +254,16 @@ func (a *app) withTUI(ctx context.Context, delay time.Duration, run runner) (rep
 		return o.res, o.err
 	case <-timer.C:
 	}
-	p := tea.NewProgram(tui.New(stats, a.interrupt), tea.WithInput(a.io.In), tea.WithOutput(a.io.Out), tea.WithoutSignalHandler())
+	// Every line bound for a terminal's stderr would be drawn over the
+	// view: they go to a log file while it is up, and the view names it.
+	var vl *viewLog
+	model := tui.New(stats, a.interrupt)
+	if a.io.StderrTTY {
+		if vl = a.startViewLog(); vl != nil {
+			model = model.WithLog(vl.path)
+		}
+	}
+	p := tea.NewProgram(model, tea.WithInput(a.io.In), tea.WithOutput(a.io.Out), tea.WithoutSignalHandler())
 	ui := make(chan tea.Model, 1)
 	go func() {
 		m, err := p.Run()
@@ -258,19 +272,27 @@ func (a *app) withTUI(ctx context.Context, delay time.Duration, run runner) (rep
 		}
 		ui <- m
 	}()
+	// Stderr comes back as soon as the view is gone, before a second
+	// Ctrl-C's interrupt can print its last words.
 	var o outcome
+	var logged string
 	select {
 	case o = <-done:
 		p.Send(tui.DoneMsg{})
 		m := <-ui
+		logged = vl.stop()
 		if mm, ok := m.(tui.Model); ok && mm.Aborted {
 			a.interrupt()
 		}
 	case m := <-ui: // the view quit first: a second Ctrl-C
+		logged = vl.stop()
 		if mm, ok := m.(tui.Model); ok && mm.Aborted {
 			a.interrupt()
 		}
 		o = <-done
+	}
+	if logged != "" {
+		fmt.Fprintf(a.io.ErrOut, "nixlctl: log lines written during the live view are in %s\n", logged)
 	}
 	return o.res, o.err
 }

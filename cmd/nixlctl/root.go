@@ -45,6 +45,7 @@ func newRootCmd(a *app) *cobra.Command {
 		SilenceUsage:  true,
 		// Resolve the global options once for every command.
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			a.command = cmd.CommandPath()
 			var g globalOptions
 			if err := bindOptions(cmd, &g); err != nil {
 				return err
@@ -85,7 +86,10 @@ func (a *app) applyGlobals(g globalOptions) error {
 	if err := level.UnmarshalText([]byte(g.LogLevel)); err != nil {
 		return errkind.BadInputf("--log-level %q: want debug, info, warn or error", g.LogLevel)
 	}
-	a.log = slog.New(slog.NewTextHandler(a.io.ErrOut, &slog.HandlerOptions{Level: level}))
+	if a.stderr == nil {
+		a.stderr = &switchWriter{w: a.io.ErrOut}
+	}
+	a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
 	return nil
 }
 

@@ -55,8 +55,11 @@ type ECOptions struct {
 
 	Producer ProducerSpec `mapstructure:",squash"`
 	Records  io.Writer    `mapstructure:"-"` // JSON lines, one per image request (nil: none)
-	Version  string       `mapstructure:"-"`
-	Log      *slog.Logger `mapstructure:"-"`
+	// ChildStderr receives the encoder child's stderr (nil: this
+	// process's stderr).
+	ChildStderr io.Writer    `mapstructure:"-"`
+	Version     string       `mapstructure:"-"`
+	Log         *slog.Logger `mapstructure:"-"`
 	// Live receives a Start, then a Request per image request's transfer
 	// or hit (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
@@ -438,7 +441,7 @@ func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string
 	}
 	// The encoder outlives an interrupt until RunEC closes it: consumers
 	// finish their reads first, then it unlinks its region.
-	c, err := ctl.Start(context.WithoutCancel(ctx), ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: os.Stderr})
+	c, err := ctl.Start(context.WithoutCancel(ctx), ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: childStderr(o.ChildStderr)})
 	if err != nil {
 		return nil, "", fmt.Errorf("start encoder: %w", err)
 	}

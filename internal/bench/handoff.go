@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -71,6 +72,9 @@ type HandoffOptions struct {
 	Exe      string   `mapstructure:"-"` // endpoint children; default this program
 	ExeArgs  []string `mapstructure:"-"` // arguments before the role; default serve
 	ChildEnv []string `mapstructure:"-"`
+	// ChildStderr receives the endpoint children's stderr (nil: this
+	// process's stderr).
+	ChildStderr io.Writer `mapstructure:"-"`
 	// OnStart, if set, is called once both endpoints are set up (chaos
 	// and fault tests use it to kill or stop them mid-run).
 	OnStart func(prefill, decode *Endpoint) `mapstructure:"-"`
@@ -444,7 +448,7 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*
 	if o.ExeArgs == nil {
 		args = []string{"serve", role, "--stdio"}
 	}
-	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: os.Stderr})
+	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: childStderr(o.ChildStderr)})
 	if err != nil {
 		return nil, fmt.Errorf("%s endpoint: %w", role, err)
 	}
@@ -1108,7 +1112,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
 		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
-		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, Log: h.o.Log}
+		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"sort"
@@ -49,10 +50,13 @@ type LeaseChaosOptions struct {
 	Exe      string        `mapstructure:"-"` // endpoint children; default this program
 	ExeArgs  []string      `mapstructure:"-"` // arguments before the role; default serve
 	ChildEnv []string      `mapstructure:"-"`
-	Version  string        `mapstructure:"-"`
-	Seed     uint64        `mapstructure:"seed"`
-	Log      *slog.Logger  `mapstructure:"-"`
-	Live     live.Sink     `mapstructure:"-"`
+	// ChildStderr receives the endpoint children's stderr (nil: this
+	// process's stderr).
+	ChildStderr io.Writer    `mapstructure:"-"`
+	Version     string       `mapstructure:"-"`
+	Seed        uint64       `mapstructure:"seed"`
+	Log         *slog.Logger `mapstructure:"-"`
+	Live        live.Sink    `mapstructure:"-"`
 }
 
 // DefaultLeaseChaosOptions are the defaults of every knob that has one
@@ -340,7 +344,7 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 }
 
 func (c *chaosRun) handoffOptions() *HandoffOptions {
-	return &HandoffOptions{Exe: c.o.Exe, ExeArgs: c.o.ExeArgs, ChildEnv: c.o.ChildEnv, Log: c.o.Log}
+	return &HandoffOptions{Exe: c.o.Exe, ExeArgs: c.o.ExeArgs, ChildEnv: c.o.ChildEnv, ChildStderr: c.o.ChildStderr, Log: c.o.Log}
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -51,9 +52,12 @@ type XferOptions struct {
 	Notif            bool             `mapstructure:"notif"` // attach a notification to every request
 	Shape            string           `mapstructure:"-"`     // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
 
-	Target  TargetSpec   `mapstructure:",squash"`
-	Version string       `mapstructure:"-"`
-	Log     *slog.Logger `mapstructure:"-"`
+	Target TargetSpec `mapstructure:",squash"`
+	// ChildStderr receives the target child's stderr (nil: this process's
+	// stderr).
+	ChildStderr io.Writer    `mapstructure:"-"`
+	Version     string       `mapstructure:"-"`
+	Log         *slog.Logger `mapstructure:"-"`
 	// Live receives a Start, then a Point per finished sweep point, and
 	// warnings as they happen (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
@@ -438,7 +442,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		if args == nil {
 			args = []string{"serve", "target", "--stdio"}
 		}
-		c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Target.Exe, Args: args, Env: append(os.Environ(), o.Target.Env...), Stderr: os.Stderr})
+		c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Target.Exe, Args: args, Env: append(os.Environ(), o.Target.Env...), Stderr: childStderr(o.ChildStderr)})
 		if err != nil {
 			return nil, fmt.Errorf("start target: %w", err)
 		}

@@ -12,6 +12,7 @@ package tui
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -51,6 +52,19 @@ type Model struct {
 	// Aborted is set by a second Ctrl-C: the caller exits at once.
 	Aborted bool
 	done    bool
+	logPath string   // where the run's stderr goes while the view is up
+	logTail []string // its last lines, read on each tick
+}
+
+// logTailLines is how many of the log's last lines the view shows.
+const logTailLines = 3
+
+// WithLog names the file the run's stderr goes to while the view is up
+// (lines printed to the terminal would be drawn over it); the view shows
+// the path and the file's last few lines.
+func (m Model) WithLog(path string) Model {
+	m.logPath = path
+	return m
 }
 
 // New returns a model reading src; interrupt is called on the first
@@ -79,6 +93,9 @@ func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case TickMsg:
 		if m.src != nil {
 			m.snap = m.src.Snapshot()
+		}
+		if m.logPath != "" {
+			m.logTail = tailLines(m.logPath, logTailLines)
 		}
 		if m.done {
 			return m, nil
@@ -181,6 +198,12 @@ func (m Model) Render() string {
 	for _, w := range s.Warnings {
 		fmt.Fprintf(&b, "%s%s\n", label("warning"), warnStyle.Render(trim(w, max(20, m.width-14))))
 	}
+	if m.logPath != "" {
+		fmt.Fprintf(&b, "%s%s\n", label("log"), labelStyle.Render(m.logPath))
+		for _, l := range m.logTail {
+			fmt.Fprintf(&b, "%s%s\n", label(""), labelStyle.Render(trim(l, max(20, m.width-14))))
+		}
+	}
 	switch {
 	case m.stopping:
 		fmt.Fprintf(&b, "%s\n", warnStyle.Render("stopping: finishing what is in flight, then printing the results (Ctrl-C again exits at once)"))
@@ -192,6 +215,47 @@ func (m Model) Render() string {
 		fmt.Fprintf(&b, "%s\n", labelStyle.Render(phase+"q or Ctrl-C stops and prints the results"))
 	}
 	return b.String()
+}
+
+// tailLines is the last n non-empty whole lines of the file at path,
+// from its last 4 KiB; none when it cannot be read. A line still being
+// written (children's lines arrive through a pipe, in pieces) waits for
+// its newline, and the window's cut first line is left out.
+func tailLines(path string, n int) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	const window = 4 << 10
+	buf := make([]byte, window)
+	off := int64(0)
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		off = st.Size() - window
+	}
+	k, _ := f.ReadAt(buf, off)
+	text := string(buf[:k])
+	text = text[:strings.LastIndexByte(text, '\n')+1]
+	if off > 0 {
+		text = text[strings.IndexByte(text, '\n')+1:]
+	}
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		// Tabs and escapes would move the cursor inside the view.
+		l = strings.Map(func(r rune) rune {
+			if r == '\t' {
+				return ' '
+			}
+			if r < ' ' || r == 0x7f {
+				return -1
+			}
+			return r
+		}, l)
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines[max(0, len(lines)-n):]
 }
 
 func anyPositive(xs []float64) bool {

@@ -1,6 +1,8 @@
 package tui
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -165,5 +167,54 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The view names the log its run's stderr goes to and shows its last
+// whole lines, without the control characters that would move the cursor.
+func TestLogPane(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/run.log"
+	m := New(nil, nil).WithLog(path)
+	m, _ = update(t, m, TickMsg(time.Now())) // no file yet: just the path
+	if v := m.Render(); !strings.Contains(v, path) {
+		t.Fatalf("view lacks the log path:\n%s", v)
+	}
+	lines := "one\ntwo\n\n\x1b[2Jthree\tx\nfour\nfive, still being writ"
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = update(t, m, TickMsg(time.Now()))
+	v := m.Render()
+	for _, want := range []string{path, "two", "[2Jthree x", "four"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("view lacks %q:\n%s", want, v)
+		}
+	}
+	if strings.Contains(v, "one") || strings.Contains(v, "five") || strings.Contains(v, "\x1b[2J") {
+		t.Errorf("view shows more than the last %d lines, or their escapes:\n%q", logTailLines, v)
+	}
+}
+
+// A log longer than the window read shows its last lines, not the
+// window's cut first one.
+func TestTailLinesWindow(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/run.log"
+	var b strings.Builder
+	for i := range 500 {
+		fmt.Fprintf(&b, "line %03d %s\n", i, strings.Repeat("x", 20))
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := tailLines(path, 200)
+	if len(got) == 0 || !strings.HasPrefix(got[len(got)-1], "line 499 ") {
+		t.Fatalf("tail ends %q, want line 499", got[len(got)-1:])
+	}
+	for _, l := range got {
+		if !strings.HasPrefix(l, "line ") {
+			t.Errorf("a cut line in the tail: %q", l)
+		}
 	}
 }
