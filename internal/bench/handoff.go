@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // HandoffOptions configure `bench pull|push|sglang`: real prefill and
@@ -68,6 +70,13 @@ type HandoffOptions struct {
 	Prefill       string               `mapstructure:"prefill"` // host:port of `serve prefill --listen`
 	Decode        string               `mapstructure:"decode"`
 	Seed          uint64               `mapstructure:"seed"`
+	// The vLLM compatibility hash (pull and push): CompatFactorsFile is a
+	// JSON object of vLLM's factors, CompatHash a known hash to adopt,
+	// NoCompatCheck accepts any peer's (enforce_handshake_compat=false).
+	CompatFactorsFile string `mapstructure:"compat-factors"`
+	CompatHash        string `mapstructure:"compat-hash"`
+	NoCompatCheck     bool   `mapstructure:"no-compat-check"`
+	compatFactors     []byte // the file's bytes, read by Validate
 
 	Exe      string   `mapstructure:"-"` // endpoint children; default this program
 	ExeArgs  []string `mapstructure:"-"` // arguments before the role; default serve
@@ -101,6 +110,7 @@ func DefaultHandoffOptions() HandoffOptions {
 func (o *HandoffOptions) Validate() error {
 	var errs []error
 	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
+	o.validateCompat(bad)
 	if !o.Protocol.Valid() {
 		bad("Protocol", "unknown protocol %q (want pull, push or sglang)", o.Protocol)
 	}
@@ -221,7 +231,8 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 	c := engine.Config{Role: role, Backend: backend, Protocol: string(o.Protocol), Model: spec.Model, KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
-		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem}
+		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
+		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
@@ -262,6 +273,11 @@ type HandoffConfig struct {
 	PoolBytesPerEngine int64                `json:"pool_bytes_per_engine"`
 	Alloc              string               `json:"alloc"`
 	XferReference      *XferReference       `json:"xfer_reference,omitempty"`
+	// CompatHash is the vLLM compatibility hash the endpoints advertised
+	// (from --compat-factors, --compat-hash or derived); CompatCheck says
+	// whether they checked their peer's.
+	CompatHash  string `json:"compat_hash,omitempty"`
+	CompatCheck bool   `json:"compat_check"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -543,6 +559,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		o.OnStart(pe, de)
 	}
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
+	res.Config.CompatHash, res.Config.CompatCheck = psetup.CompatHash, !o.NoCompatCheck
 	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
 	go h.collectFreed()
 	// Liveness: an endpoint that dies stops the run at once, with the
@@ -1137,3 +1154,36 @@ type endpointDeath struct{ role, why string }
 func (e *endpointDeath) String() string { return e.role + " (" + e.why + ")" }
 
 func (e *endpointDeath) Error() string { return "the " + e.String() + " endpoint died" }
+
+// validateCompat reads --compat-factors and checks the compatibility
+// options before anything starts.
+func (o *HandoffOptions) validateCompat(bad func(field, format string, a ...any)) {
+	if o.Protocol == engine.ProtoSGLang {
+		for field, set := range map[string]bool{"CompatFactorsFile": o.CompatFactorsFile != "", "CompatHash": o.CompatHash != "", "NoCompatCheck": o.NoCompatCheck} {
+			if set {
+				bad(field, "vLLM's compatibility hash does not apply to SGLang")
+			}
+		}
+		return
+	}
+	if o.CompatFactorsFile != "" && o.CompatHash != "" {
+		bad("CompatHash", "give --compat-factors or --compat-hash, not both")
+	}
+	if h := o.CompatHash; h != "" {
+		if _, err := hex.DecodeString(h); err != nil || len(h) != 64 {
+			bad("CompatHash", "%q is not a sha256 in hex (64 characters)", h)
+		}
+	}
+	if o.CompatFactorsFile != "" {
+		b, err := os.ReadFile(o.CompatFactorsFile)
+		if err != nil {
+			bad("CompatFactorsFile", "%v", err)
+			return
+		}
+		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
+			bad("CompatFactorsFile", "%s: %v", o.CompatFactorsFile, err)
+			return
+		}
+		o.compatFactors = b
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -86,7 +87,16 @@ type Config struct {
 	// posted the transfer of this request (the router's id).
 	CrashAt string       `json:"crash_at,omitempty"`
 	Faults  *nixl.Faults `json:"faults,omitempty"`
-	Seed    uint64       `json:"seed"`
+	// The compatibility hash advertised and checked in handshakes: by
+	// default one derived from this config (engines of nixlctl agree with
+	// each other); CompatFactors, a JSON object of vLLM's factor names,
+	// makes it exactly the hash a vLLM engine with those factors computes;
+	// CompatHashHex adopts a known hash as is. NoCompatCheck accepts any
+	// peer hash, as vLLM's enforce_handshake_compat=false does.
+	CompatFactors json.RawMessage `json:"compat_factors,omitempty"`
+	CompatHashHex string          `json:"compat_hash,omitempty"`
+	NoCompatCheck bool            `json:"no_compat_check,omitempty"`
+	Seed          uint64          `json:"seed"`
 	// Clock drives the protocol state machines' deadlines (nil: the real
 	// CLOCK_MONOTONIC); only in-process tests set another.
 	Clock Clock `json:"-"`
@@ -106,6 +116,13 @@ func (c Config) Spec() kv.Spec {
 // both sides must agree on (model, dtype, heads, layers, attention backend,
 // cache dtype, transfer mode), not TP or block size.
 func (c Config) CompatHash() (string, error) {
+	switch {
+	case c.CompatHashHex != "":
+		return c.CompatHashHex, nil
+	case len(c.CompatFactors) > 0:
+		_, h, err := sidechannel.ParseCompatFactors(c.CompatFactors)
+		return h, err
+	}
 	spec, err := c.Spec().Normalize()
 	if err != nil {
 		return "", err
@@ -527,7 +544,7 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 		first = true
 		t0 := mono.Now()
 		for _, r := range remoteRanks {
-			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, r, e.hash, sidechannel.HandshakeTimeout)
+			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, r, e.wantHash(), sidechannel.HandshakeTimeout)
 			if err != nil {
 				re.err = fmt.Errorf("%w with %s: %v", ErrHandshake, engineID, err)
 				break
@@ -567,7 +584,7 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 		}
 		md, ok := re.ranks[pr[1]]
 		if !ok {
-			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, pr[1], e.hash, sidechannel.HandshakeTimeout)
+			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, pr[1], e.wantHash(), sidechannel.HandshakeTimeout)
 			if err != nil {
 				return 0, nil, fmt.Errorf("%w with %s rank %d: %v", ErrHandshake, engineID, pr[1], err)
 			}
@@ -668,4 +685,13 @@ func memcpyGBps(b []byte) float64 {
 		copied += int64(copy(dst, src))
 	}
 	return float64(copied) / 1e9 / time.Since(t0).Seconds()
+}
+
+// wantHash is the hash a peer's handshake must carry: this engine's, or
+// none (sidechannel.AnyHash) with NoCompatCheck.
+func (e *Engine) wantHash() string {
+	if e.cfg.NoCompatCheck {
+		return sidechannel.AnyHash
+	}
+	return e.hash
 }

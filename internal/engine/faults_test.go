@@ -212,3 +212,43 @@ func FuzzSGLang(f *testing.F) {
 		_, _, _, _ = DecodeSGLMessage(append([][]byte{[]byte(SGLGuard)}, frames...))
 	})
 }
+
+// A decode that hashes vLLM's factors (--compat-factors) refuses a prefill
+// whose hash differs, like a real engine; with NoCompatCheck
+// (enforce_handshake_compat=false) it reads anyway.
+func TestCompatFactorsAndNoCheck(t *testing.T) {
+	factors := []byte(`{"vllm_version": "0.11.1", "nixl_connector_version": 12, "model": "meta-llama/Llama-3.1-8B-Instruct", "dtype": "torch.bfloat16",
+		"num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "attn_backend_name": "FLASH_ATTN", "cache_dtype": "auto",
+		"is_hma_enabled": false, "speculative_config": null, "transfer_mode": "pull"}`)
+	p, _, _ := engines(t, ProtoPull, 1, 1, nil)
+	for _, tc := range []struct {
+		name    string
+		noCheck bool
+		refused bool
+	}{{"checked", false, true}, {"not checked", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Role: RoleDecode, Backend: "ucx", Protocol: ProtoPull, Model: testModel(), BlockSize: 16,
+				NumBlocks: 16, DRAMAlloc: "mmap", EngineID: "decode-" + tc.name, CompatFactors: factors, NoCompatCheck: tc.noCheck,
+				Verify: Full, Merge: true, Lease: 10 * time.Second, RegTimeout: 10 * time.Second}
+			d, err := NewEngine(context.Background(), cfg, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			if d.Setup().CompatHash != "c5d032bc3fabbf32974fde0fbafa3cd4b7657e9c703fcab1739f79d71df8230f" {
+				t.Fatalf("advertised %s, not the hash vLLM computes from the factors", d.Setup().CompatHash)
+			}
+			pr, err := p.pre.Prefill(context.Background(), PrefillRequest{ID: "c-" + tc.name, Tokens: 32, Key: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "c-" + tc.name, Tokens: 32, Key: 1, Params: pr.Params})
+			if refused := strings.Contains(lr.Error, "incompatible KV layout"); refused != tc.refused {
+				t.Fatalf("refused %v (error %q), want %v", refused, lr.Error, tc.refused)
+			}
+			if !tc.refused && (lr.Error != "" || lr.CorruptBlocks != 0) {
+				t.Errorf("unchecked read: %+v", lr)
+			}
+		})
+	}
+}

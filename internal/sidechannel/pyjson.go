@@ -1,8 +1,11 @@
 package sidechannel
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -60,6 +63,18 @@ func pyjson(b *strings.Builder, v any, sep pySeps) error {
 		b.WriteString(strconv.FormatInt(x, 10))
 	case uint64:
 		b.WriteString(strconv.FormatUint(x, 10))
+	case json.Number:
+		// As Python's json.loads would have read it: an int stays as
+		// written, anything with a fraction or exponent is a float.
+		if i, err := x.Int64(); err == nil && !strings.ContainsAny(string(x), ".eE") {
+			b.WriteString(strconv.FormatInt(i, 10))
+			return nil
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return fmt.Errorf("pyjson: number %q: %w", x, err)
+		}
+		return pyjson(b, f, sep)
 	case float64:
 		s := strconv.FormatFloat(x, 'g', -1, 64)
 		if !strings.ContainsAny(s, ".eEn") {
@@ -153,4 +168,43 @@ func ECCompatHash(vllmVersion, model, dtype string, blockBytes int) string {
 	s, _ := PyJSONCompact([]any{vllmVersion, model, dtype, blockBytes}) // strings and an int always encode
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// CompatFactorNames are the factors vLLM's NixlConnector hashes into its
+// compatibility hash (compute_nixl_compatibility_hash, connector version
+// 12, metadata.py @02cfb534; some versions end with cross_layers_blocks
+// instead of transfer_mode).
+var CompatFactorNames = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+	"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode"}
+
+// ParseCompatFactors reads a JSON object of exactly vLLM's factors (the
+// values a real engine printed or a user wrote down) and returns the
+// hash vLLM computes from them. Numbers keep the int/float distinction
+// Python's JSON gives them, so the hash is the engine's to the bit.
+func ParseCompatFactors(b []byte) (factors map[string]any, hash string, err error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&factors); err != nil {
+		return nil, "", fmt.Errorf("compatibility factors: want a JSON object: %w", err)
+	}
+	if factors == nil {
+		return nil, "", errors.New("compatibility factors: want a JSON object, got null")
+	}
+	known := map[string]bool{}
+	for _, n := range CompatFactorNames {
+		known[n] = true
+		if _, ok := factors[n]; !ok {
+			return nil, "", fmt.Errorf("compatibility factors: %q missing (vLLM hashes %s)", n, strings.Join(CompatFactorNames, ", "))
+		}
+	}
+	for k := range factors {
+		if !known[k] {
+			return nil, "", fmt.Errorf("compatibility factors: %q is not one of vLLM's (%s)", k, strings.Join(CompatFactorNames, ", "))
+		}
+	}
+	hash, err = CompatHash(factors)
+	if err != nil {
+		return nil, "", fmt.Errorf("compatibility factors: %w", err)
+	}
+	return factors, hash, nil
 }

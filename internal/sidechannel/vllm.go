@@ -31,6 +31,10 @@ const ConnectorVersion = 12
 // HandshakeTimeout is vLLM's REQ receive timeout.
 const HandshakeTimeout = 5 * time.Second
 
+// AnyHash as the wanted hash accepts any peer, as vLLM does with
+// enforce_handshake_compat=false.
+const AnyHash = ""
+
 // ErrIncompatible is returned when the peer's compatibility hash differs.
 var ErrIncompatible = errors.New("incompatible KV layout (compatibility hash mismatch)")
 
@@ -300,7 +304,7 @@ func DecodeHandshakeReply(frames [][]byte, wantHash string) (AgentMetadata, floa
 	if err := msgpack.Unmarshal(frames[0], &p); err != nil {
 		return AgentMetadata{}, 0, fmt.Errorf("reply payload: %w", err)
 	}
-	if p.CompatibilityHash != wantHash {
+	if wantHash != AnyHash && p.CompatibilityHash != wantHash {
 		return AgentMetadata{}, 0, fmt.Errorf("%w: ours %.12s…, theirs %.12s… (model, dtype, heads, layers, attention backend, cache dtype or transfer mode differ)",
 			ErrIncompatible, wantHash, p.CompatibilityHash)
 	}
