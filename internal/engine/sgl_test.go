@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -289,5 +291,54 @@ func TestSGLangDuplicateAndReorderedNotifs(t *testing.T) {
 				t.Errorf("decode after %+v: %+v", injected, st)
 			}
 		})
+	}
+}
+
+// The bootstrap server answers as SGLang's does: 400 for a GET /route
+// missing a parameter, every PrefillServerInfo field for the all -1
+// query, and rank_port as an integer; /health says OK.
+func TestSGLangBootstrapWire(t *testing.T) {
+	p, _, _ := engines(t, ProtoSGLang, 2, 1, nil)
+	addr := "http://" + p.Setup().Bootstrap
+	get := func(path string) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Get(addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	if code, _ := get("/route?target_tp_rank=0"); code != http.StatusBadRequest {
+		t.Errorf("missing parameters: %d, want 400", code)
+	}
+	code, info := get("/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
+	if code != http.StatusOK {
+		t.Fatalf("server info: %d", code)
+	}
+	for _, f := range []string{"attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size", "kv_cache_dtype",
+		"follow_bootstrap_room", "enable_dsa_cache_layer_split", "prefill_http_port"} {
+		if _, ok := info[f]; !ok {
+			t.Errorf("PrefillServerInfo lacks %s: %v", f, info)
+		}
+	}
+	if info["attn_tp_size"] != 2.0 {
+		t.Errorf("attn_tp_size %v, want 2", info["attn_tp_size"])
+	}
+	code, rank := get("/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0")
+	if _, isNum := rank["rank_port"].(float64); code != http.StatusOK || !isNum {
+		t.Errorf("rank 1: %d %v: rank_port must be an integer", code, rank)
+	}
+	if code, _ := get("/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=7&target_pp_rank=0"); code != http.StatusNotFound {
+		t.Errorf("unknown rank: %d, want 404", code)
+	}
+	resp, err := http.Get(addr + "/health")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("health: %v %v", resp, err)
+	}
+	if resp != nil {
+		resp.Body.Close()
 	}
 }

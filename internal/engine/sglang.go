@@ -277,8 +277,8 @@ type sglState struct {
 	bootstrapAddr string
 	http          *http.Server
 	mu            sync.Mutex
-	table         map[int]map[string]string // prefill: tp rank -> {rank_ip, rank_port}
-	peers         []map[string]*sglPeer     // prefill, per rank: decode agent -> registration
+	table         map[int]sglRankEntry  // prefill: tp rank -> {rank_ip, rank_port}
+	peers         []map[string]*sglPeer // prefill, per rank: decode agent -> registration
 	// Prefill, per rank: the rooms, and the prefill calls waiting for a
 	// room to be bootstrapped (closed when it is, or aborted).
 	rooms []*sglRooms
@@ -290,17 +290,33 @@ type sglState struct {
 	client     *http.Client
 }
 
+// sglPrefillInfo is SGLang's PrefillServerInfo, every field of it: a
+// decode reads them all.
 type sglPrefillInfo struct {
-	AttnTPSize   int    `json:"attn_tp_size"`
-	AttnCPSize   int    `json:"attn_cp_size"`
-	DPSize       int    `json:"dp_size"`
-	PPSize       int    `json:"pp_size"`
-	PageSize     int    `json:"page_size"`
-	KVCacheDType string `json:"kv_cache_dtype"`
+	AttnTPSize               int    `json:"attn_tp_size"`
+	AttnCPSize               int    `json:"attn_cp_size"`
+	DPSize                   int    `json:"dp_size"`
+	PPSize                   int    `json:"pp_size"`
+	PageSize                 int    `json:"page_size"`
+	KVCacheDType             string `json:"kv_cache_dtype"`
+	FollowBootstrapRoom      bool   `json:"follow_bootstrap_room"`
+	EnableDSACacheLayerSplit bool   `json:"enable_dsa_cache_layer_split"`
+	PrefillHTTPPort          int    `json:"prefill_http_port"`
 }
 
+// sglRankEntry is the bootstrap table's answer for one prefill rank;
+// rank_port is an integer, as SGLang's decode expects.
+type sglRankEntry struct {
+	RankIP   string `json:"rank_ip"`
+	RankPort int    `json:"rank_port"`
+}
+
+// sglRouteParams are the query parameters a decode's GET /route carries;
+// SGLang answers 400 when one is missing.
+var sglRouteParams = []string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"}
+
 func newSGLState(e *Engine) (*sglState, error) {
-	s := &sglState{e: e, table: map[int]map[string]string{}, info: map[string]sglPrefillInfo{},
+	s := &sglState{e: e, table: map[int]sglRankEntry{}, info: map[string]sglPrefillInfo{},
 		registered: map[[2]string]bool{}, client: &http.Client{Timeout: 5 * time.Second}}
 	host, _, err := splitEndpoint(e.side.Endpoint())
 	if err != nil {
@@ -397,11 +413,17 @@ func (s *sglState) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.mu.Lock()
-		s.table[reg.AttnTPRank] = map[string]string{"rank_ip": reg.RankIP, "rank_port": strconv.Itoa(reg.RankPort)}
+		s.table[reg.AttnTPRank] = sglRankEntry{RankIP: reg.RankIP, RankPort: reg.RankPort}
 		s.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	case http.MethodGet:
 		q := r.URL.Query()
+		for _, p := range sglRouteParams {
+			if _, err := strconv.Atoi(q.Get(p)); err != nil {
+				http.Error(w, "missing or malformed "+p, http.StatusBadRequest)
+				return
+			}
+		}
 		s.mu.Lock()
 		complete := len(s.table) == len(s.ranks)
 		s.mu.Unlock()
@@ -409,9 +431,10 @@ func (s *sglState) route(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "prefill ranks still registering", http.StatusServiceUnavailable)
 			return
 		}
-		if q.Get("target_tp_rank") == "-1" || q.Get("target_tp_rank") == "" {
+		if q.Get("target_tp_rank") == "-1" {
+			// One DP rank, so a room's DP rank follows from the room alone.
 			_ = json.NewEncoder(w).Encode(sglPrefillInfo{AttnTPSize: len(s.ranks), AttnCPSize: 1, DPSize: 1, PPSize: 1,
-				PageSize: s.e.spec.BlockSize, KVCacheDType: string(s.e.spec.DType)})
+				PageSize: s.e.spec.BlockSize, KVCacheDType: string(s.e.spec.DType), FollowBootstrapRoom: true})
 			return
 		}
 		t, err := strconv.Atoi(q.Get("target_tp_rank"))
@@ -887,7 +910,7 @@ func (s *sglState) getJSON(ctx context.Context, addr string, q url.Values, v any
 // ensureRegistered sends decode rank rk's KV args to prefill rank p once
 // and returns the PUSH socket to that rank's inbox.
 func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *rank, p int) (*sidechannel.Push, bool, error) {
-	var entry map[string]string
+	var entry sglRankEntry
 	q := url.Values{"prefill_dp_rank": {"0"}, "prefill_cp_rank": {"0"}, "target_tp_rank": {strconv.Itoa(p)}, "target_pp_rank": {"0"}}
 	key := [2]string{rk.agent.Name(), bootstrap + "/" + strconv.Itoa(p)}
 	s.mu.Lock()
@@ -900,7 +923,10 @@ func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *r
 	if err := s.getJSON(ctx, bootstrap, q, &entry); err != nil {
 		return nil, false, err
 	}
-	ep := "tcp://" + net.JoinHostPort(entry["rank_ip"], entry["rank_port"])
+	if entry.RankPort <= 0 || entry.RankPort > 65535 {
+		return nil, false, fmt.Errorf("bootstrap %s: rank %d has no port (%+v)", bootstrap, p, entry)
+	}
+	ep := "tcp://" + net.JoinHostPort(entry.RankIP, strconv.Itoa(entry.RankPort))
 	push, err := sidechannel.DialPush(ep, 30*time.Second)
 	if err != nil {
 		return nil, false, err
