@@ -228,7 +228,7 @@ func (o *HandoffOptions) usesTrace() {
 // settled on.
 func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlocks int) engine.Config {
 	spec := o.Spec
-	c := engine.Config{Role: role, Backend: backend, Protocol: string(o.Protocol), Model: spec.Model, KVDType: spec.DType,
+	c := engine.Config{Role: role, Backend: backend, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
 		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
@@ -274,10 +274,10 @@ type HandoffConfig struct {
 	Alloc              string               `json:"alloc"`
 	XferReference      *XferReference       `json:"xfer_reference,omitempty"`
 	// CompatHash is the vLLM compatibility hash the endpoints advertised
-	// (from --compat-factors, --compat-hash or derived); CompatCheck says
-	// whether they checked their peer's.
-	CompatHash  string `json:"compat_hash,omitempty"`
-	CompatCheck bool   `json:"compat_check"`
+	// (from --compat-factors, --compat-hash or derived); NoCompatCheck
+	// that they accepted any peer's.
+	CompatHash    string `json:"compat_hash,omitempty"`
+	NoCompatCheck bool   `json:"no_compat_check,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -559,7 +559,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		o.OnStart(pe, de)
 	}
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
-	res.Config.CompatHash, res.Config.CompatCheck = psetup.CompatHash, !o.NoCompatCheck
+	res.Config.CompatHash, res.Config.NoCompatCheck = psetup.CompatHash, o.NoCompatCheck
 	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
 	go h.collectFreed()
 	// Liveness: an endpoint that dies stops the run at once, with the

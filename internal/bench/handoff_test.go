@@ -27,7 +27,7 @@ func smallModel(t *testing.T) kv.Model {
 }
 
 // handoffOpts runs both endpoints as child processes (this test binary).
-func handoffOpts(t *testing.T, proto string, ptp, dtp int) HandoffOptions {
+func handoffOpts(t *testing.T, proto engine.Protocol, ptp, dtp int) HandoffOptions {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func handoffOpts(t *testing.T, proto string, ptp, dtp int) HandoffOptions {
 // Every protocol, every TP pair, across real processes: every byte
 // verified, nothing left allocated.
 func TestHandoffAcrossProcesses(t *testing.T) {
-	for _, proto := range []string{engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang} {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang} {
 		for _, tps := range [][2]int{{1, 1}, {2, 1}, {1, 2}, {4, 2}} {
 			t.Run(fmt.Sprintf("%s/%d-%d", proto, tps[0], tps[1]), func(t *testing.T) {
 				res, err := RunHandoff(context.Background(), handoffOpts(t, proto, tps[0], tps[1]))

@@ -314,7 +314,7 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	}
 	r.StepS, r.Requests = plan.Step.Seconds(), plan.Requests
 	per := o.Spec.BlocksFor(kv.FullAttention, o.ISL)
-	base := engine.Config{Backend: backend, Protocol: string(o.Protocol), Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
+	base := engine.Config{Backend: backend, Protocol: engine.Protocol(o.Protocol), Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
 		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, DRAMAlloc: "mmap", Merge: true,
 		Verify: engine.Sparse, Lease: lc.Duration, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
 		RegTimeout: max(lc.Duration, time.Second), Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
@@ -675,7 +675,7 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 	case engine.ProtoPush:
 		host, port, _ := splitHostPort(psetup.SideChannel)
 		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
-			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: engine.ProtoPush}
+			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: string(engine.ProtoPush)}
 		// The router sends both at once; decode's arrival is when prefill
 		// is done, as in the plan, so prefill goes first here.
 		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
@@ -793,7 +793,7 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		out := "held"
 		tEnd := end
 		if freed {
-			out, tEnd = map[bool]string{true: string(engine.FreedConsumed), false: f.Reason}[consumed], f.TFreed
+			out, tEnd = map[bool]string{true: string(engine.FreedConsumed), false: string(f.Reason)}[consumed], f.TFreed
 		}
 		tl.Leases = append(tl.Leases, leasesim.TimelineLease{Request: i, Start: sec(gt), End: sec(tEnd), Outcome: out, Renewals: f.Renewals})
 		if expired {

@@ -22,7 +22,7 @@ import (
 // 0.16 leases from every request's queue wait in every scenario (overload
 // waits 0.6 L apart, the stall's requests resume at 2.5, 2.9, 3.3 ... L),
 // so which requests outlive it does not depend on scheduling noise.
-func chaosOpts(t *testing.T, proto string, scenarios ...string) LeaseChaosOptions {
+func chaosOpts(t *testing.T, proto engine.Protocol, scenarios ...string) LeaseChaosOptions {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {

@@ -82,7 +82,7 @@ func craftedXfer(t *testing.T) *XferResult {
 }
 
 func craftedHandoff(t *testing.T) *HandoffResult {
-	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: engine.ProtoPush, Backend: "ucx", Model: "llama-3.1-8b",
+	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: string(engine.ProtoPush), Backend: "ucx", Model: "llama-3.1-8b",
 		Config: HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", ISL: ISL{Dist: ISLFixed, Fixed: 512}, KVDType: "bf16",
 			PrefillTP: 1, DecodeTP: 1, BlockSize: 16, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
 			Endpoints: "process", Concurrency: 2, Warmup: 1, Verify: engine.Sparse, Lease: Duration(30 * time.Second)},

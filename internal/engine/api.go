@@ -175,13 +175,13 @@ type LoadReply struct {
 
 // FreedEvent reports prefill releasing a request's blocks.
 type FreedEvent struct {
-	ID        string `json:"id"`        // prefill's request id
-	RouterID  string `json:"router_id"` // the router's id
-	Reason    string `json:"reason"`    // consumed, expired, pushed, failed
-	Blocks    int    `json:"blocks"`
-	TFinish   int64  `json:"t_finish"`
-	TFreed    int64  `json:"t_freed"`
-	Consumers int    `json:"consumers"` // completion notifications counted
+	ID        string      `json:"id"`        // prefill's request id
+	RouterID  string      `json:"router_id"` // the router's id
+	Reason    FreedReason `json:"reason"`    // consumed, expired, pushed, failed
+	Blocks    int         `json:"blocks"`
+	TFinish   int64       `json:"t_finish"`
+	TFreed    int64       `json:"t_freed"`
+	Consumers int         `json:"consumers"` // completion notifications counted
 	// Push: when the registration matched and the WRITE was posted/done.
 	TRegReceived int64 `json:"t_reg_received,omitempty"`
 	TPostStart   int64 `json:"t_post_start,omitempty"`

@@ -27,11 +27,11 @@ const (
 	RoleDecode  = "decode"
 )
 
-// Protocols (untyped, so they compare with plain strings too; see Protocol).
+// Protocols.
 const (
-	ProtoPull   = "pull"
-	ProtoPush   = "push"
-	ProtoSGLang = "sglang"
+	ProtoPull   Protocol = "pull"
+	ProtoPush   Protocol = "push"
+	ProtoSGLang Protocol = "sglang"
 )
 
 // Config sets up one engine endpoint (all its TP ranks).
@@ -39,7 +39,7 @@ type Config struct {
 	Role      Role          `json:"role"`
 	EngineID  string        `json:"engine_id"`
 	Backend   string        `json:"backend"`
-	Protocol  string        `json:"protocol"`
+	Protocol  Protocol      `json:"protocol"`
 	Model     kv.Model      `json:"model"`
 	KVDType   kv.DType      `json:"kv_dtype"`
 	BlockSize int           `json:"block_size"`
@@ -143,7 +143,7 @@ func (c Config) CompatHash() (string, error) {
 		"model": spec.Model.Name, "dtype": string(spec.Model.DType), "num_kv_heads": spec.Model.NumKVHeads,
 		"head_size": spec.Model.HeadDim, "num_hidden_layers": spec.Model.NumLayers, "attn_backend_name": backend,
 		"cache_dtype": string(spec.DType), "is_hma_enabled": spec.Model.NumSlidingLayers() > 0 && !spec.KeepFullWindow,
-		"speculative_config": nil, "transfer_mode": mode,
+		"speculative_config": nil, "transfer_mode": string(mode),
 	})
 }
 

@@ -9,9 +9,7 @@ import (
 // so a flag, an environment variable, a config file and a JSON RPC all
 // reject an unknown value the same way, naming the valid ones.
 
-// Protocol is how KV moves from prefill to decode. The Proto* constants
-// stay untyped so that code comparing them with plain strings keeps
-// compiling.
+// Protocol is how KV moves from prefill to decode.
 type Protocol string
 
 // Protocols lists the valid protocols.

@@ -39,7 +39,7 @@ func testModel() kv.Model {
 	return m
 }
 
-func engines(t *testing.T, proto string, ptp, dtp int, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
+func engines(t *testing.T, proto Protocol, ptp, dtp int, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
 	t.Helper()
 	base := Config{Backend: "ucx", Protocol: proto, Model: testModel(), BlockSize: 16, NumBlocks: 64, DRAMAlloc: "mmap",
 		Verify: Full, Merge: true, Lease: 10 * time.Second, RegTimeout: 10 * time.Second}
@@ -63,7 +63,7 @@ func engines(t *testing.T, proto string, ptp, dtp int, mut func(*Config)) (*Engi
 	return p, d, rec
 }
 
-func waitFreed(t *testing.T, rec *evRecorder, want string) FreedEvent {
+func waitFreed(t *testing.T, rec *evRecorder, want FreedReason) FreedEvent {
 	t.Helper()
 	select {
 	case ev := <-rec.ch:

@@ -19,7 +19,7 @@ import (
 
 const testLease = 600 * time.Millisecond // extension 400 ms, heartbeat every 100 ms
 
-func leaseEngines(t *testing.T, proto string, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
+func leaseEngines(t *testing.T, proto Protocol, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
 	t.Helper()
 	return engines(t, proto, 1, 1, func(c *Config) {
 		c.Lease, c.Step, c.DecodeSlots = testLease, 5*time.Millisecond, 1
@@ -40,8 +40,8 @@ func loadAsync(d *Engine, r LoadRequest) <-chan LoadReply {
 }
 
 func TestLeaseHeartbeatsKeepQueuedRequestsAlive(t *testing.T) {
-	for _, proto := range []string{ProtoPull, ProtoPush} {
-		t.Run(proto, func(t *testing.T) {
+	for _, proto := range []Protocol{ProtoPull, ProtoPush} {
+		t.Run(string(proto), func(t *testing.T) {
 			p, d, rec := leaseEngines(t, proto, func(c *Config) { c.DecodeHold = 4 * testLease / 3 })
 			ctx := context.Background()
 			var replies []<-chan LoadReply
@@ -87,7 +87,7 @@ func TestLeaseHeartbeatsKeepQueuedRequestsAlive(t *testing.T) {
 				}
 			}
 			for range 3 {
-				ev := waitFreed(t, rec, map[string]string{ProtoPull: "consumed", ProtoPush: "pushed"}[proto])
+				ev := waitFreed(t, rec, map[Protocol]FreedReason{ProtoPull: FreedConsumed, ProtoPush: FreedPushed}[proto])
 				if ev.Renewals == 0 && ev.RouterID != "hb-0" {
 					t.Errorf("%s was freed without a heartbeat: %+v", ev.RouterID, ev)
 				}
@@ -109,7 +109,7 @@ func TestLeaseHeartbeatsKeepQueuedRequestsAlive(t *testing.T) {
 func pushCoords(p *Engine, id string) TransferParams {
 	host, port, _ := splitEndpoint(p.side.Endpoint())
 	return TransferParams{DoRemotePrefill: true, RemoteEngineID: p.cfg.EngineID, RemoteRequestID: id, RemoteHost: host,
-		RemotePort: port, TPSize: p.spec.TP, PPSize: 1, TransferMode: ProtoPush}
+		RemotePort: port, TPSize: p.spec.TP, PPSize: 1, TransferMode: string(ProtoPush)}
 }
 
 func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {

@@ -186,7 +186,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	host, port, _ := splitEndpoint(e.side.Endpoint())
 	return PrefillReply{RequestID: q.id, Blocks: n, TStart: t0, TFinish: q.tFinish, Params: TransferParams{
 		DoRemotePrefill: true, RemoteBlockIDs: blocks, RemoteEngineID: e.cfg.EngineID, RemoteRequestID: q.id,
-		RemoteHost: host, RemotePort: port, TPSize: e.spec.TP, PPSize: 1, RemoteNumTokens: r.Tokens, TransferMode: e.cfg.Protocol}}, nil
+		RemoteHost: host, RemotePort: port, TPSize: e.spec.TP, PPSize: 1, RemoteNumTokens: r.Tokens, TransferMode: string(e.cfg.Protocol)}}, nil
 }
 
 // onConsumed counts a pull-mode completion notification "<id>:<n>": the
@@ -272,7 +272,7 @@ func (s *prefillState) stats(st *Stats) {
 // is caught) and reports why.
 // reaped is the lease the reaper already took out of the table (nil:
 // release it here).
-func (s *prefillState) free(q *preq, reason string, reaped *lease.Lease) {
+func (s *prefillState) free(q *preq, reason FreedReason, reaped *lease.Lease) {
 	s.mu.Lock()
 	if s.reqs[q.id] != q {
 		s.mu.Unlock()

@@ -16,7 +16,7 @@ import (
 // every byte verified through device-to-host copies.
 func TestHandoffInVRAM(t *testing.T) {
 	cudatest.Require(t)
-	for _, proto := range []string{ProtoPull, ProtoPush} {
+	for _, proto := range []Protocol{ProtoPull, ProtoPush} {
 		for _, tps := range [][2]int{{1, 1}, {2, 1}} {
 			t.Run(fmt.Sprintf("%s/%d-%d", proto, tps[0], tps[1]), func(t *testing.T) {
 				p, d, rec := engines(t, proto, tps[0], tps[1], func(c *Config) { c.Backend, c.Mem = "cuda-ipc", nixl.VRAM })
@@ -46,7 +46,7 @@ func TestHandoffInVRAM(t *testing.T) {
 				if lr.Error != "" || lr.CorruptBlocks != 0 {
 					t.Fatalf("%s (corrupt %d: %s)", lr.Error, lr.CorruptBlocks, lr.Corrupt)
 				}
-				waitFreed(t, rec, map[string]string{ProtoPull: "consumed", ProtoPush: "pushed"}[proto])
+				waitFreed(t, rec, map[Protocol]FreedReason{ProtoPull: FreedConsumed, ProtoPush: FreedPushed}[proto])
 				// Poisoned after the free: the same request no longer verifies.
 				if bad, _ := p.ranks[0].pool.Check(3, pr.Params.RemoteBlockIDs, 0, 100, Full); bad == 0 {
 					t.Error("freed VRAM blocks still hold the request's tags")
