@@ -599,7 +599,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	// after that is reported.
 	h.drainFreed(2 * time.Second)
 	res.Records = h.records
-	settle := time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
+	// Prefill calls the run gave up on may still be finishing there (a
+	// slow fill); their leases run from when they end: two seconds of slack.
+	settle := time.Now().Add(min(o.Lease, 5*time.Second) + 2*time.Second)
 	for {
 		if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Prefill); err != nil {
 			res.Warn("prefill stats: " + err.Error())

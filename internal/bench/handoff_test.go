@@ -225,8 +225,14 @@ func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 	if res.Summary.CorruptBlocks != 0 {
 		t.Errorf("corrupt blocks: %d", res.Summary.CorruptBlocks)
 	}
-	if res.Prefill.BlocksInUse != 0 || res.Prefill.ExpiredLeases == 0 {
-		t.Errorf("prefill should free the dead decode's blocks by lease: %+v", res.Prefill)
+	// Prefill gets every block back: those of requests it had finished by
+	// their leases, those it was still filling when the run stopped by the
+	// cancellation (which of the two depends on how fast this machine is).
+	if res.Prefill.BlocksInUse != 0 {
+		t.Errorf("prefill should get the dead decode's blocks back: %+v", res.Prefill)
+	}
+	if res.EndpointDied == "" || !strings.HasPrefix(res.EndpointDied, "decode") {
+		t.Errorf("the result should name the dead decode: %q", res.EndpointDied)
 	}
 }
 

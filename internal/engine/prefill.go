@@ -153,6 +153,12 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 		go func() { defer wg.Done(); rk.pool.Fill(r.Key, blocks, 0, r.Tokens, e.cfg.Verify) }()
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		// The router gave up on this request (the run stopped): nobody
+		// will read these blocks, so they go back now, not at a lease's end.
+		_ = e.alloc.Free(blocks)
+		return PrefillReply{}, err
+	}
 	if e.cfg.PrefillPerToken > 0 {
 		want := time.Duration(r.Tokens) * e.cfg.PrefillPerToken
 		if left := want - mono.Since(t0); left > 0 {
