@@ -532,6 +532,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{},
 		unstreamed: map[string]int{}}
 	if o.Records != nil {
+		// The provisional result a kill leaves (--save) recomputes its
+		// efficiency from this.
+		res.Summary.MemcpyGBps = dsetup.MemcpyGBps
 		if err := o.Records.Begin(res, res.recordsHeader()); err != nil {
 			return nil, fmt.Errorf("records: %w", err)
 		}
