@@ -109,6 +109,9 @@ func TestLoadPartialRun(t *testing.T) {
 	if !strings.Contains(strings.Join(got.Warnings, "\n"), "partial: the run did not finish") {
 		t.Errorf("warnings %q", got.Warnings)
 	}
+	if p := Problems(got); len(p) != 1 || !strings.Contains(p[0], "did not finish") {
+		t.Errorf("problems %q: the gate must refuse a partial run", p)
+	}
 
 	// The final save replaces the provisional result, linking the
 	// streamed records as they are.
