@@ -78,7 +78,7 @@ func (s *recordsStream) Begin(r report.Result, header any) error {
 	}
 	w, err := report.CreateRecords(paths...)
 	if err != nil {
-		return errkind.BadInputf("--records: %v", err)
+		return errkind.BadInput(err) // the runner names it records; the error names the file
 	}
 	s.w = w
 	if err := w.Header(header); err != nil {
