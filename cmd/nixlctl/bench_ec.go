@@ -152,6 +152,9 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 			return errkind.BadInputf("--records: %v", err)
 		}
 		defer f.Close()
+		// Unbuffered: RunEC encodes each image request's line into f as
+		// the request finishes, one write a line, so a killed run leaves
+		// the lines of what finished (it streams; nothing to complete).
 		x.Records = f
 	}
 	mo.Records = "" // bench ec writes its own records (x.Records)

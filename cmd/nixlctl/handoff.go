@@ -198,7 +198,9 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	}
 	h.ChildStderr = a.childStderr(o.measureOptions)
 	var res *bench.HandoffResult
-	_, err = a.measureAndRender(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	mo := o.measureOptions
+	h.Records = mo.streamRecords(a.args)
+	_, err = a.measureAndRender(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		h.Live = sink
 		var err error
 		if res, err = bench.RunHandoff(ctx, h); res == nil {

@@ -35,7 +35,87 @@ type measureOptions struct {
 	Save          string `mapstructure:"save"`
 	Records       string `mapstructure:"records"`
 	AllowFailures bool   `mapstructure:"allow-failures"`
+
+	// stream is set by streamRecords for a runner that streams its
+	// records; keep then completes what it wrote instead of writing them.
+	stream *recordsStream
 }
+
+// streamRecords returns the sink a streaming runner (bench pull|push|
+// sglang) writes its records to as it goes: --records FILE and --save
+// DIR's records.jsonl, so that a driver killed mid-run leaves what it
+// measured. Nil when neither flag is given.
+func (o *measureOptions) streamRecords(args []string) report.RecordsSink {
+	if o.Records == "" && o.Save == "" {
+		return nil
+	}
+	o.stream = &recordsStream{records: o.Records, save: o.Save, args: args}
+	return o.stream
+}
+
+// recordsStream is the CLI's report.RecordsSink. Its files are created
+// when the runner begins its timed phase, not before, so a run that fails
+// in setup leaves none (as before streaming).
+type recordsStream struct {
+	records, save string
+	args          []string
+	w             *report.RecordsWriter
+	closed        bool
+	err           error
+}
+
+func (s *recordsStream) Begin(r report.Result, header any) error {
+	var paths []string
+	if s.save != "" {
+		// First, so that --records may name a file inside it.
+		if err := os.MkdirAll(s.save, 0o755); err != nil {
+			return fmt.Errorf("--save: %w", err)
+		}
+		paths = append(paths, filepath.Join(s.save, report.RecordsName))
+	}
+	if s.records != "" {
+		paths = append(paths, s.records)
+	}
+	w, err := report.CreateRecords(paths...)
+	if err != nil {
+		return errkind.BadInput(err) // the runner names it records; the error names the file
+	}
+	s.w = w
+	if err := w.Header(header); err != nil {
+		return err
+	}
+	if s.save != "" {
+		// A result to show if the run never gets to write its own.
+		r.Header().Args = s.args
+		if err := report.SaveProvisional(s.save, r); err != nil {
+			return fmt.Errorf("--save %s: %w", s.save, err)
+		}
+	}
+	return nil
+}
+
+func (s *recordsStream) Record(rec any) error { return s.w.Append(rec) }
+
+// close closes the files once; the error is the first of writing or
+// closing them.
+func (s *recordsStream) close() error {
+	if s == nil || s.w == nil || s.closed {
+		return s.closeErr()
+	}
+	s.closed = true
+	s.err = s.w.Close()
+	return s.err
+}
+
+func (s *recordsStream) closeErr() error {
+	if s == nil {
+		return nil
+	}
+	return s.err
+}
+
+// began says the files were created (the runner got to its timed phase).
+func (s *recordsStream) began() bool { return s != nil && s.w != nil }
 
 // addMeasureFlags declares --tui, --plot, --save and, for commands that
 // keep per-request records, --records.
@@ -213,6 +293,9 @@ func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (repor
 		res, err = run(ctx, p)
 		p.Close()
 	}
+	if cerr := mo.stream.close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("records: %w", cerr))
+	}
 	if res == nil {
 		return nil, err
 	}
@@ -297,7 +380,9 @@ func (a *app) withTUI(ctx context.Context, delay time.Duration, run runner) (rep
 	return o.res, o.err
 }
 
-// keep records the command line, then writes --records, --save and --plot.
+// keep records the command line, then writes --records, --save and
+// --plot. Records a runner streamed (mo.stream) are on disk already: keep
+// links them with the count and checksum of what was written.
 func (a *app) keep(res report.Result, mo measureOptions) error {
 	h := res.Header()
 	h.Args = a.args
@@ -307,7 +392,14 @@ func (a *app) keep(res report.Result, mo measureOptions) error {
 			return fmt.Errorf("--save: %w", err)
 		}
 	}
-	if mo.Records != "" {
+	streamed := mo.stream.began()
+	var written report.Streamed
+	if streamed {
+		written.Count, written.Bytes, written.SHA256 = mo.stream.w.Written()
+	}
+	if mo.Records != "" && streamed {
+		h.RecordsFile = &report.RecordsRef{Path: mo.Records, Schema: report.RecordsSchema, Count: written.Count, SHA256: written.SHA256}
+	} else if mo.Records != "" {
 		rk, ok := res.(report.RecordsKeeper)
 		if !ok {
 			return fmt.Errorf("%s keeps no per-request records", h.Command)
@@ -345,7 +437,11 @@ func (a *app) keep(res report.Result, mo measureOptions) error {
 			extra = append(extra, filepath.Base(mo.Plot))
 		}
 		given := h.RecordsFile
-		if _, err := report.Save(mo.Save, res, extra...); err != nil {
+		save := func() (*report.Manifest, error) { return report.Save(mo.Save, res, extra...) }
+		if streamed {
+			save = func() (*report.Manifest, error) { return report.SaveStreamed(mo.Save, res, written, extra...) }
+		}
+		if _, err := save(); err != nil {
 			return fmt.Errorf("--save %s: %w", mo.Save, err)
 		}
 		// What stdout shows is read from here, not from inside DIR.

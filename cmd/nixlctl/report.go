@@ -36,7 +36,11 @@ func newReportShowCmd(a *app) *cobra.Command {
 and, with --plot, draw it. FILE is a result written with -o json; DIR one written
 with --save. When the result links a records file that is present, the summary
 is recomputed from the records (so an edited or filtered records file gives its
-own summary); a missing records file leaves the stored summary as it was.`,
+own summary); a missing records file leaves the stored summary as it was.
+The directory of a --save run that was killed holds the provisional result
+written when it started and the records it streamed until then: it shows as a
+partial run ("partial": true), recomputed from those records, a last line cut
+mid-way skipped.`,
 		Example: `  nixlctl report show run1/
   nixlctl report show result.json -o markdown
   nixlctl report show run1/ --plot latency.svg -o prom`,

@@ -92,6 +92,11 @@ type HandoffOptions struct {
 	// Live receives a Start, then a Request per finished request (warm-up
 	// ones marked), phases and warnings (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
+	// Records, if set, gets the records header before the timed phase and
+	// each request's record once it is final, so that a driver killed
+	// mid-run leaves what it measured on disk (--records, --save). Its
+	// write errors are its own to report: the run goes on.
+	Records report.RecordsSink `mapstructure:"-"`
 }
 
 // DefaultHandoffOptions are the defaults of every knob that has one (the
@@ -560,7 +565,16 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
 	res.Config.CompatHash, res.Config.NoCompatCheck = psetup.CompatHash, o.NoCompatCheck
-	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}}
+	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{},
+		unstreamed: map[string]int{}}
+	if o.Records != nil {
+		// The provisional result a kill leaves (--save) recomputes its
+		// efficiency from this.
+		res.Summary.MemcpyGBps = dsetup.MemcpyGBps
+		if err := o.Records.Begin(res, res.recordsHeader()); err != nil {
+			return nil, fmt.Errorf("records: %w", err)
+		}
+	}
 	go h.collectFreed()
 	// Liveness: an endpoint that dies stops the run at once, with the
 	// reason, instead of the router sending it requests that wait out
@@ -598,6 +612,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	// failed requests, the time their leases take (up to 5 s): what is held
 	// after that is reported.
 	h.drainFreed(2 * time.Second)
+	h.streamRest()
 	res.Records = h.records
 	// Prefill calls the run gave up on may still be finishing there (a
 	// slow fill); their leases run from when they end: two seconds of slack.
@@ -696,6 +711,74 @@ type handoff struct {
 	waiting map[string]chan engine.FreedEvent
 	start   int64
 	end     int64
+	// unstreamed holds the finished requests whose records wait for
+	// prefill's release before they are streamed (o.Records): their
+	// position in records, by router id.
+	unstreamed map[string]int
+}
+
+// finished streams request i's record (o.Records) when it is final, else
+// leaves it in unstreamed until collectFreed or streamRest does. A record
+// is final once prefill's release of its blocks is known, since that fills
+// the release reason and, for a push whose release came late, the WRITE
+// stages (applyFreed). Streaming the final record, rather than streaming
+// at once and appending a fix-up line for readers to merge, keeps the file
+// one line per request, which every reader (older nixlctl included)
+// already counts right; the price is that a kill loses the few records
+// still waiting for their release. SGLang's prefill reports no releases,
+// so its records are final when their requests finish.
+func (h *handoff) finished(i int) {
+	if h.o.Records == nil {
+		return
+	}
+	h.mu.Lock()
+	r := &h.records[i]
+	f, ok := h.freed[r.ID]
+	switch {
+	case ok:
+		h.applyFreed(r, f)
+	case h.o.Protocol != engine.ProtoSGLang: // SGLang's prefill reports no releases: final now
+		h.unstreamed[r.ID] = i
+		h.mu.Unlock()
+		return
+	}
+	rec := *r
+	h.mu.Unlock()
+	_ = h.o.Records.Record(rec)
+}
+
+// streamRest streams the records still waiting for a release at the end
+// of the run, as drainFreed left them (final now), in request order.
+func (h *handoff) streamRest() {
+	if h.o.Records == nil {
+		return
+	}
+	h.mu.Lock()
+	pos := make([]int, 0, len(h.unstreamed))
+	for _, i := range h.unstreamed {
+		pos = append(pos, i)
+	}
+	clear(h.unstreamed)
+	sort.Ints(pos)
+	recs := make([]HandoffRecord, len(pos))
+	for k, i := range pos {
+		recs[k] = h.records[i]
+	}
+	h.mu.Unlock()
+	for _, r := range recs {
+		_ = h.o.Records.Record(r)
+	}
+}
+
+// applyFreed completes a finished request's record with prefill's release
+// of its blocks. Applying it twice changes nothing.
+func (h *handoff) applyFreed(r *HandoffRecord, f engine.FreedEvent) {
+	r.Freed = engine.FreedReason(f.Reason)
+	// A push whose release came after the request's own short wait gets
+	// its WRITE stages now.
+	if h.o.Protocol == engine.ProtoPush && r.Error == "" && r.Bytes == 0 && f.Bytes > 0 {
+		r.applyPushFreed(f)
+	}
 }
 
 func (h *handoff) collectFreed() {
@@ -711,9 +794,19 @@ func (h *handoff) collectFreed() {
 		h.freed[f.RouterID] = f
 		ch := h.waiting[f.RouterID]
 		delete(h.waiting, f.RouterID)
+		var final *HandoffRecord // a finished record this release completes
+		if i, ok := h.unstreamed[f.RouterID]; ok {
+			delete(h.unstreamed, f.RouterID)
+			h.applyFreed(&h.records[i], f)
+			rec := h.records[i]
+			final = &rec
+		}
 		h.mu.Unlock()
 		if ch != nil {
 			ch <- f
+		}
+		if final != nil {
+			_ = h.o.Records.Record(*final)
 		}
 	})
 }
@@ -760,12 +853,7 @@ func (h *handoff) drainFreed(d time.Duration) {
 	for i := range h.records {
 		r := &h.records[i]
 		if f, ok := h.freed[r.ID]; ok {
-			r.Freed = engine.FreedReason(f.Reason)
-			// A push whose release came after the request's own short
-			// wait gets its WRITE stages now.
-			if h.o.Protocol == engine.ProtoPush && r.Error == "" && r.Bytes == 0 && f.Bytes > 0 {
-				r.applyPushFreed(f)
-			}
+			h.applyFreed(r, f)
 		}
 	}
 }
@@ -809,6 +897,7 @@ func (h *handoff) run(ctx context.Context) error {
 		h.mu.Lock()
 		h.records[i] = r
 		h.mu.Unlock()
+		h.finished(i)
 		live.Emit(o.Live, live.Request{Bytes: r.Bytes, Latency: time.Duration(r.HandoffMS * 1e6),
 			OK: r.Error == "" && r.CorruptBlocks == 0, Warmup: r.Warmup})
 		if r.Error != "" && ctx.Err() != nil {
@@ -864,6 +953,12 @@ func (h *handoff) run(ctx context.Context) error {
 		}
 	}
 	h.records = kept
+	// The records waiting to be streamed moved with the compaction.
+	for pos, r := range h.records {
+		if _, ok := h.unstreamed[r.ID]; ok {
+			h.unstreamed[r.ID] = pos
+		}
+	}
 	h.mu.Unlock()
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -266,11 +265,15 @@ type handoffRecordsHeader struct {
 	StartedAt time.Time `json:"started_at"`
 }
 
+func (res *HandoffResult) recordsHeader() handoffRecordsHeader {
+	return handoffRecordsHeader{Schema: report.RecordsSchema, Command: res.Command, Protocol: res.Protocol, StartedAt: res.StartedAt}
+}
+
 // WriteRecords implements report.RecordsKeeper: a header line, then one
 // JSON line per request.
 func (res *HandoffResult) WriteRecords(w io.Writer) (int, error) {
 	enc := json.NewEncoder(w)
-	if err := enc.Encode(handoffRecordsHeader{Schema: report.RecordsSchema, Command: res.Command, Protocol: res.Protocol, StartedAt: res.StartedAt}); err != nil {
+	if err := enc.Encode(res.recordsHeader()); err != nil {
 		return 0, err
 	}
 	for _, r := range res.Records {
@@ -301,33 +304,28 @@ func (res *HandoffResult) ReadRecords(r io.Reader) error {
 }
 
 // ReadHandoffRecords reads a records file written by bench pull, push or
-// sglang; command, when set, must match its header.
+// sglang; command, when set, must match its header. A last line cut
+// mid-way (a run killed while writing it) is left out: records stream to
+// disk as a run goes (report.ReadRecordLines).
 func ReadHandoffRecords(r io.Reader, command string) ([]HandoffRecord, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	if !sc.Scan() {
-		if err := sc.Err(); err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("records: empty file")
+	lines, err := report.ReadRecordLines(r)
+	if err != nil {
+		return nil, err
 	}
 	var h handoffRecordsHeader
-	if err := json.Unmarshal(sc.Bytes(), &h); err != nil || h.Schema != report.RecordsSchema {
+	if err := json.Unmarshal(lines.Header, &h); err != nil {
 		return nil, fmt.Errorf("records: the first line is not a %s header", report.RecordsSchema)
 	}
 	if command != "" && h.Command != command {
 		return nil, fmt.Errorf("records are from %q, the result from %q", h.Command, command)
 	}
-	var recs []HandoffRecord
-	for line := 2; sc.Scan(); line++ {
-		if len(strings.TrimSpace(sc.Text())) == 0 {
-			continue
-		}
+	recs := make([]HandoffRecord, 0, len(lines.Records))
+	for i, b := range lines.Records {
 		var rec HandoffRecord
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("records line %d: %v", line, err)
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return nil, fmt.Errorf("record %d: %v", i+1, err)
 		}
 		recs = append(recs, rec)
 	}
-	return recs, sc.Err()
+	return recs, nil
 }

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/report"
 )
 
 func smallModel(t *testing.T) kv.Model {
@@ -253,5 +256,97 @@ func TestHandoffPrefillKilledBeforeWrite(t *testing.T) {
 		if r.Error == "" {
 			t.Errorf("%s did not fail", r.ID)
 		}
+	}
+}
+
+// fileSink streams a run's records into one file, as the CLI does.
+type fileSink struct{ w *report.RecordsWriter }
+
+func (s fileSink) Begin(_ report.Result, header any) error { return s.w.Header(header) }
+func (s fileSink) Record(rec any) error                    { return s.w.Append(rec) }
+
+// The records file has its header and finished requests while the run is
+// still going, and at the end holds exactly the run's final records (a
+// release that completes a record after its request streams the completed
+// one), one line each.
+func TestHandoffStreamsRecords(t *testing.T) {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang} {
+		t.Run(string(proto), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "recs.jsonl")
+			w, err := report.CreateRecords(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := handoffOpts(t, proto, 1, 1)
+			// Slow on purpose: 64 tokens at 2 ms each is 128 ms a request.
+			o.Inproc, o.Requests, o.Warmup, o.Concurrency = true, 1000, 1, 2
+			o.ISL, o.PrefillPerTok, o.Records = ISL{Dist: ISLFixed, Fixed: 64}, 2*time.Millisecond, fileSink{w}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			type outcome struct {
+				res *HandoffResult
+				err error
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				res, err := RunHandoff(ctx, o)
+				done <- outcome{res, err}
+			}()
+			var lines []string
+			for deadline := time.Now().Add(30 * time.Second); len(lines) < 1+3; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("after 30 s the records file has %d lines", len(lines))
+				}
+				select {
+				case o := <-done:
+					t.Fatalf("the run ended before its records showed (%v)", o.err)
+				default:
+				}
+				b, _ := os.ReadFile(path)
+				lines = strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+				if len(b) == 0 {
+					lines = nil
+				}
+			}
+			if !strings.Contains(lines[0], `"schema":"nixlctl.records/v1"`) || !strings.Contains(lines[1], `"handoff_ms"`) {
+				t.Fatalf("records while running: %q", lines)
+			}
+			cancel()
+			out := <-done
+			if out.res == nil {
+				t.Fatal(out.err)
+			}
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines = strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+			streamed := map[int]string{}
+			for _, l := range lines[1:] {
+				var r HandoffRecord
+				if err := json.Unmarshal([]byte(l), &r); err != nil {
+					t.Fatal(err)
+				}
+				if _, dup := streamed[r.Index]; dup {
+					t.Errorf("request %d streamed twice", r.Index)
+				}
+				streamed[r.Index] = l
+			}
+			if len(streamed) != len(out.res.Records) {
+				t.Fatalf("streamed %d records, the run kept %d", len(streamed), len(out.res.Records))
+			}
+			for _, r := range out.res.Records {
+				want, _ := json.Marshal(r)
+				if streamed[r.Index] != string(want) {
+					t.Errorf("request %d streamed\n%s\nkept\n%s", r.Index, streamed[r.Index], want)
+				}
+				if r.Freed == "" && r.Error == "" && proto != engine.ProtoSGLang {
+					t.Errorf("request %d has no release reason", r.Index)
+				}
+			}
+		})
 	}
 }

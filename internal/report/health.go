@@ -11,10 +11,16 @@ type HealthReporter interface {
 	Problems() []string
 }
 
-// Problems returns r's problems, or nil when r reports none or cannot.
+// Problems returns r's problems, or nil when r reports none or cannot. A
+// partial result (a killed run's) always has one, whatever its kind: its
+// numbers cover part of a run, so the gate must not take it for a whole.
 func Problems(r Result) []string {
+	var p []string
 	if h, ok := r.(HealthReporter); ok {
-		return h.Problems()
+		p = h.Problems()
 	}
-	return nil
+	if r.Header().Partial {
+		p = append(p, "the run did not finish (partial: killed before it wrote its result)")
+	}
+	return p
 }

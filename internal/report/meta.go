@@ -31,6 +31,12 @@ type Meta struct {
 	Env         Environment `json:"environment"`
 	Warnings    []string    `json:"warnings"`
 	RecordsFile *RecordsRef `json:"records_file,omitempty"`
+	// Partial marks a provisional result: --save writes one when the
+	// timed phase starts and replaces it with the final one at the end,
+	// so one found on disk says the run never finished (killed), and its
+	// records file holds what it had measured. Loading a partial records
+	// file sets it too.
+	Partial bool `json:"partial,omitempty"`
 }
 
 // RecordsRef links a result to the raw per-request records it was

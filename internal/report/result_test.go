@@ -144,23 +144,22 @@ func (r *recordsFake) WriteRecords(w io.Writer) (int, error) {
 }
 
 func (r *recordsFake) ReadRecords(rd io.Reader) error {
-	dec := json.NewDecoder(rd)
-	var head map[string]string
-	if err := dec.Decode(&head); err != nil {
+	lines, err := ReadRecordLines(rd)
+	if err != nil {
 		return err
 	}
 	r.recs, r.Efficiency = nil, 0
-	for {
+	for _, b := range lines.Records {
 		var rec map[string]float64
-		if err := dec.Decode(&rec); err == io.EOF {
-			break
-		} else if err != nil {
+		if err := json.Unmarshal(b, &rec); err != nil {
 			return err
 		}
 		r.recs = append(r.recs, rec["v"])
 		r.Efficiency += rec["v"]
 	}
-	r.Efficiency /= float64(len(r.recs))
+	if len(r.recs) > 0 {
+		r.Efficiency /= float64(len(r.recs))
+	}
 	return nil
 }
 

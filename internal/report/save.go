@@ -47,12 +47,67 @@ type ManifestFile struct {
 // manifest.json. Extra files already written into dir (a plot) are listed
 // in the manifest when named in extra.
 func Save(dir string, r Result, extra ...string) (*Manifest, error) {
+	return save(dir, r, nil, extra)
+}
+
+// Streamed describes a records file that a run streamed into a saved
+// directory as records.jsonl while it went (see RecordsWriter.Written).
+type Streamed struct {
+	Count, Bytes int
+	SHA256       string
+}
+
+// SaveStreamed is Save for a run whose records were streamed into
+// dir/records.jsonl: the result links that file as it is and the manifest
+// lists it, rather than writing the records again.
+func SaveStreamed(dir string, r Result, recs Streamed, extra ...string) (*Manifest, error) {
+	return save(dir, r, &recs, extra)
+}
+
+// SaveProvisional writes, when a streaming run's timed phase starts, a
+// result.json marked Partial that links the records.jsonl being streamed,
+// and a manifest listing both: if the run is killed, `report show DIR`
+// still finds a result to recompute from the records. The final Save
+// replaces both.
+func SaveProvisional(dir string, r Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	h := r.Header()
+	keep := *h
+	defer func() { *h = keep }()
+	h.Partial = true
+	h.RecordsFile = &RecordsRef{Path: RecordsName, Schema: RecordsSchema}
+	var b bytes.Buffer
+	if err := WriteJSON(&b, r); err != nil {
+		return err
+	}
+	sum, err := writeFile(filepath.Join(dir, ResultName), b.Bytes())
+	if err != nil {
+		return err
+	}
+	// The records are still growing: no size or checksum yet.
+	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC(),
+		Files: []ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}, {Name: RecordsName, Role: "records"}}}
+	var mb bytes.Buffer
+	if err := WriteJSON(&mb, m); err != nil {
+		return err
+	}
+	_, err = writeFile(filepath.Join(dir, ManifestName), mb.Bytes())
+	return err
+}
+
+func save(dir string, r Result, streamed *Streamed, extra []string) (*Manifest, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	h := r.Header()
+	h.Partial = false
 	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC()}
-	if rk, ok := r.(RecordsKeeper); ok {
+	if streamed != nil {
+		h.RecordsFile = &RecordsRef{Path: RecordsName, Schema: RecordsSchema, Count: streamed.Count, SHA256: streamed.SHA256}
+		m.Files = append(m.Files, ManifestFile{Name: RecordsName, Role: "records", Bytes: streamed.Bytes, SHA256: streamed.SHA256})
+	} else if rk, ok := r.(RecordsKeeper); ok {
 		var b bytes.Buffer
 		n, err := rk.WriteRecords(&b)
 		if err != nil {
@@ -116,6 +171,9 @@ type Loaded struct {
 	// FromRecords says the summary was recomputed from the records file.
 	FromRecords bool
 	Notes       []string // what could not be checked or read, one line each
+	// Partial says the run did not finish: a provisional result, or
+	// records cut short by a kill.
+	Partial bool
 }
 
 // MaxLoadBytes bounds each file Load reads (result, manifest, records):
@@ -168,8 +226,9 @@ func Load(path string) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	l := &Loaded{Result: r, Path: file}
-	ref := r.Header().RecordsFile
+	l := &Loaded{Result: r, Path: file, Partial: r.Header().Partial}
+	h := r.Header()
+	ref := h.RecordsFile
 	rk, keeps := r.(RecordsKeeper)
 	if ref == nil || !keeps {
 		return l, nil
@@ -187,13 +246,39 @@ func Load(path string) (*Loaded, error) {
 		l.Notes = append(l.Notes, fmt.Sprintf("records %s not readable (%v): showing the stored summary", ref.Path, err))
 		return l, nil
 	}
-	if ref.SHA256 != "" && sha(rb) != ref.SHA256 {
+	lines, err := ReadRecordLines(bytes.NewReader(rb))
+	if err != nil && h.Partial {
+		// Killed before its header line was written: nothing to recompute.
+		l.Notes = append(l.Notes, fmt.Sprintf("the run did not finish and its records %s hold nothing (%v): showing the provisional result", ref.Path, err))
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", rp, err)
+	}
+	// A killed run leaves a provisional result and perhaps a last line cut
+	// short: each is said, and the summary is what the records that are
+	// there give. Fewer records than the final result counts is not taken
+	// for partial: a filtered file is a use, and its checksum is noted.
+	partial := h.Partial
+	switch {
+	case h.Partial:
+		l.Notes = append(l.Notes, fmt.Sprintf("the run did not finish (the result is the provisional one written at its start): summary recomputed from the %d records it wrote", len(lines.Records)))
+	case ref.SHA256 != "" && sha(rb) != ref.SHA256:
 		l.Notes = append(l.Notes, fmt.Sprintf("records %s changed since the run (checksum differs): summary recomputed from the file as it is", ref.Path))
+	}
+	if lines.Torn > 0 {
+		partial = true
+		l.Notes = append(l.Notes, fmt.Sprintf("records %s: the last line was cut mid-way (%d bytes, the run was killed while writing it): skipped", ref.Path, lines.Torn))
 	}
 	if err := rk.ReadRecords(bytes.NewReader(rb)); err != nil {
 		return nil, fmt.Errorf("%s: %w", rp, err)
 	}
 	l.FromRecords = true
+	if partial {
+		l.Partial = true
+		h.Partial = true
+		h.Warn(fmt.Sprintf("partial: the run did not finish; the summary covers the %d records written before it stopped", len(lines.Records)))
+	}
 	return l, nil
 }
 
