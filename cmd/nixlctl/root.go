@@ -31,7 +31,7 @@ in that order of precedence:
                       kv:
                         layout:
                           model: llama-3.1-70b
-                          tokens: 4096,32768
+                          isl: 4096,32768
 
 Exit codes: 0 success, 1 failure (or a failed check), 2 bad input, 130 interrupted.`
 
@@ -46,7 +46,9 @@ func newRootCmd(a *app) *cobra.Command {
 		// Resolve the global options once for every command.
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			var g globalOptions
-			if err := bindOptions(cmd, &g); err != nil {
+			// Not bindOptions: the command's own bind resolves its
+			// aliases, and their notes are printed once.
+			if err := bind(cmd, &g, false); err != nil {
 				return err
 			}
 			return a.applyGlobals(g)
@@ -95,6 +97,10 @@ func (a *app) applyGlobals(g globalOptions) error {
 // after the flags. Flag variables themselves are never read: viper does
 // not update them from the environment or the file.
 func bindOptions(cmd *cobra.Command, opts any) error {
+	return bind(cmd, opts, true)
+}
+
+func bind(cmd *cobra.Command, opts any, aliases bool) error {
 	v := viper.New()
 	v.SetEnvPrefix("NIXLCTL")
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
@@ -107,6 +113,11 @@ func bindOptions(cmd *cobra.Command, opts any) error {
 	}
 	if err := mergeConfigFile(v, cmd, flags); err != nil {
 		return errkind.BadInput(err)
+	}
+	if aliases {
+		if err := resolveAliases(v, flags, cmd.ErrOrStderr()); err != nil {
+			return err
+		}
 	}
 	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
 		return errkind.BadInput(decodeErrors(err))

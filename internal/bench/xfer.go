@@ -30,8 +30,8 @@ import (
 type XferOptions struct {
 	Backend          string           `mapstructure:"backend"`
 	Op               nixl.Op          `mapstructure:"op-type"`
-	InitiatorSeg     nixl.MemType     `mapstructure:"initiator-seg-type"`
-	TargetSeg        nixl.MemType     `mapstructure:"target-seg-type"`
+	InitiatorSeg     nixl.MemType     `mapstructure:"mem"`           // the handoff benchmarks' name; --initiator-seg-type (nixlbench's) is an alias
+	TargetSeg        nixl.MemType     `mapstructure:"target-mem"`    // --target-seg-type is an alias
 	Device           int              `mapstructure:"device"`        // GPU of the initiator's VRAM
 	TargetDevice     int              `mapstructure:"target-device"` // GPU of the target's VRAM; -1: Device
 	StartBlock       ByteSize         `mapstructure:"start-block-size"`
@@ -471,7 +471,8 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 // segError says which side's memory the backend refused; a backend that
 // cannot move that memory type at all is the user's choice to change.
 func segError(side string, mem nixl.MemType, err error) error {
-	err = fmt.Errorf("--%s-seg-type %s: %w", side, mem, err)
+	flag := map[string]string{"initiator": "--mem", "target": "--target-mem"}[side]
+	err = fmt.Errorf("%s %s: %w", flag, mem, err)
 	if errors.Is(err, nixl.ErrMemType) {
 		return errkind.BadInput(err)
 	}
