@@ -103,7 +103,11 @@ func newBenchXferCmd(a *app) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o benchXferOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
+				return err
+			}
+			if err := ignoredErrors(set, o, o.ignored()); err != nil {
 				return err
 			}
 			return runBenchXfer(cmd.Context(), a, o)
@@ -146,6 +150,22 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	aliasFlag(f, "kv-block-size", "block-size")
 	addMeasureFlags(cmd, false)
 	return cmd
+}
+
+// ignored lists what this run does not read: the model's shape flags
+// without a model, and with one the sweep bounds it replaces.
+func (o benchXferOptions) ignored() []bench.IgnoredField {
+	out := o.XferOptions.Ignored()
+	if o.Model == "" && o.ModelConfig == "" {
+		for _, f := range []string{"ISL", "TP", "BlockSize"} {
+			out = append(out, bench.IgnoredField{Field: f, Why: "only with --model or --model-config"})
+		}
+		return out
+	}
+	for _, f := range []string{"StartBlock", "MaxBlock", "StartBatch", "MaxBatch"} {
+		out = append(out, bench.IgnoredField{Field: f, Why: "--model sets the block and batch sizes"})
+	}
+	return out
 }
 
 func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {

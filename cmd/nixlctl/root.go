@@ -48,7 +48,7 @@ func newRootCmd(a *app) *cobra.Command {
 			var g globalOptions
 			// Not bindOptions: the command's own bind resolves its
 			// aliases, and their notes are printed once.
-			if err := bind(cmd, &g, false); err != nil {
+			if _, err := bind(cmd, &g, false); err != nil {
 				return err
 			}
 			return a.applyGlobals(g)
@@ -97,10 +97,21 @@ func (a *app) applyGlobals(g globalOptions) error {
 // after the flags. Flag variables themselves are never read: viper does
 // not update them from the environment or the file.
 func bindOptions(cmd *cobra.Command, opts any) error {
+	_, err := bind(cmd, opts, true)
+	return err
+}
+
+// explicitOptions says whether an option was set by the user (flag,
+// environment or config file, any spelling) rather than left at its
+// default: a flag the chosen mode ignores is an error only then.
+type explicitOptions func(flag string) bool
+
+// bindExplicit is bindOptions that also tells which options were set.
+func bindExplicit(cmd *cobra.Command, opts any) (explicitOptions, error) {
 	return bind(cmd, opts, true)
 }
 
-func bind(cmd *cobra.Command, opts any, aliases bool) error {
+func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 	v := viper.New()
 	v.SetEnvPrefix("NIXLCTL")
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
@@ -109,20 +120,20 @@ func bind(cmd *cobra.Command, opts any, aliases bool) error {
 	flags.AddFlagSet(cmd.Flags())
 	flags.AddFlagSet(cmd.InheritedFlags())
 	if err := v.BindPFlags(flags); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mergeConfigFile(v, cmd, flags); err != nil {
-		return errkind.BadInput(err)
+		return nil, errkind.BadInput(err)
 	}
 	if aliases {
 		if err := resolveAliases(v, flags, cmd.ErrOrStderr()); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
-		return errkind.BadInput(decodeErrors(err))
+		return nil, errkind.BadInput(decodeErrors(err))
 	}
-	return checkDurations(v, flags)
+	return v.IsSet, checkDurations(v, flags)
 }
 
 // checkDurations refuses a negative value for any duration flag. No

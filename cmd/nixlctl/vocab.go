@@ -1,14 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 )
 
@@ -107,4 +110,22 @@ func resolveAliases(v *viper.Viper, flags *pflag.FlagSet, errOut io.Writer) erro
 		}
 	})
 	return err
+}
+
+// ignoredErrors refuses each option that the chosen mode does not read
+// (ignored, from the options' own rules) but the user set anyway, by
+// flag, environment or config file: silently dropping it would make a
+// result look as if the setting had been measured. The errors name the
+// flag and the mode; the result is bad input.
+func ignoredErrors(set explicitOptions, opts any, ignored []bench.IgnoredField) error {
+	var errs []error
+	for _, ig := range ignored {
+		if flag, ok := flagOf(reflect.TypeOf(opts), ig.Field); ok && set(flag) {
+			errs = append(errs, errkind.Field(ig.Field, "%s", ig.Why))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return flagErrors(errors.Join(errs...), opts)
 }
