@@ -1,10 +1,14 @@
 package bench
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
@@ -49,4 +53,58 @@ func TestHandoffIgnored(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A pool that cannot hold the longest prompt is refused, naming the field.
+func TestHandoffNumBlocksTooSmall(t *testing.T) {
+	tests := []struct {
+		name   string
+		mut    func(*HandoffOptions)
+		blocks int
+		ok     bool
+	}{
+		{"fixed fits", func(o *HandoffOptions) { o.ISL.Fixed = 64 }, 4, true},
+		{"fixed short", func(o *HandoffOptions) { o.ISL.Fixed = 65 }, 4, false},
+		{"uniform max", func(o *HandoffOptions) { o.ISL.Dist, o.ISL.Min, o.ISL.Max = ISLUniform, 16, 160 }, 9, false},
+		{"trace", func(o *HandoffOptions) { o.Trace = []TraceEntry{{ISL: 16}, {ISL: 800}} }, 49, false},
+		{"default pool", func(o *HandoffOptions) {}, 0, true},
+	}
+	for _, tc := range tests {
+		o := DefaultHandoffOptions()
+		o.Protocol, o.Spec = engine.ProtoPull, testSpec(t)
+		tc.mut(&o)
+		o.NumBlocks = tc.blocks
+		err := o.Validate()
+		var fe errkind.FieldError
+		bad := err != nil && strings.Contains(err.Error(), "cannot hold one request")
+		if bad == tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if bad && !errorsAsField(err, &fe, "NumBlocks") {
+			t.Errorf("%s: not a NumBlocks field error: %v", tc.name, err)
+		}
+	}
+}
+
+func testSpec(t *testing.T) kv.Spec {
+	return kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+}
+
+// errorsAsField says whether err joins a FieldError for field.
+func errorsAsField(err error, fe *errkind.FieldError, field string) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if errorsAsField(e, fe, field) {
+				return true
+			}
+		}
+		return false
+	}
+	if errors.As(err, fe) && fe.Field == field {
+		return true
+	}
+	return errorsAsField(errors.Unwrap(err), fe, field)
 }
