@@ -86,6 +86,45 @@ func TestHandoffNumBlocksTooSmall(t *testing.T) {
 	}
 }
 
+// The regions must fit the smaller of /dev/shm's free space and
+// MemAvailable; the error names the region that does not.
+func TestECRegionsFit(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name      string
+		prod, con ByteSize
+		consumers int
+		remote    bool
+		room      hostRoom
+		field     string // "" fits
+	}{
+		{"fits", gib, gib, 2, false, hostRoom{8 * gib, 8 * gib}, ""},
+		{"producer over shm", 4 * gib, gib, 2, false, hostRoom{3 * gib, 8 * gib}, "ProducerRegion"},
+		{"producer over memory", 4 * gib, gib, 2, false, hostRoom{8 * gib, 3 * gib}, "ProducerRegion"},
+		{"consumers over", gib, 2 * gib, 4, false, hostRoom{8 * gib, 8 * gib}, "ConsumerRegion"},
+		{"remote producer not ours", 100 * gib, gib, 2, true, hostRoom{8 * gib, 8 * gib}, ""},
+		{"unknown room", 100 * gib, gib, 2, false, hostRoom{-1, -1}, ""},
+		{"memory unknown", 4 * gib, gib, 2, false, hostRoom{3 * gib, -1}, "ProducerRegion"},
+	}
+	for _, tc := range tests {
+		o := DefaultECOptions()
+		o.ProducerRegion, o.ConsumerRegion, o.Consumers = tc.prod, tc.con, tc.consumers
+		if tc.remote {
+			o.Producer.Addr = "127.0.0.1:7000"
+		}
+		err := o.checkRegionsFit(tc.room)
+		var fe errkind.FieldError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.field != "" && !errorsAsField(err, &fe, tc.field):
+			t.Errorf("%s: want a %s error, got %v", tc.name, tc.field, err)
+		case tc.field != "" && !strings.Contains(err.Error(), "free in /dev/shm"):
+			t.Errorf("%s: the error does not say what is free: %v", tc.name, err)
+		}
+	}
+}
+
 func testSpec(t *testing.T) kv.Spec {
 	return kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
 }
