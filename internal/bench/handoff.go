@@ -157,6 +157,13 @@ func (o *HandoffOptions) Validate() error {
 	if o.Inproc && o.Prefill != "" {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
+	for _, ep := range []struct{ field, addr string }{{"Prefill", o.Prefill}, {"Decode", o.Decode}} {
+		if ep.addr != "" {
+			if err := checkAddr(ep.addr); err != nil {
+				bad(ep.field, "%v", err)
+			}
+		}
+	}
 	if err := o.Spec.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("prefill: %w", err))
 	} else if o.NumBlocks > 0 {

@@ -194,6 +194,11 @@ func (o *XferOptions) Validate() error {
 	if o.Target.Inproc && o.Target.Addr != "" {
 		bad("Target.Inproc", "excludes a target address")
 	}
+	if o.Target.Addr != "" {
+		if err := checkAddr(o.Target.Addr); err != nil {
+			bad("Target.Addr", "%v", err)
+		}
+	}
 	if o.CheckConsistency && o.TotalBufferSize > 0 && o.TotalBufferSize < o.StartBlock {
 		bad("CheckConsistency", "needs room for at least one block")
 	}
