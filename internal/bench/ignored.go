@@ -39,6 +39,8 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 	}
 	if o.Mem != nixl.VRAM {
 		ig("only with --mem vram", "Device", "DecodeDevice")
+	} else {
+		ig("--mem vram pools come from the CUDA driver", "DRAMAlloc") // cuda.AllocSeg
 	}
 	if len(o.Trace) > 0 {
 		// usesTrace: the trace's arrivals and prompt lengths replace the
@@ -79,7 +81,8 @@ func (o *LeaseChaosOptions) Ignored(sim bool) []IgnoredField {
 
 // Ignored lists the options of o that its memory types leave unread: the
 // GPUs mean nothing to DRAM (the target's device defaults to the
-// initiator's, so --device counts while either side is VRAM).
+// initiator's, so --device counts while either side is VRAM), and the
+// DRAM allocation nothing to VRAM.
 func (o *XferOptions) Ignored() []IgnoredField {
 	var out []IgnoredField
 	if o.InitiatorSeg != nixl.VRAM && o.TargetSeg != nixl.VRAM {
@@ -87,6 +90,11 @@ func (o *XferOptions) Ignored() []IgnoredField {
 	}
 	if o.TargetSeg != nixl.VRAM {
 		out = append(out, IgnoredField{"TargetDevice", "only with --target-mem VRAM"})
+	}
+	if o.InitiatorSeg == nixl.VRAM && o.TargetSeg == nixl.VRAM {
+		// cuda.AllocSeg: VRAM comes from the CUDA driver on both sides.
+		out = append(out, IgnoredField{"DRAMAlloc", "no DRAM with --mem VRAM --target-mem VRAM"},
+			IgnoredField{"HugePages", "no DRAM with --mem VRAM --target-mem VRAM"})
 	}
 	return out
 }

@@ -30,7 +30,8 @@ func TestHandoffIgnored(t *testing.T) {
 		{"pull", func(o *HandoffOptions) { o.Protocol = engine.ProtoPull }, []string{"ChunkTokens", "RegTimeout", "ISL.Min", "Device"}, []string{"Lease", "ISL.Fixed", "Concurrency"}},
 		{"push", func(o *HandoffOptions) { o.Protocol = engine.ProtoPush }, []string{"ChunkTokens"}, []string{"RegTimeout", "Lease"}},
 		{"sglang", func(o *HandoffOptions) { o.Protocol = engine.ProtoSGLang }, []string{"Lease"}, []string{"ChunkTokens", "RegTimeout"}},
-		{"vram", func(o *HandoffOptions) { o.Mem = nixl.VRAM }, nil, []string{"Device", "DecodeDevice"}},
+		{"vram", func(o *HandoffOptions) { o.Mem = nixl.VRAM }, []string{"DRAMAlloc"}, []string{"Device", "DecodeDevice"}},
+		{"dram", func(o *HandoffOptions) { o.Mem = nixl.DRAM }, []string{"Device", "DecodeDevice"}, []string{"DRAMAlloc"}},
 		{"uniform", func(o *HandoffOptions) { o.ISL.Dist = ISLUniform }, []string{"ISL.Fixed", "ISL.Mean", "ISL.Std"}, []string{"ISL.Min", "ISL.Max"}},
 		{"normal", func(o *HandoffOptions) { o.ISL.Dist = ISLNormal }, []string{"ISL.Fixed"}, []string{"ISL.Mean", "ISL.Std", "ISL.Min"}},
 		{"open loop", func(o *HandoffOptions) { o.Rate = 5 }, []string{"Concurrency"}, []string{"Rate"}},
@@ -50,6 +51,35 @@ func TestHandoffIgnored(t *testing.T) {
 		for _, f := range tc.not {
 			if slices.Contains(got, f) {
 				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
+			}
+		}
+	}
+}
+
+// bench xfer's memory types decide which device and allocation flags
+// count.
+func TestXferIgnored(t *testing.T) {
+	tests := []struct {
+		init, targ nixl.MemType
+		want, not  []string
+	}{
+		{nixl.DRAM, nixl.DRAM, []string{"Device", "TargetDevice"}, []string{"DRAMAlloc", "HugePages"}},
+		{nixl.DRAM, nixl.VRAM, nil, []string{"Device", "TargetDevice", "DRAMAlloc", "HugePages"}},
+		{nixl.VRAM, nixl.DRAM, []string{"TargetDevice"}, []string{"Device", "DRAMAlloc"}},
+		{nixl.VRAM, nixl.VRAM, []string{"DRAMAlloc", "HugePages"}, []string{"Device", "TargetDevice"}},
+	}
+	for _, tc := range tests {
+		o := DefaultXferOptions()
+		o.InitiatorSeg, o.TargetSeg = tc.init, tc.targ
+		got := ignoredFields(o.Ignored())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s not ignored (%v)", tc.init, tc.targ, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s ignored, but it is used", tc.init, tc.targ, f)
 			}
 		}
 	}
