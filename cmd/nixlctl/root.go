@@ -122,7 +122,8 @@ func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 	if err := v.BindPFlags(flags); err != nil {
 		return nil, err
 	}
-	if err := mergeConfigFile(v, cmd, flags); err != nil {
+	shared, err := mergeConfigFile(v, cmd, flags)
+	if err != nil {
 		return nil, errkind.BadInput(err)
 	}
 	if aliases {
@@ -133,7 +134,14 @@ func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
 		return nil, errkind.BadInput(decodeErrors(err))
 	}
-	return v.IsSet, checkDurations(v, flags)
+	// A top-level config key is a default for every command that has the
+	// flag (shared settings), so it does not count as set for this one;
+	// a flag, a variable or the command's own section does.
+	set := func(name string) bool {
+		f := flags.Lookup(name)
+		return v.IsSet(name) && (f == nil || f.Changed || os.Getenv(envName(name)) != "" || !shared[name])
+	}
+	return set, checkDurations(v, flags)
 }
 
 // checkDurations refuses a negative value for any duration flag. No
@@ -175,11 +183,12 @@ func configPath(flags *pflag.FlagSet) (string, bool, error) {
 // mergeConfigFile applies the config file's top-level scalar keys that
 // name one of the command's flags, then the keys of the command's own
 // section (`kv: layout: ...` for `nixlctl kv layout`), which must all name
-// flags: a typo there is an error, not a silent no-op.
-func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) error {
+// flags: a typo there is an error, not a silent no-op. It returns the keys
+// that came from the top level only.
+func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (map[string]bool, error) {
 	path, ok, err := configPath(flags)
 	if err != nil || !ok {
-		return err
+		return nil, err
 	}
 	file := viper.New()
 	file.SetConfigFile(path)
@@ -187,13 +196,13 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) e
 		file.SetConfigType("yaml")
 	}
 	if err := file.ReadInConfig(); err != nil {
-		return fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	all := file.AllSettings()
-	eff := map[string]any{}
+	eff, shared := map[string]any{}, map[string]bool{}
 	for k, val := range all {
 		if _, isMap := val.(map[string]any); !isMap && flags.Lookup(k) != nil {
-			eff[k] = val
+			eff[k], shared[k] = val, true
 		}
 	}
 	section := all
@@ -216,11 +225,12 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) e
 			continue
 		}
 		eff[k] = val
+		delete(shared, k)
 	}
 	if len(unknown) > 0 {
-		return errors.Join(unknown...)
+		return nil, errors.Join(unknown...)
 	}
-	return v.MergeConfigMap(eff)
+	return shared, v.MergeConfigMap(eff)
 }
 
 // commandSegments is the command path below the root: ["kv", "layout"].

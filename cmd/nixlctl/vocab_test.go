@@ -94,3 +94,43 @@ func TestAliasFlagsWellFormed(t *testing.T) {
 		t.Fatal("no aliases found")
 	}
 }
+
+// A flag the mode ignores is refused when the user set it for this
+// command: by flag, variable or the command's config section; a
+// top-level config key is a default shared by every command with the
+// flag, and a default is never an error. An unknown --backend stops every run
+// that gets past the check.
+func TestIgnoredFlagSources(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		env     map[string]string
+		args    []string
+		refused bool
+	}{
+		{"default", "", nil, nil, false},
+		{"flag", "", nil, []string{"--chunk-tokens", "64"}, true},
+		{"env", "", map[string]string{"NIXLCTL_CHUNK_TOKENS": "64"}, nil, true},
+		{"command section", "bench:\n  pull:\n    chunk-tokens: 64\n", nil, nil, true},
+		{"top-level key", "chunk-tokens: 64\n", nil, nil, false},
+		{"top-level key, then the section", "chunk-tokens: 64\nbench:\n  pull:\n    chunk-tokens: 32\n", nil, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Chdir(t.TempDir())
+			if tc.file != "" {
+				if err := os.WriteFile("nixlctl.yaml", []byte(tc.file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			args := append([]string{"bench", "pull", "--inproc", "--requests", "1000000", "--backend", "nope"}, tc.args...)
+			code, _, errOut := runCLI(t, tc.env, args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if got := strings.Contains(errOut, "--chunk-tokens: bench pull does not use it"); got != tc.refused {
+				t.Errorf("refused %v, want %v: %s", got, tc.refused, errOut)
+			}
+		})
+	}
+}
