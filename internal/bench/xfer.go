@@ -387,7 +387,10 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	vram := o.InitiatorSeg == nixl.VRAM || o.TargetSeg == nixl.VRAM
 	if vram {
 		if err := cuda.Err(); err != nil {
-			return nil, fmt.Errorf("VRAM segments need the CUDA driver: %s", cuda.Unavailable())
+			// This host's limit, not a typo (exit 1), but name the flag
+			// that asked for VRAM.
+			flag := map[bool]string{true: "--mem", false: "--target-mem"}[o.InitiatorSeg == nixl.VRAM]
+			return nil, fmt.Errorf("%s VRAM: VRAM segments need the CUDA driver: %s", flag, cuda.Unavailable())
 		}
 		res.Env.CUDA = cuda.Version()
 		if cuda.Fake() {
