@@ -34,9 +34,9 @@ type benchXferOptions struct {
 	bench.XferOptions `mapstructure:",squash"`
 	Model             string `mapstructure:"model"`
 	ModelConfig       string `mapstructure:"model-config"`
-	Tokens            int    `mapstructure:"tokens"`
+	ISL               int    `mapstructure:"isl"` // --tokens before one vocabulary
 	TP                int    `mapstructure:"tp"`
-	KVBlockSize       int    `mapstructure:"kv-block-size"`
+	BlockSize         int    `mapstructure:"block-size"` // --kv-block-size before one vocabulary
 	measureOptions    `mapstructure:",squash"`
 }
 
@@ -70,7 +70,7 @@ UCX itself (--dram-alloc ucx, which lets shared-memory transports map it, as
 ucx_perftest allocates). The result names the allocation and the transport UCX
 really used, and warns on a TCP fallback.
 
-GPU memory: --initiator-seg-type VRAM and --target-seg-type VRAM allocate with
+GPU memory: --mem VRAM and --target-mem VRAM allocate with
 the CUDA driver (loaded at run time; --device and --target-device pick the GPUs,
 or NIXLCTL_DEVICE and NIXLCTL_TARGET_DEVICE). --backend cuda-ipc moves VRAM
 between the two processes with CUDA IPC, on one GPU or between GPUs of this
@@ -83,7 +83,7 @@ A backend that cannot move the chosen memory says so before anything runs
 descriptor after each point and verifies every byte at the receiver, so a
 misaddressed block fails (a whole-buffer fill pattern would not).
 
---model (with --tokens, --tp, --kv-block-size) shapes one sweep point like one
+--model (with --isl, --tp, --block-size) shapes one sweep point like one
 TP rank's KV transfer of that model: block = bytes per descriptor, batch =
 descriptors per request, as "nixlctl kv layout" computes them; combine with
 --desc-order random for a fragmented block table.`
@@ -91,8 +91,8 @@ descriptors per request, as "nixlctl kv layout" computes them; combine with
 const benchXferExample = `  nixlctl bench xfer
   nixlctl bench xfer --op-type READ --start-block-size 4K --max-block-size 64M --check-consistency
   nixlctl bench xfer --dram-alloc ucx --start-block-size 1M --max-block-size 1M --total-buffer-size 1M
-  nixlctl bench xfer --model llama-3.1-70b --tokens 4096 --tp 8 --desc-order random --num-iter 20
-  nixlctl bench xfer --backend cuda-ipc --initiator-seg-type VRAM --target-seg-type VRAM --start-block-size 64K --max-block-size 64M`
+  nixlctl bench xfer --model llama-3.1-70b --isl 4096 --tp 8 --desc-order random --num-iter 20
+  nixlctl bench xfer --backend cuda-ipc --mem VRAM --target-mem VRAM --start-block-size 64K --max-block-size 64M`
 
 func newBenchXferCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
@@ -103,7 +103,11 @@ func newBenchXferCmd(a *app) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o benchXferOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
+				return err
+			}
+			if err := ignoredErrors(set, o, o.ignored()); err != nil {
 				return err
 			}
 			return runBenchXfer(cmd.Context(), a, o)
@@ -113,8 +117,8 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
 	f.String("op-type", d.Op.String(), "READ or WRITE")
-	f.String("initiator-seg-type", d.InitiatorSeg.String(), "initiator memory: DRAM or VRAM")
-	f.String("target-seg-type", d.TargetSeg.String(), "target memory: DRAM or VRAM")
+	f.String("mem", d.InitiatorSeg.String(), "initiator memory: DRAM or VRAM")
+	f.String("target-mem", d.TargetSeg.String(), "target memory: DRAM or VRAM")
 	f.Int("device", d.Device, "GPU of the initiator's VRAM (CUDA device index, as this process sees it)")
 	f.Int("target-device", d.TargetDevice, "GPU of the target's VRAM (default: --device)")
 	f.String("start-block-size", d.StartBlock.String(), "first block size")
@@ -136,11 +140,32 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f.String("target", d.Target.Addr, "use a target started with serve target --listen (host:port)")
 	f.String("model", "", "shape one point like a TP rank's KV transfer of this model preset")
 	f.String("model-config", "", "like --model, from a HuggingFace config.json")
-	f.Int("tokens", 4096, "tokens per request for --model")
+	f.Int("isl", 4096, "tokens per request for --model")
 	f.Int("tp", 1, "tensor-parallel size for --model")
-	f.Int("kv-block-size", 16, "KV block size in tokens for --model")
+	f.Int("block-size", 16, "KV block size in tokens for --model")
+	// nixlbench's and this command's first spellings (docs/reports.md, "Flag names").
+	aliasFlag(f, "initiator-seg-type", "mem")
+	aliasFlag(f, "target-seg-type", "target-mem")
+	aliasFlag(f, "tokens", "isl")
+	aliasFlag(f, "kv-block-size", "block-size")
 	addMeasureFlags(cmd, false)
 	return cmd
+}
+
+// ignored lists what this run does not read: the model's shape flags
+// without a model, and with one the sweep bounds it replaces.
+func (o benchXferOptions) ignored() []bench.IgnoredField {
+	out := o.XferOptions.Ignored()
+	if o.Model == "" && o.ModelConfig == "" {
+		for _, f := range []string{"ISL", "TP", "BlockSize"} {
+			out = append(out, bench.IgnoredField{Field: f, Why: "only with --model or --model-config"})
+		}
+		return out
+	}
+	for _, f := range []string{"StartBlock", "MaxBlock", "StartBatch", "MaxBatch"} {
+		out = append(out, bench.IgnoredField{Field: f, Why: "--model sets the block and batch sizes"})
+	}
+	return out
 }
 
 func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
@@ -151,18 +176,18 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		if err != nil {
 			return err
 		}
-		spec, err := kvSpec(m, "", o.KVBlockSize, "flash-attn", "HND", o.TP, 1, false)
+		spec, err := kvSpec(m, "", o.BlockSize, "flash-attn", "HND", o.TP, 1, false)
 		if err != nil {
 			return err
 		}
-		an, err := kv.Analyze(spec, o.Tokens, 0)
+		an, err := kv.Analyze(spec, o.ISL, 0)
 		if err != nil {
 			return errkind.BadInput(err)
 		}
 		x.StartBlock, x.MaxBlock = bench.ByteSize(an.BytesPerDescriptor), bench.ByteSize(an.BytesPerDescriptor)
 		x.StartBatch, x.MaxBatch = an.DescriptorsPerRequest, an.DescriptorsPerRequest
 		x.Shape = fmt.Sprintf("%s, %d tokens, TP %d, %d-token blocks: %s descriptors of %s per request per rank",
-			m.Name, o.Tokens, o.TP, spec.BlockSize, report.Int(int64(an.DescriptorsPerRequest)), report.Bytes(an.BytesPerDescriptor))
+			m.Name, o.ISL, o.TP, spec.BlockSize, report.Int(int64(an.DescriptorsPerRequest)), report.Bytes(an.BytesPerDescriptor))
 	}
 	if err := x.Validate(); err != nil {
 		return flagErrors(err, x)

@@ -113,10 +113,11 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o handoffOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
 				return err
 			}
-			return runHandoff(cmd.Context(), a, proto, o)
+			return runHandoff(cmd.Context(), a, proto, o, set)
 		},
 	}
 	d := bench.DefaultHandoffOptions()
@@ -166,7 +167,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	return cmd
 }
 
-func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOptions) error {
+func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOptions, set explicitOptions) error {
 	h := o.HandoffOptions
 	h.Protocol, h.Version, h.Log = proto, version, a.log
 	m, err := loadModel(o.Model, o.ModelConfig)
@@ -189,6 +190,13 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	}
 	if err := h.Validate(); err != nil {
 		return flagErrors(err, h)
+	}
+	if err := ignoredErrors(set, h, h.Ignored()); err != nil {
+		return err
+	}
+	// The engine lays SGLang's pages out token-major whatever it is told.
+	if proto == engine.ProtoSGLang && set("kv-cache-layout") && !strings.EqualFold(o.KVCacheLayout, "NHD") {
+		return errkind.BadInputf("--kv-cache-layout %s: bench sglang is always NHD", o.KVCacheLayout)
 	}
 	if err := checkBackendName(h.Backend); err != nil {
 		return err

@@ -29,7 +29,7 @@ func newKVCmd(a *app) *cobra.Command {
 type kvLayoutOptions struct {
 	Model         string `mapstructure:"model"`
 	ModelConfig   string `mapstructure:"model-config"`
-	Tokens        string `mapstructure:"tokens"`
+	ISL           string `mapstructure:"isl"` // a list here (a sweep); --tokens before one vocabulary
 	TP            int    `mapstructure:"tp"`
 	PP            int    `mapstructure:"pp"`
 	PrefillTP     int    `mapstructure:"prefill-tp"`
@@ -67,10 +67,10 @@ Sliding-window layers (gpt-oss) keep only the blocks overlapping the window;
 --full-window sizes them as full attention (an engine without a hybrid
 allocator).`
 
-const kvLayoutExample = `  nixlctl kv layout --model llama-3.1-70b --tokens 4096
-  nixlctl kv layout --model deepseek-r1 --tp 8 --tokens 1024,4096,8192,32768,131072
-  nixlctl kv layout --model-config ./config.json --kv-dtype fp8 --block-size 64 --tokens 8k
-  nixlctl kv layout --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --tokens 4096 -o json`
+const kvLayoutExample = `  nixlctl kv layout --model llama-3.1-70b --isl 4096
+  nixlctl kv layout --model deepseek-r1 --tp 8 --isl 1024,4096,8192,32768,131072
+  nixlctl kv layout --model-config ./config.json --kv-dtype fp8 --block-size 64 --isl 8k
+  nixlctl kv layout --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 4096 -o json`
 
 func newKVLayoutCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
@@ -90,7 +90,7 @@ func newKVLayoutCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.String("model", "", "model preset ("+strings.Join(kv.PresetNames(), ", ")+"); default "+kv.DefaultModel)
 	f.String("model-config", "", "path to a HuggingFace config.json instead of a preset")
-	f.String("tokens", "4096", "tokens per request; a comma-separated list prints a sweep (1024,4096,8k,128k)")
+	f.String("isl", "4096", "tokens per request; a comma-separated list prints a sweep (1024,4096,8k,128k)")
 	f.Int("tp", 1, "tensor-parallel size")
 	f.Int("pp", 1, "pipeline-parallel size")
 	f.Int("prefill-tp", 0, "prefill TP size for a heterogeneous P/D pair (with --decode-tp)")
@@ -101,6 +101,7 @@ func newKVLayoutCmd(a *app) *cobra.Command {
 	f.String("kv-cache-layout", "HND", "order inside a block: HND or NHD")
 	f.Bool("full-window", false, "size sliding-window layers as full attention")
 	f.String("link-gbps", "", "extra link speeds in Gb/s to estimate, comma-separated (e.g. 800,1600)")
+	aliasFlag(f, "tokens", "isl") // docs/reports.md, "Flag names"
 	return cmd
 }
 
@@ -169,9 +170,9 @@ func runKVLayout(_ context.Context, a *app, o kvLayoutOptions) error {
 	if err != nil {
 		return err
 	}
-	tokens, err := kv.ParseTokens(o.Tokens)
+	tokens, err := kv.ParseTokens(o.ISL)
 	if err != nil {
-		return errkind.BadInputf("--%v", err)
+		return errkind.BadInputf("--isl: %v", err)
 	}
 	links, err := parseLinks(o.LinkGbps)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"time"
 
@@ -99,7 +100,11 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o leaseChaosOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
+				return err
+			}
+			if err := ignoredErrors(set, o, o.ignored()); err != nil {
 				return err
 			}
 			return runLeaseChaos(cmd.Context(), a, o)
@@ -140,6 +145,25 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f.StringSlice("sweep-lease", nil, "--sim: lease durations to compare on the same traffic (e.g. 5s,10s,30s,60s,120s)")
 	addMeasureFlags(cmd, false)
 	return cmd
+}
+
+// ignored lists what the mode does not read: without --sim, every
+// traffic option (each tagged field of leasesim.TrafficOptions but the
+// seed, which both modes use) and --sweep-lease; with --sim, what only
+// real processes use.
+func (o leaseChaosOptions) ignored() []bench.IgnoredField {
+	if o.Sim {
+		return o.LeaseChaosOptions.Ignored(true)
+	}
+	const why = "only with --sim (real processes run the scenarios only)"
+	var out []bench.IgnoredField
+	t := reflect.TypeFor[leasesim.TrafficOptions]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("mapstructure"), ","); name != "" && name != "-" && name != "seed" {
+			out = append(out, bench.IgnoredField{Field: "Traffic." + t.Field(i).Name, Why: why})
+		}
+	}
+	return append(out, bench.IgnoredField{Field: "SweepLease", Why: why})
 }
 
 func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {

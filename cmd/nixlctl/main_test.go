@@ -77,8 +77,8 @@ func TestExitCodes(t *testing.T) {
 	}{
 		{[]string{"kv", "layout", "--model", "llama-3.1-8b"}, exitOK, ""},
 		{[]string{"kv", "layout", "--model", "nope"}, exitUsage, `unknown model "nope"; presets: deepseek-r1`},
-		{[]string{"kv", "layout", "--tokens", "0"}, exitUsage, "tokens must be between 1"},
-		{[]string{"kv", "layout", "--tokens", "12x"}, exitUsage, `"12x" is not a whole number`},
+		{[]string{"kv", "layout", "--isl", "0"}, exitUsage, "tokens must be between 1"},
+		{[]string{"kv", "layout", "--isl", "12x"}, exitUsage, `"12x" is not a whole number`},
 		{[]string{"kv", "layout", "--tp", "3"}, exitUsage, "tp 3 does not divide num_attention_heads 32"},
 		{[]string{"kv", "layout", "--kv-dtype", "fp4"}, exitUsage, "--kv-dtype: unknown dtype"},
 		{[]string{"kv", "layout", "--layout", "paged"}, exitUsage, "--layout: unknown layout"},
@@ -98,8 +98,8 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"probe", "ucx-leak", "--duration", "1s", "--interval", "5s"}, exitUsage, "longer than --duration"},
 		{[]string{"probe", "ucx-leak", "--churn-max", "lots"}, exitUsage, "--churn-max"},
 		{[]string{"probe", "ucx-leak", "--model", "nope"}, exitUsage, `unknown model "nope"`},
-		{[]string{"probe", "ucx-leak", "--tokens", "100000000"}, exitUsage, "--tokens must be between"},
-		{[]string{"probe", "ucx-leak", "--model", "llama-3.1-405b", "--tokens", "131072"}, exitUsage, "pool per side"},
+		{[]string{"probe", "ucx-leak", "--isl", "100000000"}, exitUsage, "--isl must be between"},
+		{[]string{"probe", "ucx-leak", "--model", "llama-3.1-405b", "--isl", "131072"}, exitUsage, "pool per side"},
 		{[]string{"probe", "env", "--requests", "-1"}, exitUsage, "--requests must be between 0 and 10000"},
 		{[]string{"probe", "env", "--backend", "rdma"}, exitUsage, `--backend "rdma": want auto, ucx or nixl`},
 		{[]string{"probe", "env", "--requests", "0", "-o", "json"}, exitOK, ""},
@@ -144,7 +144,7 @@ func TestOptionPrecedence(t *testing.T) {
 	if got := get(nil); got != "16" {
 		t.Errorf("default: %s", got)
 	}
-	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    tokens: 1024\n"), 0o644); err != nil {
+	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    isl: 1024\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if got := get(nil); got != "32" {

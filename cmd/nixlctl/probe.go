@@ -27,15 +27,15 @@ settings, and proves the path with a short transfer.`,
 }
 
 type probeUCXLeakOptions struct {
-	Backends         string   `mapstructure:"backends"`
+	Backend          string   `mapstructure:"backend"` // a list here; --backends before one vocabulary
 	Env              []string `mapstructure:"env"`
 	Duration         string   `mapstructure:"duration"`
 	Interval         string   `mapstructure:"interval"`
-	Warmup           string   `mapstructure:"warmup"`
+	WarmupTime       string   `mapstructure:"warmup-time"` // a duration; --warmup elsewhere counts requests
 	Model            string   `mapstructure:"model"`
 	ModelConfig      string   `mapstructure:"model-config"`
-	Tokens           int      `mapstructure:"tokens"`
-	KVBlockSize      int      `mapstructure:"kv-block-size"`
+	ISL              int      `mapstructure:"isl"`
+	BlockSize        int      `mapstructure:"block-size"`
 	Rate             float64  `mapstructure:"rate"`
 	ChurnRate        float64  `mapstructure:"churn-rate"`
 	ChurnSlots       int      `mapstructure:"churn-slots"`
@@ -61,7 +61,7 @@ UCX_RCACHE_MAX_UNRELEASED = library default and 1024 where the UCX library knows
 that variable (UCX 1.13 does not: the result says so). --env KEY=V1,V2 adds an
 axis (or replaces a default one); separate values that contain commas with '|':
 --env 'UCX_TLS=tcp,self|all'; "default" means the variable unset. Every backend
-of --backends runs the whole matrix; one that is not built in or cannot run here
+of --backend runs the whole matrix; one that is not built in or cannot run here
 is skipped with the reason.
 
 Verdicts (MB = 10^6 bytes):
@@ -81,7 +81,7 @@ measured.`
 const probeUCXLeakExample = `  nixlctl probe ucx-leak
   nixlctl probe ucx-leak --duration 10m --progress-interval 200ms
   nixlctl probe ucx-leak --env 'UCX_TLS=default|tcp,self' -o json > leak.json
-  nixlctl probe ucx-leak --backends ucx --self-test-leak 2 --duration 30s`
+  nixlctl probe ucx-leak --backend ucx --self-test-leak 2 --duration 30s`
 
 func newProbeUCXLeakCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
@@ -100,15 +100,15 @@ func newProbeUCXLeakCmd(a *app) *cobra.Command {
 	}
 	d := probe.DefaultChurn
 	f := cmd.Flags()
-	f.String("backends", "ucx,nixl", "backends to probe, comma-separated (one that cannot run here is skipped)")
+	f.String("backend", "ucx,nixl", "backends to probe, comma-separated (one that cannot run here is skipped)")
 	f.StringArray("env", nil, "another matrix axis KEY=V1,V2 (repeatable; '|' separates values that contain commas)")
 	f.String("duration", "30s", "sampling time per configuration")
 	f.String("interval", "1s", "time between samples")
-	f.String("warmup", "10s", "samples before this are not fitted")
+	f.String("warmup-time", "10s", "samples before this are not fitted")
 	f.String("model", "llama-3.2-1b", "model preset whose KV blocks are moved")
 	f.String("model-config", "", "like --model, from a HuggingFace config.json")
-	f.Int("tokens", 1024, "tokens per request")
-	f.Int("kv-block-size", 16, "KV block size in tokens")
+	f.Int("isl", 1024, "tokens per request")
+	f.Int("block-size", 16, "KV block size in tokens")
 	f.Float64("rate", 10, "requests per second (0: back to back)")
 	f.Float64("churn-rate", d.Rate, "receiver allocation replacements per second (0: none)")
 	f.Int("churn-slots", d.Slots, "receiver live allocations")
@@ -116,6 +116,11 @@ func newProbeUCXLeakCmd(a *app) *cobra.Command {
 	f.String("churn-max", "32M", "largest churn allocation")
 	f.String("progress-interval", "0", "progress the receiver's UCX worker only this often (ucx backend; 0: normal)")
 	f.Float64("self-test-leak", 0, "make the receiver leak this many MB a second on purpose (checks the probe)")
+	// This command's first spellings (docs/reports.md, "Flag names").
+	aliasFlag(f, "backends", "backend")
+	aliasFlag(f, "warmup", "warmup-time")
+	aliasFlag(f, "tokens", "isl")
+	aliasFlag(f, "kv-block-size", "block-size")
 	addMeasureFlags(cmd, false)
 	return cmd
 }
@@ -132,7 +137,7 @@ func parseDurationFlag(flag, s string, allowZero bool) (time.Duration, error) {
 }
 
 func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
-	x := probe.LeakOptions{Rate: o.Rate, Tokens: o.Tokens, SelfTestLeakMBPerS: o.SelfTestLeak, Thresholds: probe.DefaultThresholds,
+	x := probe.LeakOptions{Rate: o.Rate, Tokens: o.ISL, SelfTestLeakMBPerS: o.SelfTestLeak, Thresholds: probe.DefaultThresholds,
 		Version: version, Log: a.log}
 	if !a.io.StderrTTY {
 		// A log (CI) gets a line per sample; a terminal gets the live view.
@@ -145,7 +150,7 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	if x.Interval, err = parseDurationFlag("interval", o.Interval, false); err != nil {
 		return err
 	}
-	warm, err := parseDurationFlag("warmup", o.Warmup, true)
+	warm, err := parseDurationFlag("warmup-time", o.WarmupTime, true)
 	if err != nil {
 		return err
 	}
@@ -153,7 +158,7 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	if x.ProgressInterval, err = parseDurationFlag("progress-interval", o.ProgressInterval, true); err != nil {
 		return err
 	}
-	for _, b := range strings.Split(o.Backends, ",") {
+	for _, b := range strings.Split(o.Backend, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			x.Backends = append(x.Backends, b)
 		}
@@ -180,7 +185,7 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 	if err != nil {
 		return err
 	}
-	if x.Spec, err = kvSpec(m, "", o.KVBlockSize, "flash-attn", "HND", 1, 1, false); err != nil {
+	if x.Spec, err = kvSpec(m, "", o.BlockSize, "flash-attn", "HND", 1, 1, false); err != nil {
 		return err
 	}
 	if err := x.Validate(); err != nil {

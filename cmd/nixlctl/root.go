@@ -31,7 +31,7 @@ in that order of precedence:
                       kv:
                         layout:
                           model: llama-3.1-70b
-                          tokens: 4096,32768
+                          isl: 4096,32768
 
 Exit codes: 0 success, 1 failure (or a failed check), 2 bad input, 130 interrupted.`
 
@@ -47,7 +47,9 @@ func newRootCmd(a *app) *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			a.command = cmd.CommandPath()
 			var g globalOptions
-			if err := bindOptions(cmd, &g); err != nil {
+			// Not bindOptions: the command's own bind resolves its
+			// aliases, and their notes are printed once.
+			if _, err := bind(cmd, &g, false); err != nil {
 				return err
 			}
 			return a.applyGlobals(g)
@@ -99,6 +101,21 @@ func (a *app) applyGlobals(g globalOptions) error {
 // after the flags. Flag variables themselves are never read: viper does
 // not update them from the environment or the file.
 func bindOptions(cmd *cobra.Command, opts any) error {
+	_, err := bind(cmd, opts, true)
+	return err
+}
+
+// explicitOptions says whether an option was set by the user (flag,
+// environment or config file, any spelling) rather than left at its
+// default: a flag the chosen mode ignores is an error only then.
+type explicitOptions func(flag string) bool
+
+// bindExplicit is bindOptions that also tells which options were set.
+func bindExplicit(cmd *cobra.Command, opts any) (explicitOptions, error) {
+	return bind(cmd, opts, true)
+}
+
+func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 	v := viper.New()
 	v.SetEnvPrefix("NIXLCTL")
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
@@ -107,15 +124,28 @@ func bindOptions(cmd *cobra.Command, opts any) error {
 	flags.AddFlagSet(cmd.Flags())
 	flags.AddFlagSet(cmd.InheritedFlags())
 	if err := v.BindPFlags(flags); err != nil {
-		return err
+		return nil, err
 	}
-	if err := mergeConfigFile(v, cmd, flags); err != nil {
-		return errkind.BadInput(err)
+	shared, err := mergeConfigFile(v, cmd, flags)
+	if err != nil {
+		return nil, errkind.BadInput(err)
+	}
+	if aliases {
+		if err := resolveAliases(v, flags, cmd.ErrOrStderr()); err != nil {
+			return nil, err
+		}
 	}
 	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
-		return errkind.BadInput(decodeErrors(err))
+		return nil, errkind.BadInput(decodeErrors(err))
 	}
-	return checkDurations(v, flags)
+	// A top-level config key is a default for every command that has the
+	// flag (shared settings), so it does not count as set for this one;
+	// a flag, a variable or the command's own section does.
+	set := func(name string) bool {
+		f := flags.Lookup(name)
+		return v.IsSet(name) && (f == nil || f.Changed || os.Getenv(envName(name)) != "" || !shared[name])
+	}
+	return set, checkDurations(v, flags)
 }
 
 // checkDurations refuses a negative value for any duration flag. No
@@ -157,11 +187,12 @@ func configPath(flags *pflag.FlagSet) (string, bool, error) {
 // mergeConfigFile applies the config file's top-level scalar keys that
 // name one of the command's flags, then the keys of the command's own
 // section (`kv: layout: ...` for `nixlctl kv layout`), which must all name
-// flags: a typo there is an error, not a silent no-op.
-func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) error {
+// flags: a typo there is an error, not a silent no-op. It returns the keys
+// that came from the top level only.
+func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (map[string]bool, error) {
 	path, ok, err := configPath(flags)
 	if err != nil || !ok {
-		return err
+		return nil, err
 	}
 	file := viper.New()
 	file.SetConfigFile(path)
@@ -169,13 +200,13 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) e
 		file.SetConfigType("yaml")
 	}
 	if err := file.ReadInConfig(); err != nil {
-		return fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	all := file.AllSettings()
-	eff := map[string]any{}
+	eff, shared := map[string]any{}, map[string]bool{}
 	for k, val := range all {
 		if _, isMap := val.(map[string]any); !isMap && flags.Lookup(k) != nil {
-			eff[k] = val
+			eff[k], shared[k] = val, true
 		}
 	}
 	section := all
@@ -198,11 +229,12 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) e
 			continue
 		}
 		eff[k] = val
+		delete(shared, k)
 	}
 	if len(unknown) > 0 {
-		return errors.Join(unknown...)
+		return nil, errors.Join(unknown...)
 	}
-	return v.MergeConfigMap(eff)
+	return shared, v.MergeConfigMap(eff)
 }
 
 // commandSegments is the command path below the root: ["kv", "layout"].

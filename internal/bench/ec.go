@@ -143,6 +143,11 @@ func (o *ECOptions) Validate() error {
 	if o.Producer.Inproc && o.Producer.Addr != "" {
 		bad("Producer.Inproc", "excludes a producer address")
 	}
+	if o.ProducerRegion > 0 && o.ConsumerRegion > 0 && o.Consumers > 0 {
+		if err := o.checkRegionsFit(readHostRoom()); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errkind.BadInput(errors.Join(errs...))
 }
 

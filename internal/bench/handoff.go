@@ -177,8 +177,23 @@ func (o *HandoffOptions) Validate() error {
 	if o.Inproc && o.Prefill != "" {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
+	for _, ep := range []struct{ field, addr string }{{"Prefill", o.Prefill}, {"Decode", o.Decode}} {
+		if ep.addr != "" {
+			if err := checkAddr(ep.addr); err != nil {
+				bad(ep.field, "%v", err)
+			}
+		}
+	}
 	if err := o.Spec.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("prefill: %w", err))
+	} else if o.NumBlocks > 0 {
+		// Validate runs before RunHandoff marks a trace's workload.
+		t := *o
+		t.usesTrace()
+		if per := t.blocksPerRequest(); o.NumBlocks < per {
+			bad("NumBlocks", "%d blocks per engine cannot hold one request: the longest prompt (%d tokens) needs %d",
+				o.NumBlocks, t.longestPrompt(), per)
+		}
 	}
 	if o.DecodeTP > 0 {
 		d := o.Spec
@@ -492,6 +507,21 @@ func (o *HandoffOptions) poolBlocks() int {
 	if o.NumBlocks > 0 {
 		return o.NumBlocks
 	}
+	inflight := o.Concurrency
+	if o.Rate > 0 {
+		inflight = 64
+	}
+	per := o.blocksPerRequest()
+	return max(per*inflight*3/2+per, 64)
+}
+
+// blocksPerRequest is what the longest prompt of the workload holds on
+// one engine: a pool smaller than that cannot run it at all.
+func (o *HandoffOptions) blocksPerRequest() int {
+	return o.Spec.BlocksFor(kv.FullAttention, o.longestPrompt())
+}
+
+func (o *HandoffOptions) longestPrompt() int {
 	maxISL := o.ISL.Fixed
 	switch o.ISL.Dist {
 	case ISLUniform, ISLNormal:
@@ -501,12 +531,7 @@ func (o *HandoffOptions) poolBlocks() int {
 			maxISL = max(maxISL, e.ISL)
 		}
 	}
-	inflight := o.Concurrency
-	if o.Rate > 0 {
-		inflight = 64
-	}
-	per := o.Spec.BlocksFor(kv.FullAttention, maxISL)
-	return max(per*inflight*3/2+per, 64)
+	return maxISL
 }
 
 // RunHandoff runs the benchmark. On cancellation it returns what finished.

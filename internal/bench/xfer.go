@@ -31,8 +31,8 @@ import (
 type XferOptions struct {
 	Backend          string           `mapstructure:"backend"`
 	Op               nixl.Op          `mapstructure:"op-type"`
-	InitiatorSeg     nixl.MemType     `mapstructure:"initiator-seg-type"`
-	TargetSeg        nixl.MemType     `mapstructure:"target-seg-type"`
+	InitiatorSeg     nixl.MemType     `mapstructure:"mem"`           // the handoff benchmarks' name; --initiator-seg-type (nixlbench's) is an alias
+	TargetSeg        nixl.MemType     `mapstructure:"target-mem"`    // --target-seg-type is an alias
 	Device           int              `mapstructure:"device"`        // GPU of the initiator's VRAM
 	TargetDevice     int              `mapstructure:"target-device"` // GPU of the target's VRAM; -1: Device
 	StartBlock       ByteSize         `mapstructure:"start-block-size"`
@@ -197,6 +197,11 @@ func (o *XferOptions) Validate() error {
 	}
 	if o.Target.Inproc && o.Target.Addr != "" {
 		bad("Target.Inproc", "excludes a target address")
+	}
+	if o.Target.Addr != "" {
+		if err := checkAddr(o.Target.Addr); err != nil {
+			bad("Target.Addr", "%v", err)
+		}
 	}
 	if o.CheckConsistency && o.TotalBufferSize > 0 && o.TotalBufferSize < o.StartBlock {
 		bad("CheckConsistency", "needs room for at least one block")
@@ -386,7 +391,10 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	vram := o.InitiatorSeg == nixl.VRAM || o.TargetSeg == nixl.VRAM
 	if vram {
 		if err := cuda.Err(); err != nil {
-			return nil, fmt.Errorf("VRAM segments need the CUDA driver: %s", cuda.Unavailable())
+			// This host's limit, not a typo (exit 1), but name the flag
+			// that asked for VRAM.
+			flag := map[bool]string{true: "--mem", false: "--target-mem"}[o.InitiatorSeg == nixl.VRAM]
+			return nil, fmt.Errorf("%s VRAM: VRAM segments need the CUDA driver: %s", flag, cuda.Unavailable())
 		}
 		res.Env.CUDA = cuda.Version()
 		if cuda.Fake() {
@@ -475,7 +483,8 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 // segError says which side's memory the backend refused; a backend that
 // cannot move that memory type at all is the user's choice to change.
 func segError(side string, mem nixl.MemType, err error) error {
-	err = fmt.Errorf("--%s-seg-type %s: %w", side, mem, err)
+	flag := map[string]string{"initiator": "--mem", "target": "--target-mem"}[side]
+	err = fmt.Errorf("%s %s: %w", flag, mem, err)
 	if errors.Is(err, nixl.ErrMemType) {
 		return errkind.BadInput(err)
 	}

@@ -258,10 +258,10 @@ func TestRunXferMemTypeRefused(t *testing.T) {
 		init, targ nixl.MemType
 		want       string
 	}{
-		{"ucx", nixl.VRAM, nixl.VRAM, "--initiator-seg-type VRAM"},
-		{"ucx", nixl.DRAM, nixl.VRAM, "--target-seg-type VRAM"},
-		{"cuda-ipc", nixl.DRAM, nixl.DRAM, "--initiator-seg-type DRAM"},
-		{"cuda-ipc", nixl.VRAM, nixl.DRAM, "--target-seg-type DRAM"},
+		{"ucx", nixl.VRAM, nixl.VRAM, "--mem VRAM"},
+		{"ucx", nixl.DRAM, nixl.VRAM, "--target-mem VRAM"},
+		{"cuda-ipc", nixl.DRAM, nixl.DRAM, "--mem DRAM"},
+		{"cuda-ipc", nixl.VRAM, nixl.DRAM, "--target-mem DRAM"},
 	}
 	for _, tc := range cases {
 		o := smallXfer(nixl.Write)

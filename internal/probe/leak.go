@@ -141,13 +141,13 @@ func (o *LeakOptions) Validate() error {
 		bad("--interval %v is longer than --duration %v", o.Interval, o.Duration)
 	}
 	if w := o.Thresholds.WarmupS; w < 0 || (o.Duration > 0 && w >= o.Duration.Seconds()) {
-		bad("--warmup %gs must be >= 0 and shorter than --duration %v", w, o.Duration)
+		bad("--warmup-time %gs must be >= 0 and shorter than --duration %v", w, o.Duration)
 	}
 	if o.Rate < 0 {
 		bad("--rate must be >= 0 (0: back to back)")
 	}
 	if o.Tokens <= 0 || o.Tokens > kv.MaxTokens {
-		bad("--tokens must be between 1 and %d", kv.MaxTokens)
+		bad("--isl must be between 1 and %d", kv.MaxTokens)
 	}
 	if o.ProgressInterval < 0 || o.ProgressInterval > time.Minute {
 		bad("--progress-interval must be between 0 and 1m")
@@ -251,7 +251,7 @@ func KVShape(spec kv.Spec, tokens int) (Shape, error) {
 		s.PoolBytes += reg.BlockBytes * int64(s.PoolBlocks)
 	}
 	if s.PoolBytes > maxPoolBytes {
-		return Shape{}, fmt.Errorf("%s with %d tokens needs a %s pool per side (limit %s): use fewer --tokens or a smaller --model",
+		return Shape{}, fmt.Errorf("%s with %d tokens needs a %s pool per side (limit %s): use fewer --isl tokens or a smaller --model",
 			spec.Model.Name, tokens, report.Bytes(s.PoolBytes), report.Bytes(maxPoolBytes))
 	}
 	return s, nil

@@ -179,7 +179,7 @@ func TestLeakValidate(t *testing.T) {
 		{func(o *LeakOptions) { o.Interval = 0 }, "--interval must be > 0"},
 		{func(o *LeakOptions) { o.Duration = -time.Second }, "--duration must be > 0"},
 		{func(o *LeakOptions) { o.Interval = time.Minute }, "longer than --duration"},
-		{func(o *LeakOptions) { o.Thresholds.WarmupS = 60 }, "--warmup"},
+		{func(o *LeakOptions) { o.Thresholds.WarmupS = 60 }, "--warmup-time"},
 		{func(o *LeakOptions) { o.Backends = []string{"rdma"} }, `unknown backend "rdma"`},
 		{func(o *LeakOptions) { o.Churn.Max = 1 }, "churn sizes"},
 		{func(o *LeakOptions) { o.Axes = append(o.Axes, o.Axes[0]) }, "given twice"},

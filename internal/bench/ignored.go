@@ -1,0 +1,100 @@
+package bench
+
+import (
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+// IgnoredField is an option that the chosen protocol or mode does not
+// read: Field is its Go field path in the options (as errkind.FieldError
+// names it), Why the mode that ignores it.
+type IgnoredField struct {
+	Field, Why string
+}
+
+// Ignored lists the options RunHandoff does not read for o's protocol
+// and mode. pull, push and sglang share one flag set, so a flag that one
+// of them ignores would otherwise be accepted and change nothing, and the
+// result would read as if it had been measured; the CLI refuses each one
+// the user set. Call it after the trace is read (Trace decides the mode).
+func (o *HandoffOptions) Ignored() []IgnoredField {
+	var out []IgnoredField
+	ig := func(why string, fields ...string) {
+		for _, f := range fields {
+			out = append(out, IgnoredField{f, why})
+		}
+	}
+	p := o.Protocol.String()
+	switch o.Protocol {
+	case engine.ProtoPull:
+		// The chunks are SGLang's (the prefill request's ChunkTokens); the
+		// registration watchdog is decode's wait for pushed KV.
+		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
+		ig("bench "+p+" does not use it (push and SGLang only)", "RegTimeout")
+	case engine.ProtoPush:
+		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
+	case engine.ProtoSGLang:
+		// SGLang's rooms have no lease: prefill frees on the aux row.
+		ig("bench "+p+" does not use it (pull and push only)", "Lease")
+	}
+	if o.Mem != nixl.VRAM {
+		ig("only with --mem vram", "Device", "DecodeDevice")
+	} else {
+		ig("--mem vram pools come from the CUDA driver", "DRAMAlloc") // cuda.AllocSeg
+	}
+	if len(o.Trace) > 0 {
+		// usesTrace: the trace's arrivals and prompt lengths replace the
+		// load and the distribution.
+		why := "--trace gives the arrivals and prompt lengths"
+		ig(why, "Rate", "Concurrency", "ISL.Fixed", "ISL.Min", "ISL.Max", "ISL.Mean", "ISL.Std")
+		if o.ISL.Dist != ISLTrace { // --isl-dist trace says the same as --trace
+			ig(why, "ISL.Dist")
+		}
+		return out
+	}
+	switch o.ISL.Dist {
+	case ISLFixed:
+		ig("--isl-dist fixed uses --isl only", "ISL.Min", "ISL.Max", "ISL.Mean", "ISL.Std")
+	case ISLUniform:
+		ig("--isl-dist uniform uses --isl-min and --isl-max only", "ISL.Fixed", "ISL.Mean", "ISL.Std")
+	case ISLNormal:
+		ig("--isl-dist normal draws from --isl-mean and --isl-std", "ISL.Fixed")
+	}
+	if o.Rate > 0 && !o.XferRef {
+		// The open loop's arrivals set what is in flight; only the xfer
+		// reference reads the concurrency (as its pipeline depth).
+		ig("--rate runs an open loop; --concurrency is the closed loop's", "Concurrency")
+	}
+	return out
+}
+
+// Ignored lists the options of o that the simulator does not read (it
+// runs no processes and moves no bytes); the traffic options that only
+// the simulator reads are leasesim.TrafficOptions, outside o.
+func (o *LeaseChaosOptions) Ignored(sim bool) []IgnoredField {
+	if !sim {
+		return nil
+	}
+	const why = "--sim runs no processes and does not use it"
+	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}}
+}
+
+// Ignored lists the options of o that its memory types leave unread: the
+// GPUs mean nothing to DRAM (the target's device defaults to the
+// initiator's, so --device counts while either side is VRAM), and the
+// DRAM allocation nothing to VRAM.
+func (o *XferOptions) Ignored() []IgnoredField {
+	var out []IgnoredField
+	if o.InitiatorSeg != nixl.VRAM && o.TargetSeg != nixl.VRAM {
+		out = append(out, IgnoredField{"Device", "only with VRAM (--mem or --target-mem)"})
+	}
+	if o.TargetSeg != nixl.VRAM {
+		out = append(out, IgnoredField{"TargetDevice", "only with --target-mem VRAM"})
+	}
+	if o.InitiatorSeg == nixl.VRAM && o.TargetSeg == nixl.VRAM {
+		// cuda.AllocSeg: VRAM comes from the CUDA driver on both sides.
+		out = append(out, IgnoredField{"DRAMAlloc", "no DRAM with --mem VRAM --target-mem VRAM"},
+			IgnoredField{"HugePages", "no DRAM with --mem VRAM --target-mem VRAM"})
+	}
+	return out
+}

@@ -1,0 +1,179 @@
+package bench
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+)
+
+func ignoredFields(ig []IgnoredField) []string {
+	var out []string
+	for _, f := range ig {
+		out = append(out, f.Field)
+	}
+	return out
+}
+
+// Each protocol and mode ignores exactly what RunHandoff does not read.
+func TestHandoffIgnored(t *testing.T) {
+	tests := []struct {
+		name      string
+		mut       func(*HandoffOptions)
+		want, not []string
+	}{
+		{"pull", func(o *HandoffOptions) { o.Protocol = engine.ProtoPull }, []string{"ChunkTokens", "RegTimeout", "ISL.Min", "Device"}, []string{"Lease", "ISL.Fixed", "Concurrency"}},
+		{"push", func(o *HandoffOptions) { o.Protocol = engine.ProtoPush }, []string{"ChunkTokens"}, []string{"RegTimeout", "Lease"}},
+		{"sglang", func(o *HandoffOptions) { o.Protocol = engine.ProtoSGLang }, []string{"Lease"}, []string{"ChunkTokens", "RegTimeout"}},
+		{"vram", func(o *HandoffOptions) { o.Mem = nixl.VRAM }, []string{"DRAMAlloc"}, []string{"Device", "DecodeDevice"}},
+		{"dram", func(o *HandoffOptions) { o.Mem = nixl.DRAM }, []string{"Device", "DecodeDevice"}, []string{"DRAMAlloc"}},
+		{"uniform", func(o *HandoffOptions) { o.ISL.Dist = ISLUniform }, []string{"ISL.Fixed", "ISL.Mean", "ISL.Std"}, []string{"ISL.Min", "ISL.Max"}},
+		{"normal", func(o *HandoffOptions) { o.ISL.Dist = ISLNormal }, []string{"ISL.Fixed"}, []string{"ISL.Mean", "ISL.Std", "ISL.Min"}},
+		{"open loop", func(o *HandoffOptions) { o.Rate = 5 }, []string{"Concurrency"}, []string{"Rate"}},
+		{"open loop, xfer reference", func(o *HandoffOptions) { o.Rate, o.XferRef = 5, true }, nil, []string{"Concurrency"}},
+		{"trace", func(o *HandoffOptions) { o.Trace = []TraceEntry{{ISL: 64}} }, []string{"Rate", "Concurrency", "ISL.Fixed", "ISL.Dist"}, nil},
+	}
+	for _, tc := range tests {
+		o := DefaultHandoffOptions()
+		o.Protocol = engine.ProtoPush
+		tc.mut(&o)
+		got := ignoredFields(o.Ignored())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%s: %s not ignored (%v)", tc.name, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
+			}
+		}
+	}
+}
+
+// bench xfer's memory types decide which device and allocation flags
+// count.
+func TestXferIgnored(t *testing.T) {
+	tests := []struct {
+		init, targ nixl.MemType
+		want, not  []string
+	}{
+		{nixl.DRAM, nixl.DRAM, []string{"Device", "TargetDevice"}, []string{"DRAMAlloc", "HugePages"}},
+		{nixl.DRAM, nixl.VRAM, nil, []string{"Device", "TargetDevice", "DRAMAlloc", "HugePages"}},
+		{nixl.VRAM, nixl.DRAM, []string{"TargetDevice"}, []string{"Device", "DRAMAlloc"}},
+		{nixl.VRAM, nixl.VRAM, []string{"DRAMAlloc", "HugePages"}, []string{"Device", "TargetDevice"}},
+	}
+	for _, tc := range tests {
+		o := DefaultXferOptions()
+		o.InitiatorSeg, o.TargetSeg = tc.init, tc.targ
+		got := ignoredFields(o.Ignored())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s not ignored (%v)", tc.init, tc.targ, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s ignored, but it is used", tc.init, tc.targ, f)
+			}
+		}
+	}
+}
+
+// A pool that cannot hold the longest prompt is refused, naming the field.
+func TestHandoffNumBlocksTooSmall(t *testing.T) {
+	tests := []struct {
+		name   string
+		mut    func(*HandoffOptions)
+		blocks int
+		ok     bool
+	}{
+		{"fixed fits", func(o *HandoffOptions) { o.ISL.Fixed = 64 }, 4, true},
+		{"fixed short", func(o *HandoffOptions) { o.ISL.Fixed = 65 }, 4, false},
+		{"uniform max", func(o *HandoffOptions) { o.ISL.Dist, o.ISL.Min, o.ISL.Max = ISLUniform, 16, 160 }, 9, false},
+		{"trace", func(o *HandoffOptions) { o.Trace = []TraceEntry{{ISL: 16}, {ISL: 800}} }, 49, false},
+		{"default pool", func(o *HandoffOptions) {}, 0, true},
+	}
+	for _, tc := range tests {
+		o := DefaultHandoffOptions()
+		o.Protocol, o.Spec = engine.ProtoPull, testSpec(t)
+		tc.mut(&o)
+		o.NumBlocks = tc.blocks
+		err := o.Validate()
+		var fe errkind.FieldError
+		bad := err != nil && strings.Contains(err.Error(), "cannot hold one request")
+		if bad == tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if bad && !errorsAsField(err, &fe, "NumBlocks") {
+			t.Errorf("%s: not a NumBlocks field error: %v", tc.name, err)
+		}
+	}
+}
+
+// The regions must fit the smaller of /dev/shm's free space and
+// MemAvailable; the error names the region that does not.
+func TestECRegionsFit(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name      string
+		prod, con ByteSize
+		consumers int
+		remote    bool
+		room      hostRoom
+		field     string // "" fits
+	}{
+		{"fits", gib, gib, 2, false, hostRoom{8 * gib, 8 * gib}, ""},
+		{"producer over shm", 4 * gib, gib, 2, false, hostRoom{3 * gib, 8 * gib}, "ProducerRegion"},
+		{"producer over memory", 4 * gib, gib, 2, false, hostRoom{8 * gib, 3 * gib}, "ProducerRegion"},
+		{"consumers over", gib, 2 * gib, 4, false, hostRoom{8 * gib, 8 * gib}, "ConsumerRegion"},
+		{"remote producer not ours", 100 * gib, gib, 2, true, hostRoom{8 * gib, 8 * gib}, ""},
+		{"unknown room", 100 * gib, gib, 2, false, hostRoom{-1, -1}, ""},
+		{"memory unknown", 4 * gib, gib, 2, false, hostRoom{3 * gib, -1}, "ProducerRegion"},
+	}
+	for _, tc := range tests {
+		o := DefaultECOptions()
+		o.ProducerRegion, o.ConsumerRegion, o.Consumers = tc.prod, tc.con, tc.consumers
+		if tc.remote {
+			o.Producer.Addr = "127.0.0.1:7000"
+		}
+		err := o.checkRegionsFit(tc.room)
+		var fe errkind.FieldError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.field != "" && !errorsAsField(err, &fe, tc.field):
+			t.Errorf("%s: want a %s error, got %v", tc.name, tc.field, err)
+		case tc.field != "" && !strings.Contains(err.Error(), "free in /dev/shm"):
+			t.Errorf("%s: the error does not say what is free: %v", tc.name, err)
+		}
+	}
+}
+
+func testSpec(t *testing.T) kv.Spec {
+	return kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+}
+
+// errorsAsField says whether err joins a FieldError for field.
+func errorsAsField(err error, fe *errkind.FieldError, field string) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if errorsAsField(e, fe, field) {
+				return true
+			}
+		}
+		return false
+	}
+	if errors.As(err, fe) && fe.Field == field {
+		return true
+	}
+	return errorsAsField(errors.Unwrap(err), fe, field)
+}
