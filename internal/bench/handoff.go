@@ -76,7 +76,7 @@ type HandoffOptions struct {
 	CompatFactorsFile string `mapstructure:"compat-factors"`
 	CompatHash        string `mapstructure:"compat-hash"`
 	NoCompatCheck     bool   `mapstructure:"no-compat-check"`
-	compatFactors     []byte // the file's bytes, read by Validate
+	compatFactors     []byte `mapstructure:"-"` // the file's bytes, read by Validate
 
 	Exe      string   `mapstructure:"-"` // endpoint children; default this program
 	ExeArgs  []string `mapstructure:"-"` // arguments before the role; default serve
