@@ -639,13 +639,23 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	h.drainFreed(2 * time.Second)
 	h.streamRest()
 	res.Records = h.records
-	// Prefill calls the run gave up on may still be finishing there (a
-	// slow fill); their leases run from when they end: two seconds of slack.
-	settle := time.Now().Add(min(o.Lease, 5*time.Second) + 2*time.Second)
+	// Calls the run gave up on may still be finishing at prefill (a slow
+	// fill, cancelled only between steps): wait for them (up to 10 s),
+	// then for the leases they left (up to the lease, at most 5 s), before
+	// counting what is still held.
+	busy := time.Now().Add(10 * time.Second)
+	var settle time.Time
 	for {
 		if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Prefill); err != nil {
 			res.Warn("prefill stats: " + err.Error())
 			break
+		}
+		if res.Prefill.InFlight > 0 && time.Now().Before(busy) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if settle.IsZero() {
+			settle = time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
 		}
 		if res.Prefill.BlocksInUse == 0 || time.Now().After(settle) {
 			break

@@ -59,6 +59,8 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
 		if err := json.Unmarshal(params, &r); err != nil {
 			return nil, fmt.Errorf("prefill: %w", err)
 		}
+		e.c.inFlight.Add(1)
+		defer e.c.inFlight.Add(-1)
 		return e.role.Prefill(ctx, r)
 	})
 	srv.Handle("load", func(ctx context.Context, params json.RawMessage) (any, error) {
@@ -70,6 +72,8 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
 		if err := json.Unmarshal(params, &r); err != nil {
 			return nil, fmt.Errorf("load: %w", err)
 		}
+		e.c.inFlight.Add(1)
+		defer e.c.inFlight.Add(-1)
 		return e.role.Load(ctx, r)
 	})
 	srv.Handle("abort", func(ctx context.Context, params json.RawMessage) (any, error) {

@@ -150,6 +150,7 @@ func (c Config) CompatHash() (string, error) {
 // Stats are an engine's counters; a misbehaving peer shows up here.
 type Stats struct {
 	Requests         int64 `json:"requests"`
+	InFlight         int64 `json:"in_flight,omitempty"` // prefill/load calls still running
 	Handshakes       int64 `json:"handshakes"`
 	HandshakeFails   int64 `json:"handshake_failures"`
 	MalformedNotifs  int64 `json:"malformed_notifs"`
@@ -186,6 +187,9 @@ type counters struct {
 	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
 	heartbeatsSent, aborted, staleControl                                        atomic.Int64
+	// inFlight counts prefill and load calls still running: a driver that
+	// stopped a run waits for them before it counts blocks still held.
+	inFlight atomic.Int64
 }
 
 // rank is one TP rank: its own agent and pool.
@@ -403,7 +407,7 @@ func (e *Engine) Info() map[string]string {
 
 // Stats snapshots the counters.
 func (e *Engine) Stats() Stats {
-	st := Stats{Requests: e.c.requests.Load(), Handshakes: e.c.handshakes.Load(), HandshakeFails: e.c.handshakeFails.Load(),
+	st := Stats{Requests: e.c.requests.Load(), InFlight: e.c.inFlight.Load(), Handshakes: e.c.handshakes.Load(), HandshakeFails: e.c.handshakeFails.Load(),
 		MalformedNotifs: e.c.malformed.Load(), UnknownNotifs: e.c.unknown.Load(), DuplicateNotifs: e.c.duplicate.Load(),
 		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
