@@ -131,14 +131,9 @@ type ConsumerStats struct {
 // producer pool. Step and EndStep are called by one goroutine at a time;
 // Stats from anywhere.
 type Consumer struct {
-	cfg     ConsumerConfig
-	log     *slog.Logger
-	agent   nixl.Agent
-	region  *ShmRegion
-	cache   *Cache
-	descs   []nixl.Desc
-	localDl nixl.Dlist
-	md      []byte
+	cfg ConsumerConfig
+	log *slog.Logger
+	store
 
 	peers     map[string]*ecPeer
 	committed []string
@@ -203,21 +198,7 @@ func NewConsumer(cfg ConsumerConfig) (_ *Consumer, err error) {
 			c.Close()
 		}
 	}()
-	if c.region, err = CreateShmRegion(cfg.ShmDir, "consumer", cfg.RegionBytes, cfg.BlockBytes); err != nil {
-		return nil, err
-	}
-	c.cache = NewCache(c.region.NumBlocks)
-	if c.agent, err = nixl.Open(cfg.Backend, nixl.Config{Name: cfg.Name}); err != nil {
-		return nil, err
-	}
-	if err = c.agent.RegisterMem(c.region.Buffer()); err != nil {
-		return nil, err
-	}
-	c.descs = c.region.Descs()
-	if c.localDl, err = c.agent.PrepXferDlist("", nixl.DRAM, c.descs); err != nil {
-		return nil, err
-	}
-	if c.md, err = c.agent.LocalMD(); err != nil {
+	if err = c.open(cfg.ShmDir, "consumer", cfg.RegionBytes, cfg.BlockBytes, cfg.Backend, cfg.Name); err != nil {
 		return nil, err
 	}
 	return c, nil

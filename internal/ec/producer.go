@@ -78,14 +78,9 @@ type ProducerStats struct {
 
 // Producer is a running encoder-cache producer.
 type Producer struct {
-	cfg     ProducerConfig
-	log     *slog.Logger
-	agent   nixl.Agent
-	region  *ShmRegion
-	cache   *Cache
-	localDl nixl.Dlist
-	descs   []nixl.Desc
-	md      []byte
+	cfg ProducerConfig
+	log *slog.Logger
+	store
 	memDesc []byte
 	router  *sidechannel.AsyncRouter
 
@@ -146,21 +141,7 @@ func StartProducer(ctx context.Context, cfg ProducerConfig) (_ *Producer, err er
 			p.release()
 		}
 	}()
-	if p.region, err = CreateShmRegion(cfg.ShmDir, "producer", cfg.RegionBytes, cfg.BlockBytes); err != nil {
-		return nil, err
-	}
-	p.cache = NewCache(p.region.NumBlocks)
-	if p.agent, err = nixl.Open(cfg.Backend, nixl.Config{Name: cfg.Name}); err != nil {
-		return nil, err
-	}
-	if err = p.agent.RegisterMem(p.region.Buffer()); err != nil {
-		return nil, err
-	}
-	p.descs = p.region.Descs()
-	if p.localDl, err = p.agent.PrepXferDlist("", nixl.DRAM, p.descs); err != nil {
-		return nil, err
-	}
-	if p.md, err = p.agent.LocalMD(); err != nil {
+	if err = p.open(cfg.ShmDir, "producer", cfg.RegionBytes, cfg.BlockBytes, cfg.Backend, cfg.Name); err != nil {
 		return nil, err
 	}
 	if p.memDesc, err = EncodeMemDescriptor(p.descs); err != nil {

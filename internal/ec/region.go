@@ -179,3 +179,37 @@ func parseRegionName(name string) (pid int, start uint64, ok bool) {
 func regionOwnerAlive(pid int, start uint64) bool {
 	return nixl.Alive(nixl.Process{PID: uint32(pid), StartTime: start})
 }
+
+// store is what either side of the encoder cache holds: its region of
+// blocks, the cache's bookkeeping over them, and an agent that registered
+// the region and prepared it as one list (by block index).
+type store struct {
+	region  *ShmRegion
+	cache   *Cache
+	agent   nixl.Agent
+	descs   []nixl.Desc
+	localDl nixl.Dlist
+	md      []byte
+}
+
+// open fills s; on an error, what it made so far is left for the
+// caller's close to release.
+func (s *store) open(shmDir, role string, regionBytes, blockBytes int, backend, name string) error {
+	var err error
+	if s.region, err = CreateShmRegion(shmDir, role, regionBytes, blockBytes); err != nil {
+		return err
+	}
+	s.cache = NewCache(s.region.NumBlocks)
+	if s.agent, err = nixl.Open(backend, nixl.Config{Name: name}); err != nil {
+		return err
+	}
+	if err = s.agent.RegisterMem(s.region.Buffer()); err != nil {
+		return err
+	}
+	s.descs = s.region.Descs()
+	if s.localDl, err = s.agent.PrepXferDlist("", nixl.DRAM, s.descs); err != nil {
+		return err
+	}
+	s.md, err = s.agent.LocalMD()
+	return err
+}
