@@ -8,8 +8,9 @@ ensure_go
 go vet ./...
 # The lease-chaos real-process test compares timings with the simulator:
 # it runs alone afterwards, not next to every other package's processes.
-go test -race -count=1 -timeout 20m -skip 'TestLeaseChaosRealProcesses' ./...
+go test -race -count=1 -timeout 20m -skip 'TestLeaseChaosRealProcesses|TestScripts/lease_chaos' ./...
 go test -race -count=1 -timeout 10m -run 'TestLeaseChaosRealProcesses' ./internal/bench
+go test -race -count=1 -timeout 10m -run 'TestScripts/lease_chaos$' ./cmd/nixlctl
 # Again without any CUDA driver (the default run uses the real one or the
 # tests' fake): GPU tests must skip with their reason, and VRAM options must
 # fail clearly. Only the packages whose behaviour changes.
