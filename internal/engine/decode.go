@@ -395,6 +395,7 @@ func (s *decodeState) plan(p TransferParams) (kv.TransferPlan, error) {
 // "<prefill request id>:<consumers>" so prefill can free them.
 func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) error {
 	e := s.e
+	crashing := e.cfg.CrashAt != "" && e.cfg.CrashAt == r.ID // lease-chaos: this process dies after posting
 	p := r.Params
 	if p.RemoteRequestID == "" || p.RemoteEngineID == "" {
 		return errors.New("transfer params lack the remote request or engine id")
@@ -475,6 +476,14 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					return
 				}
 				mem := rk.buf.Mem
+				if crashing {
+					// lease-chaos's crash lands inside this transfer: a
+					// decode that dies mid-READ never reports the KV
+					// consumed, but a notification travelling with a small
+					// READ could finish (and be counted) before the
+					// self-kill lands.
+					notif = nil
+				}
 				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.meta(rd.PrefillRank), mem), ml.remote, name, notif)
 				if err != nil {
 					res.err = err
@@ -491,6 +500,9 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				res.bytes += ml.bytes
 			}
 			for _, o := range dr.NotifyOnly {
+				if crashing {
+					break
+				}
 				if err := rk.agent.SendNotif(re.agentName(d, o), []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[o]))); err != nil {
 					e.c.failedNotifs.Add(1)
 				}
