@@ -815,6 +815,11 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			ip, port, _ := splitEndpoint(s.ranks[d].inbox.Endpoint())
 			ti := SGLTransferInfo{Room: r.Room, DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), DstPages: pages,
 				DstAux: row[0], RequiredDst: requiredDst, PrefixLen: start * e.spec.BlockSize}
+			if rep.TRegSent == 0 {
+				// Before the send: prefill may bootstrap the room (and
+				// stamp it) before Send returns here.
+				rep.TRegSent = mono.Now()
+			}
 			if err := push.Send(ti.Encode()); err != nil {
 				return fmt.Errorf("transfer info to prefill rank %d: %w", p, err)
 			}
@@ -826,7 +831,6 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 	if first {
 		rep.HandshakeMS, rep.FirstHandshake = float64(mono.Since(t0))/1e6, true
 	}
-	rep.TRegSent = mono.Now()
 	timeout := time.NewTimer(e.cfg.RegTimeout)
 	defer timeout.Stop()
 	for _, rc := range recvs {
