@@ -800,16 +800,6 @@ func (c *Consumer) Close() error {
 		errs = append(errs, p.dealer.Close())
 	}
 	c.peers = map[string]*ecPeer{}
-	if c.agent != nil {
-		if c.region != nil {
-			_ = c.agent.DeregisterMem(c.region.Buffer())
-		}
-		errs = append(errs, c.agent.Close())
-		c.agent = nil
-	}
-	if c.region != nil {
-		errs = append(errs, c.region.Close())
-		c.region = nil
-	}
+	errs = append(errs, c.close())
 	return errors.Join(errs...)
 }

@@ -532,18 +532,4 @@ func (p *Producer) Close() error {
 	return err
 }
 
-func (p *Producer) release() error {
-	var errs []error
-	if p.agent != nil {
-		if p.region != nil {
-			_ = p.agent.DeregisterMem(p.region.Buffer())
-		}
-		errs = append(errs, p.agent.Close())
-		p.agent = nil
-	}
-	if p.region != nil {
-		errs = append(errs, p.region.Close())
-		p.region = nil
-	}
-	return errors.Join(errs...)
-}
+func (p *Producer) release() error { return p.close() }

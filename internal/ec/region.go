@@ -213,3 +213,21 @@ func (s *store) open(shmDir, role string, regionBytes, blockBytes int, backend, 
 	s.md, err = s.agent.LocalMD()
 	return err
 }
+
+// close undoes open, whatever part of it was done: the agent first (it
+// fails transfers still running) and then the region it had registered.
+func (s *store) close() error {
+	var errs []error
+	if s.agent != nil {
+		if s.region != nil {
+			_ = s.agent.DeregisterMem(s.region.Buffer())
+		}
+		errs = append(errs, s.agent.Close())
+		s.agent = nil
+	}
+	if s.region != nil {
+		errs = append(errs, s.region.Close())
+		s.region = nil
+	}
+	return errors.Join(errs...)
+}
