@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -160,8 +161,10 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("decode-device", d.DecodeDevice, "decode's GPU for --mem vram")
 	f.Bool("xfer-reference", d.XferRef, "also run bench xfer on the same bytes for an efficiency ratio")
 	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
-	f.String("prefill", d.Prefill, "use a prefill endpoint started with serve prefill --listen (host:port)")
-	f.String("decode", d.Decode, "use a decode endpoint started with serve decode --listen (host:port)")
+	f.String("prefill", d.Prefill, "use a prefill endpoint started with serve prefill --listen (host:port); alone, decode runs here as a child")
+	f.String("decode", d.Decode, "use a decode endpoint started with serve decode --listen (host:port); alone, prefill runs here as a child")
+	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
+	f.String("xfer-target", d.XferTarget, "with remote endpoints: a serve target --listen on the remote host, for the bench xfer reference over the same link")
 	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")
 	addMeasureFlags(cmd, true)
 	return cmd
@@ -229,8 +232,9 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 }
 
 type serveEngineOptions struct {
-	Stdio  bool   `mapstructure:"stdio"`
-	Listen string `mapstructure:"listen"`
+	Stdio     bool   `mapstructure:"stdio"`
+	Listen    string `mapstructure:"listen"`
+	Advertise string `mapstructure:"advertise"`
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -244,13 +248,23 @@ backend, and the engines talk to each other over their own side channels
 (vLLM's ZMQ handshake, SGLang's bootstrap server and ZMQ inboxes).
 
 --stdio takes the control channel on standard input and output (how the bench
-starts its children); --listen HOST:PORT accepts drivers over TCP, one at a
-time, for endpoints started by hand (under a debugger, with other UCX
-settings). The engines' own side channels (handshake, SGLang bootstrap)
-bind to 127.0.0.1 for now, so prefill and decode must run on one host.`, role),
-		Example: `  nixlctl serve prefill --listen 127.0.0.1:7400 &
-  UCX_TLS=sm,self nixlctl serve decode --listen 127.0.0.1:7401 &
-  nixlctl bench push --prefill 127.0.0.1:7400 --decode 127.0.0.1:7401`,
+starts its children); --listen [tcp://]HOST:PORT accepts drivers over TCP, one
+at a time, for endpoints on other hosts or started by hand (under a debugger,
+with other UCX settings).
+
+With --listen, the engine's side channels (vLLM's handshake socket, SGLang's
+bootstrap server and inboxes, push notifications) bind on the same HOST, and
+every message names --advertise HOST (default: the listen host; for 0.0.0.0 or
+::, the local address the driver's connection came in on). The driver dials
+the advertised addresses before the run and fails at once, naming the
+address, when it cannot reach them.`, role),
+		Example: `  # on host A (10.0.0.1) and host B (10.0.0.2):
+  nixlctl serve prefill --listen 0.0.0.0:7400
+  nixlctl serve decode --listen 10.0.0.2:7401
+  # the driver, anywhere that reaches both:
+  nixlctl bench push --prefill 10.0.0.1:7400 --decode 10.0.0.2:7401
+  # or with decode as a local child of the driver on host B:
+  nixlctl bench pull --prefill 10.0.0.1:7400`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o serveEngineOptions
@@ -261,10 +275,27 @@ bind to 127.0.0.1 for now, so prefill and decode must run on one host.`, role),
 		},
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
-	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
+	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port); the side channels bind on its host")
+	cmd.Flags().String("advertise", "", "host to name in side-channel messages (default: the listen host, or for 0.0.0.0 the address the driver reached)")
 	return cmd
 }
 
 func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
-	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log))
+	var side engine.SideChannelHost
+	if o.Listen != "" {
+		host, _, err := net.SplitHostPort(strings.TrimPrefix(o.Listen, "tcp://"))
+		if err != nil {
+			return errkind.BadInputf("--listen %q: want [tcp://]host:port", o.Listen)
+		}
+		if host == "" {
+			host = "0.0.0.0" // ":7400" listens everywhere
+		}
+		side = engine.SideChannelHost{Bind: host, Advertise: o.Advertise}
+	} else if o.Advertise != "" {
+		return errkind.BadInputf("--advertise goes with --listen: a --stdio endpoint advertises what its driver sets up")
+	}
+	if o.Advertise != "" && strings.ContainsAny(o.Advertise, ":/ ") && net.ParseIP(o.Advertise) == nil {
+		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
+	}
+	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log, side))
 }

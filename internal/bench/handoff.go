@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/clocksync"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -69,7 +71,12 @@ type HandoffOptions struct {
 	Inproc        bool                 `mapstructure:"inproc"`
 	Prefill       string               `mapstructure:"prefill"` // host:port of `serve prefill --listen`
 	Decode        string               `mapstructure:"decode"`
-	Seed          uint64               `mapstructure:"seed"`
+	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
+	NetDevices string `mapstructure:"net-devices"`
+	// XferTarget is a `serve target --listen` on the remote endpoint's host,
+	// for the bench xfer reference across the same link.
+	XferTarget string `mapstructure:"xfer-target"`
+	Seed       uint64 `mapstructure:"seed"`
 	// The vLLM compatibility hash (pull and push): CompatFactorsFile is a
 	// JSON object of vLLM's factors, CompatHash a known hash to adopt,
 	// NoCompatCheck accepts any peer's (enforce_handshake_compat=false).
@@ -171,11 +178,13 @@ func (o *HandoffOptions) Validate() error {
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
 	}
-	if (o.Prefill == "") != (o.Decode == "") {
-		bad(map[bool]string{true: "Decode", false: "Prefill"}[o.Prefill == ""], "remote endpoints go together: give both prefill and decode, or neither")
-	}
-	if o.Inproc && o.Prefill != "" {
+	if o.Inproc && (o.Prefill != "" || o.Decode != "") {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
+	}
+	if o.XferTarget != "" {
+		if err := checkAddr(o.XferTarget); err != nil {
+			bad("XferTarget", "%v", err)
+		}
 	}
 	for _, ep := range []struct{ field, addr string }{{"Prefill", o.Prefill}, {"Decode", o.Decode}} {
 		if ep.addr != "" {
@@ -332,8 +341,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process"}
 	switch {
-	case o.Prefill != "":
-		c.Endpoints = "remote " + o.Prefill + " / " + o.Decode
+	case o.Prefill != "" || o.Decode != "":
+		c.Endpoints = "prefill " + cmp.Or(o.Prefill, "local child") + " / decode " + cmp.Or(o.Decode, "local child")
 	case o.Inproc:
 		c.Endpoints = "inproc"
 	}
@@ -442,15 +451,19 @@ type HandoffSummary struct {
 // HandoffResult is the whole run.
 type HandoffResult struct {
 	report.Meta
-	Protocol    string            `json:"protocol"`
-	Backend     string            `json:"backend"`
-	Model       string            `json:"model"`
-	Config      HandoffConfig     `json:"config"`
-	Summary     HandoffSummary    `json:"summary"`
-	Prefill     engine.Stats      `json:"prefill_stats"`
-	Decode      engine.Stats      `json:"decode_stats"`
-	Transports  map[string]string `json:"transports,omitempty"`
-	Interrupted bool              `json:"interrupted,omitempty"`
+	Protocol   string            `json:"protocol"`
+	Backend    string            `json:"backend"`
+	Model      string            `json:"model"`
+	Config     HandoffConfig     `json:"config"`
+	Summary    HandoffSummary    `json:"summary"`
+	Prefill    engine.Stats      `json:"prefill_stats"`
+	Decode     engine.Stats      `json:"decode_stats"`
+	Transports map[string]string `json:"transports,omitempty"`
+	// Endpoints says where prefill and decode ran and how their clocks
+	// were related to the driver's; Placement whether they shared a host.
+	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string         `json:"placement,omitempty"`
+	Interrupted bool           `json:"interrupted,omitempty"`
 	// EndpointDied names the endpoint that died during the timed phase and
 	// how ("decode: signal: killed"); the run stopped there.
 	EndpointDied string          `json:"endpoint_died,omitempty"`
@@ -459,7 +472,10 @@ type HandoffResult struct {
 
 // Endpoint is a connection to a prefill or decode endpoint.
 type Endpoint struct {
-	rpc *ctl.Client
+	rpc   *ctl.Client
+	clock clocksync.Offset // its clock relative to the driver's
+	host  ctl.HostInfo
+	info  EndpointInfo
 }
 
 // endpointGrace is how long an endpoint may take to close its engine
@@ -472,7 +488,7 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*
 	keep := context.WithoutCancel(ctx)
 	switch {
 	case o.Inproc:
-		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", role)))}, nil
+		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", role), engine.SideChannelHost{}))}, nil
 	case addr != "":
 		c, err := ctl.Dial(ctx, addr)
 		if err != nil {
@@ -552,7 +568,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
 	blocks := o.poolBlocks()
-	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
+	if o.NumBlocks == 0 && o.Mem != nixl.VRAM && (o.Prefill == "" || o.Decode == "") {
 		// Both engines' pools, in this host's memory: keep them under half
 		// of what is available (open loops and traces size for 64 requests
 		// of the longest prompt, which can be more than the machine has).
@@ -578,12 +594,41 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		return nil, err
 	}
 	defer de.close()
+	// A local child whose peer is on another host binds and advertises
+	// the address this host reaches that peer by, not loopback.
+	if o.Prefill == "" && o.Decode != "" {
+		if host := localHostFor(de); host != "" {
+			pc.SideChannel, pc.Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
+		}
+	}
+	if o.Decode == "" && o.Prefill != "" {
+		if host := localHostFor(pe); host != "" {
+			dc.SideChannel, dc.Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
+		}
+	}
+	if err := pe.meet(ctx, "prefill", o.Prefill); err != nil {
+		return nil, err
+	}
+	if err := de.meet(ctx, "decode", o.Decode); err != nil {
+		return nil, err
+	}
 	var psetup, dsetup engine.SetupReply
 	if err := pe.rpc.Call(ctx, "setup", pc, &psetup); err != nil {
 		return nil, fmt.Errorf("prefill setup: %w", err)
 	}
 	if err := de.rpc.Call(ctx, "setup", dc, &dsetup); err != nil {
 		return nil, fmt.Errorf("decode setup: %w", err)
+	}
+	pe.info.SideChannel, de.info.SideChannel = psetup.SideChannel, dsetup.SideChannel
+	res.Endpoints = []EndpointInfo{pe.info, de.info}
+	res.Placement = placement(pe.host, de.host)
+	if o.Prefill != "" || o.Decode != "" {
+		if err := checkReachable(ctx, "prefill", psetup.SideChannel, psetup.Bootstrap); err != nil {
+			return nil, err
+		}
+		if err := checkReachable(ctx, "decode", dsetup.SideChannel); err != nil {
+			return nil, err
+		}
 	}
 	if o.OnStart != nil {
 		o.OnStart(pe, de)
@@ -705,7 +750,11 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if n := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; n > 0 {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
 	}
-	if o.XferRef && runErr == nil && res.Summary.Requests > 0 {
+	remote := o.Prefill != "" || o.Decode != ""
+	if o.XferRef && remote && o.XferTarget == "" && runErr == nil {
+		res.Warn("no bench xfer reference: with an endpoint on another host it must cross the same link (start serve target --listen there and give --xfer-target)")
+	}
+	if o.XferRef && (!remote || o.XferTarget != "") && runErr == nil && res.Summary.Requests > 0 {
 		// The reference allocates the run's working set again: give the
 		// endpoints' pools back first (both at once can exhaust memory).
 		pe.close()
@@ -825,6 +874,7 @@ func (h *handoff) collectFreed() {
 		if json.Unmarshal(ev.Data, &f) != nil {
 			return
 		}
+		f.OnClock(h.pe.toDriver)
 		h.mu.Lock()
 		h.freed[f.RouterID] = f
 		ch := h.waiting[f.RouterID]
@@ -1040,6 +1090,10 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, Room: room, ChunkTokens: o.ChunkTokens}, &pr)
 		wg.Wait()
 	}
+	// Every stamp onto the driver's clock before anything subtracts
+	// stamps of two processes (a no-op on one host).
+	pr.OnClock(h.pe.toDriver)
+	lr.OnClock(h.de.toDriver)
 	switch {
 	case perr != nil:
 		rec.Error = "prefill: " + perr.Error()
@@ -1261,11 +1315,11 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
 		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
-		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
+		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
 	}
-	if !h.o.Inproc && h.o.Exe != "" {
+	if !h.o.Inproc && h.o.XferTarget == "" && h.o.Exe != "" {
 		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
 	}
 	xr, err := RunXfer(ctx, xo)

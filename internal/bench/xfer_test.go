@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	// target when "target" is among its arguments, else an engine endpoint.
 	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		role := engine.EndpointRole(log)
+		role := engine.EndpointRole(log, engine.SideChannelHost{})
 		if slices.Contains(os.Args, "target") {
 			role = xfertarget.Role(log)
 		}

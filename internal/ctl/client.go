@@ -41,6 +41,7 @@ type Client struct {
 	serveErr error
 	hangup   func()
 	unwatch  func() bool
+	local    net.Addr // this end of a TCP connection (Dial)
 
 	closeOnce sync.Once
 	closeRes  json.RawMessage
@@ -147,8 +148,15 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newClient(conn, halfCloser{conn}, func() { conn.Close() }), nil
+	c := newClient(conn, halfCloser{conn}, func() { conn.Close() })
+	c.local = conn.LocalAddr()
+	return c, nil
 }
+
+// LocalAddr is this end of a dialled connection (nil for children and
+// in-process servers): the address by which this host reaches the
+// server's, so what a local endpoint should advertise to it.
+func (c *Client) LocalAddr() net.Addr { return c.local }
 
 // halfCloser ends the requests but keeps the connection open for the
 // reply to "close".

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nixlctl/nixlctl/internal/mono"
 	"go.uber.org/goleak"
 )
 
@@ -356,5 +357,71 @@ func TestHandleSerial(t *testing.T) {
 	}
 	if err := c.Close(time.Second, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestClockOffsetSameHost(t *testing.T) {
+	t.Parallel()
+	c := StartInProcess(context.Background(), func(*Server) func() { return nil })
+	defer c.Close(time.Second, nil)
+	off, h, err := c.ClockOffset(context.Background(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !off.SameHost || off.Nanos != 0 {
+		t.Errorf("in-process server: offset %v, want same host", off)
+	}
+	if h.Identity.BootID == "" || h.Hostname == "" {
+		t.Errorf("host info %+v lacks the boot id or host name", h)
+	}
+}
+
+// The clock built-in answers readings between the client's send and
+// receive: on one clock, t0 <= t1 <= t2 <= t3.
+func TestClockReadingsOrdered(t *testing.T) {
+	t.Parallel()
+	c := StartInProcess(context.Background(), func(*Server) func() { return nil })
+	defer c.Close(time.Second, nil)
+	for range 8 {
+		var r clockReading
+		t0 := mono.Now()
+		if err := c.Call(context.Background(), clockMethod, nil, &r); err != nil {
+			t.Fatal(err)
+		}
+		t3 := mono.Now()
+		if !(t0 <= r.T1 && r.T1 <= r.T2 && r.T2 <= t3) {
+			t.Fatalf("readings out of order: t0=%d t1=%d t2=%d t3=%d", t0, r.T1, r.T2, t3)
+		}
+	}
+}
+
+// A TCP session tells the role which local address the driver reached,
+// and the dialling client knows its own end.
+func TestServeConnLocalAddr(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan net.Addr, 1)
+	go func() {
+		_ = ServeListener(ctx, ln, func(s *Server) func() { got <- s.LocalAddr(); return nil }, slog.New(slog.DiscardHandler))
+	}()
+	c, err := Dial(ctx, "tcp://"+ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(time.Second, nil)
+	h, err := c.Host(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := <-got; a == nil || a.String() != ln.Addr().String() || h.Addr != ln.Addr().String() {
+		t.Errorf("server's local address %v, host addr %q; want %v", a, h.Addr, ln.Addr())
+	}
+	if c.LocalAddr() == nil {
+		t.Error("a dialled client has no local address")
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+
+	"github.com/nixlctl/nixlctl/internal/mono"
 )
 
 // Handler answers one request. Its result is sent as JSON; an error is
@@ -35,6 +37,7 @@ type Server struct {
 	wg       sync.WaitGroup
 	runMu    sync.Mutex
 	running  map[uint64]context.CancelFunc // requests running, by id (cancelMethod)
+	local    net.Addr                      // the server's end of a TCP session
 }
 
 // NewServer writes replies and events to w.
@@ -111,12 +114,16 @@ func (s *Server) Serve(ctx context.Context, r io.Reader) error {
 			}
 			line = l
 		}
+		received := mono.Now()
 		var m Message
 		if err := json.Unmarshal(line, &m); err != nil || m.Method == "" {
 			if err == nil {
 				err = errors.New("no method")
 			}
 			s.reply(m.ID, nil, fmt.Errorf("malformed request: %w", err))
+			continue
+		}
+		if s.answerBuiltin(m, received) {
 			continue
 		}
 		if m.Method == cancelMethod {
@@ -170,6 +177,19 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, role Role) error {
 	return err
 }
 
+// ServeConn runs one session of role on a connection; the role sees the
+// connection's local address (Server.LocalAddr).
+func ServeConn(ctx context.Context, conn net.Conn, role Role) error {
+	s := NewServer(conn)
+	s.local = conn.LocalAddr()
+	release := role(s)
+	err := s.Serve(ctx, conn)
+	if release != nil {
+		release()
+	}
+	return err
+}
+
 // ServeListener accepts one driver at a time on ln, each a fresh session
 // of role, until ctx ends (which closes ln).
 func ServeListener(ctx context.Context, ln net.Listener, role Role, log *slog.Logger) error {
@@ -184,7 +204,7 @@ func ServeListener(ctx context.Context, ln net.Listener, role Role, log *slog.Lo
 			return err
 		}
 		log.Info("driver connected", "from", conn.RemoteAddr())
-		err = Serve(ctx, conn, conn, role)
+		err = ServeConn(ctx, conn, role)
 		conn.Close()
 		if err != nil {
 			log.Warn("session ended", "err", err)

@@ -206,3 +206,29 @@ type DecodeEvent struct {
 	RouterID string `json:"router_id"`
 	T        int64  `json:"t"`
 }
+
+// mapStamps applies toDriver to each stamp that was taken (0 means the
+// stage does not apply and stays 0).
+func mapStamps(toDriver func(int64) int64, stamps ...*int64) {
+	for _, t := range stamps {
+		if *t != 0 {
+			*t = toDriver(*t)
+		}
+	}
+}
+
+// OnClock moves the reply's stamps onto another clock (the driver's), so
+// that they subtract from stamps other processes took.
+func (r *PrefillReply) OnClock(toDriver func(int64) int64) {
+	mapStamps(toDriver, &r.TStart, &r.TFinish, &r.TBootstrapped, &r.TPostStart, &r.TPostEnd, &r.TSent)
+}
+
+// OnClock moves the reply's stamps onto another clock (the driver's).
+func (r *LoadReply) OnClock(toDriver func(int64) int64) {
+	mapStamps(toDriver, &r.TArrive, &r.TScheduled, &r.TRegSent, &r.TPostStart, &r.TPostEnd, &r.TXferDone, &r.TReady)
+}
+
+// OnClock moves the event's stamps onto another clock (the driver's).
+func (f *FreedEvent) OnClock(toDriver func(int64) int64) {
+	mapStamps(toDriver, &f.TFinish, &f.TFreed, &f.TRegReceived, &f.TPostStart, &f.TPostEnd, &f.TWriteDone, &f.TLastRenew, &f.TDeadline)
+}

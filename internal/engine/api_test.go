@@ -59,3 +59,25 @@ func TestTransferParamsReadsEveryForm(t *testing.T) {
 		}
 	}
 }
+
+// Every stamp moves onto the other clock and a stamp not taken stays 0:
+// a stage the protocol lacks must not turn into a huge one.
+func TestOnClockMovesEveryStamp(t *testing.T) {
+	t.Parallel()
+	shift := func(v int64) int64 { return v - 1000 }
+	pr := PrefillReply{TStart: 5000, TFinish: 6000, TSent: 7000}
+	pr.OnClock(shift)
+	if pr.TStart != 4000 || pr.TFinish != 5000 || pr.TSent != 6000 || pr.TBootstrapped != 0 || pr.TPostStart != 0 {
+		t.Errorf("prefill reply %+v", pr)
+	}
+	lr := LoadReply{TArrive: 2000, TReady: 9000, TXferDone: 8000}
+	lr.OnClock(shift)
+	if lr.TArrive != 1000 || lr.TReady != 8000 || lr.TXferDone != 7000 || lr.TRegSent != 0 {
+		t.Errorf("load reply %+v", lr)
+	}
+	f := FreedEvent{TFinish: 3000, TFreed: 4000, TWriteDone: 3500}
+	f.OnClock(shift)
+	if f.TFinish != 2000 || f.TFreed != 3000 || f.TWriteDone != 2500 || f.TPostEnd != 0 {
+		t.Errorf("freed event %+v", f)
+	}
+}

@@ -576,7 +576,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		return err
 	}
 	rep.HandshakeMS, rep.FirstHandshake = float64(took)/1e6, took > 0
-	host, port, _ := splitEndpoint(e.side.Endpoint())
+	host, port := e.advertised(e.side.Endpoint())
 	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
 		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
 		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
@@ -16,13 +17,43 @@ import (
 // "info". Events ("freed"; with lease events "heartbeat", "leases",
 // "queued", "crashing") flow back unasked. The engine closes with the
 // session.
-func EndpointRole(log *slog.Logger) ctl.Role {
+func EndpointRole(log *slog.Logger, side SideChannelHost) ctl.Role {
 	return func(srv *ctl.Server) func() {
-		return serveEndpoint(srv, log)
+		return serveEndpoint(srv, log, side)
 	}
 }
 
-func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
+// SideChannelHost is where an endpoint started by hand (serve --listen)
+// binds its side channels and what it advertises, whatever the driver's
+// setup says: the driver does not know the endpoint's addresses. The zero
+// value leaves the driver's choice.
+type SideChannelHost struct {
+	// Bind is the host the side channels bind (the --listen host).
+	Bind string
+	// Advertise is the host messages name; empty: Bind, or for 0.0.0.0
+	// and :: the address the driver's connection came in on.
+	Advertise string
+}
+
+// apply sets cfg's side channel from h, for a session whose control
+// connection arrived at local (nil on stdio).
+func (h SideChannelHost) apply(cfg *Config, local net.Addr) error {
+	if h.Bind == "" {
+		return nil
+	}
+	cfg.SideChannel = "tcp://" + net.JoinHostPort(h.Bind, "0")
+	cfg.Advertise = h.Advertise
+	if ip := net.ParseIP(h.Bind); cfg.Advertise == "" && ip != nil && ip.IsUnspecified() {
+		ta, ok := local.(*net.TCPAddr)
+		if !ok {
+			return fmt.Errorf("side channels bind %s and no --advertise was given: nothing says which address to advertise", h.Bind)
+		}
+		cfg.Advertise = ta.IP.String()
+	}
+	return nil
+}
+
+func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (release func()) {
 	var mu sync.Mutex
 	var eng *Engine
 	get := func() (*Engine, error) {
@@ -37,6 +68,9 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger) (release func()) {
 		var cfg Config
 		if err := json.Unmarshal(params, &cfg); err != nil {
 			return nil, fmt.Errorf("setup: %w", err)
+		}
+		if err := side.apply(&cfg, srv.LocalAddr()); err != nil {
+			return nil, err
 		}
 		mu.Lock()
 		defer mu.Unlock()

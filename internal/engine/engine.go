@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,8 +58,17 @@ type Config struct {
 	Merge     bool         `json:"merge_descriptors"`
 	Verify    Verify       `json:"verify"`
 	// SideChannel is where the engine's handshake ROUTER (and, for
-	// SGLang, its bootstrap server) binds; default tcp://127.0.0.1:0.
+	// SGLang, its bootstrap server and inboxes) binds; default
+	// tcp://127.0.0.1:0.
 	SideChannel string `json:"side_channel"`
+	// Advertise is the host every message names for those side channels
+	// (setup reply, kv_transfer_params, push registrations, SGLang's
+	// bootstrap table): an address the peer can reach. Empty: the host
+	// SideChannel binds, which must then not be 0.0.0.0 or ::.
+	Advertise string `json:"advertise,omitempty"`
+	// NetDevices, when set, is UCX_NET_DEVICES for the engine's agents
+	// (which interface UCX may carry the KV cache over).
+	NetDevices string `json:"net_devices,omitempty"`
 	// Lease is how long prefill keeps a finished request's blocks for its
 	// consumers (vLLM's kv_lease_duration) until a heartbeat extends it;
 	// LeasePolicy, FixedTimeout and Reaper complete the lease
@@ -267,6 +279,17 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if cfg.SideChannel == "" {
 		cfg.SideChannel = "tcp://127.0.0.1:0"
 	}
+	if cfg.Advertise, err = advertisedHost(cfg.SideChannel, cfg.Advertise); err != nil {
+		return nil, err
+	}
+	if cfg.NetDevices != "" {
+		// UCX reads it when the agents' contexts are created, below; an
+		// endpoint process runs one engine, so the process's environment
+		// is the engine's.
+		if err := os.Setenv("UCX_NET_DEVICES", cfg.NetDevices); err != nil {
+			return nil, fmt.Errorf("net_devices: %w", err)
+		}
+	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
 	}
@@ -381,7 +404,7 @@ type SetupReply struct {
 
 // Setup describes the running engine.
 func (e *Engine) Setup() SetupReply {
-	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.side.Endpoint(), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
+	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.advertisedEndpoint(e.side.Endpoint()), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
 		CompatHash: e.hash, PID: int(nixl.Self().PID)}
 	e.role.setup(&rep)
 	for _, rk := range e.ranks {
@@ -698,4 +721,37 @@ func (e *Engine) wantHash() string {
 		return sidechannel.AnyHash
 	}
 	return e.hash
+}
+
+// advertisedHost is the host an engine bound at sideChannel names in its
+// messages: advertise when given, else the bound host, which must then be
+// one a peer can dial.
+func advertisedHost(sideChannel, advertise string) (string, error) {
+	host, _, err := splitEndpoint(sideChannel)
+	if err != nil {
+		return "", fmt.Errorf("side_channel %q: %w", sideChannel, err)
+	}
+	if advertise != "" {
+		return advertise, nil
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("side channel binds %q, which no peer can dial: give the host to advertise (serve --advertise)", sideChannel)
+	}
+	return host, nil
+}
+
+// advertisedEndpoint is a bound endpoint (tcp://HOST:PORT or HOST:PORT)
+// with its host replaced by the advertised one.
+func (e *Engine) advertisedEndpoint(bound string) string {
+	_, port, err := splitEndpoint(bound)
+	if err != nil {
+		return bound
+	}
+	return "tcp://" + net.JoinHostPort(e.cfg.Advertise, strconv.Itoa(port))
+}
+
+// advertised is advertisedEndpoint as host and port.
+func (e *Engine) advertised(bound string) (string, int) {
+	_, port, _ := splitEndpoint(bound)
+	return e.cfg.Advertise, port
 }

@@ -189,7 +189,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	for _, r := range matched {
 		s.wakeRank(r) // the registration came first: its owner can start
 	}
-	host, port, _ := splitEndpoint(e.side.Endpoint())
+	host, port := e.advertised(e.side.Endpoint())
 	return PrefillReply{RequestID: q.id, Blocks: n, TStart: t0, TFinish: q.tFinish, Params: TransferParams{
 		DoRemotePrefill: true, RemoteBlockIDs: blocks, RemoteEngineID: e.cfg.EngineID, RemoteRequestID: q.id,
 		RemoteHost: host, RemotePort: port, TPSize: e.spec.TP, PPSize: 1, RemoteNumTokens: r.Tokens, TransferMode: string(e.cfg.Protocol)}}, nil

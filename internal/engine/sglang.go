@@ -318,6 +318,8 @@ var sglRouteParams = []string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_r
 func newSGLState(e *Engine) (*sglState, error) {
 	s := &sglState{e: e, table: map[int]sglRankEntry{}, info: map[string]sglPrefillInfo{},
 		registered: map[[2]string]bool{}, client: &http.Client{Timeout: 5 * time.Second}}
+	// Inboxes and the bootstrap server bind where the handshake socket
+	// did; messages name the advertised host.
 	host, _, err := splitEndpoint(e.side.Endpoint())
 	if err != nil {
 		return nil, err
@@ -378,13 +380,16 @@ func (s *sglState) serveBootstrap(host string) error {
 	mux.HandleFunc("/route", s.route)
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.http.Serve(ln) }()
-	s.bootstrapAddr = ln.Addr().String()
+	_, bport, _ := splitEndpoint(ln.Addr().String())
+	s.bootstrapAddr = net.JoinHostPort(s.e.cfg.Advertise, strconv.Itoa(bport))
 	for i, sr := range s.ranks {
 		_, port, _ := splitEndpoint(sr.inbox.Endpoint())
 		body, _ := json.Marshal(map[string]any{"attn_tp_size": len(s.ranks), "attn_tp_rank": i, "attn_cp_size": 1, "attn_cp_rank": 0,
 			"attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-			"rank_ip": host, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType)})
-		req, _ := http.NewRequest(http.MethodPut, "http://"+s.bootstrapAddr+"/route", bytes.NewReader(body))
+			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType)})
+		// Registered over the listener's own address: the advertised one
+		// may be reachable only from other hosts (NAT, a service name).
+		req, _ := http.NewRequest(http.MethodPut, "http://"+loopbackFor(ln.Addr())+"/route", bytes.NewReader(body))
 		resp, err := s.client.Do(req)
 		if err != nil {
 			return fmt.Errorf("bootstrap registration: %w", err)
@@ -812,7 +817,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 				return err
 			}
 			first = first || isNew
-			ip, port, _ := splitEndpoint(s.ranks[d].inbox.Endpoint())
+			ip, port := e.advertised(s.ranks[d].inbox.Endpoint())
 			ti := SGLTransferInfo{Room: r.Room, DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), DstPages: pages,
 				DstAux: row[0], RequiredDst: requiredDst, PrefixLen: start * e.spec.BlockSize}
 			if rep.TRegSent == 0 {
@@ -939,7 +944,7 @@ func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *r
 	if err != nil {
 		return nil, false, err
 	}
-	ip, port, _ := splitEndpoint(s.ranks[rk.idx].inbox.Endpoint())
+	ip, port := s.e.advertised(s.ranks[rk.idx].inbox.Endpoint())
 	reg := SGLRegistration{DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), AgentMD: md, GPUID: 0,
 		DecodeTP: len(s.e.ranks), DecodeRank: rk.idx, DstNumSlots: s.e.cfg.NumBlocks}
 	for i := range rk.pool.Rank.Regions {
@@ -983,4 +988,21 @@ func (s *sglState) onNotif(rk *rank, from, m string) {
 	case notifDuplicate, notifLate:
 		s.e.c.duplicate.Add(1)
 	}
+}
+
+// loopbackFor is a listener's address as this process can dial it: the
+// loopback address for a listener on 0.0.0.0 or ::.
+func loopbackFor(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if ip.To4() != nil {
+			host = "127.0.0.1"
+		} else {
+			host = "::1"
+		}
+	}
+	return net.JoinHostPort(host, port)
 }

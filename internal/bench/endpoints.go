@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/clocksync"
+	"github.com/nixlctl/nixlctl/internal/ctl"
+)
+
+// EndpointInfo is where one endpoint ran and how its clock was related to
+// the driver's: what a result needs to be read across hosts.
+type EndpointInfo struct {
+	Role     string `json:"role"`
+	Addr     string `json:"addr,omitempty"` // its control address; "" for a child of the driver
+	Hostname string `json:"hostname"`
+	BootID   string `json:"boot_id"`
+	// Clock is how its CLOCK_MONOTONIC relates to the driver's; its stamps
+	// were moved onto the driver's clock by it before any subtraction.
+	Clock ClockOffset `json:"clock"`
+	// SideChannel is the address it advertised to its peer.
+	SideChannel string `json:"side_channel,omitempty"`
+}
+
+// ClockOffset is clocksync.Offset as a result records it.
+type ClockOffset struct {
+	SameHost      bool    `json:"same_host"`
+	OffsetNS      int64   `json:"offset_ns"`
+	UncertaintyNS int64   `json:"uncertainty_ns"`
+	RTTNS         int64   `json:"rtt_ns,omitempty"`
+	Samples       int     `json:"samples,omitempty"`
+	Text          string  `json:"text"`
+	UncertaintyMS float64 `json:"-"`
+}
+
+func clockOffset(o clocksync.Offset) ClockOffset {
+	return ClockOffset{SameHost: o.SameHost, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
+		Samples: o.Samples, Text: o.String(), UncertaintyMS: float64(o.Uncertainty) / 1e6}
+}
+
+// Placements of two endpoints.
+const (
+	PlacementOneHost    = "one host"
+	PlacementNamespaces = "one kernel, separate namespaces"
+	PlacementCrossHost  = "cross-host"
+)
+
+// placement says whether a run crossed hosts. Two ends on one kernel are
+// never called cross-host, even in separate namespaces (how tests stage
+// two hosts): the bytes did not leave the machine.
+func placement(a, b ctl.HostInfo) string {
+	switch {
+	case clocksync.SameHost(a.Identity, b.Identity):
+		return PlacementOneHost
+	case a.Identity.BootID != "" && a.Identity.BootID == b.Identity.BootID:
+		return PlacementNamespaces
+	}
+	return PlacementCrossHost
+}
+
+// meet relates the endpoint's clock to the driver's and learns its host.
+func (ep *Endpoint) meet(ctx context.Context, role, addr string) error {
+	off, host, err := ep.rpc.ClockOffset(ctx, ctl.ClockPings)
+	if err != nil {
+		return fmt.Errorf("%s endpoint clock: %w", role, err)
+	}
+	ep.clock, ep.host = off, host
+	ep.info = EndpointInfo{Role: role, Addr: addr, Hostname: host.Hostname, BootID: host.Identity.BootID, Clock: clockOffset(off)}
+	return nil
+}
+
+// toDriver maps one of the endpoint's stamps onto the driver's clock.
+func (ep *Endpoint) toDriver(t int64) int64 { return ep.clock.ToDriver(t) }
+
+// localHostFor is the address by which this host reaches a remote
+// endpoint: where a local child must bind and what it must advertise so
+// that the remote one can reach it back. "" when ep is local.
+func localHostFor(eps ...*Endpoint) string {
+	for _, ep := range eps {
+		if ep == nil {
+			continue
+		}
+		if a, ok := ep.rpc.LocalAddr().(*net.TCPAddr); ok {
+			return a.IP.String()
+		}
+	}
+	return ""
+}
+
+// sideChannelDial is how long the driver waits to reach an advertised
+// side channel before it calls the address unreachable.
+const sideChannelDial = 3 * time.Second
+
+// checkReachable dials each address an endpoint advertised. A wrong
+// --advertise otherwise shows up as every request timing out in a
+// handshake; here it fails before the run, naming the address.
+func checkReachable(ctx context.Context, role string, addrs ...string) error {
+	for _, a := range addrs {
+		if a == "" {
+			continue
+		}
+		hp := strings.TrimPrefix(strings.TrimPrefix(a, "tcp://"), "http://")
+		dctx, cancel := context.WithTimeout(ctx, sideChannelDial)
+		var d net.Dialer
+		conn, err := d.DialContext(dctx, "tcp", hp)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s advertises %s, which this driver cannot reach (%v): run its serve with --advertise set to an address of its host that the peers can reach", role, a, err)
+		}
+		conn.Close()
+	}
+	return nil
+}
