@@ -27,6 +27,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -459,6 +460,9 @@ type HandoffResult struct {
 	Prefill    engine.Stats      `json:"prefill_stats"`
 	Decode     engine.Stats      `json:"decode_stats"`
 	Transports map[string]string `json:"transports,omitempty"`
+	// NetPath says which devices carried the payload at prefill (tx) and
+	// decode (rx).
+	NetPath NetPath `json:"net_path,omitempty"`
 	// Endpoints says where prefill and decode ran and how their clocks
 	// were related to the driver's; Placement whether they shared a host.
 	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
@@ -670,7 +674,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}()
 	}
+	path := watchPath(ctx, o.Prefill != "" || o.Decode != "", pathEnd{"prefill", pe.rpc, netpath.Send}, pathEnd{"decode", de.rpc, netpath.Receive})
 	runErr := h.run(runCtx)
+	path.stop(ctx)
 	if d := died.Load(); d != nil {
 		res.EndpointDied = *d
 		res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
@@ -737,6 +743,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
+	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
 	if res.Summary.LeakedBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
 	}

@@ -97,11 +97,11 @@ func (d *Direction) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// significantShare is the share of the payload below which a device's
+// SignificantShare is the share of the payload below which a device's
 // traffic is background (ssh, the control channel, a metrics scraper)
 // rather than a path the payload took. A payload split across rails still
 // puts far more than this on each.
-const significantShare = 0.10
+const SignificantShare = 0.10
 
 // Carrier is one device's part in moving the payload.
 type Carrier struct {
@@ -238,7 +238,7 @@ func attribute(deltas []DeviceBytes, payloadBytes int64, dir Direction, pin Pin,
 	}
 	var significant []Carrier
 	for _, c := range v.Carriers {
-		if c.Share >= significantShare {
+		if c.Share >= SignificantShare {
 			significant = append(significant, c)
 		}
 	}
