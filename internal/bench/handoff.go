@@ -262,7 +262,7 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
 		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
-		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck}
+		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
@@ -308,6 +308,8 @@ type HandoffConfig struct {
 	// that they accepted any peer's.
 	CompatHash    string `json:"compat_hash,omitempty"`
 	NoCompatCheck bool   `json:"no_compat_check,omitempty"`
+	// NetDevices is --net-devices: UCX_NET_DEVICES at both endpoints.
+	NetDevices string `json:"net_devices,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -340,7 +342,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
-		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process"}
+		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
+		NetDevices: o.NetDevices}
 	switch {
 	case o.Prefill != "" || o.Decode != "":
 		c.Endpoints = "prefill " + cmp.Or(o.Prefill, "local child") + " / decode " + cmp.Or(o.Decode, "local child")
