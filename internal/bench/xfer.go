@@ -375,7 +375,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 		}
 	}
 	path.stop(ctx)
-	res.NetPath = path.verdicts(xferPayload(&o, res.Points), res.Warn)
+	res.NetPath = path.verdicts(xferPayload(&o, res.Points), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
