@@ -116,8 +116,8 @@ func (w *pathWatch) verdicts(payload int64, warn func(string)) NetPath {
 func judgePath(ends []pathEnd, before, after []netReading, payload int64, remote bool) (NetPath, []string) {
 	np := NetPath{}
 	strict := remote
-	// Hosts are machines here, told apart by their kernel's boot id: two
-	// containers on one machine share its devices' counters.
+	// Hosts are machines here, told apart by their kernel's boot id
+	// (which the containers of one machine share).
 	boots := map[string]bool{}
 	for i := range ends {
 		if after[i].err == nil {
