@@ -24,6 +24,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
@@ -159,6 +160,7 @@ type ECResult struct {
 	Reference   ECReference        `json:"reference"`
 	Consumers   []ec.ConsumerStats `json:"consumers"`
 	Producer    *ec.ProducerStats  `json:"producer,omitempty"`
+	NetPath     NetPath            `json:"net_path,omitempty"` // producer and consumers
 	Interrupted bool               `json:"interrupted,omitempty"`
 }
 
@@ -387,6 +389,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	live.Emit(o.Live, live.Start{Title: "bench ec " + c.Direction, Total: o.Requests * o.ImagesPerRequest, Unit: "images"})
 	live.Emit(o.Live, live.Phase{Text: "measuring"})
 
+	path := watchPath(ctx, o.Producer.Addr != "", pathEnd{"producer", r.producer.Client, netpath.Send}, pathEnd{"consumer", nil, netpath.Receive})
 	var wg sync.WaitGroup
 	for i, cons := range consumers {
 		wg.Add(1)
@@ -398,7 +401,9 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		}()
 	}
 	wg.Wait()
+	path.stop(ctx)
 	r.finish(res, consumers)
+	res.NetPath = path.verdicts(res.Summary.Bytes, res.Warn)
 	if rep, err := r.producer.Call(ec.EncoderRequest{Op: "stats"}); err == nil {
 		res.Producer = rep.Stats
 		res.Summary.ProducerEvictions = rep.Stats.Cache.Evictions

@@ -22,6 +22,9 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 	case report.FormatMarkdown:
 		fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
 			res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
+		if p := pathLine(res.NetPath); p != "" {
+			fmt.Fprintf(w, "path: %s\n\n", p)
+		}
 		if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
 			return err
 		}
@@ -47,6 +50,9 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 		c.Model, c.HiddenSize, c.DType, report.Int(int64(c.BlockBytes)), who, res.Env.Backend, res.Env.BackendVersion, c.Producer, c.Consumers)
 	if s.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", s.Transport)
+	}
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n", p)
 	}
 	var imgs []string
 	for i, g := range c.Grids {

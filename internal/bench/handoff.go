@@ -27,6 +27,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -261,7 +262,7 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
 		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
-		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck}
+		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
@@ -307,6 +308,8 @@ type HandoffConfig struct {
 	// that they accepted any peer's.
 	CompatHash    string `json:"compat_hash,omitempty"`
 	NoCompatCheck bool   `json:"no_compat_check,omitempty"`
+	// NetDevices is --net-devices: UCX_NET_DEVICES at both endpoints.
+	NetDevices string `json:"net_devices,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -339,7 +342,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
-		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process"}
+		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
+		NetDevices: o.NetDevices}
 	switch {
 	case o.Prefill != "" || o.Decode != "":
 		c.Endpoints = "prefill " + cmp.Or(o.Prefill, "local child") + " / decode " + cmp.Or(o.Decode, "local child")
@@ -459,6 +463,9 @@ type HandoffResult struct {
 	Prefill    engine.Stats      `json:"prefill_stats"`
 	Decode     engine.Stats      `json:"decode_stats"`
 	Transports map[string]string `json:"transports,omitempty"`
+	// NetPath says which devices carried the payload at prefill (tx) and
+	// decode (rx).
+	NetPath NetPath `json:"net_path,omitempty"`
 	// Endpoints says where prefill and decode ran and how their clocks
 	// were related to the driver's; Placement whether they shared a host.
 	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
@@ -670,7 +677,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}()
 	}
+	path := watchPath(ctx, o.Prefill != "" || o.Decode != "", pathEnd{"prefill", pe.rpc, netpath.Send}, pathEnd{"decode", de.rpc, netpath.Receive})
 	runErr := h.run(runCtx)
+	path.stop(ctx)
 	if d := died.Load(); d != nil {
 		res.EndpointDied = *d
 		res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
@@ -737,6 +746,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
+	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
 	if res.Summary.LeakedBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
 	}

@@ -31,6 +31,9 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n", p)
+	}
 	load := loadLabel(c)
 	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c.Warmup, load, c.PrefixHit)
 	if err := stageTable(s).WriteText(w); err != nil {
@@ -50,6 +53,9 @@ func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench %s** %s, %v tokens, TP %v -> %v, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
 		c.PrefillTP, c.DecodeTP, res.Backend, res.Env.BackendVersion)
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n\n", p)
+	}
 	if err := stageTable(res.Summary).WriteMarkdown(w); err != nil {
 		return err
 	}

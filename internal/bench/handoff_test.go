@@ -186,7 +186,7 @@ func TestHandoffValidate(t *testing.T) {
 // Both endpoints get their configuration from one translation.
 func TestHandoffEngineConfig(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPush, 2, 1)
-	o.Fragmentation, o.NoMerge, o.Device, o.DecodeDevice = engine.FragScattered, true, 1, 2
+	o.Fragmentation, o.NoMerge, o.Device, o.DecodeDevice, o.NetDevices = engine.FragScattered, true, 1, 2, "eth1"
 	p, d := o.EngineConfig(engine.RolePrefill, "ucx", 99), o.EngineConfig(engine.RoleDecode, "ucx", 99)
 	if p.Role != engine.RolePrefill || p.TP != 2 || p.Device != 1 || p.Seed != o.Seed || p.EngineID != "prefill-0" {
 		t.Errorf("prefill: %+v", p)
@@ -199,7 +199,7 @@ func TestHandoffEngineConfig(t *testing.T) {
 	if diff := cmp.Diff(p, d); diff != "" {
 		t.Errorf("prefill and decode differ beyond their role (-prefill +decode):\n%s", diff)
 	}
-	if !d.Scattered || d.Merge || d.RegTimeout != o.RegTimeout || d.NumBlocks != 99 || d.Protocol != engine.ProtoPush {
+	if !d.Scattered || d.Merge || d.RegTimeout != o.RegTimeout || d.NumBlocks != 99 || d.Protocol != engine.ProtoPush || d.NetDevices != "eth1" {
 		t.Errorf("translation: %+v", d)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -78,6 +79,12 @@ func craftedXfer(t *testing.T) *XferResult {
 			PostNSPerDesc: 500, MemcpyGBps: 4, Efficiency: float64(bytes) / 1e9 / (0.001 * float64(i+1)) / 4,
 			Transport: "rma: cma/memory", Histogram: enc, TxHistogram: tx, PostHistogram: post})
 	}
+	res.NetPath = NetPath{
+		"initiator": {Host: "host", Verdict: netpath.Verdict{Payload: 4 << 20, Direction: netpath.Send, NoDevice: true,
+			Notes: []string{"no network device sent a significant share of the 4194304-byte payload: it moved through shared memory or another path inside this host"}}},
+		"target": {Host: "host", Verdict: netpath.Verdict{Payload: 4 << 20, Direction: netpath.Receive, NoDevice: true,
+			Notes: []string{"no network device received a significant share of the 4194304-byte payload: it moved through shared memory or another path inside this host"}}},
+	}
 	return res
 }
 
@@ -100,6 +107,12 @@ func craftedHandoff(t *testing.T) *HandoffResult {
 	res.Summary = SummarizeHandoff(res.Records, 5)
 	res.Summary.XferGBps, res.Summary.LeakedBlocks = 4, 0
 	res.Summary.EfficiencyXfer = res.Summary.BandwidthGBps / 4
+	res.NetPath = NetPath{
+		"prefill": {Host: "prefill-host", Verdict: netpath.Verdict{Payload: 320 << 20, Direction: netpath.Send,
+			Carriers: []netpath.Carrier{{Name: "veth0", Kind: netpath.Net, Bytes: 330 << 20, Share: 1}, {Name: "eth0", Kind: netpath.Net, Bytes: 12000, Share: 12000.0 / (320 << 20)}}}},
+		"decode": {Host: "decode-host", Verdict: netpath.Verdict{Payload: 320 << 20, Direction: netpath.Receive,
+			Carriers: []netpath.Carrier{{Name: "veth0", Kind: netpath.Net, Bytes: 314 << 20, Share: 314.0 / 320}}}},
+	}
 	return res
 }
 

@@ -234,6 +234,7 @@ type XferResult struct {
 	report.Meta
 	Config      XferConfig  `json:"config"`
 	Points      []XferPoint `json:"points"`
+	NetPath     NetPath     `json:"net_path,omitempty"` // initiator and target
 	Interrupted bool        `json:"interrupted,omitempty"`
 }
 
@@ -351,6 +352,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	}
 	live.Emit(o.Live, live.Start{Title: "bench xfer " + res.Config.Op, Total: len(points), Unit: "points"})
 	live.Emit(o.Live, live.Phase{Text: "sweeping"})
+	path := watchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
 	for i, pt := range points {
 		if ctx.Err() != nil {
 			break
@@ -372,6 +374,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			live.Emit(o.Live, live.Warning{Text: w})
 		}
 	}
+	path.stop(ctx)
+	res.NetPath = path.verdicts(xferPayload(&o, res.Points), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
@@ -603,14 +607,20 @@ func (r *xferRun) wait(ctx context.Context, req nixl.XferReq) error {
 	}
 }
 
-func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, error) {
-	o := r.o
-	iters := o.NumIter
-	warm := o.WarmupIter
+// iterations is how many requests a point of this block size times, and
+// how many it runs first untimed.
+func (o *XferOptions) iterations(block int) (iters, warm int) {
+	iters, warm = o.NumIter, o.WarmupIter
 	if block > 1<<20 {
 		iters = max(1, iters/o.LargeBlkIterFtr)
 		warm = max(0, warm/o.LargeBlkIterFtr)
 	}
+	return iters, warm
+}
+
+func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, error) {
+	o := r.o
+	iters, warm := o.iterations(block)
 	rng := rand.New(rand.NewPCG(uint64(block), uint64(batch)))
 	depth := o.PipelineDepth
 	slotOffs := make([][]int, depth)

@@ -33,6 +33,9 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n", p)
+	}
 	if c.Shape != "" {
 		fmt.Fprintf(w, "shape: %s\n", c.Shape)
 	}
@@ -123,6 +126,9 @@ func xferMarkdown(w io.Writer, res *XferResult) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench xfer** %s %s->%s over %s (%s), target %s\n\n", c.Op, c.InitiatorSeg, c.TargetSeg, res.Env.Backend,
 		res.Env.BackendVersion, c.Target)
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n\n", p)
+	}
 	if err := xferTable(res).WriteMarkdown(w); err != nil {
 		return err
 	}

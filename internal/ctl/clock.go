@@ -59,6 +59,8 @@ func (s *Server) answerBuiltin(m Message, received int64) bool {
 			h.Addr = s.local.String()
 		}
 		s.reply(m.ID, h, err)
+	case netstatMethod:
+		s.answerNetStat(m.ID)
 	default:
 		return false
 	}

@@ -38,6 +38,7 @@ type Server struct {
 	runMu    sync.Mutex
 	running  map[uint64]context.CancelFunc // requests running, by id (cancelMethod)
 	local    net.Addr                      // the server's end of a TCP session
+	sysRoot  string                        // ctl.netstat reads counters here; "" is /sys (tests set a fake tree)
 }
 
 // NewServer writes replies and events to w.

@@ -10,16 +10,17 @@ import (
 
 // DeviceBytes is what one device moved between two snapshots.
 type DeviceBytes struct {
-	Name      string
-	Kind      Kind
-	Loopback  bool
-	Up        bool // as of the later snapshot
-	LinkLayer string
-	Tx, Rx    int64
+	Name      string `json:"name"`
+	Kind      Kind   `json:"kind"`
+	Loopback  bool   `json:"loopback,omitempty"`
+	Up        bool   `json:"up"` // as of the later snapshot
+	LinkLayer string `json:"link_layer,omitempty"`
+	Tx        int64  `json:"tx_bytes"`
+	Rx        int64  `json:"rx_bytes"`
 	// Note, when set, says why Tx and Rx are unknown (left at zero): a
 	// counter went backwards, saturated, or the device came or went. A
 	// reset counter must not read as a huge or negative transfer.
-	Note string
+	Note string `json:"note,omitempty"`
 }
 
 // Delta is each device's bytes moved from before to after, in after's
@@ -80,39 +81,55 @@ func (d Direction) String() string {
 	return "tx"
 }
 
-// significantShare is the share of the payload below which a device's
+// MarshalText writes the direction as its counter's name, "tx" or "rx".
+func (d Direction) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads "tx" or "rx".
+func (d *Direction) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "tx":
+		*d = Send
+	case "rx":
+		*d = Receive
+	default:
+		return fmt.Errorf("direction %q: want tx or rx", b)
+	}
+	return nil
+}
+
+// SignificantShare is the share of the payload below which a device's
 // traffic is background (ssh, the control channel, a metrics scraper)
 // rather than a path the payload took. A payload split across rails still
 // puts far more than this on each.
-const significantShare = 0.10
+const SignificantShare = 0.10
 
 // Carrier is one device's part in moving the payload.
 type Carrier struct {
-	Name     string
-	Kind     Kind
-	Loopback bool
-	Bytes    int64
+	Name     string `json:"name"`
+	Kind     Kind   `json:"kind"`
+	Loopback bool   `json:"loopback,omitempty"`
+	Bytes    int64  `json:"bytes"`
 	// Share is Bytes over the payload, capped at 1: protocol headers and
 	// other traffic push a device above 100%, which says nothing more
 	// about where the payload went. Zero when the payload is unknown.
-	Share float64
+	Share float64 `json:"share"`
 }
 
 // Verdict says which devices carried a payload and what looks wrong.
 type Verdict struct {
-	Payload   int64
-	Direction Direction
+	Payload   int64     `json:"payload_bytes"`
+	Direction Direction `json:"direction"`
 	// Carriers are the devices that moved bytes in Direction, most first.
-	Carriers []Carrier
+	Carriers []Carrier `json:"carriers,omitempty"`
 	// NoDevice is set when no device carried a significant share: the
 	// payload moved through shared memory or another path inside one host
 	// (or the counters are unknown; see Warnings).
-	NoDevice bool
+	NoDevice bool `json:"no_device,omitempty"`
 	// Warnings are paths the user probably did not intend, and counters
 	// that could not be read.
-	Warnings []string
+	Warnings []string `json:"warnings,omitempty"`
 	// Notes explain the path without implying a failure.
-	Notes []string
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Pin is UCX_NET_DEVICES parsed: the devices UCX may use.
@@ -164,11 +181,34 @@ func (p Pin) Allows(name string) bool {
 // (payloadBytes <= 0) it only lists the carriers: there is nothing to
 // attribute.
 func Attribute(deltas []DeviceBytes, payloadBytes int64, dir Direction, pin Pin) Verdict {
+	return attribute(deltas, payloadBytes, dir, pin, false)
+}
+
+// AttributeSameHost is Attribute for a run whose endpoints all share this
+// host and pin no device. Loopback and shared memory are the paths
+// expected there, so loopback, and TCP beside RDMA ports, are notes
+// rather than warnings; so are counters that could not be read, which
+// hide no path the user asked for.
+func AttributeSameHost(deltas []DeviceBytes, payloadBytes int64, dir Direction) Verdict {
+	return attribute(deltas, payloadBytes, dir, Pin{}, true)
+}
+
+func attribute(deltas []DeviceBytes, payloadBytes int64, dir Direction, pin Pin, sameHost bool) Verdict {
 	v := Verdict{Payload: payloadBytes, Direction: dir}
+	// expected is what a same-host run only notes.
+	expected := func(msg string) {
+		if sameHost {
+			v.Notes = append(v.Notes, msg)
+		} else {
+			v.Warnings = append(v.Warnings, msg)
+		}
+	}
 	var rdmaUp []string
+	unknown := false
 	for _, d := range deltas {
 		if d.Note != "" {
-			v.Warnings = append(v.Warnings, fmt.Sprintf("%s: %s", d.Name, d.Note))
+			expected(fmt.Sprintf("%s: %s", d.Name, d.Note))
+			unknown = true
 			continue
 		}
 		if d.Kind == InfiniBand && d.Up {
@@ -198,14 +238,14 @@ func Attribute(deltas []DeviceBytes, payloadBytes int64, dir Direction, pin Pin)
 	}
 	var significant []Carrier
 	for _, c := range v.Carriers {
-		if c.Share >= significantShare {
+		if c.Share >= SignificantShare {
 			significant = append(significant, c)
 		}
 	}
 	if len(significant) == 0 {
 		v.NoDevice = true
-		if len(v.Warnings) > 0 {
-			// Only unreadable counters warned so far: they may hide the path.
+		if unknown {
+			// Unreadable counters may hide the path.
 			v.Notes = append(v.Notes, fmt.Sprintf(
 				"no device with readable counters %s a significant share of the %d-byte payload", verb(dir), payloadBytes))
 		} else {
@@ -223,16 +263,14 @@ func Attribute(deltas []DeviceBytes, payloadBytes int64, dir Direction, pin Pin)
 	}
 	for _, c := range significant {
 		if c.Loopback {
-			v.Warnings = append(v.Warnings, fmt.Sprintf(
-				"the payload went over loopback (%s, %s): both ends are on this host", c.Name, pct(c.Share)))
+			expected(fmt.Sprintf("the payload went over loopback (%s, %s): both ends are on this host", c.Name, pct(c.Share)))
 		}
 		if !pin.Allows(c.Name) {
 			v.Warnings = append(v.Warnings, fmt.Sprintf(
 				"the payload went over %s (%s), which UCX_NET_DEVICES=%s does not allow", c.Name, pct(c.Share), pin))
 		}
 		if c.Kind == Net && !c.Loopback && !rdmaCarried && len(rdmaUp) > 0 {
-			v.Warnings = append(v.Warnings, fmt.Sprintf(
-				"the payload went over TCP (%s, %s) although RDMA ports are up (%s)",
+			expected(fmt.Sprintf("the payload went over TCP (%s, %s) although RDMA ports are up (%s)",
 				c.Name, pct(c.Share), strings.Join(rdmaUp, ", ")))
 		}
 	}

@@ -1,6 +1,7 @@
 package netpath
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -390,5 +391,72 @@ func TestAttributeNoPayload(t *testing.T) {
 	want := Verdict{Carriers: []Carrier{{Name: "eth0", Kind: Net, Bytes: 500}}}
 	if d := cmp.Diff(want, v); d != "" {
 		t.Error(d)
+	}
+}
+
+// On one host with nothing pinned, loopback and TCP beside RDMA are the
+// expected paths, and unreadable counters hide nothing asked for: notes,
+// never warnings. A pin still warns.
+func TestAttributeSameHost(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		before, after []netDev
+		ibBefore      []ibPort
+		ibAfter       []ibPort
+		want          Verdict
+	}{
+		{
+			name:   "loopback",
+			before: []netDev{lo, eth0}, after: []netDev{moved(lo, gb, gb), eth0},
+			want: Verdict{Payload: gb, Direction: Receive,
+				Carriers: []Carrier{{Name: "lo", Kind: Net, Loopback: true, Bytes: gb, Share: 1}},
+				Notes:    []string{"the payload went over loopback (lo, 100%): both ends are on this host"}},
+		},
+		{
+			name:   "TCP beside RDMA",
+			before: []netDev{veth}, after: []netDev{moved(veth, gb, gb)},
+			ibBefore: []ibPort{mlx}, ibAfter: []ibPort{mlx},
+			want: Verdict{Payload: gb, Direction: Receive,
+				Carriers: []Carrier{{Name: "veth0", Kind: Net, Bytes: gb, Share: 1}},
+				Notes:    []string{"the payload went over TCP (veth0, 100%) although RDMA ports are up (mlx5_0:1)"}},
+		},
+		{
+			name:   "shared memory, a counter reset",
+			before: []netDev{lo, moved(eth0, 500, 500)}, after: []netDev{lo, eth0},
+			want: Verdict{Payload: gb, Direction: Receive, NoDevice: true,
+				Notes: []string{"eth0: counters went backwards (tx 500 -> 0, rx 500 -> 0): reset or wrapped; its bytes are unknown",
+					"no device with readable counters received a significant share of the 1000000000-byte payload"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := AttributeSameHost(Delta(take(t, tc.before, tc.ibBefore), take(t, tc.after, tc.ibAfter)), gb, Receive)
+			if d := cmp.Diff(tc.want, got, approx); d != "" {
+				t.Error(d)
+			}
+		})
+	}
+}
+
+// A verdict travels as JSON (results, the control channel) and comes back
+// the same; the direction is its counter's name.
+func TestVerdictJSON(t *testing.T) {
+	v := Verdict{Payload: gb, Direction: Receive, Carriers: []Carrier{{Name: "mlx5_0:1", Kind: InfiniBand, Bytes: gb, Share: 1}},
+		Warnings: []string{"w"}, Notes: []string{"n"}}
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"direction":"rx"`) || !strings.Contains(string(b), `"kind":"infiniband"`) {
+		t.Errorf("JSON %s", b)
+	}
+	var back Verdict
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(v, back); d != "" {
+		t.Error(d)
+	}
+	if err := json.Unmarshal([]byte(`{"direction":"up"}`), &back); err == nil {
+		t.Error("direction up: no error")
 	}
 }

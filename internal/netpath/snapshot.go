@@ -48,21 +48,22 @@ const ibSaturated = 1<<32 - 1
 type Device struct {
 	// Name is the interface name ("eth0") or, for RDMA, "<dev>:<port>"
 	// ("mlx5_0:1"), the form UCX_NET_DEVICES uses.
-	Name string
-	Kind Kind
+	Name string `json:"name"`
+	Kind Kind   `json:"kind"`
 	// Loopback is set for net devices of type ARPHRD_LOOPBACK or named lo.
-	Loopback bool
+	Loopback bool `json:"loopback,omitempty"`
 	// State is the net device's operstate ("up", "down", "unknown") or the
 	// RDMA port's state ("ACTIVE", "DOWN").
-	State string
+	State string `json:"state"`
 	// LinkLayer is an RDMA port's link layer ("InfiniBand", "Ethernet" for
 	// RoCE); empty for net devices.
-	LinkLayer string
+	LinkLayer string `json:"link_layer,omitempty"`
 	// TxBytes and RxBytes are the counters in bytes (RDMA words already
 	// multiplied by 4).
-	TxBytes, RxBytes uint64
+	TxBytes uint64 `json:"tx_bytes"`
+	RxBytes uint64 `json:"rx_bytes"`
 	// Saturated is set when an RDMA data counter sits at its 32-bit limit.
-	Saturated bool
+	Saturated bool `json:"saturated,omitempty"`
 }
 
 // Up reports whether the device can carry traffic. Loopback and many
@@ -80,7 +81,7 @@ func (d Device) Up() bool {
 // Snapshot is every device's counters at one moment, sorted by kind then
 // name.
 type Snapshot struct {
-	Devices []Device
+	Devices []Device `json:"devices"`
 }
 
 // Take reads every net device and RDMA port under root ("/sys" on a real

@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/netpath"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// NetPath says which network devices carried a run's payload, by endpoint
+// role ("prefill", "decode"; "initiator", "target"; "producer",
+// "consumer"), from each endpoint's byte counters read before and after
+// the timed phase.
+type NetPath map[string]PathVerdict
+
+// PathVerdict is one endpoint's part of NetPath.
+type PathVerdict struct {
+	Host string `json:"host,omitempty"`
+	// NetDevices is UCX_NET_DEVICES at the endpoint ("" when unset).
+	NetDevices string `json:"net_devices,omitempty"`
+	netpath.Verdict
+	// Error says why the counters could not be read: no verdict then.
+	Error string `json:"error,omitempty"`
+}
+
+// pathEnd is an endpoint whose counters a run reads: dir is which way
+// the payload crossed it (prefill and producers send, decode and
+// consumers receive; the xfer initiator sends what it WRITEs).
+type pathEnd struct {
+	role string
+	rpc  *ctl.Client // nil: this process
+	dir  netpath.Direction
+}
+
+// pathWatch reads every endpoint's counters around a timed phase.
+type pathWatch struct {
+	ends []pathEnd
+	// remote: an endpoint was asked for on another host, so a payload
+	// over loopback or an unintended device is a surprise worth a warning.
+	remote        bool
+	before, after []netReading
+}
+
+type netReading struct {
+	ns  ctl.NetStat
+	err error
+}
+
+// netstatTimeout bounds one endpoint's reading: a run whose endpoint
+// hangs must not hang on its counters too.
+const netstatTimeout = 5 * time.Second
+
+// watchPath reads the counters before the timed phase.
+func watchPath(ctx context.Context, remote bool, ends ...pathEnd) *pathWatch {
+	w := &pathWatch{ends: ends, remote: remote}
+	w.before = w.read(ctx)
+	return w
+}
+
+// stop reads the counters after the timed phase.
+func (w *pathWatch) stop(ctx context.Context) { w.after = w.read(ctx) }
+
+// read reads every endpoint at once, so that the readings are close in
+// time. It outlives ctx: an interrupted run still says where its bytes
+// went.
+func (w *pathWatch) read(ctx context.Context) []netReading {
+	out := make([]netReading, len(w.ends))
+	done := make(chan struct{})
+	for i, e := range w.ends {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if e.rpc == nil {
+				out[i].ns, out[i].err = ctl.LocalNetStat("/sys")
+				return
+			}
+			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), netstatTimeout)
+			defer cancel()
+			out[i].ns, out[i].err = e.rpc.NetStat(c)
+		}()
+	}
+	for range w.ends {
+		<-done
+	}
+	return out
+}
+
+// verdicts attributes payload bytes (what moved during the timed phase)
+// at every endpoint and warns, through warn, about what looks
+// unintended.
+func (w *pathWatch) verdicts(payload int64, warn func(string)) NetPath {
+	if w == nil || w.after == nil {
+		return nil
+	}
+	np, warnings := judgePath(w.ends, w.before, w.after, payload, w.remote)
+	for _, s := range warnings {
+		warn(s)
+	}
+	return np
+}
+
+// judgePath is verdicts' decision. Where every endpoint shares this host
+// and none is pinned (UCX_NET_DEVICES), loopback and shared memory are
+// what is expected, and are noted, not warned about. With a remote
+// endpoint or a pin, loopback, a device the pin does not allow, and TCP
+// beside RDMA ports warn; so does no device at all between two hosts,
+// which means the counters do not see the path. Counters that cannot be
+// read leave that endpoint's verdict empty, with the error, and warn
+// nothing: the path is unknown, not wrong.
+func judgePath(ends []pathEnd, before, after []netReading, payload int64, remote bool) (NetPath, []string) {
+	np := NetPath{}
+	strict := remote
+	// Hosts are machines here, told apart by their kernel's boot id
+	// (which the containers of one machine share).
+	boots := map[string]bool{}
+	for i := range ends {
+		if after[i].err == nil {
+			strict = strict || netpath.ParsePin(after[i].ns.NetDevices).Pinned()
+			boots[after[i].ns.Host.Identity.BootID] = true
+		}
+	}
+	crossHost := len(boots) > 1
+	var warnings []string
+	for i, e := range ends {
+		a, b := after[i], before[i]
+		pv := PathVerdict{Host: a.ns.Host.Hostname, NetDevices: a.ns.NetDevices}
+		switch {
+		case b.err != nil:
+			pv.Error = "before the run: " + b.err.Error()
+		case a.err != nil:
+			pv.Error = "after the run: " + a.err.Error()
+		}
+		if pv.Error != "" {
+			pv.Verdict = netpath.Verdict{Payload: payload, Direction: e.dir}
+			np[e.role] = pv
+			continue
+		}
+		deltas := netpath.Delta(b.ns.Snapshot, a.ns.Snapshot)
+		if strict {
+			pv.Verdict = netpath.Attribute(deltas, payload, e.dir, netpath.ParsePin(a.ns.NetDevices))
+			if pv.NoDevice && crossHost && len(pv.Warnings) == 0 {
+				pv.Warnings = append(pv.Warnings, fmt.Sprintf(
+					"no network device of %s carried a significant share of the payload although the endpoints are on different hosts: its counters do not see the path (another network namespace?)",
+					cmp.Or(pv.Host, "its host")))
+			}
+		} else {
+			pv.Verdict = netpath.AttributeSameHost(deltas, payload, e.dir)
+		}
+		for _, s := range pv.Warnings {
+			warnings = append(warnings, fmt.Sprintf("net path, %s: %s", e.role, s))
+		}
+		np[e.role] = pv
+	}
+	return np, warnings
+}
+
+// shmPath is what a verdict with no carrying device means on one host.
+const shmPath = "no device carried the payload: shared memory or cma"
+
+// roleOrder is the order endpoints are rendered in: where the payload
+// comes from first.
+var roleOrder = []string{"prefill", "decode", "initiator", "target", "producer", "consumer"}
+
+// pathLine renders NetPath in one line: each endpoint's devices with a
+// significant share of the payload, "veth0 98% (1.02 GiB tx)". Empty
+// when nothing was read.
+func pathLine(np NetPath) string {
+	if len(np) == 0 {
+		return ""
+	}
+	roles := make([]string, 0, len(np))
+	for r := range np {
+		roles = append(roles, r)
+	}
+	slices.SortFunc(roles, func(a, b string) int {
+		ia, ib := slices.Index(roleOrder, a), slices.Index(roleOrder, b)
+		if ia != ib {
+			if ia < 0 {
+				return 1
+			}
+			if ib < 0 {
+				return -1
+			}
+			return ia - ib
+		}
+		return strings.Compare(a, b)
+	})
+	allShm := true
+	for _, r := range roles {
+		v := np[r]
+		allShm = allShm && v.Error == "" && v.NoDevice && len(v.Warnings) == 0
+	}
+	if allShm {
+		return shmPath
+	}
+	parts := make([]string, 0, len(roles))
+	for _, r := range roles {
+		parts = append(parts, r+" "+np[r].line())
+	}
+	return strings.Join(parts, ", ")
+}
+
+// line is one endpoint's part of pathLine.
+func (v PathVerdict) line() string {
+	switch {
+	case v.Error != "":
+		return "unknown (" + v.Error + ")"
+	case v.Payload <= 0:
+		return "no payload to attribute"
+	case v.NoDevice && len(v.Warnings) == 0:
+		return "no device (shared memory or cma)"
+	case v.NoDevice:
+		return "no device (see warnings)"
+	}
+	var cs []string
+	for _, c := range v.Carriers {
+		if c.Share >= netpath.SignificantShare {
+			cs = append(cs, fmt.Sprintf("%s %.0f%% (%s %s)", c.Name, 100*c.Share, report.Bytes(c.Bytes), v.Direction))
+		}
+	}
+	return strings.Join(cs, " + ")
+}
+
+// handoffPayload is what crossed the endpoints' devices during the timed
+// phase: every request that moved its bytes, warm-up ones included (the
+// counters saw them too).
+func handoffPayload(records []HandoffRecord) int64 {
+	var n int64
+	for _, r := range records {
+		if r.Error == "" {
+			n += r.Bytes
+		}
+	}
+	return n
+}
+
+// xferPathEnds are bench xfer's endpoints: the initiator (this process)
+// sends what it WRITEs and receives what it READs.
+func xferPathEnds(op nixl.Op, target *ctl.Client) []pathEnd {
+	ini, tgt := netpath.Send, netpath.Receive
+	if op == nixl.Read {
+		ini, tgt = tgt, ini
+	}
+	return []pathEnd{{"initiator", nil, ini}, {"target", target, tgt}}
+}
+
+// xferPayload is what the sweep moved between the readings: every
+// point's timed and warm-up requests (consistency checks, one batch a
+// point, are left out).
+func xferPayload(o *XferOptions, points []XferPoint) int64 {
+	var n int64
+	for _, p := range points {
+		iters, warm := o.iterations(p.BlockSize)
+		n += int64(p.BlockSize) * int64(p.BatchSize) * int64(iters+warm)
+	}
+	return n
+}
