@@ -8,13 +8,13 @@
 #
 #   twohosts.sh up NAME [RATE]      create NAME-a (10.99.X.1) and NAME-b (10.99.X.2);
 #                                   RATE (e.g. 1gbit) shapes both ends with tbf
-#   twohosts.sh dup NAME            add a second veth pair with the same addresses
-#                                   on both sides (breaks UCX until UCX_NET_DEVICES pins one)
+#   twohosts.sh dup NAME            add a second veth pair, NAME1, with the same addresses
+#                                   on both sides (breaks UCX until UCX_NET_DEVICES pins NAME0)
 #   twohosts.sh run NAME a|b [--shift SECONDS] CMD...
 #                                   run CMD on host a or b (in the foreground;
 #                                   it dies with this script's process)
 #   twohosts.sh addr NAME a|b       print the host's veth address
-#   twohosts.sh dev NAME a|b        print the host's veth device name
+#   twohosts.sh dev NAME a|b        print the host's veth device name (NAME0 on both)
 #   twohosts.sh down NAME           remove both namespaces and everything in them
 #
 # NAME must be short (veth names are at most 15 characters): 2-8 of [a-z0-9].
@@ -30,16 +30,19 @@ octet=$(( $(printf '%s' "$name" | cksum | cut -d' ' -f1) % 200 + 20 ))
 net=10.99.$octet
 
 addr_of() { case $1 in a) echo "$net.1" ;; b) echo "$net.2" ;; *) die "host: want a or b" ;; esac; }
-dev_of() { echo "${name}${1}0"; }
+# Both ends carry one name, as NICs on two real hosts usually do (eth1 on
+# each), so that one UCX_NET_DEVICES value pins both.
+dev_of() { echo "${name}0"; }
 
 case ${1:-} in
 up)
 	rate=${3:-}
 	ip netns add "$name-a"
 	ip netns add "$name-b"
-	ip link add "$(dev_of a)" type veth peer name "$(dev_of b)"
+	ip link add "${name}a0" type veth peer name "${name}b0"
 	for h in a b; do
-		ip link set "$(dev_of $h)" netns "$name-$h"
+		ip link set "${name}${h}0" netns "$name-$h"
+		ip -n "$name-$h" link set "${name}${h}0" name "$(dev_of $h)"
 		ip -n "$name-$h" addr add "$(addr_of $h)/24" dev "$(dev_of $h)"
 		ip -n "$name-$h" link set lo up
 		ip -n "$name-$h" link set "$(dev_of $h)" up
@@ -53,8 +56,9 @@ dup)
 	ip link add "${name}a1" type veth peer name "${name}b1"
 	for h in a b; do
 		ip link set "${name}${h}1" netns "$name-$h"
-		ip -n "$name-$h" addr add "$(addr_of $h)/24" dev "${name}${h}1"
-		ip -n "$name-$h" link set "${name}${h}1" up
+		ip -n "$name-$h" link set "${name}${h}1" name "${name}1"
+		ip -n "$name-$h" addr add "$(addr_of $h)/24" dev "${name}1"
+		ip -n "$name-$h" link set "${name}1" up
 	done
 	;;
 run)

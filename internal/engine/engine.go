@@ -283,12 +283,20 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, err
 	}
 	if cfg.NetDevices != "" {
-		// UCX reads it when the agents' contexts are created, below; an
-		// endpoint process runs one engine, so the process's environment
-		// is the engine's.
+		// UCX reads it when the agents' contexts are created, below, and
+		// never again: put the process's own value back once they are, so
+		// that a served endpoint's next session starts unpinned.
+		old, had := os.LookupEnv("UCX_NET_DEVICES")
 		if err := os.Setenv("UCX_NET_DEVICES", cfg.NetDevices); err != nil {
 			return nil, fmt.Errorf("net_devices: %w", err)
 		}
+		defer func() {
+			if had {
+				_ = os.Setenv("UCX_NET_DEVICES", old)
+			} else {
+				_ = os.Unsetenv("UCX_NET_DEVICES")
+			}
+		}()
 	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
