@@ -147,7 +147,15 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newClient(conn, halfCloser{conn}, func() { conn.Close() }), nil
+	return NewConnClient(conn), nil
+}
+
+// NewConnClient calls a server at the other end of conn, a connection
+// made some other way than Dial: one an endpoint dialled to the driver
+// and serves on (a reverse rendezvous member). Close half-closes conn for
+// the reply to "close", then closes it.
+func NewConnClient(conn net.Conn) *Client {
+	return newClient(conn, halfCloser{conn}, func() { conn.Close() })
 }
 
 // halfCloser ends the requests but keeps the connection open for the
