@@ -120,3 +120,33 @@ func TestFromLauncher(t *testing.T) {
 		t.Fatal("a bad role was accepted")
 	}
 }
+
+func TestRosterAndErrors(t *testing.T) {
+	r := PrefillDecode("x", 2, 2)
+	want := []Slot{{"decode", 2}, {"decode", 3}, {"prefill", 0}, {"prefill", 1}}
+	if d := cmp.Diff(want, r.Slots()); d != "" {
+		t.Fatalf("slots -want +got\n%s", d)
+	}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []Roster{
+		{Run: "x"},
+		{Run: "x", Ranks: map[string][]int{"prefill": {0}, "decode": {0}}},
+		{Run: "x", Ranks: map[string][]int{"prefill": {-1}}},
+		{Run: "x/y", Ranks: map[string][]int{"prefill": {0}}},
+		{Run: "x", Ranks: map[string][]int{"Prefill": {0}}},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("roster %+v accepted", bad)
+		}
+	}
+	e := &IncompleteError{Waited: 1500e6, Missing: []Slot{{"decode", 1}, {"decode", 3}, {"prefill", 0}},
+		Gone:     []Departure{{Slot{"decode", 2}, "node-b", "connection closed"}},
+		Rejected: map[string]int{RejectDuplicate: 1, RejectGarbage: 2}}
+	const msg = "rendezvous: roster incomplete after 1.5s: missing decode ranks 1,3, prefill rank 0; " +
+		"gone: decode rank 2 (host node-b: connection closed); rejected 3 hello(s) (duplicate 1, garbage 2)"
+	if e.Error() != msg {
+		t.Fatalf("got  %s\nwant %s", e.Error(), msg)
+	}
+}
