@@ -262,6 +262,7 @@ type Registration struct {
 	done    chan struct{}
 	watcher sync.WaitGroup
 	addr    string
+	etcd    *etcdMember
 	once    sync.Once
 	err     error
 }
@@ -288,6 +289,10 @@ func (r *Registration) Done() <-chan struct{} { return r.done }
 // the lease so that the key goes at once (etcd).
 func (r *Registration) Close() error {
 	r.once.Do(func() {
+		if r.etcd != nil {
+			r.err = r.etcd.close()
+			return
+		}
 		r.err = r.conn.Close()
 		r.watcher.Wait()
 	})

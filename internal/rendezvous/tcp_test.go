@@ -76,7 +76,7 @@ func TestTCPComplete(t *testing.T) {
 	if p.Addr() != "127.0.0.1:7400" || p.Conn() != nil {
 		t.Errorf("prefill: Addr %q Conn %v", p.Addr(), p.Conn())
 	}
-	dec, err := Join(ctx, "tcp://"+d.Addr(), hello("run-1", "decode", 1, 2, Reverse), opt)
+	dec, err := Register(ctx, "tcp://"+d.Addr(), hello("run-1", "decode", 1, 2, Reverse), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
