@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -261,16 +262,18 @@ type Driver struct {
 	err  error
 }
 
-// Addr is what members pass to Register: the TCP listener's HOST:PORT
-// (its real port when Listen was given port 0) or the etcd:// address.
+// Addr is the TCP listener's HOST:PORT (its real port when Listen was
+// given port 0; members on other hosts need a routable host in place of
+// an unspecified one) or the etcd:// address.
 func (d *Driver) Addr() string { return d.addr }
 
 // Wait returns once every slot of the roster is held by a live member,
 // with the members sorted by role and rank. When the join window ends
 // first (or ctx does), it returns the members that are there and an
 // *IncompleteError naming the missing, gone and rejected (wrapping
-// ctx.Err() when ctx ended). After Wait returns, later hellos are turned
-// away as late and departures are only logged. Wait is called once.
+// ctx.Err() when ctx ended, ErrClosed when Close was called). After Wait
+// returns, later hellos are turned away as late and departures are only
+// logged. Wait is called once; a second call is an error.
 func (d *Driver) Wait(ctx context.Context, window time.Duration) ([]Member, error) {
 	return d.b.wait(ctx, window)
 }
@@ -282,9 +285,15 @@ func (d *Driver) Rejected() map[string]int { return d.b.rejectedCopy() }
 // driver accepted, reverse members' included (close their ctl clients
 // first).
 func (d *Driver) Close() error {
-	d.once.Do(func() { d.err = d.stop() })
+	d.once.Do(func() {
+		d.b.close()
+		d.err = d.stop()
+	})
 	return d.err
 }
+
+// ErrClosed is why a Wait ended by Close returned.
+var ErrClosed = errors.New("rendezvous: driver closed")
 
 // board is the roster's state, shared by both transports.
 type board struct {
@@ -296,6 +305,8 @@ type board struct {
 	rejected map[string]int
 	changed  chan struct{} // closed and replaced on every change
 	done     bool          // Wait returned
+	waiting  bool          // Wait was called
+	closed   bool          // Close was called
 	// finish runs once when Wait returns, outside mu: the TCP transport
 	// hands reverse connections over.
 	finish func(members []*entry)
@@ -411,7 +422,21 @@ func (b *board) leave(e *entry, why string) {
 	}
 }
 
+func (b *board) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.notifyLocked()
+	b.mu.Unlock()
+}
+
 func (b *board) wait(ctx context.Context, window time.Duration) ([]Member, error) {
+	b.mu.Lock()
+	again := b.waiting
+	b.waiting = true
+	b.mu.Unlock()
+	if again {
+		return nil, errors.New("rendezvous: Wait was already called")
+	}
 	start := time.Now()
 	timer := time.NewTimer(window)
 	defer timer.Stop()
@@ -424,6 +449,9 @@ func (b *board) wait(ctx context.Context, window time.Duration) ([]Member, error
 				complete = false
 				break
 			}
+		}
+		if b.closed && !complete {
+			ctxErr = ErrClosed
 		}
 		if complete || ctxErr != nil {
 			return b.endLocked(time.Since(start), complete, ctxErr)
@@ -440,7 +468,7 @@ func (b *board) wait(ctx context.Context, window time.Duration) ([]Member, error
 	}
 }
 
-var errWindow = fmt.Errorf("join window ended")
+var errWindow = errors.New("join window ended")
 
 // endLocked ends the rendezvous; b.mu is held and released here.
 func (b *board) endLocked(waited time.Duration, complete bool, why error) ([]Member, error) {

@@ -81,11 +81,14 @@ func (t *tcpDriver) accept() {
 	for {
 		conn, err := t.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) || t.isClosing() {
+				return
 			}
-			return // closed
+			// Out of descriptors and the like: the members already in
+			// must not lose their driver over it.
+			t.b.log.Warn("rendezvous: accept", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		if !t.track(conn) {
 			conn.Close()

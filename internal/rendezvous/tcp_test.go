@@ -400,3 +400,21 @@ func TestTCPManyJoiners(t *testing.T) {
 		t.Fatalf("Wait: %d %v", len(m), err)
 	}
 }
+
+// TestTCPCloseEndsWait: Close during Wait ends it at once, and a second
+// Wait is refused.
+func TestTCPCloseEndsWait(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	opt, _ := testOptions()
+	d := listen(t, PrefillDecode("r", 1, 1), opt)
+	time.AfterFunc(50*time.Millisecond, func() { d.Close() })
+	start := time.Now()
+	_, err := d.Wait(context.Background(), time.Hour)
+	var inc *IncompleteError
+	if !errors.Is(err, ErrClosed) || !errors.As(err, &inc) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Wait: %v after %v", err, time.Since(start))
+	}
+	if _, err := d.Wait(context.Background(), time.Second); err == nil {
+		t.Fatal("a second Wait")
+	}
+}
