@@ -150,3 +150,35 @@ func TestRosterAndErrors(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", e.Error(), msg)
 	}
 }
+
+func TestParseRoster(t *testing.T) {
+	for _, tc := range []struct {
+		spec, want string // want: the String of the result, or "error"
+	}{
+		{"prefill=0,decode=1", "decode=1,prefill=0"},
+		{"prefill=0-3,decode=4-7", "decode=4-7,prefill=0-3"},
+		{" decode=1, decode=3 ,prefill=0", "decode=1,decode=3,prefill=0"},
+		{"prefill=0,decode=0", "error"}, // a rank is one member's
+		{"prefill=0,prefill=0", "error"},
+		{"prefill", "error"},
+		{"prefill=", "error"},
+		{"prefill=3-1", "error"},
+		{"prefill=-1", "error"},
+		{"prefill=a", "error"},
+		{"Prefill=0", "error"},
+		{"prefill=0-99999999", "error"},
+		{"", "error"},
+	} {
+		r, err := ParseRoster("run", tc.spec)
+		got := "error"
+		if err == nil {
+			got = r.String()
+		}
+		if got != tc.want {
+			t.Errorf("ParseRoster(%q) = %q (%v), want %q", tc.spec, got, err, tc.want)
+		}
+	}
+	if PrefillDecode("r", 1, 1).String() != "decode=1,prefill=0" {
+		t.Error(PrefillDecode("r", 1, 1).String())
+	}
+}

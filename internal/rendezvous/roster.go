@@ -509,3 +509,48 @@ func (b *board) endLocked(waited time.Duration, complete bool, why error) ([]Mem
 	}
 	return members, fmt.Errorf("%w: %w", why, inc)
 }
+
+// ParseRoster reads a roster flag: role=RANKS separated by commas, RANKS
+// a rank or a range N-M, a role repeated for ranks that are not one range
+// ("prefill=0,decode=1"; "prefill=0-3,decode=4-7"; "decode=1,decode=3").
+func ParseRoster(run, spec string) (Roster, error) {
+	r := Roster{Run: run, Ranks: map[string][]int{}}
+	for _, part := range strings.Split(spec, ",") {
+		role, ranks, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return Roster{}, fmt.Errorf("roster %q: %q is not role=RANKS", spec, part)
+		}
+		lo, hi, isRange := strings.Cut(ranks, "-")
+		first, err1 := strconv.Atoi(lo)
+		last, err2 := first, error(nil)
+		if isRange {
+			last, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || first < 0 || last < first || last-first >= 1<<16 {
+			return Roster{}, fmt.Errorf("roster %q: %q is not a rank or a range N-M", spec, ranks)
+		}
+		for rank := first; rank <= last; rank++ {
+			r.Ranks[role] = append(r.Ranks[role], rank)
+		}
+	}
+	return r, r.Validate()
+}
+
+// String is the roster as ParseRoster reads it (without the run id).
+func (r Roster) String() string {
+	var parts []string
+	slots := r.Slots()
+	for i := 0; i < len(slots); {
+		j := i + 1
+		for j < len(slots) && slots[j].Role == slots[i].Role && slots[j].Rank == slots[j-1].Rank+1 {
+			j++
+		}
+		if j-i == 1 {
+			parts = append(parts, fmt.Sprintf("%s=%d", slots[i].Role, slots[i].Rank))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s=%d-%d", slots[i].Role, slots[i].Rank, slots[j-1].Rank))
+		}
+		i = j
+	}
+	return strings.Join(parts, ",")
+}
