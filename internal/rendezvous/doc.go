@@ -20,4 +20,13 @@
 //
 // Open and Register pick the transport from an address: etcd://HOST:PORT
 // or a plain (tcp://)HOST:PORT.
+//
+// The TCP wire, one JSON line each way: the member sends
+// {"v":1,"run":…,"role":…,"rank":…,"world":…,"host":…,"ctl":…}; the
+// driver answers {"ok":true,"addr":"HOST:PORT it will dial"} or
+// {"reason":"duplicate|wrong-run|not-in-roster|world-size|garbage|late",
+// "error":"…"} and closes. In etcd the member key's value is the same
+// hello line; a member refused a taken slot leaves
+// nixlctl/<run>/rejected/<role>/<rank>/<lease> on its lease so that the
+// driver counts it.
 package rendezvous
