@@ -2,8 +2,10 @@
 # Everything here is idempotent: a second run installs nothing.
 
 # System packages nixlctl builds and runs with (Debian 12 names).
+# etcd-server: the etcd rendezvous's tests start a real etcd (on ports of
+# their own; the service the package may start is not used).
 NIXLCTL_APT_PACKAGES=(build-essential pkg-config git ca-certificates curl unzip make
-  libucx-dev ucx-utils libzmq3-dev)
+  libucx-dev ucx-utils libzmq3-dev etcd-server)
 # The Go toolchain go.mod asks for, fetched from the Go module proxy when
 # the machine has no Go that new.
 NIXLCTL_GO_VERSION=1.26.0

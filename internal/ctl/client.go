@@ -148,9 +148,17 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	return NewConnClient(conn), nil
+}
+
+// NewConnClient calls a server at the other end of conn, a connection
+// made some other way than Dial: one an endpoint dialled to the driver
+// and serves on (a reverse rendezvous member). Close half-closes conn for
+// the reply to "close", then closes it.
+func NewConnClient(conn net.Conn) *Client {
 	c := newClient(conn, halfCloser{conn}, func() { conn.Close() })
 	c.local = conn.LocalAddr()
-	return c, nil
+	return c
 }
 
 // LocalAddr is this end of a dialled connection (nil for children and

@@ -425,3 +425,40 @@ func TestServeConnLocalAddr(t *testing.T) {
 		t.Error("a dialled client has no local address")
 	}
 }
+
+// TestNewConnClient reverses the roles of TestDial: the side that dialled
+// serves, the side that accepted calls (a reverse rendezvous member).
+func TestNewConnClient(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			served <- err
+			return
+		}
+		defer conn.Close()
+		served <- Serve(context.Background(), conn, conn, testRole(nil))
+	}()
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewConnClient(conn)
+	var out string
+	if err := c.Call(context.Background(), "echo", "rev", &out); err != nil || out != "REV" {
+		t.Fatalf("echo: %q %v", out, err)
+	}
+	var bye map[string]bool
+	if err := c.Close(5*time.Second, &bye); err != nil || !bye["bye"] {
+		t.Fatalf("close: %v %v", bye, err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+}

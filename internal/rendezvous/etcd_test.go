@@ -1,0 +1,295 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+// freePort asks the kernel for a port nobody listens on (it may be taken
+// again before etcd binds it; startEtcd then fails loudly, not silently).
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startEtcd runs a real etcd (Debian's etcd-server) on free ports with a
+// fresh data dir for the test, and returns its etcd:// address. Without
+// the binary the test is skipped, unless CI=true, where it must be there
+// (scripts/setup.sh installs it).
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	exe, err := exec.LookPath("etcd")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("etcd is not installed (apt-get install etcd-server; scripts/setup.sh --deps does): %v", err)
+		}
+		t.Skipf("etcd is not installed, so the etcd rendezvous is untested (apt-get install etcd-server): %v", err)
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	var out syncBuffer
+	cmd := exec.Command(exe, "--name", "t", "--data-dir", t.TempDir(),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "t="+peer, "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	addr := strings.TrimPrefix(client, "http://")
+	cli, err := newEtcdClient(EtcdScheme + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := cli.Get(ctx, "ready")
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("etcd exited: %v\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not serve within 20s: %v\n%s", err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return EtcdScheme + addr
+}
+
+// etcdLeaks ignores the goroutines there were before (the etcd process's
+// waiters).
+func etcdLeaks(before goleak.Option) []goleak.Option { return []goleak.Option{before} }
+
+func TestEtcd(t *testing.T) {
+	addr := startEtcd(t)
+	ctx := context.Background()
+
+	t.Run("complete", func(t *testing.T) {
+		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
+		opt, _ := testOptions()
+		d, err := Open(ctx, addr, PrefillDecode("run-a", 1, 1), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if d.Addr() != addr {
+			t.Errorf("Addr %q, want %q", d.Addr(), addr)
+		}
+		p, err := Register(ctx, addr, hello("run-a", "prefill", 0, 2, "0.0.0.0:7400"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if p.Addr() != "127.0.0.1:7400" {
+			t.Errorf("advertised %q: the unspecified host should be the one etcd is reached from", p.Addr())
+		}
+		// Another run's member under the same store is invisible here.
+		other, err := JoinEtcd(ctx, addr, hello("run-b", "decode", 1, 2, "127.0.0.1:7401"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		done := make(chan struct{})
+		var members []Member
+		var werr error
+		go func() {
+			members, werr = d.Wait(ctx, 10*time.Second)
+			close(done)
+		}()
+		time.Sleep(50 * time.Millisecond)
+		start := time.Now()
+		dec, err := JoinEtcd(ctx, addr, hello("run-a", "decode", 1, 2, "10.1.2.3:7401"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dec.Close()
+		<-done
+		t.Logf("Wait returned %v after the last join", time.Since(start))
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		if len(members) != 2 || members[0].Addr != "10.1.2.3:7401" || members[1].Addr != "127.0.0.1:7400" ||
+			members[0].From != MemberKey("run-a", "decode", 1) {
+			t.Fatalf("members %+v", members)
+		}
+	})
+
+	t.Run("duplicate", func(t *testing.T) {
+		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
+		opt, logs := testOptions()
+		d, err := WatchEtcd(ctx, addr, PrefillDecode("run-dup", 1, 1), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		p, err := JoinEtcd(ctx, addr, hello("run-dup", "prefill", 0, 2, "127.0.0.1:7400"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		h := hello("run-dup", "prefill", 0, 2, "127.0.0.1:7401")
+		h.Host = "imposter"
+		_, err = JoinEtcd(ctx, addr, h, opt)
+		var rej *RejectedError
+		if !errors.As(err, &rej) || rej.Reason != RejectDuplicate || !strings.Contains(rej.Detail, "host host-prefill") {
+			t.Fatalf("second prefill rank 0: %v", err)
+		}
+		waitFor(t, func() bool { return d.Rejected()[RejectDuplicate] == 1 }, func() string { return fmtCounts(d.Rejected()) })
+		if !strings.Contains(logs.String(), "reason=duplicate") {
+			t.Errorf("log:\n%s", logs)
+		}
+	})
+
+	t.Run("missing, gone and garbage", func(t *testing.T) {
+		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
+		opt, logs := testOptions()
+		d, err := WatchEtcd(ctx, addr, PrefillDecode("run-c", 1, 3), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		p, err := JoinEtcd(ctx, addr, hello("run-c", "prefill", 0, 4, "127.0.0.1:7400"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		// Close revokes the lease: the key goes at once.
+		left, err := JoinEtcd(ctx, addr, hello("run-c", "decode", 1, 4, "127.0.0.1:7401"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A crash: the lease is no longer kept alive nor revoked, and the
+		// key goes when it expires.
+		crashOpt := opt
+		crashOpt.LeaseTTL = time.Second
+		crashed, err := JoinEtcd(ctx, addr, hello("run-c", "decode", 2, 4, "127.0.0.1:7402"), crashOpt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return strings.Count(logs.String(), "rendezvous: joined") == 3 }, logs.String)
+		if err := left.Close(); err != nil {
+			t.Fatal(err)
+		}
+		crashed.etcd.cancel()
+		<-crashed.etcd.kaDone
+		crashed.etcd.cli.Close()
+		// Garbage in a member's key.
+		cli, err := newEtcdClient(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		if _, err := cli.Put(ctx, MemberKey("run-c", "decode", 3), "not a hello"); err != nil {
+			t.Fatal(err)
+		}
+		// The crashed member's key expires while Wait waits; once both
+		// departures are seen, end Wait early rather than at the window.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		crashedAt := time.Now()
+		go func() {
+			defer cancel()
+			for strings.Count(logs.String(), "member gone") < 2 && time.Since(crashedAt) < 20*time.Second {
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Logf("the crashed member's key went %v after its keepalive stopped", time.Since(crashedAt))
+		}()
+		members, err := d.Wait(wctx, time.Minute)
+		var inc *IncompleteError
+		if !errors.As(err, &inc) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait: %v", err)
+		}
+		t.Log(err)
+		if len(members) != 1 || members[0].Role != "prefill" {
+			t.Errorf("members %+v", members)
+		}
+		if len(inc.Missing) != 1 || inc.Missing[0] != (Slot{"decode", 3}) {
+			t.Errorf("missing %v", inc.Missing)
+		}
+		if len(inc.Gone) != 2 || inc.Gone[0].Rank != 1 || inc.Gone[1].Rank != 2 ||
+			!strings.Contains(inc.Gone[1].Why, "key deleted") {
+			t.Errorf("gone %+v", inc.Gone)
+		}
+		if inc.Rejected[RejectGarbage] != 1 {
+			t.Errorf("rejected %v", inc.Rejected)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		opt, _ := testOptions()
+		if _, err := JoinEtcd(ctx, addr, hello("run-d", "decode", 1, 2, Reverse), opt); err == nil {
+			t.Error("a reverse member joined etcd")
+		}
+		if _, err := JoinEtcd(ctx, addr, hello("", "decode", 1, 2, "127.0.0.1:1"), opt); err == nil {
+			t.Error("a member without a run id joined etcd")
+		}
+		if _, err := WatchEtcd(ctx, addr, PrefillDecode("", 1, 1), opt); err == nil {
+			t.Error("a driver without a run id watched etcd")
+		}
+	})
+
+	t.Run("lease revoked on close", func(t *testing.T) {
+		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
+		opt, _ := testOptions()
+		r, err := JoinEtcd(ctx, addr, hello("run-e", "prefill", 0, 1, "127.0.0.1:7400"), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := newEtcdClient(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		key := MemberKey("run-e", "prefill", 0)
+		if resp, err := cli.Get(ctx, key); err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			t.Fatalf("key before Close: %+v %v", resp, err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-r.Done():
+		default:
+			t.Error("Done is open after Close")
+		}
+		if resp, err := cli.Get(ctx, key, clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+			t.Fatalf("key after Close: %+v %v", resp, err)
+		}
+	})
+}
