@@ -1,0 +1,124 @@
+package sidechannel
+
+import "fmt"
+
+// maxReplyDepth bounds how deeply a peer's msgpack may nest before it is
+// decoded: the decoders recurse, and a frame of nothing but array headers
+// would otherwise grow the goroutine stack until the runtime kills the
+// process. vLLM's deepest value (region_members, a list of lists inside
+// the metadata map) is 3 levels down.
+const maxReplyDepth = 16
+
+// scanMsgpack checks that b is exactly one well-formed msgpack value no
+// deeper than maxDepth, without recursion and without allocating per
+// element: it walks the headers with a stack of item counts. Each item
+// takes at least one byte, so a forged count runs out of input instead
+// of looping. The error says what is wrong and where.
+func scanMsgpack(b []byte, maxDepth int) error {
+	pending := []uint64{1} // items still to read at each open level
+	off := 0
+	need := func(n uint64) error {
+		if uint64(len(b)-off) < n {
+			return fmt.Errorf("truncated at byte %d of %d (want %d more)", off, len(b), n)
+		}
+		return nil
+	}
+	be := func(n int) uint64 { // a big-endian length of n bytes at off
+		var v uint64
+		for _, c := range b[off : off+n] {
+			v = v<<8 | uint64(c)
+		}
+		off += n
+		return v
+	}
+	for len(pending) > 0 {
+		top := len(pending) - 1
+		if pending[top] == 0 {
+			pending = pending[:top]
+			continue
+		}
+		pending[top]--
+		if err := need(1); err != nil {
+			return err
+		}
+		c := b[off]
+		off++
+		var skip, items uint64
+		container := false
+		switch {
+		case c <= 0x7f || c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
+		case c >= 0x80 && c <= 0x8f:
+			items, container = 2*uint64(c&0x0f), true
+		case c >= 0x90 && c <= 0x9f:
+			items, container = uint64(c&0x0f), true
+		case c >= 0xa0 && c <= 0xbf:
+			skip = uint64(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			if err := need(1); err != nil {
+				return err
+			}
+			skip = be(1)
+		case c == 0xc5 || c == 0xda: // bin16, str16
+			if err := need(2); err != nil {
+				return err
+			}
+			skip = be(2)
+		case c == 0xc6 || c == 0xdb: // bin32, str32
+			if err := need(4); err != nil {
+				return err
+			}
+			skip = be(4)
+		case c == 0xc7, c == 0xc8, c == 0xc9: // ext8/16/32: length, type, data
+			n := 1 << (c - 0xc7)
+			if err := need(uint64(n) + 1); err != nil {
+				return err
+			}
+			skip = be(n) + 1
+		case c == 0xca:
+			skip = 4
+		case c == 0xcb:
+			skip = 8
+		case c >= 0xcc && c <= 0xcf: // uint8..uint64
+			skip = 1 << (c - 0xcc)
+		case c >= 0xd0 && c <= 0xd3: // int8..int64
+			skip = 1 << (c - 0xd0)
+		case c >= 0xd4 && c <= 0xd8: // fixext1..16: type, data
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc || c == 0xdd: // array16/32
+			n := 2 << (c - 0xdc)
+			if err := need(uint64(n)); err != nil {
+				return err
+			}
+			items, container = be(n), true
+		case c == 0xde || c == 0xdf: // map16/32
+			n := 2 << (c - 0xde)
+			if err := need(uint64(n)); err != nil {
+				return err
+			}
+			items, container = 2*be(n), true
+		default: // 0xc1 is never used
+			return fmt.Errorf("invalid msgpack byte 0x%02x at byte %d", c, off-1)
+		}
+		if container {
+			if items == 0 {
+				continue
+			}
+			if len(pending) >= maxDepth {
+				return fmt.Errorf("nested deeper than %d levels at byte %d", maxDepth, off)
+			}
+			if items > uint64(len(b)-off) {
+				return fmt.Errorf("truncated at byte %d of %d (a container of %d items)", off, len(b), items)
+			}
+			pending = append(pending, items)
+			continue
+		}
+		if err := need(skip); err != nil {
+			return err
+		}
+		off += int(skip)
+	}
+	if off != len(b) {
+		return fmt.Errorf("%d bytes after the value", len(b)-off)
+	}
+	return nil
+}
