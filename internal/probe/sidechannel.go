@@ -212,7 +212,11 @@ func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResu
 	if o.Protocol == ProtoSGLang {
 		res.Target = "http://" + addr
 		res.SGLang = &SGLangBootstrap{}
-		return res, probeSGLang(ctx, addr, o.Timeout, res)
+		err := probeSGLang(ctx, addr, o.Timeout, res)
+		if err != nil && res.SGLang.Health == "" {
+			return nil, err // nothing learnt
+		}
+		return res, err
 	}
 	h, err := probeVLLM(ctx, addr, o)
 	if err != nil {
@@ -223,7 +227,7 @@ func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResu
 		res.Notes = append(res.Notes, "TP size: not in vLLM's handshake (the prefill's kv_transfer_params carry tp_size); probe each rank with --tp-rank")
 	}
 	if h.CompatMatch != nil && !*h.CompatMatch {
-		return res, errkind.CheckFailedf("compatibility hash mismatch: the engine advertises %s, %s gives %s: a vLLM decode with these factors refuses this engine",
+		return res, errkind.CheckFailedf("compatibility hash mismatch: the engine advertises %s, %s gives %s: a vLLM decode with that hash refuses this engine",
 			h.CompatHash, h.CompatFrom, h.CompatExpected)
 	}
 	return res, nil
