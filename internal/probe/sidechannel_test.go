@@ -245,7 +245,7 @@ func fakeBootstrap(t *testing.T, info string, rank func(q string) (int, string))
 				time.Sleep(2 * time.Second)
 			}
 			if info == "503" {
-				http.Error(w, "Prefill server not fully registered yet (1 workers registered).", 503)
+				http.Error(w, "Prefill server not fully registered yet (1 workers registered).", http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = w.Write([]byte(info))

@@ -203,3 +203,31 @@ func TestScanMsgpackAcceptsWhatTheEncoderWrites(t *testing.T) {
 		}
 	}
 }
+
+// A peer's frame of nothing but nested array headers used to recurse in
+// the msgpack decoder until the Go runtime killed the process (a stack
+// overflow is fatal, recover() does not catch it): a prefill's listener
+// through get_meta_msg, a decode through the handshake reply. Both are
+// refused now, as is a forged length.
+func TestDecodersRefuseDeepNesting(t *testing.T) {
+	t.Parallel()
+	deep := bytes.Repeat([]byte{0x91}, 20<<20)
+	ts, _ := msgpack.Marshal(1.0)
+	if _, _, err := DecodeGetMeta(deep); err == nil || !strings.Contains(err.Error(), "nested deeper than 16") {
+		t.Errorf("get_meta_msg: %v", err)
+	}
+	if _, _, err := DecodeHandshakeReply([][]byte{deep, ts}, AnyHash); err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Errorf("reply: %v", err)
+	}
+	p, _ := msgpack.Marshal(&HandshakePayload{CompatibilityHash: "h", AgentMetadataBytes: deep})
+	if _, _, err := DecodeHandshakeReply([][]byte{p, ts}, AnyHash); err == nil || !strings.Contains(err.Error(), "agent metadata: not msgpack") {
+		t.Errorf("metadata: %v", err)
+	}
+	if err := CheckMsgpack([]byte{0xdd, 0xff, 0xff, 0xff, 0xff}); err == nil {
+		t.Error("a forged array length passed")
+	}
+	// Trailing bytes stay the decoder's business.
+	if err := CheckMsgpack([]byte{0x01, 0x02}); err != nil {
+		t.Error(err)
+	}
+}
