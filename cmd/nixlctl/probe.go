@@ -325,6 +325,9 @@ port), then GET /route for every (prefill_dp_rank, prefill_cp_rank,
 target_tp_rank, target_pp_rank) as a decode does, listing each rank's ZMQ
 address, and POST /query_dp_ranks with no rooms to see that the route exists.
 
+nixlctl's own endpoints ("serve prefill --log-level info") log where their side
+channel and bootstrap server listen.
+
 --timeout bounds the whole probe. No answer in time, a reply that is not the
 protocol's, or (with --compat-factors or --compat-hash) a hash that differs
 exits 1; a missing or malformed TARGET or flag exits 2 before anything is sent.

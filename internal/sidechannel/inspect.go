@@ -122,7 +122,7 @@ func readMetadata(m map[string]any) (AgentMetadata, []string, error) {
 	md.EngineID = f.str("engine_id", true)
 	md.AgentMetadata = f.bin("agent_metadata", true)
 	md.KVCachesBaseAddr = f.addrs("kv_caches_base_addr")
-	md.DeviceID = f.int("device_id", true, 0, 0)
+	md.DeviceID = f.int("device_id", true, math.MinInt32, 0) // vLLM puts no bound on it
 	md.NumBlocks = f.int("num_blocks", true, 1, 0)
 	md.BlockLens = f.ints64("block_lens", true, 1)
 	md.BlockStrides = f.ints64("block_strides", true, 0)
@@ -131,7 +131,7 @@ func readMetadata(m map[string]any) (AgentMetadata, []string, error) {
 	md.SSMSizes = f.ints64("ssm_sizes", true, 0)
 	md.AttnBackendName = f.str("attn_backend_name", true)
 	md.PhysicalBlocksPerLogical = f.int("physical_blocks_per_logical_kv_block", true, 1, 1)
-	md.RegionNumBlocks = f.intsOpt("region_num_blocks", 1)
+	md.RegionNumBlocks = f.intsOpt("region_num_blocks", 0)
 	md.RegionGroupIDs = f.intsOpt("region_group_ids", 0)
 	md.RegionNames = f.strsOpt("region_names")
 	md.RegionMemTypes = f.strsOpt("region_mem_types")
@@ -282,7 +282,11 @@ func (f *fields) int(name string, required bool, lo, def int) int {
 		return def
 	}
 	if n < int64(lo) || n > math.MaxInt32 {
-		f.fail(name, "%d out of range (want %d..%d)", n, lo, math.MaxInt32)
+		if lo == math.MinInt32 {
+			f.fail(name, "%d out of range (a 32-bit int)", n)
+		} else {
+			f.fail(name, "%d out of range (want %d..%d)", n, lo, math.MaxInt32)
+		}
 		return def
 	}
 	return int(n)
