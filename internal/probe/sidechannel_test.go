@@ -308,3 +308,22 @@ func ExampleParseTarget() {
 	fmt.Println(ep)
 	// Output: tcp://prefill-0:5600
 }
+
+// FuzzReadPrefillInfo: no bootstrap reply makes the readers panic, and
+// what they accept is usable by a decode.
+func FuzzReadPrefillInfo(f *testing.F) {
+	f.Add([]byte(`{"attn_tp_size": 2, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1, "page_size": 16, "kv_cache_dtype": "bf16", "follow_bootstrap_room": true, "enable_dsa_cache_layer_split": false, "prefill_http_port": null}`))
+	f.Add([]byte(`{"rank_ip": "127.0.0.1", "rank_port": 40000}`))
+	f.Add([]byte(`{"attn_tp_size": 1e3, "page_size": -1, "rank_port": 99999999999999999999}`))
+	f.Add([]byte(`[{}] {}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if info, err := ReadPrefillServerInfo(b); err == nil {
+			if info.AttnTPSize < 1 || info.AttnCPSize < 1 || info.DPSize < 1 || info.PPSize < 1 || (info.PageSize != nil && *info.PageSize < 1) {
+				t.Fatalf("accepted %+v", info)
+			}
+		}
+		if ip, port, err := ReadPrefillRankInfo(b); err == nil && (ip == "" || port < 1 || port > 65535) {
+			t.Fatalf("accepted %q:%d", ip, port)
+		}
+	})
+}
