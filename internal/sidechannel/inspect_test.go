@@ -2,9 +2,12 @@ package sidechannel
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -230,4 +233,40 @@ func TestDecodersRefuseDeepNesting(t *testing.T) {
 	if err := CheckMsgpack([]byte{0x01, 0x02}); err != nil {
 		t.Error(err)
 	}
+}
+
+// An IPv6 side channel ("tcp://[::1]:port") answers: libzmq needs ZMQ_IPV6
+// on both sockets for such an address.
+func TestHandshakeOverIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := ServeHandshake(ctx, "tcp://[::1]:0", "h", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Wait()
+	defer cancel()
+	if err := s.Set(0, 0, goodMetadata()); err != nil {
+		t.Fatal(err)
+	}
+	frames, err := Request(ctx, s.Endpoint(), [][]byte{mustGetMeta(t)}, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", s.Endpoint(), err)
+	}
+	if r, err := ReadReply(frames); err != nil || r.Meta.EngineID != "prefill-e" {
+		t.Errorf("%+v %v", r, err)
+	}
+}
+
+func mustGetMeta(t *testing.T) []byte {
+	b, err := EncodeGetMeta(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
