@@ -261,6 +261,9 @@ func DialPush(endpoint string, sendTimeout time.Duration) (*Push, error) {
 	}
 	_ = sock.SetLinger(0)
 	_ = sock.SetSndtimeo(sendTimeout)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true) // SGLang's _connect does the same
+	}
 	if err := sock.Connect(endpoint); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
