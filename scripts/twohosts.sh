@@ -8,8 +8,8 @@
 #
 #   twohosts.sh up NAME [RATE]      create NAME-a (10.99.X.1) and NAME-b (10.99.X.2);
 #                                   RATE (e.g. 1gbit) shapes both ends with tbf
-#   twohosts.sh dup NAME            add a second veth pair, NAME1, with the same addresses
-#                                   on both sides (breaks UCX until UCX_NET_DEVICES pins NAME0)
+#   twohosts.sh dup NAME            add a device NAME1 with one address on both hosts, as
+#                                   docker0 does (breaks UCX until UCX_NET_DEVICES pins NAME0)
 #   twohosts.sh run NAME a|b [--shift SECONDS] CMD...
 #                                   run CMD on host a or b (in the foreground;
 #                                   it dies with this script's process)
@@ -53,11 +53,13 @@ up)
 	done
 	;;
 dup)
-	ip link add "${name}a1" type veth peer name "${name}b1"
+	# Like docker0: a device on each host with one address on both, which
+	# UCX's TCP transport offers to its peer and then cannot reach.
 	for h in a b; do
-		ip link set "${name}${h}1" netns "$name-$h"
-		ip -n "$name-$h" link set "${name}${h}1" name "${name}1"
-		ip -n "$name-$h" addr add "$(addr_of $h)/24" dev "${name}1"
+		# A veth whose peer stays on the same host (no dummy driver here).
+		ip -n "$name-$h" link add "${name}1" type veth peer name "${name}1p"
+		ip -n "$name-$h" addr add "172.31.$octet.1/24" dev "${name}1"
+		ip -n "$name-$h" link set "${name}1p" up
 		ip -n "$name-$h" link set "${name}1" up
 	done
 	;;

@@ -59,8 +59,8 @@ notification "<decode request id>:<prefill tp>"; decode is done when the
 expected notifications arrived, or fails after --registration-timeout
 (the watchdog). A failed WRITE is not reported to decode, as in vLLM.`,
 	engine.ProtoSGLang: `SGLang's NIXL disaggregation. The router gives both legs a 63-bit bootstrap
-room; prefill runs the bootstrap HTTP server (/route, /health) where its ranks
-register; decode looks the ranks up, registers its KV buffers with each once
+room; prefill runs the bootstrap HTTP server (/route, /health, /register_dp_rank,
+/query_dp_ranks) where its ranks register; decode looks the ranks up, registers its KV buffers with each once
 (ZMQ PUSH to the rank's PULL inbox, room "None"), pre-allocates pages and an aux
 (metadata) row and sends a TransferInfo with the page indices; prefill WRITEs
 the pages chunk by chunk (--chunk-tokens, page-aligned) with

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
+	"os"
 	"strings"
 	"time"
 
@@ -11,18 +13,20 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 func newProbeCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "probe",
-		Short: "Diagnose the transfer stack: UCX memory growth, what transport is really used",
+		Short: "Diagnose the transfer stack: UCX memory growth, transports, live side channels",
 		Long: `Diagnostics that are not benchmarks: "probe ucx-leak" measures whether the receiving
 (decode) side's memory grows under KV transfers and which UCX settings stop it;
 "probe env" tells what UCX, NIXL, CUDA and the system offer, warns about risky
-settings, and proves the path with a short transfer.`,
+settings, and proves the path with a short transfer; "probe sidechannel" asks a
+live vLLM or SGLang prefill's side channel what a decode would ask it.`,
 	}
-	cmd.AddCommand(newProbeUCXLeakCmd(a), newProbeEnvCmd(a))
+	cmd.AddCommand(newProbeUCXLeakCmd(a), newProbeEnvCmd(a), newProbeSideChannelCmd(a))
 	return cmd
 }
 
@@ -276,6 +280,125 @@ func runProbeEnv(ctx context.Context, a *app, o probeEnvOptions) error {
 		Version: version, Log: a.log})
 	if res != nil {
 		if werr := probe.WriteEnv(a.io.Out, a.format, res); werr != nil {
+			return werr
+		}
+	}
+	return err
+}
+
+type probeSideChannelOptions struct {
+	Protocol      string `mapstructure:"protocol"`
+	Timeout       string `mapstructure:"timeout"`
+	PPRank        int    `mapstructure:"pp-rank"`
+	TPRank        int    `mapstructure:"tp-rank"`
+	CompatFactors string `mapstructure:"compat-factors"`
+	CompatHash    string `mapstructure:"compat-hash"`
+}
+
+const probeSideChannelLong = `Ask a live engine's side channel what a decode would ask it, and report what it
+said, before benchmarking against it (or to see why a decode cannot reach it).
+
+--protocol vllm (default): TARGET is HOST:PORT (or tcp://HOST:PORT) of vLLM's NIXL
+handshake listener, a ZMQ ROUTER on VLLM_NIXL_SIDE_CHANNEL_HOST at
+VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank (5600 by default). nixlctl sends the request
+a vLLM decode sends, msgpack [b"get_meta_msg", pp_rank, tp_rank] on a ZMQ REQ
+socket, and reads the two-frame reply: the NixlHandshakePayload map
+{compatibility_hash, agent_metadata_bytes} and the listener's clock. It prints
+the engine id, the agent name (where the NIXL agent blob's format is known), the
+compatibility hash and whether it equals the one --compat-factors FILE (a JSON
+object of vLLM's hash factors, as for bench pull|push) or --compat-hash HEX
+gives, the TP size (vLLM does not put it in the handshake: it travels in
+kv_transfer_params; nixlctl's own engines add it), the KV layout, block size,
+number of blocks, regions and their block lengths and strides, the sizes of the
+payload, the metadata and the agent blob, the round trip, and the listener
+clock's offset from this host's (close to 0 on the same host). Every field of
+NixlAgentMetadata is checked as vLLM's msgspec decoder checks it; a reply that
+is not what vLLM sends is an error naming the field. Ask only for ranks the
+engine has (--pp-rank, --tp-rank): vLLM's listener never answers another rank,
+so the probe times out.
+
+--protocol sglang: TARGET is HOST:PORT of an SGLang prefill's bootstrap server
+(--disaggregation-bootstrap-port, 8998 by default). nixlctl calls GET /health,
+GET /route with every parameter -1 (PrefillServerInfo: attention TP, CP, DP and
+PP sizes, page size, KV cache dtype, follow_bootstrap_room, the prefill's HTTP
+port), then GET /route for every (prefill_dp_rank, prefill_cp_rank,
+target_tp_rank, target_pp_rank) as a decode does, listing each rank's ZMQ
+address, and POST /query_dp_ranks with no rooms to see that the route exists.
+
+nixlctl's own endpoints ("serve prefill --log-level info") log where their side
+channel and bootstrap server listen.
+
+--timeout bounds the whole probe. No answer in time, a reply that is not the
+protocol's, or (with --compat-factors or --compat-hash) a hash that differs
+exits 1; a missing or malformed TARGET or flag exits 2 before anything is sent.
+Output: a table on a terminal, JSON otherwise (-o json, -o csv for key,value).`
+
+const probeSideChannelExample = `  nixlctl probe sidechannel 10.0.0.2:5600
+  nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1 --compat-factors factors.json
+  nixlctl probe sidechannel --protocol sglang 10.0.0.2:8998 -o json`
+
+func newProbeSideChannelCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "sidechannel TARGET",
+		Short:   "Ask a live vLLM NIXL side channel or SGLang bootstrap server what a decode would",
+		Long:    probeSideChannelLong,
+		Example: probeSideChannelExample,
+		Args:    cobra.ArbitraryArgs, // checked in runProbeSideChannel, with a clearer message
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var o probeSideChannelOptions
+			if err := bindOptions(cmd, &o); err != nil {
+				return err
+			}
+			return runProbeSideChannel(cmd.Context(), a, o, args)
+		},
+	}
+	f := cmd.Flags()
+	f.String("protocol", probe.ProtoVLLM, "side channel: vllm (NIXL handshake, ZMQ) or sglang (bootstrap server, HTTP)")
+	f.String("timeout", "3s", "give up after this long")
+	f.Int("pp-rank", 0, "vllm: the pipeline-parallel rank to ask for")
+	f.Int("tp-rank", 0, "vllm: the tensor-parallel rank to ask for")
+	f.String("compat-factors", "", "vllm: JSON file of vLLM's compatibility factors; check the engine's hash against theirs")
+	f.String("compat-hash", "", "vllm: check the engine's compatibility hash against this one (sha256 hex)")
+	return cmd
+}
+
+func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions, args []string) error {
+	switch {
+	case len(args) == 0:
+		return errkind.BadInputf("no target: give the side channel as HOST:PORT (vllm: VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank; sglang: the bootstrap port)")
+	case len(args) > 1:
+		return errkind.BadInputf("one target, got %d: %s", len(args), strings.Join(args, " "))
+	}
+	x := probe.SideChannelOptions{Protocol: strings.ToLower(strings.TrimSpace(o.Protocol)), Target: args[0], PPRank: o.PPRank, TPRank: o.TPRank}
+	var err error
+	if x.Timeout, err = parseDurationFlag("timeout", o.Timeout, false); err != nil {
+		return err
+	}
+	switch {
+	case o.CompatFactors != "" && o.CompatHash != "":
+		return errkind.BadInputf("give --compat-factors or --compat-hash, not both")
+	case o.CompatHash != "":
+		if _, err := hex.DecodeString(o.CompatHash); err != nil || len(o.CompatHash) != 64 {
+			return errkind.BadInputf("--compat-hash %q is not a sha256 in hex (64 characters)", o.CompatHash)
+		}
+		x.WantHash, x.HashFrom = strings.ToLower(o.CompatHash), "--compat-hash"
+	case o.CompatFactors != "":
+		b, err := os.ReadFile(o.CompatFactors)
+		if err != nil {
+			return errkind.BadInputf("--compat-factors: %v", err)
+		}
+		if _, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
+			return errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
+		}
+		x.HashFrom = "--compat-factors " + o.CompatFactors
+	}
+	if err := x.Validate(); err != nil {
+		return err
+	}
+	res, err := probe.RunSideChannel(ctx, x)
+	if res != nil {
+		res.Version = version
+		if werr := probe.WriteSideChannel(a.io.Out, a.format, res); werr != nil {
 			return werr
 		}
 	}

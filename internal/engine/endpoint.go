@@ -82,7 +82,11 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 			return nil, err
 		}
 		eng = e
-		return e.Setup(), nil
+		rep := e.Setup()
+		// Where its side channels are, for "probe sidechannel" (--log-level info).
+		e.log.Info("engine set up", "role", cfg.Role, "protocol", cfg.Protocol, "engine_id", rep.EngineID,
+			"side_channel", rep.SideChannel, "bootstrap", rep.Bootstrap)
+		return rep, nil
 	})
 	srv.Handle("prefill", func(ctx context.Context, params json.RawMessage) (any, error) {
 		e, err := get()

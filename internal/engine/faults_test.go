@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -161,6 +162,14 @@ func TestPushWatchdogAndHeartbeat(t *testing.T) {
 	ev := waitFreed(t, rec, "expired")
 	if ev.ID != pr.RequestID || p.Stats().ExpiredLeases != 1 {
 		t.Errorf("expired %+v", ev)
+	}
+}
+
+// A PUSH_REG whose payload nests without end is refused, not a stack
+// overflow that kills prefill.
+func TestDecodePushRegDeepNesting(t *testing.T) {
+	if _, _, err := DecodePushReg(bytes.Repeat([]byte{0x91}, 20<<20)); err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Errorf("%v", err)
 	}
 }
 

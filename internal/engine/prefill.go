@@ -50,6 +50,9 @@ type PushReg struct {
 // (one KV group as a list of lists, or a flat list).
 func DecodePushReg(b []byte) (PushReg, []int, error) {
 	var r PushReg
+	if err := sidechannel.CheckMsgpack(b); err != nil {
+		return r, nil, fmt.Errorf("PUSH_REG: not msgpack: %w", err)
+	}
 	if err := msgpack.Unmarshal(b, &r); err != nil {
 		return r, nil, fmt.Errorf("PUSH_REG: %w", err)
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -324,6 +326,9 @@ func TestSGLangBootstrapWire(t *testing.T) {
 			t.Errorf("PrefillServerInfo lacks %s: %v", f, info)
 		}
 	}
+	if info["prefill_http_port"] != nil || info["follow_bootstrap_room"] != true || info["page_size"] != 16.0 {
+		t.Errorf("PrefillServerInfo %v: want prefill_http_port null (no HTTP API), follow_bootstrap_room, page_size 16", info)
+	}
 	if info["attn_tp_size"] != 2.0 {
 		t.Errorf("attn_tp_size %v, want 2", info["attn_tp_size"])
 	}
@@ -340,5 +345,88 @@ func TestSGLangBootstrapWire(t *testing.T) {
 	}
 	if resp != nil {
 		resp.Body.Close()
+	}
+}
+
+// The DP-rank routes answer as SGLang's: POST /register_dp_rank
+// {bootstrap_room, dp_rank} says OK; POST /query_dp_ranks
+// {bootstrap_rooms} maps the rooms it knows, as strings, to their rank;
+// a sweep every 120 s drops entries older than 120 s. Other methods get
+// 405, a body without the fields 400; a rank of another DP, CP or PP
+// group is 404 on GET /route.
+func TestSGLangBootstrapDPRanks(t *testing.T) {
+	clk := newFakeClock()
+	p, _, _ := engines(t, ProtoSGLang, 1, 1, func(c *Config) { c.Clock = clk })
+	addr := "http://" + p.Setup().Bootstrap
+	post := func(path, body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post(addr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	const room = uint64(1<<62 + 7)
+	if code, body := post("/register_dp_rank", fmt.Sprintf(`{"bootstrap_room": %d, "dp_rank": 3}`, room)); code != 200 || body != "OK" {
+		t.Fatalf("register: %d %q", code, body)
+	}
+	clk.Advance(60 * time.Second)
+	if code, body := post("/register_dp_rank", `{"bootstrap_room": "12", "dp_rank": 1}`); code != 200 || body != "OK" {
+		t.Fatalf("register a room given as a string: %d %q", code, body)
+	}
+	query := fmt.Sprintf(`{"bootstrap_rooms": [%d, 12, 99]}`, room)
+	want := func(wantBody string) {
+		t.Helper()
+		code, body := post("/query_dp_ranks", query)
+		var got, exp map[string]int
+		if err := json.Unmarshal([]byte(body), &got); err != nil || code != 200 {
+			t.Fatalf("query: %d %q %v", code, body, err)
+		}
+		_ = json.Unmarshal([]byte(wantBody), &exp)
+		if diff := cmp.Diff(exp, got); diff != "" {
+			t.Errorf("at %v: %s", time.Duration(clk.Now()), diff)
+		}
+	}
+	want(fmt.Sprintf(`{"%d": 3, "12": 1}`, room))
+	// The first sweep (120 s after start) finds the first room 120 s old,
+	// not older: both stay.
+	clk.Advance(60 * time.Second)
+	want(fmt.Sprintf(`{"%d": 3, "12": 1}`, room))
+	// The second (240 s) drops both (240 and 180 s old).
+	clk.Advance(120 * time.Second)
+	want(`{}`)
+
+	for _, tc := range []struct{ path, body string }{
+		{"/register_dp_rank", `{"dp_rank": 1}`},
+		{"/register_dp_rank", `{"bootstrap_room": -1, "dp_rank": 1}`},
+		{"/register_dp_rank", `{"bootstrap_room": 1, "dp_rank": "x"}`},
+		{"/register_dp_rank", `not json`},
+		{"/query_dp_ranks", `{}`},
+		{"/query_dp_ranks", `{"bootstrap_rooms": ["x"]}`},
+	} {
+		if code, body := post(tc.path, tc.body); code != http.StatusBadRequest {
+			t.Errorf("%s %s: %d %q, want 400", tc.path, tc.body, code, body)
+		}
+	}
+	for _, path := range []string{"/register_dp_rank", "/query_dp_ranks"} {
+		if resp, err := http.Get(addr + path); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("GET %s: %v %v, want 405", path, resp, err)
+		} else {
+			resp.Body.Close()
+		}
+	}
+	if code, _ := post("/health", ""); code != http.StatusMethodNotAllowed {
+		t.Errorf("POST /health: %d, want 405", code)
+	}
+	for _, q := range []string{"prefill_dp_rank=1&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+		"prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=1"} {
+		resp, err := http.Get(addr + "/route?" + q)
+		if err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s: %v %v, want 404", q, resp, err)
+		} else {
+			resp.Body.Close()
+		}
 	}
 }

@@ -277,7 +277,7 @@ type sglState struct {
 	bootstrapAddr string
 	http          *http.Server
 	mu            sync.Mutex
-	table         map[int]sglRankEntry  // prefill: tp rank -> {rank_ip, rank_port}
+	boot          *sglBootstrap         // prefill: the bootstrap server
 	peers         []map[string]*sglPeer // prefill, per rank: decode agent -> registration
 	// Prefill, per rank: the rooms, and the prefill calls waiting for a
 	// room to be bootstrapped (closed when it is, or aborted).
@@ -301,7 +301,7 @@ type sglPrefillInfo struct {
 	KVCacheDType             string `json:"kv_cache_dtype"`
 	FollowBootstrapRoom      bool   `json:"follow_bootstrap_room"`
 	EnableDSACacheLayerSplit bool   `json:"enable_dsa_cache_layer_split"`
-	PrefillHTTPPort          int    `json:"prefill_http_port"`
+	PrefillHTTPPort          *int   `json:"prefill_http_port"` // null: no HTTP API to recompute on
 }
 
 // sglRankEntry is the bootstrap table's answer for one prefill rank;
@@ -316,7 +316,7 @@ type sglRankEntry struct {
 var sglRouteParams = []string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"}
 
 func newSGLState(e *Engine) (*sglState, error) {
-	s := &sglState{e: e, table: map[int]sglRankEntry{}, info: map[string]sglPrefillInfo{},
+	s := &sglState{e: e, info: map[string]sglPrefillInfo{},
 		registered: map[[2]string]bool{}, client: &http.Client{Timeout: 5 * time.Second}}
 	// Inboxes and the bootstrap server bind where the handshake socket
 	// did; messages name the advertised host.
@@ -375,18 +375,19 @@ func (s *sglState) serveBootstrap(host string) error {
 	if err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("OK")) })
-	mux.HandleFunc("/route", s.route)
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.boot = newSGLBootstrap(s.e.now, func() { s.e.c.malformedControl.Add(1) })
+	s.http = &http.Server{Handler: s.boot.mux(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.http.Serve(ln) }()
 	_, bport, _ := splitEndpoint(ln.Addr().String())
 	s.bootstrapAddr = net.JoinHostPort(s.e.cfg.Advertise, strconv.Itoa(bport))
 	for i, sr := range s.ranks {
 		_, port, _ := splitEndpoint(sr.inbox.Endpoint())
+		// One DP rank, so a room's DP rank follows from the room alone
+		// (follow_bootstrap_room); no HTTP API (prefill_http_port absent).
 		body, _ := json.Marshal(map[string]any{"attn_tp_size": len(s.ranks), "attn_tp_rank": i, "attn_cp_size": 1, "attn_cp_rank": 0,
 			"attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType)})
+			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType),
+			"load_balance_method": "follow_bootstrap_room", "enable_dsa_cache_layer_split": false})
 		// Registered over the listener's own address: the advertised one
 		// may be reachable only from other hosts (NAT, a service name).
 		req, _ := http.NewRequest(http.MethodPut, "http://"+loopbackFor(ln.Addr())+"/route", bytes.NewReader(body))
@@ -400,60 +401,6 @@ func (s *sglState) serveBootstrap(host string) error {
 		}
 	}
 	return nil
-}
-
-func (s *sglState) route(w http.ResponseWriter, r *http.Request) {
-	switch r.Method {
-	case http.MethodPut:
-		var reg struct {
-			TPSize, TPRank int    `json:"-"`
-			AttnTPSize     int    `json:"attn_tp_size"`
-			AttnTPRank     int    `json:"attn_tp_rank"`
-			RankIP         string `json:"rank_ip"`
-			RankPort       int    `json:"rank_port"`
-		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&reg); err != nil || reg.RankPort <= 0 || reg.AttnTPRank < 0 || reg.AttnTPRank >= 1024 {
-			s.e.c.malformedControl.Add(1)
-			http.Error(w, "bad registration", http.StatusBadRequest)
-			return
-		}
-		s.mu.Lock()
-		s.table[reg.AttnTPRank] = sglRankEntry{RankIP: reg.RankIP, RankPort: reg.RankPort}
-		s.mu.Unlock()
-		w.WriteHeader(http.StatusOK)
-	case http.MethodGet:
-		q := r.URL.Query()
-		for _, p := range sglRouteParams {
-			if _, err := strconv.Atoi(q.Get(p)); err != nil {
-				http.Error(w, "missing or malformed "+p, http.StatusBadRequest)
-				return
-			}
-		}
-		s.mu.Lock()
-		complete := len(s.table) == len(s.ranks)
-		s.mu.Unlock()
-		if !complete {
-			http.Error(w, "prefill ranks still registering", http.StatusServiceUnavailable)
-			return
-		}
-		if q.Get("target_tp_rank") == "-1" {
-			// One DP rank, so a room's DP rank follows from the room alone.
-			_ = json.NewEncoder(w).Encode(sglPrefillInfo{AttnTPSize: len(s.ranks), AttnCPSize: 1, DPSize: 1, PPSize: 1,
-				PageSize: s.e.spec.BlockSize, KVCacheDType: string(s.e.spec.DType), FollowBootstrapRoom: true})
-			return
-		}
-		t, err := strconv.Atoi(q.Get("target_tp_rank"))
-		s.mu.Lock()
-		entry, ok := s.table[t]
-		s.mu.Unlock()
-		if err != nil || !ok {
-			http.Error(w, "no such rank", http.StatusNotFound)
-			return
-		}
-		_ = json.NewEncoder(w).Encode(entry)
-	default:
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-	}
 }
 
 // onInbox handles a message on a prefill rank's PULL socket.

@@ -196,6 +196,9 @@ func DialDealerWith(endpoint string, o DealerOptions) (*Dealer, error) {
 		return nil, err
 	}
 	_ = sock.SetLinger(0)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true)
+	}
 	var errs []error
 	if o.HeartbeatIvl > 0 {
 		errs = append(errs, sock.SetHeartbeatIvl(o.HeartbeatIvl))

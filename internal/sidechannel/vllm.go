@@ -88,6 +88,9 @@ func EncodeGetMeta(ppRank, tpRank int) ([]byte, error) {
 // DecodeGetMeta parses a request frame. A wrong first element is reported
 // but the ranks are still returned, as vLLM's listener still answers.
 func DecodeGetMeta(frame []byte) (pp, tp int, err error) {
+	if err := CheckMsgpack(frame); err != nil {
+		return 0, 0, fmt.Errorf("handshake request: not msgpack: %w", err)
+	}
 	var parts []any
 	if err := msgpack.Unmarshal(frame, &parts); err != nil {
 		return 0, 0, fmt.Errorf("handshake request: not a msgpack array: %w", err)
@@ -289,6 +292,11 @@ func DecodeHandshakeReply(frames [][]byte, wantHash string) (AgentMetadata, floa
 	if len(frames) != 2 {
 		return AgentMetadata{}, 0, fmt.Errorf("reply has %d frames, want 2 (payload, timestamp)", len(frames))
 	}
+	for i, f := range frames {
+		if err := CheckMsgpack(f); err != nil {
+			return AgentMetadata{}, 0, fmt.Errorf("reply frame %d: not msgpack: %w", i, err)
+		}
+	}
 	var ts float64
 	if err := msgpack.Unmarshal(frames[1], &ts); err != nil {
 		return AgentMetadata{}, 0, fmt.Errorf("reply timestamp: %w", err)
@@ -307,6 +315,9 @@ func DecodeHandshakeReply(frames [][]byte, wantHash string) (AgentMetadata, floa
 	if wantHash != AnyHash && p.CompatibilityHash != wantHash {
 		return AgentMetadata{}, 0, fmt.Errorf("%w: ours %.12s…, theirs %.12s… (model, dtype, heads, layers, attention backend, cache dtype or transfer mode differ)",
 			ErrIncompatible, wantHash, p.CompatibilityHash)
+	}
+	if err := CheckMsgpack(p.AgentMetadataBytes); err != nil {
+		return AgentMetadata{}, 0, fmt.Errorf("agent metadata: not msgpack: %w", err)
 	}
 	var md AgentMetadata
 	if err := msgpack.Unmarshal(p.AgentMetadataBytes, &md); err != nil {

@@ -133,6 +133,9 @@ func Request(ctx context.Context, endpoint string, frames [][]byte, timeout time
 	}
 	defer sock.Close()
 	_ = sock.SetLinger(0)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true) // as vLLM's make_zmq_socket does for such hosts
+	}
 	if err := sock.Connect(endpoint); err != nil {
 		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
 	}
@@ -258,6 +261,9 @@ func DialPush(endpoint string, sendTimeout time.Duration) (*Push, error) {
 	}
 	_ = sock.SetLinger(0)
 	_ = sock.SetSndtimeo(sendTimeout)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true) // SGLang's _connect does the same
+	}
 	if err := sock.Connect(endpoint); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
@@ -280,12 +286,22 @@ func (p *Push) Close() error {
 	return p.sock.Close()
 }
 
+// isIPv6 reports whether a tcp:// endpoint names an IPv6 address
+// ("tcp://[::1]:5600"): libzmq refuses those unless the socket has
+// ZMQ_IPV6 set.
+func isIPv6(endpoint string) bool {
+	return strings.HasPrefix(strings.TrimPrefix(endpoint, "tcp://"), "[")
+}
+
 func bind(kind zmq.Type, endpoint string) (*zmq.Socket, string, error) {
 	sock, err := zmq.NewSocket(kind)
 	if err != nil {
 		return nil, "", err
 	}
 	_ = sock.SetLinger(0)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true)
+	}
 	ep := endpoint
 	if strings.HasPrefix(ep, "tcp://") && strings.HasSuffix(ep, ":0") {
 		ep = strings.TrimSuffix(ep, ":0") + ":*"

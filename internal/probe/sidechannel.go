@@ -1,0 +1,556 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+)
+
+// Side-channel protocols probe sidechannel speaks.
+const (
+	ProtoVLLM   = "vllm"
+	ProtoSGLang = "sglang"
+)
+
+// SideChannelOptions configure a probe of a live engine's side channel.
+type SideChannelOptions struct {
+	Protocol string // ProtoVLLM or ProtoSGLang
+	Target   string // host:port (tcp:// or http:// allowed)
+	Timeout  time.Duration
+	// vLLM: the ranks to ask for. vLLM's listener does not guard the
+	// lookup, so a rank the engine does not have is never answered.
+	PPRank, TPRank int
+	// WantHash is the compatibility hash the user expects (from
+	// --compat-factors or --compat-hash); "" checks nothing. HashFrom
+	// says where it came from, for the report.
+	WantHash, HashFrom string
+}
+
+// maxSGLRanks bounds how many rank entries are listed.
+const maxSGLRanks = 1024
+
+// ParseTarget checks a target and returns the address to dial: a ZMQ
+// endpoint (tcp://host:port) for vLLM, host:port for SGLang's HTTP server.
+// Every error is bad input, found before any network I/O.
+func ParseTarget(protocol, target string) (string, error) {
+	t := strings.TrimSpace(target)
+	var scheme string
+	switch protocol {
+	case ProtoVLLM:
+		scheme = "tcp://"
+	case ProtoSGLang:
+		scheme = "http://"
+		t = strings.TrimSuffix(t, "/")
+	default:
+		return "", errkind.BadInputf("--protocol %q: want vllm or sglang", protocol)
+	}
+	t = strings.TrimPrefix(t, scheme)
+	if t == "" {
+		return "", errkind.BadInputf("no target: give the side channel as HOST:PORT")
+	}
+	if i := strings.Index(t, "://"); i >= 0 {
+		return "", errkind.BadInputf("target %q: want HOST:PORT or %sHOST:PORT for --protocol %s", target, scheme, protocol)
+	}
+	host, port, err := net.SplitHostPort(t)
+	if err != nil {
+		return "", errkind.BadInputf("target %q: want HOST:PORT (%v)", target, err)
+	}
+	if host == "" || strings.ContainsAny(host, "/?#@ ") {
+		return "", errkind.BadInputf("target %q: no host", target)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 {
+		return "", errkind.BadInputf("target %q: port %q is not a port (1-65535)", target, port)
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(p))
+	if protocol == ProtoVLLM {
+		return "tcp://" + addr, nil
+	}
+	return addr, nil
+}
+
+// Validate checks the options before any network I/O.
+func (o SideChannelOptions) Validate() error {
+	if _, err := ParseTarget(o.Protocol, o.Target); err != nil {
+		return err
+	}
+	if o.Timeout <= 0 {
+		return errkind.BadInputf("--timeout must be > 0 (got %v)", o.Timeout)
+	}
+	if o.PPRank < 0 || o.TPRank < 0 || o.PPRank > 1<<16 || o.TPRank > 1<<16 {
+		return errkind.BadInputf("--pp-rank and --tp-rank must be between 0 and 65536")
+	}
+	if o.Protocol == ProtoSGLang && (o.WantHash != "" || o.PPRank != 0 || o.TPRank != 0) {
+		return errkind.BadInputf("--compat-factors, --compat-hash, --pp-rank and --tp-rank are for --protocol vllm")
+	}
+	return nil
+}
+
+// SideChannelResult is what probe sidechannel found.
+type SideChannelResult struct {
+	Command  string           `json:"command"`
+	Version  string           `json:"nixlctl_version,omitempty"`
+	Protocol string           `json:"protocol"`
+	Target   string           `json:"target"`
+	VLLM     *VLLMHandshake   `json:"vllm,omitempty"`
+	SGLang   *SGLangBootstrap `json:"sglang,omitempty"`
+	Notes    []string         `json:"notes,omitempty"`
+}
+
+// VLLMHandshake is one handshake with a vLLM NIXL side channel.
+type VLLMHandshake struct {
+	PPRank int     `json:"pp_rank"`
+	TPRank int     `json:"tp_rank"`
+	RTTMs  float64 `json:"rtt_ms"`
+
+	EngineID string `json:"engine_id"`
+	// AgentName is read from the agent blob where nixlctl knows its
+	// format (AgentBlobFormat); "" otherwise.
+	AgentName       string `json:"agent_name,omitempty"`
+	AgentBlobFormat string `json:"agent_blob_format"`
+
+	CompatHash     string `json:"compat_hash"`
+	CompatExpected string `json:"compat_hash_expected,omitempty"`
+	CompatFrom     string `json:"compat_hash_expected_from,omitempty"`
+	CompatMatch    *bool  `json:"compat_match,omitempty"`
+
+	// TPSize is 0 when the handshake does not say (vLLM sends it in
+	// kv_transfer_params; nixlctl's engines add it to the metadata).
+	TPSize int `json:"tp_size,omitempty"`
+	PPSize int `json:"pp_size,omitempty"`
+
+	KVCacheLayout            string   `json:"kv_cache_layout"`
+	BlockSize                int      `json:"block_size"`
+	NumBlocks                int      `json:"num_blocks"`
+	DeviceID                 int      `json:"device_id"`
+	AttnBackend              string   `json:"attn_backend_name"`
+	Regions                  int      `json:"regions"`
+	BlockLens                []int64  `json:"block_lens"`
+	BlockStrides             []int64  `json:"block_strides"`
+	RegionMemTypes           []string `json:"region_mem_types,omitempty"`
+	RegionNames              []string `json:"region_names,omitempty"`
+	SSMSizes                 []int64  `json:"ssm_sizes"`
+	PhysicalBlocksPerLogical int      `json:"physical_blocks_per_logical_kv_block"`
+	DCPSize                  int      `json:"dcp_size"`
+	PCPSize                  int      `json:"pcp_size"`
+	Backend                  string   `json:"nixlctl_backend,omitempty"`
+
+	PayloadBytes   int `json:"payload_bytes"`
+	MetadataBytes  int `json:"metadata_bytes"`
+	AgentBlobBytes int `json:"agent_blob_bytes"`
+
+	// RemoteClockS is the listener's perf_counter; ClockOffsetMs its
+	// offset to this host's CLOCK_MONOTONIC at the round trip's midpoint
+	// (close to 0 on the same host, where both are that clock).
+	RemoteClockS  float64  `json:"remote_clock_s"`
+	ClockOffsetMs float64  `json:"clock_offset_ms"`
+	UnknownFields []string `json:"unknown_fields,omitempty"`
+}
+
+// SGLangBootstrap is what an SGLang prefill's bootstrap server said.
+type SGLangBootstrap struct {
+	Health       string             `json:"health"`
+	HealthMs     float64            `json:"health_ms"`
+	RouteMs      float64            `json:"route_ms"`
+	Info         *SGLangPrefillInfo `json:"prefill_server_info,omitempty"`
+	Ranks        []SGLangRank       `json:"ranks,omitempty"`
+	RanksOmitted int                `json:"ranks_omitted,omitempty"`
+	// QueryDPRanks is how POST /query_dp_ranks with no rooms answered:
+	// "ok" or why not (an older SGLang has no such route).
+	QueryDPRanks string `json:"query_dp_ranks"`
+}
+
+// SGLangPrefillInfo is SGLang's PrefillServerInfo.
+type SGLangPrefillInfo struct {
+	AttnTPSize               int     `json:"attn_tp_size"`
+	AttnCPSize               int     `json:"attn_cp_size"`
+	DPSize                   int     `json:"dp_size"`
+	PPSize                   int     `json:"pp_size"`
+	PageSize                 *int    `json:"page_size"`
+	KVCacheDType             *string `json:"kv_cache_dtype"`
+	FollowBootstrapRoom      bool    `json:"follow_bootstrap_room"`
+	EnableDSACacheLayerSplit bool    `json:"enable_dsa_cache_layer_split"`
+	PrefillHTTPPort          *int    `json:"prefill_http_port"`
+}
+
+// SGLangRank is one prefill rank's entry (PrefillRankInfo).
+type SGLangRank struct {
+	DPRank   int    `json:"prefill_dp_rank"`
+	CPRank   int    `json:"prefill_cp_rank"`
+	TPRank   int    `json:"target_tp_rank"`
+	PPRank   int    `json:"target_pp_rank"`
+	RankIP   string `json:"rank_ip"`
+	RankPort int    `json:"rank_port"`
+}
+
+// RunSideChannel probes a live side channel. A result comes back with
+// what was learnt even when err is not nil (a hash mismatch, a bootstrap
+// server whose ranks are still registering).
+func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResult, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	addr, _ := ParseTarget(o.Protocol, o.Target)
+	res := &SideChannelResult{Command: "probe sidechannel", Protocol: o.Protocol, Target: addr}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if o.Protocol == ProtoSGLang {
+		res.Target = "http://" + addr
+		res.SGLang = &SGLangBootstrap{}
+		err := probeSGLang(ctx, addr, o.Timeout, res)
+		if err != nil && res.SGLang.Health == "" {
+			return nil, err // nothing learnt
+		}
+		return res, err
+	}
+	h, err := probeVLLM(ctx, addr, o)
+	if err != nil {
+		return nil, err
+	}
+	res.VLLM = h
+	if h.TPSize == 0 {
+		res.Notes = append(res.Notes, "TP size: not in vLLM's handshake (the prefill's kv_transfer_params carry tp_size); probe each rank with --tp-rank")
+	}
+	if h.CompatMatch != nil && !*h.CompatMatch {
+		return res, errkind.CheckFailedf("compatibility hash mismatch: the engine advertises %s, %s gives %s: a vLLM decode with that hash refuses this engine",
+			h.CompatHash, h.CompatFrom, h.CompatExpected)
+	}
+	return res, nil
+}
+
+func probeVLLM(ctx context.Context, endpoint string, o SideChannelOptions) (*VLLMHandshake, error) {
+	req, err := sidechannel.EncodeGetMeta(o.PPRank, o.TPRank)
+	if err != nil {
+		return nil, err
+	}
+	t0 := mono.Now()
+	frames, err := sidechannel.Request(ctx, endpoint, [][]byte{req}, o.Timeout)
+	t1 := mono.Now()
+	if err != nil {
+		if (ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled)) || strings.Contains(err.Error(), "no reply within") {
+			err = fmt.Errorf("no reply within %v", o.Timeout)
+		}
+		return nil, fmt.Errorf("vLLM side channel %s: %w (nothing answered get_meta_msg for pp %d, tp %d: is this VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank of a running engine, and does it have that rank?)",
+			endpoint, err, o.PPRank, o.TPRank)
+	}
+	r, err := sidechannel.ReadReply(frames)
+	if err != nil {
+		return nil, fmt.Errorf("vLLM side channel %s answered, but not as vLLM does: %w", endpoint, err)
+	}
+	md := r.Meta
+	h := &VLLMHandshake{PPRank: o.PPRank, TPRank: o.TPRank, RTTMs: float64(t1-t0) / 1e6, EngineID: md.EngineID,
+		CompatHash: r.CompatibilityHash, KVCacheLayout: md.KVCacheLayout, BlockSize: md.BlockSize, NumBlocks: md.NumBlocks,
+		DeviceID: md.DeviceID, AttnBackend: md.AttnBackendName, Regions: len(md.KVCachesBaseAddr), BlockLens: md.BlockLens,
+		BlockStrides: md.BlockStrides, RegionMemTypes: md.RegionMemTypes, RegionNames: md.RegionNames, SSMSizes: md.SSMSizes,
+		PhysicalBlocksPerLogical: md.PhysicalBlocksPerLogical, DCPSize: md.DCPSize, PCPSize: md.PCPSize,
+		PayloadBytes: r.PayloadBytes, MetadataBytes: r.MetadataBytes, AgentBlobBytes: r.AgentBlobBytes,
+		RemoteClockS: r.RemoteClock, UnknownFields: r.Unknown}
+	h.ClockOffsetMs = (r.RemoteClock - float64(t0+t1)/2/1e9) * 1e3
+	h.AgentName, h.AgentBlobFormat = AgentName(md.AgentMetadata)
+	if x := md.Nixlctl; x != nil {
+		h.TPSize, h.PPSize, h.Backend = x.TPSize, x.PPSize, x.Backend
+	}
+	if o.WantHash != "" {
+		match := strings.EqualFold(o.WantHash, r.CompatibilityHash)
+		h.CompatExpected, h.CompatFrom, h.CompatMatch = o.WantHash, o.HashFrom, &match
+	}
+	return h, nil
+}
+
+// AgentName reads the agent's name from the blob an engine advertises,
+// where nixlctl knows the format: its own ucx backend's, or NIXL's
+// classic serialisation ("nixlSerDes|", tag "Agent", a size_t length,
+// the name). Other blobs are opaque: the name is "".
+func AgentName(blob []byte) (name, format string) {
+	if md, err := nixl.DecodeMetadata(blob); err == nil {
+		return md.Name, "nixlctl " + md.Backend
+	}
+	const header, tag = "nixlSerDes|", "Agent"
+	if rest, ok := bytes.CutPrefix(blob, []byte(header)); ok {
+		if rest, ok := bytes.CutPrefix(rest, []byte(tag)); ok && len(rest) >= 8 {
+			n := binary.LittleEndian.Uint64(rest)
+			if n > 0 && n <= 1024 && n <= uint64(len(rest)-8) {
+				return string(rest[8 : 8+n]), "NIXL"
+			}
+		}
+		return "", "NIXL (name not read)"
+	}
+	return "", "opaque"
+}
+
+func probeSGLang(ctx context.Context, addr string, timeout time.Duration, res *SideChannelResult) error {
+	b := res.SGLang
+	client := &http.Client{Timeout: timeout}
+	base := "http://" + addr
+	do := func(method, path string, body []byte) (int, []byte, float64, error) {
+		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, 0, err
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		t0 := mono.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled) {
+				err = fmt.Errorf("no answer within %v", timeout)
+			}
+			return 0, nil, 0, fmt.Errorf("SGLang bootstrap %s %s: %w", method, base+path, err)
+		}
+		defer resp.Body.Close()
+		out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		ms := float64(mono.Now()-t0) / 1e6
+		if err != nil {
+			return 0, nil, 0, fmt.Errorf("SGLang bootstrap %s %s: %w", method, base+path, err)
+		}
+		return resp.StatusCode, out, ms, nil
+	}
+	code, body, ms, err := do(http.MethodGet, "/health", nil)
+	if err != nil {
+		return err
+	}
+	b.HealthMs = ms
+	if code != http.StatusOK {
+		b.Health = fmt.Sprintf("%d %s", code, firstLine(body))
+		return fmt.Errorf("SGLang bootstrap %s: GET /health answered %d %q (SGLang answers 200 OK)", base, code, firstLine(body))
+	}
+	b.Health = strings.TrimSpace(string(body))
+	q := url.Values{"prefill_dp_rank": {"-1"}, "prefill_cp_rank": {"-1"}, "target_tp_rank": {"-1"}, "target_pp_rank": {"-1"}}
+	code, body, ms, err = do(http.MethodGet, "/route?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	b.RouteMs = ms
+	switch code {
+	case http.StatusOK:
+	case http.StatusServiceUnavailable:
+		return fmt.Errorf("SGLang bootstrap %s: the prefill's ranks are still registering (GET /route: 503 %q)", base, firstLine(body))
+	default:
+		return fmt.Errorf("SGLang bootstrap %s: GET /route answered %d %q", base, code, firstLine(body))
+	}
+	info, err := ReadPrefillServerInfo(body)
+	if err != nil {
+		return fmt.Errorf("SGLang bootstrap %s: GET /route: %w", base, err)
+	}
+	b.Info = info
+	n := info.DPSize * info.AttnCPSize * info.AttnTPSize * info.PPSize
+	if n > maxSGLRanks {
+		b.RanksOmitted = n - maxSGLRanks
+	}
+	// The per-rank entries, asked for as a decode does.
+	listed := 0
+	for dp := 0; dp < info.DPSize && listed < maxSGLRanks; dp++ {
+		for cp := 0; cp < info.AttnCPSize && listed < maxSGLRanks; cp++ {
+			for tp := 0; tp < info.AttnTPSize && listed < maxSGLRanks; tp++ {
+				for pp := 0; pp < info.PPSize && listed < maxSGLRanks; pp++ {
+					q := url.Values{"prefill_dp_rank": {strconv.Itoa(dp)}, "prefill_cp_rank": {strconv.Itoa(cp)},
+						"target_tp_rank": {strconv.Itoa(tp)}, "target_pp_rank": {strconv.Itoa(pp)}}
+					code, body, _, err := do(http.MethodGet, "/route?"+q.Encode(), nil)
+					if err != nil {
+						return err
+					}
+					where := fmt.Sprintf("dp %d, cp %d, tp %d, pp %d", dp, cp, tp, pp)
+					if code != http.StatusOK {
+						return fmt.Errorf("SGLang bootstrap %s: rank %s: GET /route answered %d %q (the server info promised %d ranks)",
+							base, where, code, firstLine(body), n)
+					}
+					ip, port, err := ReadPrefillRankInfo(body)
+					if err != nil {
+						return fmt.Errorf("SGLang bootstrap %s: rank %s: %w", base, where, err)
+					}
+					b.Ranks = append(b.Ranks, SGLangRank{DPRank: dp, CPRank: cp, TPRank: tp, PPRank: pp, RankIP: ip, RankPort: port})
+					listed++
+				}
+			}
+		}
+	}
+	code, body, _, err = do(http.MethodPost, "/query_dp_ranks", []byte(`{"bootstrap_rooms": []}`))
+	switch {
+	case err != nil:
+		return err
+	case code == http.StatusOK && strings.TrimSpace(string(body)) == "{}":
+		b.QueryDPRanks = "ok"
+	default:
+		b.QueryDPRanks = fmt.Sprintf("%d %s", code, firstLine(body))
+		if !info.FollowBootstrapRoom {
+			res.Notes = append(res.Notes, "follow_bootstrap_room is false, so a decode asks /query_dp_ranks for each room's DP rank, and this server does not answer it as SGLang does")
+		}
+	}
+	return nil
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// jsonFields reads a JSON object's fields by name, with errors that name
+// the field ("PrefillServerInfo.attn_tp_size: want an integer, got string").
+type jsonFields struct {
+	typ string
+	m   map[string]any
+	err error
+}
+
+func readJSONObject(typ string, b []byte) (*jsonFields, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%s: not JSON: %v", typ, err)
+	}
+	if d.More() {
+		return nil, fmt.Errorf("%s: data after the JSON value", typ)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: want a JSON object, got %s", typ, jsonType(v))
+	}
+	return &jsonFields{typ: typ, m: m}, nil
+}
+
+func jsonType(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "bool"
+	case json.Number:
+		return "number"
+	case string:
+		return "string"
+	case []any:
+		return "array"
+	}
+	return "object"
+}
+
+func (f *jsonFields) fail(name, format string, a ...any) {
+	if f.err == nil {
+		f.err = fmt.Errorf("%s.%s: %s", f.typ, name, fmt.Sprintf(format, a...))
+	}
+}
+
+// int reads an integer in [lo, hi]; nullable fields return nil for null.
+func (f *jsonFields) int(name string, lo, hi int64, nullable bool) *int {
+	v, ok := f.m[name]
+	if !ok {
+		f.fail(name, "missing")
+		return nil
+	}
+	if v == nil {
+		if !nullable {
+			f.fail(name, "null")
+		}
+		return nil
+	}
+	n, isNum := v.(json.Number)
+	i, err := strconv.ParseInt(string(n), 10, 64)
+	if !isNum || err != nil {
+		f.fail(name, "want an integer, got %s", jsonType(v))
+		return nil
+	}
+	if i < lo || i > hi {
+		f.fail(name, "%d out of range (%d..%d)", i, lo, hi)
+		return nil
+	}
+	x := int(i)
+	return &x
+}
+
+func (f *jsonFields) str(name string, nullable bool) *string {
+	v, ok := f.m[name]
+	if !ok {
+		f.fail(name, "missing")
+		return nil
+	}
+	if v == nil {
+		if !nullable {
+			f.fail(name, "null")
+		}
+		return nil
+	}
+	s, isStr := v.(string)
+	if !isStr {
+		f.fail(name, "want a string, got %s", jsonType(v))
+		return nil
+	}
+	return &s
+}
+
+func (f *jsonFields) bool(name string) bool {
+	v, ok := f.m[name]
+	if !ok {
+		f.fail(name, "missing")
+		return false
+	}
+	b, isBool := v.(bool)
+	if !isBool {
+		f.fail(name, "want a bool, got %s", jsonType(v))
+	}
+	return b
+}
+
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// ReadPrefillServerInfo checks every field of a PrefillServerInfo reply.
+// The sizes must be at least 1 (a decode divides by them).
+func ReadPrefillServerInfo(b []byte) (*SGLangPrefillInfo, error) {
+	f, err := readJSONObject("PrefillServerInfo", b)
+	if err != nil {
+		return nil, err
+	}
+	info := &SGLangPrefillInfo{AttnTPSize: deref(f.int("attn_tp_size", 1, 1<<16, false)),
+		AttnCPSize: deref(f.int("attn_cp_size", 1, 1<<16, false)), DPSize: deref(f.int("dp_size", 1, 1<<16, false)),
+		PPSize: deref(f.int("pp_size", 1, 1<<16, false)), PageSize: f.int("page_size", 1, 1<<20, true),
+		KVCacheDType: f.str("kv_cache_dtype", true), FollowBootstrapRoom: f.bool("follow_bootstrap_room")}
+	// Newer fields: a server from before them leaves them out.
+	if _, ok := f.m["enable_dsa_cache_layer_split"]; ok {
+		info.EnableDSACacheLayerSplit = f.bool("enable_dsa_cache_layer_split")
+	}
+	if _, ok := f.m["prefill_http_port"]; ok {
+		info.PrefillHTTPPort = f.int("prefill_http_port", 1, 65535, true)
+	}
+	return info, f.err
+}
+
+// ReadPrefillRankInfo checks a PrefillRankInfo reply.
+func ReadPrefillRankInfo(b []byte) (ip string, port int, err error) {
+	f, err := readJSONObject("PrefillRankInfo", b)
+	if err != nil {
+		return "", 0, err
+	}
+	s := f.str("rank_ip", false)
+	p := f.int("rank_port", 1, 65535, false)
+	if f.err != nil {
+		return "", 0, f.err
+	}
+	if *s == "" {
+		return "", 0, fmt.Errorf("PrefillRankInfo.rank_ip: empty")
+	}
+	return *s, *p, nil
+}
