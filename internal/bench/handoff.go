@@ -513,17 +513,19 @@ type Endpoint struct {
 // (agents, pools) before it is killed.
 const endpointGrace = 15 * time.Second
 
-func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*Endpoint, error) {
+// startEndpoint starts (or dials, for an address) an endpoint of role
+// (prefill or decode); name is how errors call it ("prefill-1").
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, name, addr string) (*Endpoint, error) {
 	// Endpoints outlive the run's context: an interrupted run still asks
 	// them for their stats.
 	keep := context.WithoutCancel(ctx)
 	switch {
 	case o.Inproc:
-		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", role), engine.SideChannelHost{}))}, nil
+		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
 	case addr != "":
 		c, err := ctl.Dial(ctx, addr)
 		if err != nil {
-			return nil, fmt.Errorf("%s endpoint %s: %w", role, addr, err)
+			return nil, fmt.Errorf("%s endpoint %s: %w", name, addr, err)
 		}
 		return &Endpoint{rpc: c}, nil
 	}
@@ -533,7 +535,7 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*
 	}
 	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: childStderr(o.ChildStderr)})
 	if err != nil {
-		return nil, fmt.Errorf("%s endpoint: %w", role, err)
+		return nil, fmt.Errorf("%s endpoint: %w", name, err)
 	}
 	return &Endpoint{rpc: c}, nil
 }
@@ -634,12 +636,12 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}()
 	for i, s := range pslots {
-		if pes[i], err = startEndpoint(ctx, &o, engineName("prefill", i, n), s.remoteAddr()); err != nil {
+		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s.remoteAddr()); err != nil {
 			return nil, err
 		}
 	}
 	for i, s := range dslots {
-		if des[i], err = startEndpoint(ctx, &o, engineName("decode", i, m), s.remoteAddr()); err != nil {
+		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s.remoteAddr()); err != nil {
 			return nil, err
 		}
 	}
