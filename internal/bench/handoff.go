@@ -356,15 +356,15 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process"}
 	ps, ds := o.engines()
 	switch {
-	case o.remote() || (len(ps)*len(ds) > 1 && !o.Inproc):
+	case o.remote():
 		c.Endpoints = "prefill " + slotsLabel(ps) + " / decode " + slotsLabel(ds)
 	case o.Inproc:
 		c.Endpoints = "inproc"
 	}
 	if len(ps)*len(ds) > 1 {
 		c.PrefillEngines, c.DecodeEngines, c.Router = ps, ds, cmp.Or(o.Router, RouterRoundRobin)
-		if o.Inproc {
-			c.Endpoints = fmt.Sprintf("inproc, %d prefill x %d decode", len(ps), len(ds))
+		if !o.remote() {
+			c.Endpoints = fmt.Sprintf("%s, %d prefill x %d decode", c.Endpoints, len(ps), len(ds))
 		}
 	}
 	return c

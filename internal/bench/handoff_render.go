@@ -265,11 +265,12 @@ func (res *HandoffResult) Figure() (report.Figure, error) {
 		}
 		heat := func(title string, v func(PairSummary) (float64, bool), highIsGood bool) report.Panel {
 			return report.Panel{Title: title, XLabel: "decode", YLabel: "prefill",
-				Heatmap: &report.Heatmap{Rows: rows, Cols: cols, Values: pairMatrix(res, v), Format: "%.3g", HighIsGood: highIsGood}}
+				Heatmap: &report.Heatmap{Rows: rows, Cols: cols, Values: pairMatrix(res, v), HighIsGood: highIsGood}}
 		}
 		fig.Panels = append(fig.Panels, heat("GB/s per pair (over its active time)", pairGBps, true),
 			heat("handoff p99 per pair (ms)", pairP99, false))
 		fig.Columns = 2
+		fig.Title += fmt.Sprintf(", %d prefill x %d decode (%s)", n, m, res.Config.Router)
 	}
 	return fig, nil
 }

@@ -70,9 +70,6 @@ func (h *heat) Plot(c draw.Canvas, p *plot.Plot) {
 		cm.SetMax(hi)
 	}
 	format := h.hm.Format
-	if format == "" {
-		format = "%.3g"
-	}
 	trX, trY := p.Transforms(&c)
 	sty := draw.TextStyle{Color: color.Black, Font: p.Title.TextStyle.Font, XAlign: draw.XCenter, YAlign: draw.YCenter, Handler: p.Title.TextStyle.Handler}
 	sty.Font.Size = vg.Points(10)
@@ -85,7 +82,7 @@ func (h *heat) Plot(c draw.Canvas, p *plot.Plot) {
 				if cc, err := cm.At(v); err == nil {
 					fill = cc
 				}
-				label = fmt.Sprintf(format, v)
+				label = cellLabel(format, v)
 			}
 			var path vg.Path
 			path.Move(vg.Point{X: x0, Y: y0})
@@ -120,4 +117,19 @@ func (t labels) Ticks(_, _ float64) []plot.Tick {
 		out[i] = plot.Tick{Value: t.pos(i), Label: n}
 	}
 	return out
+}
+
+// cellLabel formats a cell's value: with format when given, else three
+// significant digits without an exponent for the usual range.
+func cellLabel(format string, v float64) string {
+	if format != "" {
+		return fmt.Sprintf(format, v)
+	}
+	switch a := math.Abs(v); {
+	case a >= 100 && a < 1e7:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10 && a < 100:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.3g", v)
 }

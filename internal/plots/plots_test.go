@@ -81,7 +81,7 @@ func figures(t *testing.T) map[string]report.Figure {
 			Values: [][]float64{{3.1, 6.2, 6.0}, {2.9, 0.8, math.NaN()}}, HighIsGood: true}},
 		{Title: "handoff p99 per pair (ms)", XLabel: "decode", YLabel: "prefill", Heatmap: &report.Heatmap{
 			Rows: []string{"prefill-0", "prefill-1"}, Cols: []string{"decode-0", "decode-1", "decode-2"},
-			Values: [][]float64{{12, 5.5, 5.8}, {13, 41, math.NaN()}}, Format: "%.1f"}},
+			Values: [][]float64{{1200, 5.5, 58}, {1300, 41, math.NaN()}}}},
 	}}
 	return map[string]report.Figure{"sweep": sf, "latency": lf, "rss": rf, "leases": tf, "heatmap": hf}
 }

@@ -46,7 +46,7 @@ type Panel struct {
 type Heatmap struct {
 	Rows, Cols []string
 	Values     [][]float64 // [row][col]; NaN: no value (a blank cell)
-	Format     string      // the cells' labels, e.g. "%.2f" (default "%.3g")
+	Format     string      // the cells' labels, e.g. "%.2f" (default: three significant digits, no exponent up to 1e7)
 	// HighIsGood colours high values cool and low ones hot (bandwidth);
 	// otherwise high is hot (latency).
 	HighIsGood bool
