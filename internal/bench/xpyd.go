@@ -65,12 +65,6 @@ func (o *HandoffOptions) engines() (p, d []EngineSlot) {
 	return p, d
 }
 
-// xpyd says whether the run has more than one pair.
-func (o *HandoffOptions) xpyd() bool {
-	p, d := o.engines()
-	return len(p)*len(d) > 1
-}
-
 // remote says whether any engine runs elsewhere.
 func (o *HandoffOptions) remote() bool {
 	p, d := o.engines()
