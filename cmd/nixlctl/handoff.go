@@ -95,7 +95,16 @@ KV ready at prefill -> transfer posted, post time, transfer time, transfer done
 has p50/p90/p99/p99.9/max, bandwidth, requests/s, failures, corrupt blocks,
 blocks still held after the run, and efficiency against memcpy (measured in the
 decode process) and against "bench xfer" on the same bytes (--xfer-reference).
---records FILE writes one JSON line per request.`
+--records FILE writes one JSON line per request.
+
+xPyD: --prefills N --decodes M run N prefill and M decode engines here, or
+--prefill and --decode list several endpoints (comma separated, "local" for a
+child here), or --topology FILE lists them with their own TP. --router
+round-robin cycles through every (prefill, decode) pair; least-loaded picks
+the decode with the fewest requests in flight, then the prefill. The result
+adds each pair's requests, GB/s (over the pair's active time) and handoff p99
+as prefill x decode matrices (and heatmaps with --plot), so incast on one
+decode and a slow pair show up.`
 
 func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	short := map[engine.Protocol]string{
@@ -110,6 +119,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 		Example: fmt.Sprintf(`  nixlctl bench %[1]s
   nixlctl bench %[1]s --model llama-3.1-8b --isl 4096 --requests 64 --concurrency 8 --xfer-reference
   nixlctl bench %[1]s --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 2048 --requests 16
+  nixlctl bench %[1]s --prefills 2 --decodes 2 --router least-loaded --isl 2048 --requests 32 --plot xpyd.png
   nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -161,8 +171,12 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("decode-device", d.DecodeDevice, "decode's GPU for --mem vram")
 	f.Bool("xfer-reference", d.XferRef, "also run bench xfer on the same bytes for an efficiency ratio")
 	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
-	f.String("prefill", d.Prefill, "use a prefill endpoint started with serve prefill --listen (host:port); alone, decode runs here as a child")
-	f.String("decode", d.Decode, "use a decode endpoint started with serve decode --listen (host:port); alone, prefill runs here as a child")
+	f.String("prefill", d.Prefill, "use prefill endpoints started with serve prefill --listen (host:port, comma separated; \"local\" for a child here); alone, decode runs here as a child")
+	f.String("decode", d.Decode, "use decode endpoints started with serve decode --listen (host:port, comma separated; \"local\" for a child here); alone, prefill runs here as a child")
+	f.Int("prefills", d.Prefills, "xPyD: prefill engines to run here as children (without --prefill addresses)")
+	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses)")
+	f.String("topology", d.Topology, "xPyD: JSON (or .yaml) file of engines instead: {\"prefill\": [{\"addr\": \"local\", \"tp\": 2}, ...], \"decode\": [...]}")
+	f.String("router", d.Router.String(), "xPyD: how requests are assigned to (prefill, decode) pairs: round-robin or least-loaded")
 	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
 	f.String("xfer-target", d.XferTarget, "with remote endpoints: a serve target --listen on the remote host, for the bench xfer reference over the same link")
 	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")

@@ -70,8 +70,19 @@ type HandoffOptions struct {
 	DecodeDevice  int                  `mapstructure:"decode-device"`  // decode's GPU (VRAM)
 	XferRef       bool                 `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
 	Inproc        bool                 `mapstructure:"inproc"`
-	Prefill       string               `mapstructure:"prefill"` // host:port of `serve prefill --listen`
-	Decode        string               `mapstructure:"decode"`
+	// Prefill and Decode are the engines' control addresses, comma
+	// separated (host:port of `serve prefill|decode --listen`, or "local"
+	// for a child of the driver); "" is Prefills or Decodes local children.
+	Prefill  string `mapstructure:"prefill"`
+	Decode   string `mapstructure:"decode"`
+	Prefills int    `mapstructure:"prefills"` // local prefill engines without addresses (0 = 1)
+	Decodes  int    `mapstructure:"decodes"`
+	// Topology is a file listing the engines instead (ReadTopology).
+	Topology string `mapstructure:"topology"`
+	// Router assigns requests to (prefill, decode) pairs ("" = round robin).
+	Router Router `mapstructure:"router"`
+	// The engines Validate settled on, from the lists or the topology.
+	prefills, decodes []EngineSlot `mapstructure:"-"`
 	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
 	NetDevices string `mapstructure:"net-devices"`
 	// XferTarget is a `serve target --listen` on the remote endpoint's host,
@@ -114,7 +125,7 @@ func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
 		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
-		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1}
+		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin}
 }
 
 // Validate checks the options. Problems with one field are
@@ -179,19 +190,16 @@ func (o *HandoffOptions) Validate() error {
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
 	}
-	if o.Inproc && (o.Prefill != "" || o.Decode != "") {
+	o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)
+	if o.Inproc && o.remote() {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
+	}
+	if o.Router != "" && !valid(o.Router, Routers) {
+		bad("Router", "unknown router %q (want round-robin or least-loaded)", o.Router)
 	}
 	if o.XferTarget != "" {
 		if err := checkAddr(o.XferTarget); err != nil {
 			bad("XferTarget", "%v", err)
-		}
-	}
-	for _, ep := range []struct{ field, addr string }{{"Prefill", o.Prefill}, {"Decode", o.Decode}} {
-		if ep.addr != "" {
-			if err := checkAddr(ep.addr); err != nil {
-				bad(ep.field, "%v", err)
-			}
 		}
 	}
 	if err := o.Spec.Validate(); err != nil {
@@ -214,6 +222,7 @@ func (o *HandoffOptions) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, o.checkTopologyTPs()...)
 	return errkind.BadInput(errors.Join(errs...))
 }
 
@@ -310,6 +319,11 @@ type HandoffConfig struct {
 	NoCompatCheck bool   `json:"no_compat_check,omitempty"`
 	// NetDevices is --net-devices: UCX_NET_DEVICES at both endpoints.
 	NetDevices string `json:"net_devices,omitempty"`
+	// An xPyD run's engines (addr "local" for a child of the driver) and
+	// its router; absent with one prefill and one decode.
+	PrefillEngines []EngineSlot `json:"prefill_engines,omitempty"`
+	DecodeEngines  []EngineSlot `json:"decode_engines,omitempty"`
+	Router         Router       `json:"router,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -344,11 +358,18 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
 		NetDevices: o.NetDevices}
+	ps, ds := o.engines()
 	switch {
-	case o.Prefill != "" || o.Decode != "":
-		c.Endpoints = "prefill " + cmp.Or(o.Prefill, "local child") + " / decode " + cmp.Or(o.Decode, "local child")
+	case o.remote():
+		c.Endpoints = "prefill " + slotsLabel(ps) + " / decode " + slotsLabel(ds)
 	case o.Inproc:
 		c.Endpoints = "inproc"
+	}
+	if len(ps)*len(ds) > 1 {
+		c.PrefillEngines, c.DecodeEngines, c.Router = ps, ds, cmp.Or(o.Router, RouterRoundRobin)
+		if !o.remote() {
+			c.Endpoints = fmt.Sprintf("%s, %d prefill x %d decode", c.Endpoints, len(ps), len(ds))
+		}
 	}
 	return c
 }
@@ -358,6 +379,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 type HandoffRecord struct {
 	Index          int                `json:"index"`
 	ID             string             `json:"id"`
+	Prefill        int                `json:"prefill,omitempty"` // the engines the router picked (xPyD)
+	Decode         int                `json:"decode,omitempty"`
 	Warmup         bool               `json:"warmup,omitempty"`
 	ISL            int                `json:"isl"`
 	PrefixTokens   int                `json:"prefix_tokens"`
@@ -450,19 +473,27 @@ type HandoffSummary struct {
 	// nanoseconds), keyed by their summary field: "transfer_ms", "post_ms",
 	// "finish_to_post_ms", "completion_to_ready_ms", "registration_rtt_ms".
 	StageHistograms map[string]string `json:"stage_histograms,omitempty"`
+	// Pairs are an xPyD run's (prefill, decode) pairs, prefill-major
+	// (SummarizePairs); absent with one of each.
+	Pairs []PairSummary `json:"pairs,omitempty"`
 }
 
 // HandoffResult is the whole run.
 type HandoffResult struct {
 	report.Meta
-	Protocol   string            `json:"protocol"`
-	Backend    string            `json:"backend"`
-	Model      string            `json:"model"`
-	Config     HandoffConfig     `json:"config"`
-	Summary    HandoffSummary    `json:"summary"`
-	Prefill    engine.Stats      `json:"prefill_stats"`
-	Decode     engine.Stats      `json:"decode_stats"`
-	Transports map[string]string `json:"transports,omitempty"`
+	Protocol string         `json:"protocol"`
+	Backend  string         `json:"backend"`
+	Model    string         `json:"model"`
+	Config   HandoffConfig  `json:"config"`
+	Summary  HandoffSummary `json:"summary"`
+	// Prefill and Decode are the engines' counters, summed over the
+	// engines of an xPyD run, which PrefillEngines and DecodeEngines keep
+	// one by one.
+	Prefill        engine.Stats      `json:"prefill_stats"`
+	Decode         engine.Stats      `json:"decode_stats"`
+	PrefillEngines []engine.Stats    `json:"prefill_engine_stats,omitempty"`
+	DecodeEngines  []engine.Stats    `json:"decode_engine_stats,omitempty"`
+	Transports     map[string]string `json:"transports,omitempty"`
 	// NetPath says which devices carried the payload at prefill (tx) and
 	// decode (rx).
 	NetPath NetPath `json:"net_path,omitempty"`
@@ -489,17 +520,19 @@ type Endpoint struct {
 // (agents, pools) before it is killed.
 const endpointGrace = 15 * time.Second
 
-func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*Endpoint, error) {
+// startEndpoint starts (or dials, for an address) an endpoint of role
+// (prefill or decode); name is how errors call it ("prefill-1").
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, name, addr string) (*Endpoint, error) {
 	// Endpoints outlive the run's context: an interrupted run still asks
 	// them for their stats.
 	keep := context.WithoutCancel(ctx)
 	switch {
 	case o.Inproc:
-		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", role), engine.SideChannelHost{}))}, nil
+		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
 	case addr != "":
 		c, err := ctl.Dial(ctx, addr)
 		if err != nil {
-			return nil, fmt.Errorf("%s endpoint %s: %w", role, addr, err)
+			return nil, fmt.Errorf("%s endpoint %s: %w", name, addr, err)
 		}
 		return &Endpoint{rpc: c}, nil
 	}
@@ -509,7 +542,7 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, addr string) (*
 	}
 	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: childStderr(o.ChildStderr)})
 	if err != nil {
-		return nil, fmt.Errorf("%s endpoint: %w", role, err)
+		return nil, fmt.Errorf("%s endpoint: %w", name, err)
 	}
 	return &Endpoint{rpc: c}, nil
 }
@@ -575,75 +608,135 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
 	blocks := o.poolBlocks()
-	if o.NumBlocks == 0 && o.Mem != nixl.VRAM && (o.Prefill == "" || o.Decode == "") {
-		// Both engines' pools, in this host's memory: keep them under half
-		// of what is available (open loops and traces size for 64 requests
-		// of the longest prompt, which can be more than the machine has).
-		if avail := memAvailable(); avail > 0 {
-			per := blockBytesAllRanks(spec, spec.TP) + blockBytesAllRanks(spec, o.DecodeTP)
-			if limit := int(avail / 2 / max(per, 1)); blocks > limit {
+	pslots, dslots := o.engines()
+	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
+		// Every local engine's pool, in this host's memory: keep them under
+		// half of what is available (open loops and traces size for 64
+		// requests of the longest prompt, which can be more than the
+		// machine has).
+		var per int64
+		for _, s := range pslots {
+			if s.Local() {
+				per += blockBytesAllRanks(spec, s.TP)
+			}
+		}
+		for _, s := range dslots {
+			if s.Local() {
+				per += blockBytesAllRanks(spec, s.TP)
+			}
+		}
+		if avail := memAvailable(); avail > 0 && per > 0 {
+			if limit := int(avail / 2 / per); blocks > limit {
 				res.Warn(fmt.Sprintf("KV pools cut from %d to %d blocks per engine to fit half of the %s of memory available (--num-blocks sets them)",
 					blocks, limit, report.Bytes(avail)))
 				blocks = max(limit, 1)
 			}
 		}
 	}
-	pc, dc := o.EngineConfig(engine.RolePrefill, backend.Name, blocks), o.EngineConfig(engine.RoleDecode, backend.Name, blocks)
 	res.Config = o.config(blocks)
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
-	pe, err := startEndpoint(ctx, &o, "prefill", o.Prefill)
-	if err != nil {
-		return nil, err
-	}
-	defer pe.close()
-	de, err := startEndpoint(ctx, &o, "decode", o.Decode)
-	if err != nil {
-		return nil, err
-	}
-	defer de.close()
-	// A local child whose peer is on another host binds and advertises
-	// the address this host reaches that peer by, not loopback.
-	if o.Prefill == "" && o.Decode != "" {
-		if host := localHostFor(de); host != "" {
-			pc.SideChannel, pc.Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
+	n, m := len(pslots), len(dslots)
+	pes, des := make([]*Endpoint, n), make([]*Endpoint, m)
+	defer func() {
+		for _, ep := range append(append([]*Endpoint(nil), pes...), des...) {
+			ep.close()
 		}
-	}
-	if o.Decode == "" && o.Prefill != "" {
-		if host := localHostFor(pe); host != "" {
-			dc.SideChannel, dc.Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
-		}
-	}
-	if err := pe.meet(ctx, "prefill", o.Prefill); err != nil {
-		return nil, err
-	}
-	if err := de.meet(ctx, "decode", o.Decode); err != nil {
-		return nil, err
-	}
-	var psetup, dsetup engine.SetupReply
-	if err := pe.rpc.Call(ctx, "setup", pc, &psetup); err != nil {
-		return nil, fmt.Errorf("prefill setup: %w", err)
-	}
-	if err := de.rpc.Call(ctx, "setup", dc, &dsetup); err != nil {
-		return nil, fmt.Errorf("decode setup: %w", err)
-	}
-	pe.info.SideChannel, de.info.SideChannel = psetup.SideChannel, dsetup.SideChannel
-	res.Endpoints = []EndpointInfo{pe.info, de.info}
-	res.Placement = placement(pe.host, de.host)
-	if o.Prefill != "" || o.Decode != "" {
-		if err := checkReachable(ctx, "prefill", psetup.SideChannel, psetup.Bootstrap); err != nil {
+	}()
+	for i, s := range pslots {
+		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s.remoteAddr()); err != nil {
 			return nil, err
 		}
-		if err := checkReachable(ctx, "decode", dsetup.SideChannel); err != nil {
+	}
+	for i, s := range dslots {
+		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s.remoteAddr()); err != nil {
 			return nil, err
+		}
+	}
+	pcs, dcs := make([]engine.Config, n), make([]engine.Config, m)
+	for i, s := range pslots {
+		pcs[i] = o.engineConfig(engine.RolePrefill, backend.Name, blocks, i, s.TP)
+	}
+	for i, s := range dslots {
+		dcs[i] = o.engineConfig(engine.RoleDecode, backend.Name, blocks, i, s.TP)
+	}
+	// A local child whose peers are on another host binds and advertises
+	// the address this host reaches them by, not loopback.
+	remoteOf := func(slots []EngineSlot, eps []*Endpoint) []*Endpoint {
+		var out []*Endpoint
+		for i, s := range slots {
+			if !s.Local() {
+				out = append(out, eps[i])
+			}
+		}
+		return out
+	}
+	for _, side := range []struct {
+		slots []EngineSlot
+		cfgs  []engine.Config
+		peers []*Endpoint
+	}{{pslots, pcs, remoteOf(dslots, des)}, {dslots, dcs, remoteOf(pslots, pes)}} {
+		if len(side.peers) == 0 {
+			continue
+		}
+		if host := localHostFor(side.peers...); host != "" {
+			for i, s := range side.slots {
+				if s.Local() {
+					side.cfgs[i].SideChannel, side.cfgs[i].Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
+				}
+			}
+		}
+	}
+	for i, ep := range pes {
+		if err := ep.meet(ctx, engineName("prefill", i, n), pslots[i].remoteAddr()); err != nil {
+			return nil, err
+		}
+	}
+	for i, ep := range des {
+		if err := ep.meet(ctx, engineName("decode", i, m), dslots[i].remoteAddr()); err != nil {
+			return nil, err
+		}
+	}
+	psetups, dsetups := make([]engine.SetupReply, n), make([]engine.SetupReply, m)
+	for i, ep := range pes {
+		if err := ep.rpc.Call(ctx, "setup", pcs[i], &psetups[i]); err != nil {
+			return nil, fmt.Errorf("%s setup: %w", engineName("prefill", i, n), err)
+		}
+		ep.info.SideChannel = psetups[i].SideChannel
+	}
+	for i, ep := range des {
+		if err := ep.rpc.Call(ctx, "setup", dcs[i], &dsetups[i]); err != nil {
+			return nil, fmt.Errorf("%s setup: %w", engineName("decode", i, m), err)
+		}
+		ep.info.SideChannel = dsetups[i].SideChannel
+	}
+	res.Endpoints = nil
+	for _, ep := range append(append([]*Endpoint(nil), pes...), des...) {
+		res.Endpoints = append(res.Endpoints, ep.info)
+	}
+	res.Placement = placementAll(pes, des)
+	if o.remote() {
+		for i := range pes {
+			if err := checkReachable(ctx, engineName("prefill", i, n), psetups[i].SideChannel, psetups[i].Bootstrap); err != nil {
+				return nil, err
+			}
+		}
+		for i := range des {
+			if err := checkReachable(ctx, engineName("decode", i, m), dsetups[i].SideChannel); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if o.OnStart != nil {
-		o.OnStart(pe, de)
+		o.OnStart(pes[0], des[0])
 	}
+	psetup, dsetup := psetups[0], dsetups[0]
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
 	res.Config.CompatHash, res.Config.NoCompatCheck = psetup.CompatHash, o.NoCompatCheck
-	h := &handoff{o: &o, pe: pe, de: de, psetup: psetup, freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{},
-		unstreamed: map[string]int{}}
+	h := &handoff{o: &o, pes: pes, des: des, psetups: psetups, dtp: make([]int, m), router: newRouter(o.Router, n, m),
+		freed: map[string]engine.FreedEvent{}, waiting: map[string]chan engine.FreedEvent{}, unstreamed: map[string]int{}}
+	for i, s := range dslots {
+		h.dtp[i] = s.TP
+	}
 	if o.Records != nil {
 		// The provisional result a kill leaves (--save) recomputes its
 		// efficiency from this.
@@ -652,17 +745,27 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			return nil, fmt.Errorf("records: %w", err)
 		}
 	}
-	go h.collectFreed()
+	for _, pe := range pes {
+		go h.collectFreed(pe)
+	}
 	// Liveness: an endpoint that dies stops the run at once, with the
 	// reason, instead of the router sending it requests that wait out
 	// watchdogs (push) or fail a wave at a time (SGLang).
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
 	var died atomic.Pointer[string]
-	for _, ep := range []struct {
+	type watched struct {
 		role string
 		c    *ctl.Client
-	}{{"prefill", pe.rpc}, {"decode", de.rpc}} {
+	}
+	var watch []watched
+	for i, ep := range pes {
+		watch = append(watch, watched{engineName("prefill", i, n), ep.rpc})
+	}
+	for i, ep := range des {
+		watch = append(watch, watched{engineName("decode", i, m), ep.rpc})
+	}
+	for _, ep := range watch {
 		go func() {
 			select {
 			case <-ep.c.Done():
@@ -677,7 +780,17 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}()
 	}
-	path := watchPath(ctx, o.Prefill != "" || o.Decode != "", pathEnd{"prefill", pe.rpc, netpath.Send}, pathEnd{"decode", de.rpc, netpath.Receive})
+	// Each engine's counters against the whole payload: engines of one
+	// host read the same host-wide counters, so with several engines the
+	// shares are of the run's bytes, not of that engine's.
+	var ends []pathEnd
+	for i, ep := range pes {
+		ends = append(ends, pathEnd{engineName("prefill", i, n), ep.rpc, netpath.Send})
+	}
+	for i, ep := range des {
+		ends = append(ends, pathEnd{engineName("decode", i, m), ep.rpc, netpath.Receive})
+	}
+	path := watchPath(ctx, o.remote(), ends...)
 	runErr := h.run(runCtx)
 	path.stop(ctx)
 	if d := died.Load(); d != nil {
@@ -698,27 +811,45 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	// then for the leases they left (up to the lease, at most 5 s), before
 	// counting what is still held.
 	busy := time.Now().Add(10 * time.Second)
-	var settle time.Time
-	for {
-		if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Prefill); err != nil {
-			res.Warn("prefill stats: " + err.Error())
-			break
-		}
-		if res.Prefill.InFlight > 0 && time.Now().Before(busy) {
+	pstats, dstats := make([]engine.Stats, n), make([]engine.Stats, m)
+	for i, pe := range pes {
+		var settle time.Time
+		st := &pstats[i]
+		for {
+			if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, st); err != nil {
+				res.Warn(engineName("prefill", i, n) + " stats: " + err.Error())
+				break
+			}
+			if st.InFlight > 0 && time.Now().Before(busy) {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			if settle.IsZero() {
+				settle = time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
+			}
+			if st.BlocksInUse == 0 || time.Now().After(settle) {
+				break
+			}
 			time.Sleep(50 * time.Millisecond)
-			continue
 		}
-		if settle.IsZero() {
-			settle = time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
-		}
-		if res.Prefill.BlocksInUse == 0 || time.Now().After(settle) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	if err := de.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &res.Decode); err != nil {
-		res.Warn("decode stats: " + err.Error())
+	for i, de := range des {
+		if err := de.rpc.Call(context.WithoutCancel(ctx), "stats", nil, &dstats[i]); err != nil {
+			res.Warn(engineName("decode", i, m) + " stats: " + err.Error())
+		}
 	}
+	if n*m == 1 {
+		res.Prefill, res.Decode = pstats[0], dstats[0]
+	} else {
+		for _, st := range pstats {
+			sumStats(&res.Prefill, st)
+		}
+		for _, st := range dstats {
+			sumStats(&res.Decode, st)
+		}
+		res.PrefillEngines, res.DecodeEngines = pstats, dstats
+	}
+	pe, de := pes[0], des[0]
 	// The initiator's view of the path: decode READs in pull, prefill
 	// WRITEs in push and SGLang.
 	initiator := de
@@ -748,7 +879,14 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
 	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
 	if res.Summary.LeakedBlocks > 0 {
-		res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
+		if n*m == 1 {
+			res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
+		} else {
+			res.Warn(fmt.Sprintf("%d KV blocks still held after the run (%s)", res.Summary.LeakedBlocks, heldByEngine(pstats, dstats)))
+		}
+	}
+	if n*m > 1 {
+		res.Summary.Pairs = SummarizePairs(h.records, n, m)
 	}
 	if res.Summary.CorruptBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d corrupt blocks: data arrived wrong or late", res.Summary.CorruptBlocks))
@@ -757,18 +895,19 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		res.Warn(fmt.Sprintf("negative stage times, left out of their histograms: %s (clocks that disagree, or a stamp on the wrong side)",
 			strings.TrimSuffix(strings.TrimPrefix(byReason(ns), " ("), ")")))
 	}
-	if n := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; n > 0 {
-		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", n))
+	if bad := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; bad > 0 {
+		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", bad))
 	}
-	remote := o.Prefill != "" || o.Decode != ""
+	remote := o.remote()
 	if o.XferRef && remote && o.XferTarget == "" && runErr == nil {
 		res.Warn("no bench xfer reference: with an endpoint on another host it must cross the same link (start serve target --listen there and give --xfer-target)")
 	}
 	if o.XferRef && (!remote || o.XferTarget != "") && runErr == nil && res.Summary.Requests > 0 {
 		// The reference allocates the run's working set again: give the
 		// endpoints' pools back first (both at once can exhaust memory).
-		pe.close()
-		de.close()
+		for _, ep := range append(append([]*Endpoint(nil), pes...), des...) {
+			ep.close()
+		}
 		live.Emit(o.Live, live.Phase{Text: "bench xfer reference"})
 		if gbps, err := h.xferReference(ctx, backend.Name, res); err != nil {
 			res.Warn("bench xfer reference: " + err.Error())
@@ -796,15 +935,17 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 }
 
 type handoff struct {
-	o       *HandoffOptions
-	pe, de  *Endpoint
-	psetup  engine.SetupReply
-	mu      sync.Mutex
-	records []HandoffRecord
-	freed   map[string]engine.FreedEvent // by router id
-	waiting map[string]chan engine.FreedEvent
-	start   int64
-	end     int64
+	o        *HandoffOptions
+	pes, des []*Endpoint
+	psetups  []engine.SetupReply
+	dtp      []int // each decode's TP
+	router   *router
+	mu       sync.Mutex
+	records  []HandoffRecord
+	freed    map[string]engine.FreedEvent // by router id
+	waiting  map[string]chan engine.FreedEvent
+	start    int64
+	end      int64
 	// unstreamed holds the finished requests whose records wait for
 	// prefill's release before they are streamed (o.Records): their
 	// position in records, by router id.
@@ -875,8 +1016,10 @@ func (h *handoff) applyFreed(r *HandoffRecord, f engine.FreedEvent) {
 	}
 }
 
-func (h *handoff) collectFreed() {
-	forEachEvent(h.pe, func(ev ctl.Event) {
+// collectFreed reads one prefill's releases (every request id is the
+// run's own, so one map serves every prefill).
+func (h *handoff) collectFreed(pe *Endpoint) {
+	forEachEvent(pe, func(ev ctl.Event) {
 		if ev.Name != "freed" {
 			return
 		}
@@ -884,7 +1027,7 @@ func (h *handoff) collectFreed() {
 		if json.Unmarshal(ev.Data, &f) != nil {
 			return
 		}
-		f.OnClock(h.pe.toDriver)
+		f.OnClock(pe.toDriver)
 		h.mu.Lock()
 		h.freed[f.RouterID] = f
 		ch := h.waiting[f.RouterID]
@@ -983,7 +1126,9 @@ func (h *handoff) run(ctx context.Context) error {
 	var errMu sync.Mutex
 	runOne := func(i int) {
 		defer wg.Done()
-		r := h.one(ctx, i, isls[i])
+		p, d := h.router.pick()
+		r := h.one(ctx, i, isls[i], p, d)
+		h.router.done(p, d)
 		var death *endpointDeath
 		if r.Error != "" && errors.As(context.Cause(ctx), &death) {
 			r.Error = "stopped: " + death.Error() // not the context's "canceled"
@@ -1062,32 +1207,33 @@ func (h *handoff) run(ctx context.Context) error {
 }
 
 // one runs one request through the protocol, as the router would.
-func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
+func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 	o := h.o
+	pe, de, psetup := h.pes[p], h.des[d], h.psetups[p]
 	id := fmt.Sprintf("cmpl-%06d-0", i)
 	key := o.Seed<<20 ^ uint64(i+1)
 	prefix := int(float64(isl) * o.PrefixHit)
-	rec := HandoffRecord{Index: i, ID: id, ISL: isl, PrefixTokens: prefix, TStart: mono.Now()}
+	rec := HandoffRecord{Index: i, ID: id, Prefill: p, Decode: d, ISL: isl, PrefixTokens: prefix, TStart: mono.Now()}
 	var pr engine.PrefillReply
 	var lr engine.LoadReply
 	var perr, derr error
 	switch o.Protocol {
 	case engine.ProtoPull:
-		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
 		if perr == nil {
-			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: pr.Params}, &lr)
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: pr.Params}, &lr)
 		}
 	case engine.ProtoPush:
-		host, port, _ := splitHostPort(h.psetup.SideChannel)
-		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: h.psetup.EngineID, RemoteRequestID: id,
-			RemoteHost: host, RemotePort: port, TPSize: h.psetup.TP, PPSize: 1, TransferMode: "push"}
+		host, port, _ := splitHostPort(psetup.SideChannel)
+		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
+			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: "push"}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: coords}, &lr)
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: coords}, &lr)
 		}()
-		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
 		wg.Wait()
 	case engine.ProtoSGLang:
 		room := rand.Uint64() >> 1 // 63 bits, as the router draws it
@@ -1095,15 +1241,15 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			derr = h.de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: h.psetup.Bootstrap}, &lr)
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: psetup.Bootstrap}, &lr)
 		}()
-		perr = h.pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, Room: room, ChunkTokens: o.ChunkTokens}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, Room: room, ChunkTokens: o.ChunkTokens}, &pr)
 		wg.Wait()
 	}
 	// Every stamp onto the driver's clock before anything subtracts
 	// stamps of two processes (a no-op on one host).
-	pr.OnClock(h.pe.toDriver)
-	lr.OnClock(h.de.toDriver)
+	pr.OnClock(pe.toDriver)
+	lr.OnClock(de.toDriver)
 	switch {
 	case perr != nil:
 		rec.Error = "prefill: " + perr.Error()
@@ -1141,12 +1287,10 @@ func (h *handoff) one(ctx context.Context, i, isl int) HandoffRecord {
 		// (sendRoom returns when they are).
 		rec.TransferMS = ms(pr.TPostStart, pr.TSent)
 		rec.Descriptors, rec.LogicalDescs = pr.Descriptors, pr.LogicalDescs
-		rec.Bytes = int64(lr.Blocks) * h.bytesPerBlock()
+		rec.Bytes = int64(lr.Blocks) * blockBytesAllRanks(h.o.Spec, h.dtp[d])
 	}
 	return rec
 }
-
-func (h *handoff) bytesPerBlock() int64 { return blockBytesAllRanks(h.o.Spec, h.o.DecodeTP) }
 
 // blockBytesAllRanks is what one block weighs on all ranks of an engine.
 func blockBytesAllRanks(spec kv.Spec, tp int) int64 {

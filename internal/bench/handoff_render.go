@@ -43,6 +43,12 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	if err := resultTable(res).WriteText(w); err != nil {
 		return err
 	}
+	for _, t := range pairTables(res) {
+		fmt.Fprintln(w)
+		if err := t.WriteText(w); err != nil {
+			return err
+		}
+	}
 	for _, warn := range res.Warnings {
 		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}
@@ -62,6 +68,12 @@ func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	fmt.Fprintln(w)
 	if err := resultTable(res).WriteMarkdown(w); err != nil {
 		return err
+	}
+	for _, t := range pairTables(res) {
+		fmt.Fprintln(w)
+		if err := t.WriteMarkdown(w); err != nil {
+			return err
+		}
 	}
 	for _, warn := range res.Warnings {
 		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
@@ -144,13 +156,22 @@ func handoffCSV(res *HandoffResult) *report.Table {
 		"registration_rtt_ms", "finish_to_post_ms", "post_ms", "transfer_ms", "completion_to_ready_ms", "handoff_ms", "corrupt_blocks", "error"} {
 		t.Columns = append(t.Columns, report.Column{Name: c})
 	}
+	// xPyD: which pair served each request.
+	xpyd := len(res.Config.PrefillEngines)*len(res.Config.DecodeEngines) > 1
+	if xpyd {
+		t.Columns = append(t.Columns, report.Column{Name: "prefill"}, report.Column{Name: "decode"})
+	}
 	recs := append([]HandoffRecord(nil), res.Records...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Index < recs[j].Index })
 	g := func(x float64) string { return fmt.Sprintf("%.6g", x) }
 	for _, r := range recs {
-		t.AddRow(fmt.Sprint(r.Index), r.ID, fmt.Sprint(r.ISL), fmt.Sprint(r.PrefixTokens), fmt.Sprint(r.Blocks), fmt.Sprint(r.Descriptors),
+		row := []string{fmt.Sprint(r.Index), r.ID, fmt.Sprint(r.ISL), fmt.Sprint(r.PrefixTokens), fmt.Sprint(r.Blocks), fmt.Sprint(r.Descriptors),
 			fmt.Sprint(r.Bytes), fmt.Sprint(r.FirstHandshake), g(r.HandshakeMS), g(r.RegRTTMS), g(r.FinishToPostMS), g(r.PostMS),
-			g(r.TransferMS), g(r.CompletionMS), g(r.HandoffMS), fmt.Sprint(r.CorruptBlocks), r.Error)
+			g(r.TransferMS), g(r.CompletionMS), g(r.HandoffMS), fmt.Sprint(r.CorruptBlocks), r.Error}
+		if xpyd {
+			row = append(row, fmt.Sprint(r.Prefill), fmt.Sprint(r.Decode))
+		}
+		t.AddRow(row...)
 	}
 	return t
 }
@@ -235,7 +256,29 @@ func (res *HandoffResult) Figure() (report.Figure, error) {
 	if len(xfer.Values) > 0 || (xfer.Hist != nil && xfer.Hist.Count() > 0) {
 		series = append(series, xfer)
 	}
-	return report.LatencyFigure(title, time.Millisecond, series...)
+	fig, err := report.LatencyFigure(title, time.Millisecond, series...)
+	if err != nil {
+		return fig, err
+	}
+	// xPyD: the pair matrices as heatmaps under the distributions.
+	if n, m := pairDims(res); n*m > 1 {
+		var rows, cols []string
+		for p := 0; p < n; p++ {
+			rows = append(rows, engineName("prefill", p, n))
+		}
+		for d := 0; d < m; d++ {
+			cols = append(cols, engineName("decode", d, m))
+		}
+		heat := func(title string, v func(PairSummary) (float64, bool), highIsGood bool) report.Panel {
+			return report.Panel{Title: title, XLabel: "decode", YLabel: "prefill",
+				Heatmap: &report.Heatmap{Rows: rows, Cols: cols, Values: pairMatrix(res, v), HighIsGood: highIsGood}}
+		}
+		fig.Panels = append(fig.Panels, heat("GB/s per pair (over its active time)", pairGBps, true),
+			heat("handoff p99 per pair (ms)", pairP99, false))
+		fig.Columns = 2
+		fig.Title += fmt.Sprintf(", %d prefill x %d decode (%s)", n, m, res.Config.Router)
+	}
+	return fig, nil
 }
 
 // WriteProm implements report.PromExporter: every measured request that
@@ -302,6 +345,9 @@ func (res *HandoffResult) ReadRecords(r io.Reader) error {
 	old := res.Summary
 	s := SummarizeHandoff(recs, old.MemcpyGBps)
 	s.XferGBps, s.LeakedBlocks = old.XferGBps, old.LeakedBlocks
+	if n, m := len(res.Config.PrefillEngines), len(res.Config.DecodeEngines); n*m > 1 {
+		s.Pairs = SummarizePairs(recs, n, m)
+	}
 	if s.XferGBps > 0 {
 		s.EfficiencyXfer = s.BandwidthGBps / s.XferGBps
 	}

@@ -353,3 +353,47 @@ func TestHandoffStreamsRecords(t *testing.T) {
 		})
 	}
 }
+
+// xPyD: two prefills and two decodes, every protocol, real processes. The
+// round robin gives every pair requests; every byte is verified on every
+// pair and nothing is left allocated on any engine.
+func TestHandoffXPyD(t *testing.T) {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang} {
+		t.Run(proto.String(), func(t *testing.T) {
+			o := handoffOpts(t, proto, 1, 1)
+			o.Prefills, o.Decodes, o.Requests, o.Warmup = 2, 2, 8, 0
+			res, err := RunHandoff(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := res.Summary
+			if s.Requests != 8 || s.Failed != 0 || s.CorruptBlocks != 0 || s.LeakedBlocks != 0 {
+				for _, r := range res.Records {
+					if r.Error != "" {
+						t.Log(r.Error)
+					}
+				}
+				t.Fatalf("summary %+v", s)
+			}
+			if len(s.Pairs) != 4 {
+				t.Fatalf("%d pairs, want 4: %+v", len(s.Pairs), s.Pairs)
+			}
+			for k, p := range s.Pairs {
+				if p.Prefill != k/2 || p.Decode != k%2 || p.Requests != 2 || p.Failed != 0 || p.CorruptBlocks != 0 ||
+					p.Bytes <= 0 || p.ActiveGBps <= 0 || p.HandoffLatencyMS.P99 <= 0 {
+					t.Errorf("pair %d: %+v", k, p)
+				}
+			}
+			if len(res.Endpoints) != 4 || res.Endpoints[1].Role != "prefill-1" || res.Endpoints[3].Role != "decode-1" {
+				t.Errorf("endpoints %+v", res.Endpoints)
+			}
+			if len(res.PrefillEngines) != 2 || len(res.DecodeEngines) != 2 || res.Prefill.Requests != res.PrefillEngines[0].Requests+res.PrefillEngines[1].Requests {
+				t.Errorf("engine stats: prefill %+v of %+v", res.Prefill, res.PrefillEngines)
+			}
+			c := res.Config
+			if len(c.PrefillEngines) != 2 || len(c.DecodeEngines) != 2 || c.Router != RouterRoundRobin {
+				t.Errorf("config %+v", c)
+			}
+		})
+	}
+}

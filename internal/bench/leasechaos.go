@@ -348,7 +348,7 @@ func (c *chaosRun) handoffOptions() *HandoffOptions {
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", "")
 	if err != nil {
 		return err
 	}
@@ -367,7 +367,7 @@ func (c *chaosRun) startPrefill(ctx context.Context) error {
 }
 
 func (c *chaosRun) startDecode(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", "")
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,11 @@ func TestMain(m *testing.M) {
 		if slices.Contains(os.Args, "target") {
 			role = xfertarget.Role(log)
 		}
+		// The role comes before --stdio, as serve takes it.
+		if i := slices.Index(os.Args, "--stdio"); i >= 0 && !slices.Contains([]string{"prefill", "decode", "target"}, os.Args[max(i-1, 0)]) {
+			fmt.Fprintf(os.Stderr, "child: want serve's arguments ROLE --stdio, got %q\n", os.Args[1:])
+			os.Exit(2)
+		}
 		if err := ctl.ServeStdio(context.Background(), role); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)

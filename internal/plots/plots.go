@@ -132,6 +132,9 @@ var classColors = map[string]color.Color{
 }
 
 func panel(pn report.Panel) (*plot.Plot, error) {
+	if pn.Heatmap != nil {
+		return heatPanel(pn)
+	}
 	p := plot.New()
 	p.Title.Text = pn.Title
 	p.X.Label.Text, p.Y.Label.Text = pn.XLabel, pn.YLabel

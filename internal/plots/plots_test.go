@@ -73,7 +73,17 @@ func figures(t *testing.T) map[string]report.Figure {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]report.Figure{"sweep": sf, "latency": lf, "rss": rf, "leases": tf}
+	// an xPyD run's pair matrices: incast on decode-0, a slow pair, a pair
+	// that moved nothing
+	hf := report.Figure{Title: "bench pull, 2 prefill x 3 decode (synthetic example data)", Columns: 2, Panels: []report.Panel{
+		{Title: "GB/s per pair", XLabel: "decode", YLabel: "prefill", Heatmap: &report.Heatmap{
+			Rows: []string{"prefill-0", "prefill-1"}, Cols: []string{"decode-0", "decode-1", "decode-2"},
+			Values: [][]float64{{3.1, 6.2, 6.0}, {2.9, 0.8, math.NaN()}}, HighIsGood: true}},
+		{Title: "handoff p99 per pair (ms)", XLabel: "decode", YLabel: "prefill", Heatmap: &report.Heatmap{
+			Rows: []string{"prefill-0", "prefill-1"}, Cols: []string{"decode-0", "decode-1", "decode-2"},
+			Values: [][]float64{{1200, 5.5, 58}, {1300, 41, math.NaN()}}}},
+	}}
+	return map[string]report.Figure{"sweep": sf, "latency": lf, "rss": rf, "leases": tf, "heatmap": hf}
 }
 
 // TestFiguresDecode draws every kind of figure as PNG and SVG and checks
@@ -167,5 +177,24 @@ func TestLogTicks(t *testing.T) {
 	}
 	if _, l := labels(logTicks{}, 1, 1e6); len(l) != 7 {
 		t.Errorf("six decades: %v", l)
+	}
+}
+
+// A heatmap whose values do not match its labels is an error, not a
+// panic or a half-drawn picture.
+func TestHeatmapShape(t *testing.T) {
+	for _, hm := range []*report.Heatmap{
+		{Rows: []string{"a"}, Cols: []string{"x", "y"}, Values: [][]float64{{1}}},
+		{Rows: []string{"a", "b"}, Cols: []string{"x"}, Values: [][]float64{{1}}},
+		{},
+	} {
+		f := report.Figure{Panels: []report.Panel{{Title: "bad", Heatmap: hm}}}
+		if err := Write(io.Discard, "png", f); err == nil {
+			t.Errorf("%+v: no error", hm)
+		}
+	}
+	one := report.Figure{Panels: []report.Panel{{Title: "one value", Heatmap: &report.Heatmap{Rows: []string{"a"}, Cols: []string{"x"}, Values: [][]float64{{2}}}}}}
+	if err := Write(io.Discard, "svg", one); err != nil {
+		t.Error(err)
 	}
 }

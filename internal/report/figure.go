@@ -36,6 +36,20 @@ type Panel struct {
 	Lines                 []Line
 	Bars                  *Bars
 	Spans                 []Span // a timeline: one row per distinct Row, in order of appearance
+	// Heatmap, when set, is the whole panel: a matrix of cells (the
+	// lines, bars, spans and scales are not drawn with it).
+	Heatmap *Heatmap
+}
+
+// Heatmap is a matrix of values drawn as coloured cells, each labelled
+// with its value: Rows from the top, Cols from the left.
+type Heatmap struct {
+	Rows, Cols []string
+	Values     [][]float64 // [row][col]; NaN: no value (a blank cell)
+	Format     string      // the cells' labels, e.g. "%.2f" (default: three significant digits, no exponent up to 1e7)
+	// HighIsGood colours high values cool and low ones hot (bandwidth);
+	// otherwise high is hot (latency).
+	HighIsGood bool
 }
 
 // LineStyle says how a line is drawn.
