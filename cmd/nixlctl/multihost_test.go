@@ -110,6 +110,23 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("2P x 2D across the link", func(t *testing.T) {
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7406")
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7407")
+		var res handoffJSON
+		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--prefills", "2", "--decode", b+":7406,"+b+":7407", "--model", "llama-3.2-1b",
+			"--isl", "256", "--requests", "16", "--warmup", "4", "--concurrency", "4")
+		res.check(t, mh)
+		if len(res.Summary.Pairs) != 4 {
+			t.Fatalf("%d pairs, want 4: %+v", len(res.Summary.Pairs), res.Summary.Pairs)
+		}
+		for _, p := range res.Summary.Pairs {
+			if p.Requests == 0 || p.Failed != 0 {
+				t.Errorf("pair prefill %d decode %d: %+v", p.Prefill, p.Decode, p)
+			}
+		}
+	})
+
 	t.Run("decode killed on the other host", func(t *testing.T) {
 		dec := mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7404")
 		cmd, out, errb := mh.start(t, "a", 0, "bench", "push", "--decode", b+":7404", "--model", "llama-3.2-1b", "--isl", "2048",
@@ -156,6 +173,12 @@ type handoffJSON struct {
 		Failed         int            `json:"failed"`
 		CorruptBlocks  int            `json:"corrupt_blocks"`
 		NegativeStages map[string]int `json:"negative_stages"`
+		Pairs          []struct {
+			Prefill  int `json:"prefill"`
+			Decode   int `json:"decode"`
+			Requests int `json:"requests"`
+			Failed   int `json:"failed"`
+		} `json:"pairs"`
 		Handoff        struct {
 			P50 float64 `json:"p50"`
 		} `json:"handoff_latency_ms"`
