@@ -7,12 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -237,6 +239,37 @@ func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 	}
 	if res.EndpointDied == "" || !strings.HasPrefix(res.EndpointDied, "decode") {
 		t.Errorf("the result should name the dead decode: %q", res.EndpointDied)
+	}
+}
+
+// The settle wait reads prefill's in_flight afresh on every poll: stats
+// leave a zero in_flight out, and a wait that decoded each answer into the
+// last one kept the last non-zero count and waited out its whole bound
+// after every call had returned.
+func TestSettlePrefillSeesInFlightDrop(t *testing.T) {
+	answers := []engine.Stats{{InFlight: 3, BlocksInUse: 8, LeasesHeld: 2}, {BlocksInUse: 8, LeasesHeld: 2}, {}}
+	var calls atomic.Int32
+	role := func(s *ctl.Server) func() {
+		s.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
+			n := int(calls.Add(1)) - 1
+			return answers[min(n, len(answers)-1)], nil
+		})
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pe := &Endpoint{rpc: ctl.StartInProcess(ctx, role)}
+	defer pe.close()
+	t0 := time.Now()
+	st, err := settlePrefill(ctx, pe, 300*time.Millisecond, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 3*time.Second {
+		t.Errorf("settling took %v: the wait missed in_flight going to 0", took)
+	}
+	if st.InFlight != 0 || st.BlocksInUse != 0 || st.LeasesHeld != 0 || calls.Load() != 3 {
+		t.Errorf("settled on %+v after %d polls, want all zero after 3", st, calls.Load())
 	}
 }
 
