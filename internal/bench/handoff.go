@@ -807,30 +807,14 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	h.streamRest()
 	res.Records = h.records
 	// Calls the run gave up on may still be finishing at prefill (a slow
-	// fill, cancelled only between steps): wait for them (up to 10 s),
-	// then for the leases they left (up to the lease, at most 5 s), before
-	// counting what is still held.
-	busy := time.Now().Add(10 * time.Second)
+	// fill, cancelled only between steps): wait for them, then for the
+	// leases they left, before counting what is still held.
 	pstats, dstats := make([]engine.Stats, n), make([]engine.Stats, m)
 	for i, pe := range pes {
-		var settle time.Time
-		st := &pstats[i]
-		for {
-			if err := pe.rpc.Call(context.WithoutCancel(ctx), "stats", nil, st); err != nil {
-				res.Warn(engineName("prefill", i, n) + " stats: " + err.Error())
-				break
-			}
-			if st.InFlight > 0 && time.Now().Before(busy) {
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			if settle.IsZero() {
-				settle = time.Now().Add(min(o.Lease, 5*time.Second) + time.Second)
-			}
-			if st.BlocksInUse == 0 || time.Now().After(settle) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		st, err := settlePrefill(context.WithoutCancel(ctx), pe, o.Lease, 10*time.Second)
+		pstats[i] = st
+		if err != nil {
+			res.Warn(engineName("prefill", i, n) + " stats: " + err.Error())
 		}
 	}
 	for i, de := range des {
@@ -1204,6 +1188,37 @@ func (h *handoff) run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return firstErr
+}
+
+// settlePrefill polls prefill's stats until the calls the run gave up on
+// have returned (up to busy), then until its blocks are back (up to the
+// lease and a second, at most 6 s), and returns the last stats.
+func settlePrefill(ctx context.Context, pe *Endpoint, lease, busy time.Duration) (engine.Stats, error) {
+	busyEnd := time.Now().Add(busy)
+	var settle time.Time
+	var last engine.Stats
+	for {
+		// A fresh struct each time: Stats leaves zero counters out
+		// (in_flight is omitempty), so decoding into the last answer
+		// would keep its in_flight once the calls are done, and the wait
+		// would run to busyEnd whatever prefill says.
+		var st engine.Stats
+		if err := pe.rpc.Call(ctx, "stats", nil, &st); err != nil {
+			return last, err
+		}
+		last = st
+		if st.InFlight > 0 && time.Now().Before(busyEnd) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if settle.IsZero() {
+			settle = time.Now().Add(min(lease, 5*time.Second) + time.Second)
+		}
+		if st.BlocksInUse == 0 || time.Now().After(settle) {
+			return st, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // one runs one request through the protocol, as the router would.

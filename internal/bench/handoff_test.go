@@ -7,12 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -205,13 +207,20 @@ func TestHandoffEngineConfig(t *testing.T) {
 }
 
 // A decode killed while requests are in flight: those requests fail, the
-// run ends, and prefill gets its blocks back through the lease.
+// run ends, and prefill gets every block back, through the lease or the
+// cancellation of the requests it was still filling, within a bound: the
+// lease and a reaper step after the kill, plus the run's own bounded
+// waits (the last frees, closing the endpoints).
 func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
 	o.Requests, o.Warmup, o.ISL, o.Concurrency, o.Lease = 16, 0, ISL{Dist: "fixed", Fixed: 2048}, 4, 300*time.Millisecond
 	o.Spec.Model.NumLayers = 32
+	killed := make(chan time.Time, 1)
 	o.OnStart = func(_, d *Endpoint) {
-		time.AfterFunc(150*time.Millisecond, func() { _ = d.Signal(syscall.SIGKILL) })
+		time.AfterFunc(150*time.Millisecond, func() {
+			killed <- time.Now()
+			_ = d.Signal(syscall.SIGKILL)
+		})
 	}
 	done := make(chan struct{})
 	var res *HandoffResult
@@ -227,18 +236,62 @@ func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 	if res == nil || res.Summary.Failed == 0 {
 		t.Fatalf("killing decode failed no request: %+v", res)
 	}
+	// After the kill: the driver's wait for the last frees (at most 2 s),
+	// the lease and a reaper step, closing the endpoints: 1.5 to 2.5 s
+	// under -race on two busy cores. Prefill calls that kept running after
+	// their cancel (a fill that ignored it), or a driver that missed
+	// in_flight going to 0 and waited out its 10 s bound, took 4 to 20 s.
+	select {
+	case at := <-killed:
+		took := time.Since(at)
+		t.Logf("the run ended %v after decode was killed", took)
+		if took > 8*time.Second {
+			t.Errorf("the run ended %v after decode was killed", took)
+		}
+	default:
+		t.Fatal("decode was never killed")
+	}
 	if res.Summary.CorruptBlocks != 0 {
 		t.Errorf("corrupt blocks: %d", res.Summary.CorruptBlocks)
 	}
-	// Prefill should get every block back (by lease, or by the
-	// cancellation for requests it was still filling). Under heavy load a
-	// prefill has been seen keeping blocks and leases after the stop
-	// (cause not found yet): the result must then say so, as a leak.
-	if res.Prefill.BlocksInUse != 0 && res.Summary.LeakedBlocks == 0 {
-		t.Errorf("prefill holds %d blocks but the result reports no leak: %+v", res.Prefill.BlocksInUse, res.Prefill)
+	p := res.Prefill
+	if p.InFlight != 0 || p.BlocksInUse != 0 || p.LeasesHeld != 0 || res.Summary.LeakedBlocks != 0 {
+		t.Errorf("prefill after the run: %d calls in flight, %d blocks, %d leases held (leaked %d): %+v",
+			p.InFlight, p.BlocksInUse, p.LeasesHeld, res.Summary.LeakedBlocks, p)
 	}
 	if res.EndpointDied == "" || !strings.HasPrefix(res.EndpointDied, "decode") {
 		t.Errorf("the result should name the dead decode: %q", res.EndpointDied)
+	}
+}
+
+// The settle wait reads prefill's in_flight afresh on every poll: stats
+// leave a zero in_flight out, and a wait that decoded each answer into the
+// last one kept the last non-zero count and waited out its whole bound
+// after every call had returned.
+func TestSettlePrefillSeesInFlightDrop(t *testing.T) {
+	answers := []engine.Stats{{InFlight: 3, BlocksInUse: 8, LeasesHeld: 2}, {BlocksInUse: 8, LeasesHeld: 2}, {}}
+	var calls atomic.Int32
+	role := func(s *ctl.Server) func() {
+		s.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
+			n := int(calls.Add(1)) - 1
+			return answers[min(n, len(answers)-1)], nil
+		})
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pe := &Endpoint{rpc: ctl.StartInProcess(ctx, role)}
+	defer pe.close()
+	t0 := time.Now()
+	st, err := settlePrefill(ctx, pe, 300*time.Millisecond, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 3*time.Second {
+		t.Errorf("settling took %v: the wait missed in_flight going to 0", took)
+	}
+	if st.InFlight != 0 || st.BlocksInUse != 0 || st.LeasesHeld != 0 || calls.Load() != 3 {
+		t.Errorf("settled on %+v after %d polls, want all zero after 3", st, calls.Load())
 	}
 }
 

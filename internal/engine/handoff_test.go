@@ -275,3 +275,49 @@ func TestSGLangAcrossTP(t *testing.T) {
 		})
 	}
 }
+
+// A prefill whose caller gives up (the driver cancels its calls when the
+// decode dies) stops filling and gives its blocks back at once. Its fill
+// used to run to the end whatever the context said: on a loaded host a
+// long prompt's hundreds of MB of tags kept the call in flight, and its
+// blocks held, for seconds after the run had stopped.
+func TestPrefillCancelledStopsFilling(t *testing.T) {
+	m := testModel()
+	m.NumLayers = 32 // 2048 tokens: 128 blocks of 64 regions, 256 MiB of tags
+	const tokens = 2048
+	for _, tc := range []struct {
+		name   string
+		cancel func(context.CancelFunc)
+	}{
+		{"before", func(c context.CancelFunc) { c() }},
+		{"during", func(c context.CancelFunc) { time.AfterFunc(time.Millisecond, c) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := NewEngine(context.Background(), Config{Role: RolePrefill, Backend: "ucx", Protocol: ProtoPull, Model: m,
+				BlockSize: 16, NumBlocks: 160, DRAMAlloc: "mmap", Verify: Full, Lease: 10 * time.Second, EngineID: "prefill-c"}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tc.cancel(cancel)
+			_, err = p.pre.Prefill(ctx, PrefillRequest{ID: "cmpl-c-0", Tokens: tokens, Key: 9})
+			if err != context.Canceled {
+				t.Fatalf("Prefill = %v, want %v", err, context.Canceled)
+			}
+			if n := p.alloc.InUse(); n != 0 || p.pre.leases.Len() != 0 {
+				t.Errorf("%d blocks and %d leases held after the cancel", n, p.pre.leases.Len())
+			}
+			// A fresh contiguous allocator gave the request blocks 0..127:
+			// the fill stopped, so (most of) them were never written.
+			blocks := make([]int, tokens/16)
+			for i := range blocks {
+				blocks[i] = i
+			}
+			if bad, _ := p.ranks[0].pool.Check(9, blocks, 0, tokens, Full); bad == 0 {
+				t.Errorf("the cancelled request's blocks were filled to the end")
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -144,33 +145,56 @@ const (
 // limited for each region to the blocks that region keeps (sliding
 // windows keep only the tail).
 func (p *Pool) Fill(reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) {
+	_ = p.FillCtx(context.Background(), reqKey, blocks, logicalStart, tokens, v)
+}
+
+// FillCtx is Fill that stops between blocks once ctx ends and then
+// returns its error, the blocks written only in part. A long prompt is
+// hundreds of MB of tags: a prefill whose caller gave up (the run
+// stopped, its decode died) must not hold its blocks, and count as in
+// flight, for the seconds the rest of the fill takes on a loaded host.
+func (p *Pool) FillCtx(ctx context.Context, reqKey uint64, blocks []int, logicalStart, tokens int, v Verify) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if p.Buf.Mem == nixl.VRAM {
-		// Device memory: full tags, written through staged host copies.
+		// Device memory: full tags, written through staged host copies
+		// (one call: not stopped part way).
 		spans, keys, _ := p.pieceSpans(reqKey, blocks, logicalStart, tokens)
 		_ = blocktag.FillSpans(p.Buf, spans, func(i int) uint64 { return keys[i] })
-		return
+		return ctx.Err()
 	}
-	if v == Full {
-		p.walk(reqKey, blocks, logicalStart, tokens, func(b []byte, key uint64) bool {
-			blocktag.Fill(b, key)
-			return true
-		})
-		return
-	}
-	// The sparse walk without a call per piece: token-major layouts have
-	// a million pieces a request, and the endpoints' CPU is the limit on
-	// small machines.
 	data := p.Buf.Bytes()
 	if data == nil {
-		return
+		return ctx.Err()
+	}
+	done := ctx.Done() // nil for a context that never ends: no check
+	stopped := func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}
+	// Both depths without a call per piece: token-major layouts have a
+	// million pieces a request, and the endpoints' CPU is the limit on
+	// small machines.
+	fill := blocktag.FillSparse
+	if v == Full {
+		fill = blocktag.Fill
 	}
 	p.eachBlock(reqKey, blocks, logicalStart, tokens, func(_, _ int, bk uint64, off int64) bool {
+		if done != nil && stopped() {
+			return false
+		}
 		for k := range p.pieces {
 			pc := &p.pieces[k]
-			blocktag.FillSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt))
+			fill(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt))
 		}
 		return true
 	})
+	return ctx.Err()
 }
 
 // eachBlock calls f for every (region, request block) the request holds

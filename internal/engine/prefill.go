@@ -153,12 +153,13 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	var wg sync.WaitGroup
 	for _, rk := range e.ranks {
 		wg.Add(1)
-		go func() { defer wg.Done(); rk.pool.Fill(r.Key, blocks, 0, r.Tokens, e.cfg.Verify) }()
+		go func() { defer wg.Done(); _ = rk.pool.FillCtx(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify) }()
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		// The router gave up on this request (the run stopped): nobody
-		// will read these blocks, so they go back now, not at a lease's end.
+		// The router gave up on this request (the run stopped): the fill
+		// stopped there, nobody will read these blocks, so they go back
+		// now, not at a lease's end.
 		_ = e.alloc.Free(blocks)
 		return PrefillReply{}, err
 	}

@@ -476,11 +476,17 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		_ = e.alloc.Free(blocks)
 	}()
 	for _, rk := range e.ranks {
-		rk.pool.Fill(r.Key, blocks, 0, r.Tokens, e.cfg.Verify)
+		if err := rk.pool.FillCtx(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify); err != nil {
+			return rep, err // the router gave up: stop filling, free the blocks now
+		}
 	}
 	if e.cfg.PrefillPerToken > 0 {
 		if left := time.Duration(r.Tokens)*e.cfg.PrefillPerToken - mono.Since(rep.TStart); left > 0 {
-			time.Sleep(left)
+			select {
+			case <-time.After(left):
+			case <-ctx.Done():
+				return rep, ctx.Err()
+			}
 		}
 	}
 	rep.TFinish = mono.Now()
