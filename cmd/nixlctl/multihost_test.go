@@ -151,17 +151,27 @@ func TestMultiHost(t *testing.T) {
 
 	t.Run("second interface with the same address needs --net-devices", func(t *testing.T) {
 		mh.script(t, "dup", mh.name)
+		// Two endpoints: UCX reads the pin once per process, when its
+		// first session starts.
 		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7405")
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7408")
 		args := []string{"bench", "pull", "--decode", b + ":7405", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "4", "--kv-lease-duration", "1s"}
 		if code, _, stderr := mh.run(t, "a", 0, args...); code == 0 {
 			t.Errorf("without --net-devices the run passed: the staged second interface does not stand in the way\n%s", lastLines(stderr, 3))
 		}
 		var res handoffJSON
-		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--decode", b+":7405", "--net-devices", mh.dev, "--model", "llama-3.2-1b",
+		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--decode", b+":7408", "--net-devices", mh.dev, "--model", "llama-3.2-1b",
 			"--isl", "256", "--requests", "6", "--concurrency", "2")
 		res.check(t, mh)
 		if res.Config.NetDevices != mh.dev {
 			t.Errorf("config.net_devices %q, want %q", res.Config.NetDevices, mh.dev)
+		}
+		mh.checkNetPath(t, res.NetPath, "decode")
+		// The first endpoint's transport started unpinned: asking it for
+		// a pin now is refused, not silently ignored.
+		code, _, stderr := mh.run(t, "a", 0, append(args[:4:4], "--net-devices", mh.dev, "--isl", "256", "--requests", "2")...)
+		if code == 0 || !strings.Contains(stderr, "cannot change it") {
+			t.Errorf("a pin on an endpoint whose transport started unpinned: exit %d, %s", code, lastLines(stderr, 2))
 		}
 	})
 }

@@ -337,6 +337,11 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			a = nixl.WithFaults(a, *cfg.Faults)
 		}
 		rk.agent = a
+		if pinned := a.Info().Details[nixl.DetailNetDevices]; cfg.NetDevices != "" && pinned != cfg.NetDevices {
+			// One UCP context per process, made by its first agent: a
+			// served endpoint's later session cannot change its devices.
+			return nil, fmt.Errorf("net_devices %q: this endpoint's transport started with UCX_NET_DEVICES=%q and cannot change it; restart the endpoint (or set UCX_NET_DEVICES in its environment)", cfg.NetDevices, pinned)
+		}
 		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
 		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), string(cfg.DRAMAlloc), false); err != nil {
 			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)

@@ -282,3 +282,7 @@ func Open(backend string, cfg Config) (Agent, error) {
 	}
 	return b.New(cfg)
 }
+
+// DetailNetDevices is the Info.Details key under which a backend whose
+// devices were pinned when it started (UCX_NET_DEVICES) says what to.
+const DetailNetDevices = "net_devices"

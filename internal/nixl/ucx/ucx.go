@@ -43,7 +43,12 @@ func init() {
 	})
 }
 
+// initNetDevices is UCX_NET_DEVICES when the process's one UCP context
+// was created: UCX reads it then and never again.
+var initNetDevices string
+
 var initErr = sync.OnceValue(func() error {
+	initNetDevices = os.Getenv("UCX_NET_DEVICES")
 	var buf [256]C.char
 	if C.nx_global_init(&buf[0], C.size_t(len(buf))) != 0 {
 		return fmt.Errorf("%w: ucx: %s", nixl.ErrUnavailable, C.GoString(&buf[0]))
@@ -222,6 +227,9 @@ func (a *agent) Name() string { return a.name }
 
 func (a *agent) Info() nixl.Info {
 	info := nixl.Info{Backend: backendName, Version: Version(), Details: map[string]string{}}
+	if initNetDevices != "" {
+		info.Details[nixl.DetailNetDevices] = initNetDevices
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for name, p := range a.peers {
