@@ -34,6 +34,9 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	if p := pathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n", p)
 	}
+	if h := hostsLine(res); h != "" {
+		fmt.Fprintf(w, "hosts: %s\n", h)
+	}
 	load := loadLabel(c)
 	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c.Warmup, load, c.PrefixHit)
 	if err := stageTable(s).WriteText(w); err != nil {
@@ -61,6 +64,9 @@ func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 		c.PrefillTP, c.DecodeTP, res.Backend, res.Env.BackendVersion)
 	if p := pathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
+	}
+	if h := hostsLine(res); h != "" {
+		fmt.Fprintf(w, "hosts: %s\n\n", h)
 	}
 	if err := stageTable(res.Summary).WriteMarkdown(w); err != nil {
 		return err
@@ -380,4 +386,30 @@ func ReadHandoffRecords(r io.Reader, command string) ([]HandoffRecord, error) {
 		recs = append(recs, rec)
 	}
 	return recs, nil
+}
+
+// hostsLine says where the endpoints ran and how their clocks were
+// related, when that is news: some endpoint was not on the driver's
+// clock ("" when every one shared it, as children on one host do).
+func hostsLine(res *HandoffResult) string {
+	estimated := false
+	for _, e := range res.Endpoints {
+		estimated = estimated || !e.Clock.SameHost
+	}
+	if !estimated {
+		return ""
+	}
+	parts := make([]string, 0, len(res.Endpoints))
+	for _, e := range res.Endpoints {
+		where := e.Hostname
+		if e.Addr != "" {
+			where += " " + e.Addr
+		}
+		clock := "the driver's clock"
+		if !e.Clock.SameHost {
+			clock = "clock " + e.Clock.Text
+		}
+		parts = append(parts, fmt.Sprintf("%s on %s (%s)", e.Role, where, clock))
+	}
+	return strings.Join(parts, ", ") + "; " + res.Placement
 }
