@@ -20,21 +20,26 @@ if [[ -z $nixlctl ]]; then
 	nixlctl=$(mktemp -d)/nixlctl
 	go build -o "$nixlctl" ./cmd/nixlctl
 fi
-command -v ucx_perftest >/dev/null || { echo "multihost-bench: ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 2; }
+for tool in ucx_perftest jq bc; do
+	command -v "$tool" >/dev/null || { echo "multihost-bench: $tool not found (scripts/setup.sh --deps installs it)" >&2; exit 2; }
+done
 rate=${RATE:-1gbit}
 sizes=${SIZES:-65536 1048576 4194304}
 iters=${ITERS:-300}
 name=mhb$((RANDOM % 10000))
 tmp=$(mktemp -d)
 cleanup() {
-	jobs -p | xargs -r kill 2>/dev/null || true
+	{
+		jobs -p | xargs -r kill
+		wait
+	} 2>/dev/null || true
 	"$twohosts" down "$name" || true
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 if [[ $rate == none ]]; then "$twohosts" up "$name"; else "$twohosts" up "$name" "$rate"; fi
 b=$("$twohosts" addr "$name" b)
-echo "link: veth $("$twohosts" dev "$name" a) <-> $("$twohosts" dev "$name" b), tbf rate $rate; UCX $(ucx_info -v | sed -n 's/.*version=\([^ ]*\).*/\1/p' | head -1)"
+echo "link: veth $("$twohosts" dev "$name" a) on both hosts, tbf rate $rate; UCX $(ucx_info -v | awk '/Version/ {print $3; exit}')"
 
 wait_port() { # host port
 	for _ in $(seq 100); do
