@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
@@ -232,10 +234,14 @@ func (o *XferOptions) bufferSize() int {
 // XferResult is the whole sweep.
 type XferResult struct {
 	report.Meta
-	Config      XferConfig  `json:"config"`
-	Points      []XferPoint `json:"points"`
-	NetPath     NetPath     `json:"net_path,omitempty"` // initiator and target
-	Interrupted bool        `json:"interrupted,omitempty"`
+	Config  XferConfig  `json:"config"`
+	Points  []XferPoint `json:"points"`
+	NetPath NetPath     `json:"net_path,omitempty"` // initiator and target
+	// Transports is the initiator agent's own description (nixl.Info
+	// Details), as bench push/pull record it: the UCX backend's lanes per
+	// peer, or NIXL's plugin, its UCX parameters and the libucp file.
+	Transports  map[string]string `json:"transports,omitempty"`
+	Interrupted bool              `json:"interrupted,omitempty"`
 }
 
 // XferConfig echoes what was asked, so a result describes itself.
@@ -479,9 +485,33 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	if _, err := r.target.Call(xfertarget.Request{Op: "load_md", MD: md}); err != nil {
 		return nil, err
 	}
-	r.transp = r.agent.Info().Details["transport:"+r.remote]
+	info := r.agent.Info()
+	res.Transports = info.Details
+	r.transp = agentTransport(info, r.remote)
+	if backend.Name == "nixl" {
+		// NIXL's UCX plugin runs on the libucp this process loaded first,
+		// which is the one nixlctl links: one soname per process.
+		res.Env.UCX = ucx.Version()
+		res.Env.NIXL = backend.Version()
+	}
 	ok = true
 	return r, nil
+}
+
+// agentTransport is what carries the transfers to remote: the backend's
+// own per-peer description where it has one (nixlctl's UCX layer), else
+// all it says about itself (NIXL does not tell which UCX transports a
+// peer's endpoint uses: its plugin, parameters and libucp file instead).
+func agentTransport(info nixl.Info, remote string) string {
+	if t := info.Details["transport:"+remote]; t != "" {
+		return t
+	}
+	parts := make([]string, 0, len(info.Details))
+	for k, v := range info.Details {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
 }
 
 // segError says which side's memory the backend refused; a backend that

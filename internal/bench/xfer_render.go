@@ -30,6 +30,9 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 	if res.Env.CUDA != "" && res.Env.CUDA != res.Env.BackendVersion {
 		fmt.Fprintf(w, "cuda: %s\n", res.Env.CUDA)
 	}
+	if res.Env.UCX != "" && res.Env.UCX != res.Env.BackendVersion {
+		fmt.Fprintf(w, "ucx: libucp %s\n", res.Env.UCX)
+	}
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
