@@ -126,10 +126,18 @@ func search(cs []candidate, open openFunc) (*library, error) {
 			tried = append(tried, c.path+" ("+c.from+")")
 			continue
 		}
+		if strings.Contains(err.Error(), "cannot open shared object file") {
+			// The file is there and one of its dependencies is not: NIXL's
+			// libraries carry no RUNPATH, whatever found libnixl_capi.so.
+			return nil, fmt.Errorf("%s (from %s): %w; %s", c.path, c.from, err, depHint)
+		}
 		return nil, fmt.Errorf("%s (from %s): %w", c.path, c.from, err)
 	}
 	return nil, fmt.Errorf("%s not found (searched: %s); set NIXLCTL_NIXL_LIB or NIXL_PREFIX", libName, strings.Join(tried, ", "))
 }
+
+// depHint says what a library that loads but lacks a dependency needs.
+const depHint = "NIXL's libraries record no library path: put NIXL's lib directory and Abseil's (and NIXL's UCX first) on LD_LIBRARY_PATH, as docs/backends.md shows"
 
 // loaded is the process's one NIXL library, or why there is none.
 type loaded struct {

@@ -114,6 +114,16 @@ func TestSearch(t *testing.T) {
 		}
 	})
 
+	t.Run("a missing dependency says where it must be", func(t *testing.T) {
+		lacking := func(path string) (*library, bool, error) {
+			return nil, false, errors.New("dlopen " + path + ": libnixl.so: cannot open shared object file: No such file or directory")
+		}
+		_, err := search([]candidate{{path: present, from: "NIXL_PREFIX"}}, lacking)
+		if err == nil || !strings.Contains(err.Error(), "libnixl.so: cannot open") || !strings.Contains(err.Error(), "LD_LIBRARY_PATH") {
+			t.Fatalf("got %v; want the loader's reason and the hint", err)
+		}
+	})
+
 	t.Run("a broken library stops the search", func(t *testing.T) {
 		var opened []string
 		cs := []candidate{{path: present, from: "NIXL_PREFIX"}, {path: "libnixl_capi.so", from: "loader path"}}
