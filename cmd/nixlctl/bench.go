@@ -136,6 +136,7 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f.Bool("recreate-xfer", d.RecreateXfer, "create and release the request every iteration")
 	f.String("desc-order", d.DescOrder.String(), "descriptor placement: sequential (nixlbench) or random")
 	f.Bool("notif", d.Notif, "attach a notification to every request")
+	f.String("progress", d.Progress.String(), "poll: no progress threads, the initiator polls and the target spins (nixlbench's way); thread: the backend's progress thread (nixl only)")
 	f.Bool("inproc", d.Target.Inproc, "run the target in this process")
 	f.String("target", d.Target.Addr, "use a target started with serve target --listen (host:port)")
 	f.String("model", "", "shape one point like a TP rank's KV transfer of this model preset")

@@ -52,7 +52,8 @@ type XferOptions struct {
 	RecreateXfer     bool             `mapstructure:"recreate-xfer"`
 	DescOrder        DescOrder        `mapstructure:"desc-order"`
 	Notif            bool             `mapstructure:"notif"` // attach a notification to every request
-	Shape            string           `mapstructure:"-"`     // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
+	Progress         XferProgress     `mapstructure:"progress"`
+	Shape            string           `mapstructure:"-"` // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
 
 	Target TargetSpec `mapstructure:",squash"`
 	// ChildStderr receives the target child's stderr (nil: this process's
@@ -70,7 +71,45 @@ type XferOptions struct {
 func DefaultXferOptions() XferOptions {
 	return XferOptions{Backend: "auto", Op: nixl.Write, InitiatorSeg: nixl.DRAM, TargetSeg: nixl.DRAM, TargetDevice: -1,
 		StartBlock: 4 << 10, MaxBlock: 64 << 20, StartBatch: 1, MaxBatch: 1, NumIter: 1000, WarmupIter: 100,
-		LargeBlkIterFtr: 16, PipelineDepth: 1, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential}
+		LargeBlkIterFtr: 16, PipelineDepth: 1, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential, Progress: XferPoll}
+}
+
+// XferProgress is how the sweep's two agents are progressed ("": poll).
+// Backends that progress their own way (nixlctl's UCX layer) ignore it.
+type XferProgress string
+
+const (
+	// XferPoll is nixlbench's way: no progress threads; the initiator polls
+	// its requests without pause and the target spins on notifications (a
+	// core each while the sweep runs). NIXL's progress thread would instead
+	// be woken by every event and contend for the worker: at 4 KiB to
+	// 64 KiB that cost 2-4x in bandwidth.
+	XferPoll XferProgress = "poll"
+	// XferThread leaves progress to the backend's own thread on both sides,
+	// as engines run NIXL.
+	XferThread XferProgress = "thread"
+)
+
+// XferProgresses lists the valid progress modes.
+var XferProgresses = []XferProgress{XferPoll, XferThread}
+
+func (p XferProgress) String() string { return string(p) }
+
+// UnmarshalText accepts poll or thread.
+func (p *XferProgress) UnmarshalText(b []byte) error {
+	if !valid(XferProgress(b), XferProgresses) {
+		return fmt.Errorf("unknown progress %q (want poll, thread)", b)
+	}
+	*p = XferProgress(b)
+	return nil
+}
+
+// agents is the initiator's and the target's progress.
+func (p XferProgress) agents() (initiator, target nixl.Progress) {
+	if p == XferThread {
+		return nixl.ProgressBackground, nixl.ProgressBackground
+	}
+	return nixl.ProgressCaller, nixl.ProgressSpin
 }
 
 // TargetSpec says where the target runs.
@@ -189,6 +228,9 @@ func (o *XferOptions) Validate() error {
 	if !valid(o.DescOrder, DescOrders) {
 		bad("DescOrder", "unknown descriptor order %q (want sequential or random)", o.DescOrder)
 	}
+	if o.Progress != "" && !valid(o.Progress, XferProgresses) {
+		bad("Progress", "unknown progress %q (want poll or thread)", o.Progress)
+	}
 	if o.Op != nixl.Read && o.Op != nixl.Write {
 		bad("Op", "unknown op %v", o.Op)
 	}
@@ -269,9 +311,12 @@ type XferConfig struct {
 	CheckConsistency bool   `json:"check_consistency"`
 	RecreateXfer     bool   `json:"recreate_xfer"`
 	DescOrder        string `json:"desc_order"`
-	Notif            bool   `json:"notif"`
-	Target           string `json:"target"` // process, inproc or the address
-	Shape            string `json:"shape,omitempty"`
+	// Progress: poll (nixlbench's: the initiator polls, the target spins)
+	// or thread (the backend's progress thread on both sides).
+	Progress string `json:"progress,omitempty"`
+	Notif    bool   `json:"notif"`
+	Target   string `json:"target"` // process, inproc or the address
+	Shape    string `json:"shape,omitempty"`
 }
 
 // XferPoint is one (block size, batch size) of the sweep. Latency is per
@@ -331,13 +376,16 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 		return nil, err
 	}
 	o.TargetDevice = o.targetDevice()
+	if o.Progress == "" {
+		o.Progress = XferPoll
+	}
 	res := &XferResult{Meta: report.NewMeta("bench xfer", o.Version)}
 	size := o.bufferSize()
 	res.Config = XferConfig{Op: o.Op.String(), InitiatorSeg: o.InitiatorSeg.String(), TargetSeg: o.TargetSeg.String(),
 		StartBlock: int(o.StartBlock), MaxBlock: int(o.MaxBlock), StartBatch: o.StartBatch, MaxBatch: o.MaxBatch,
 		NumIter: o.NumIter, WarmupIter: o.WarmupIter, PipelineDepth: o.PipelineDepth, TotalBufferSize: size,
 		DRAMAlloc: string(o.DRAMAlloc), CheckConsistency: o.CheckConsistency, RecreateXfer: o.RecreateXfer,
-		DescOrder: string(o.DescOrder), Notif: o.Notif, Shape: o.Shape}
+		DescOrder: string(o.DescOrder), Notif: o.Notif, Shape: o.Shape, Progress: string(o.Progress)}
 	live.Emit(o.Live, live.Phase{Text: "setting up the target"})
 	r, err := setupXfer(ctx, &o, res, size)
 	if err != nil {
@@ -425,7 +473,11 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	}()
 	// The initiator first: a backend that cannot move the chosen memory
 	// says so before a target process is started.
-	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator"}); err != nil {
+	iprog, tprog := o.Progress.agents()
+	if backend.Name != "nixl" {
+		res.Config.Progress = "" // the others progress their own way
+	}
+	if r.agent, err = nixl.Open(backend.Name, nixl.Config{Name: "xfer-initiator", Progress: iprog}); err != nil {
 		return nil, err
 	}
 	if r.local, err = cuda.AllocSeg(r.agent, o.InitiatorSeg, o.Device, size, string(o.DRAMAlloc), o.HugePages); err != nil {
@@ -467,7 +519,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		r.target = &xfertarget.Client{Client: c}
 		res.Config.Target = "process"
 	}
-	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size,
+	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size, Progress: tprog.String(),
 		Alloc: string(o.DRAMAlloc), HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
 	if err != nil {
 		return nil, err

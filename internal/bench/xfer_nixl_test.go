@@ -48,3 +48,31 @@ func TestRunXferNIXLRecordsUCX(t *testing.T) {
 		t.Errorf("transport %q, point's %q", res.Env.Transport, res.Points[0].Transport)
 	}
 }
+
+func TestXferProgress(t *testing.T) {
+	for _, tc := range []struct {
+		p                 XferProgress
+		initiator, target nixl.Progress
+	}{{XferPoll, nixl.ProgressCaller, nixl.ProgressSpin}, {XferThread, nixl.ProgressBackground, nixl.ProgressBackground}} {
+		i, tg := tc.p.agents()
+		if i != tc.initiator || tg != tc.target {
+			t.Errorf("%s: %v, %v", tc.p, i, tg)
+		}
+		// The target's progress crosses the control channel by name.
+		if back, err := nixl.ParseProgress(tg.String()); err != nil || back != tg {
+			t.Errorf("%v does not parse back: %v, %v", tg, back, err)
+		}
+	}
+	var p XferProgress
+	if err := p.UnmarshalText([]byte("spin")); err == nil {
+		t.Error("--progress spin accepted")
+	}
+	o := smallXfer(nixl.Write)
+	o.Progress = "sometimes"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "unknown progress") {
+		t.Errorf("Validate: %v", err)
+	}
+	if DefaultXferOptions().Progress != XferPoll {
+		t.Error("bench xfer does not poll by default")
+	}
+}

@@ -42,8 +42,12 @@ func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
 	if c.Shape != "" {
 		fmt.Fprintf(w, "shape: %s\n", c.Shape)
 	}
-	fmt.Fprintf(w, "iterations %d (+%d warm-up), pipeline depth %d, descriptors %s, notification per request: %v\n\n",
-		c.NumIter, c.WarmupIter, c.PipelineDepth, c.DescOrder, c.Notif)
+	progress := ""
+	if c.Progress != "" {
+		progress = ", progress " + c.Progress
+	}
+	fmt.Fprintf(w, "iterations %d (+%d warm-up), pipeline depth %d, descriptors %s, notification per request: %v%s\n\n",
+		c.NumIter, c.WarmupIter, c.PipelineDepth, c.DescOrder, c.Notif, progress)
 	if err := xferTable(res).WriteText(w); err != nil {
 		return err
 	}

@@ -208,6 +208,56 @@ var (
 // Config are the options of a new agent.
 type Config struct {
 	Name string
+	// Progress says who moves the agent's transfers along. Backends that
+	// cannot change it ignore it; Info's "progress" says what runs.
+	Progress Progress
+}
+
+// Progress is how an agent's transfers are moved along: by the backend in
+// the background, or by whoever polls the agent.
+type Progress int
+
+const (
+	// ProgressBackground: the backend progresses by itself (NIXL's progress
+	// thread), so transfers move whether anyone polls or not. The default:
+	// engines and anything with several agents in one process need it.
+	ProgressBackground Progress = iota
+	// ProgressCaller: the caller polls XferStatus without pause while its
+	// requests run (a benchmark's initiator, as nixlbench's). No background
+	// thread wakes on each event and contends for the worker; between polls
+	// the agent is progressed only as often as it looks for notifications
+	// (every 50 µs to 5 ms), so a peer that needs it to answer waits.
+	ProgressCaller
+	// ProgressSpin: the agent progresses itself without pause, looking for
+	// notifications all the time (a passive target, as nixlbench's target
+	// spins on getNotifs). Lowest latency, at the price of a core.
+	ProgressSpin
+)
+
+// ParseProgress reads what String writes ("" is ProgressBackground).
+func ParseProgress(s string) (Progress, error) {
+	for _, p := range []Progress{ProgressBackground, ProgressCaller, ProgressSpin} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	if s == "" {
+		return ProgressBackground, nil
+	}
+	return 0, fmt.Errorf("unknown progress %q (want background, caller or spin)", s)
+}
+
+// String names a Progress.
+func (p Progress) String() string {
+	switch p {
+	case ProgressBackground:
+		return "background"
+	case ProgressCaller:
+		return "caller"
+	case ProgressSpin:
+		return "spin"
+	}
+	return fmt.Sprintf("Progress(%d)", int(p))
 }
 
 // Backend describes a registered backend.

@@ -32,6 +32,9 @@ type Request struct {
 	HugePages bool   `json:"huge_pages,omitempty"`
 	Seg       string `json:"seg,omitempty"`    // DRAM (default) or VRAM
 	Device    int    `json:"device,omitempty"` // the GPU of a VRAM buffer
+	// Progress is the agent's nixl.Progress by name ("": background);
+	// "spin" keeps the target looking for notifications, as nixlbench's.
+	Progress string `json:"progress,omitempty"`
 
 	// load_md
 	MD []byte `json:"md,omitempty"`
@@ -130,7 +133,11 @@ func (t *Target) setup(req Request) (Reply, error) {
 			return Reply{}, err
 		}
 	}
-	a, err := nixl.Open(req.Backend, nixl.Config{Name: req.Name})
+	progress, err := nixl.ParseProgress(req.Progress)
+	if err != nil {
+		return Reply{}, err
+	}
+	a, err := nixl.Open(req.Backend, nixl.Config{Name: req.Name, Progress: progress})
 	if err != nil {
 		return Reply{}, err
 	}

@@ -42,12 +42,20 @@ const (
 // NIXLCTL_NIXL_PTHR_DELAY_US overrides it.
 const progressDelayUS = 5000
 
+// progressText is Info's "progress" for each kind of agent.
+var progressText = map[nixl.Progress]string{
+	nixl.ProgressBackground: "NIXL progress thread",
+	nixl.ProgressCaller:     "polled by the caller (no progress thread)",
+	nixl.ProgressSpin:       "spinning on notifications (no progress thread)",
+}
+
 // closeGrace bounds how long Close waits for requests in flight to finish
 // before it has NIXL cancel them.
 const closeGrace = 2 * time.Second
 
 type agent struct {
-	name string
+	name     string
+	progress nixl.Progress // ProgressBackground: NIXL's progress thread runs
 
 	// mu serialises every NIXL call on this agent (NIXL's own locking is
 	// off: thread_sync NONE) and guards the fields below.
@@ -83,7 +91,8 @@ type remote struct {
 	invalid bool
 }
 
-// New creates a NIXL agent with a UCX backend and NIXL's progress thread.
+// New creates a NIXL agent with a UCX backend and, unless cfg.Progress
+// says its owner polls, NIXL's progress thread.
 func New(cfg nixl.Config) (nixl.Agent, error) {
 	if _, err := loadedLib(); err != nil {
 		return nil, err
@@ -99,10 +108,16 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 		}
 		delay = v
 	}
+	switch cfg.Progress {
+	case nixl.ProgressBackground, nixl.ProgressCaller, nixl.ProgressSpin:
+	default:
+		return nil, fmt.Errorf("nixl agent %s: unknown progress %v", cfg.Name, cfg.Progress)
+	}
 	ccfg := C.nxc_agent_config_t{
 		// Without the progress thread a transfer only moves while someone
-		// polls it, and a target that is not polled stalls its initiator.
-		enable_prog_thread: true,
+		// polls it, and a target that is not polled stalls its initiator:
+		// only an agent whose owner polls (or that spins) goes without.
+		enable_prog_thread: C.bool(cfg.Progress == nixl.ProgressBackground),
 		thread_sync:        C.NXC_SYNC_NONE,
 		num_workers:        1,
 		pthr_delay_us:      C.uint64_t(delay),
@@ -111,7 +126,7 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	}
 	name := C.CString(cfg.Name)
 	defer C.free(unsafe.Pointer(name))
-	a := &agent{name: cfg.Name, regs: map[*nixl.Buffer]*registration{}, remotes: map[string]*remote{},
+	a := &agent{name: cfg.Name, progress: cfg.Progress, regs: map[*nixl.Buffer]*registration{}, remotes: map[string]*remote{},
 		dlists: map[*dlist]struct{}{}, reqs: map[*request]struct{}{}, pending: nixl.Notifs{},
 		notifyCh: make(chan struct{}, 1), stop: make(chan struct{}), pollDone: make(chan struct{})}
 	if st := C.nxc_create_configured_agent(name, &ccfg, &a.h); st != C.NXC_SUCCESS {
@@ -195,7 +210,7 @@ func (a *agent) Name() string { return a.name }
 func (a *agent) Info() nixl.Info {
 	info := nixl.Info{Backend: backendName, Version: Version(), Details: map[string]string{
 		"plugin":   pluginName,
-		"progress": "NIXL progress thread",
+		"progress": progressText[a.progress],
 	}}
 	for k, v := range a.params {
 		info.Details["ucx:"+k] = v
@@ -932,11 +947,24 @@ func (a *agent) pollNotifs() {
 	wait := notifPollMin
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	// A spinning agent looks for notifications without pause, which also
+	// progresses its worker (NIXL's get_notifs does without a progress
+	// thread), as nixlbench's target does.
+	spin := a.progress == nixl.ProgressSpin
 	for {
-		select {
-		case <-a.stop:
-			return
-		case <-t.C:
+		if spin {
+			select {
+			case <-a.stop:
+				return
+			default:
+				runtime.Gosched()
+			}
+		} else {
+			select {
+			case <-a.stop:
+				return
+			case <-t.C:
+			}
 		}
 		a.mu.Lock()
 		if a.closed {

@@ -1,7 +1,9 @@
 package capi
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -531,5 +533,58 @@ func TestNewWhenUnavailable(t *testing.T) {
 	}
 	if v := Version(); v != "" {
 		t.Errorf("Version without NIXL: %q", v)
+	}
+}
+
+// An initiator that polls and a target that spins, neither with NIXL's
+// progress thread (bench xfer's --progress poll): WRITEs with
+// notifications complete and arrive, and Info says how each progresses.
+func TestPolledAndSpinningAgents(t *testing.T) {
+	needNIXL(t)
+	if _, err := New(nixl.Config{Name: "x", Progress: nixl.Progress(7)}); err == nil {
+		t.Error("an unknown progress was accepted")
+	}
+	init, err := New(nixl.Config{Name: "initiator", Progress: nixl.ProgressCaller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { init.Close() })
+	target, err := New(nixl.Config{Name: "target", Progress: nixl.ProgressSpin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	if p := init.Info().Details["progress"]; !strings.Contains(p, "polled by the caller") {
+		t.Errorf("initiator's progress %q", p)
+	}
+	if p := target.Info().Details["progress"]; !strings.Contains(p, "spinning") {
+		t.Errorf("target's progress %q", p)
+	}
+	ib, tb := buffer(t, init, 1<<20), buffer(t, target, 1<<20)
+	remote := connect(t, init, target)
+	connect(t, target, init)
+	copy(ib.Bytes(), bytes.Repeat([]byte{0xab}, 1<<20))
+	const n = 200
+	for i := range n {
+		off := i % 256 * 4096
+		r, err := init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{ib.Desc(off, 4096)}, nixl.DRAM, []nixl.Desc{tb.Desc(off, 4096)}, remote, []byte(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitDone(t, init, r)
+		if err := init.ReleaseXferReq(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got int
+	for deadline := time.Now().Add(10 * time.Second); got < n && time.Now().Before(deadline); {
+		m, _ := target.GetNotifs()
+		got += len(m["initiator"])
+	}
+	if got != n {
+		t.Errorf("%d notifications, want %d", got, n)
+	}
+	if !bytes.Equal(tb.Bytes()[:200*4096], bytes.Repeat([]byte{0xab}, 200*4096)) {
+		t.Error("the target's buffer does not hold what was written")
 	}
 }

@@ -7,7 +7,8 @@
 // functions it calls and resolves all of them when the library is loaded,
 // so a library that lacks one is refused up front rather than failing in
 // the middle of a run. Each agent is a NIXL agent with one UCX backend and
-// NIXL's progress thread, so transfers complete without anyone polling.
+// NIXL's progress thread, so transfers complete without anyone polling,
+// unless nixl.Config.Progress says that the caller polls or the agent spins.
 package capi
 
 /*
