@@ -177,6 +177,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses)")
 	f.String("topology", d.Topology, "xPyD: JSON (or .yaml) file of engines instead: {\"prefill\": [{\"addr\": \"local\", \"tp\": 2}, ...], \"decode\": [...]}")
 	f.String("router", d.Router.String(), "xPyD: how requests are assigned to (prefill, decode) pairs: round-robin or least-loaded")
+	f.String("on-endpoint-death", "stop", "when an endpoint dies: stop (cancel what is in flight and end the run) or drain (let its requests in flight fail by themselves and go on with the engines left); the run fails either way")
 	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
 	f.String("xfer-target", d.XferTarget, "with remote endpoints: a serve target --listen on the remote host, for the bench xfer reference over the same link")
 	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")

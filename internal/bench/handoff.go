@@ -81,6 +81,10 @@ type HandoffOptions struct {
 	Topology string `mapstructure:"topology"`
 	// Router assigns requests to (prefill, decode) pairs ("" = round robin).
 	Router Router `mapstructure:"router"`
+	// OnEndpointDeath is what the run does when an endpoint dies: stop at
+	// once (cancel what is in flight), or drain (let what is in flight
+	// end by itself and go on with the engines that are left).
+	OnEndpointDeath DeathPolicy `mapstructure:"on-endpoint-death"`
 	// The engines Validate settled on, from the lists or the topology.
 	prefills, decodes []EngineSlot `mapstructure:"-"`
 	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
@@ -196,6 +200,9 @@ func (o *HandoffOptions) Validate() error {
 	}
 	if o.Router != "" && !valid(o.Router, Routers) {
 		bad("Router", "unknown router %q (want round-robin or least-loaded)", o.Router)
+	}
+	if o.OnEndpointDeath != "" && !valid(o.OnEndpointDeath, DeathPolicies) {
+		bad("OnEndpointDeath", "unknown policy %q (want stop or drain)", o.OnEndpointDeath)
 	}
 	if o.XferTarget != "" {
 		if err := checkAddr(o.XferTarget); err != nil {
@@ -324,6 +331,9 @@ type HandoffConfig struct {
 	PrefillEngines []EngineSlot `json:"prefill_engines,omitempty"`
 	DecodeEngines  []EngineSlot `json:"decode_engines,omitempty"`
 	Router         Router       `json:"router,omitempty"`
+	// OnEndpointDeath is "drain" when the run went on past a dead
+	// endpoint (absent: it stops there).
+	OnEndpointDeath DeathPolicy `json:"on_endpoint_death,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -370,6 +380,9 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		if !o.remote() {
 			c.Endpoints = fmt.Sprintf("%s, %d prefill x %d decode", c.Endpoints, len(ps), len(ds))
 		}
+	}
+	if o.OnEndpointDeath == DeathDrain {
+		c.OnEndpointDeath = DeathDrain
 	}
 	return c
 }
@@ -755,27 +768,34 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	defer stopRun(nil)
 	var died atomic.Pointer[string]
 	type watched struct {
-		role string
-		c    *ctl.Client
+		name, role string
+		idx        int
+		c          *ctl.Client
 	}
 	var watch []watched
 	for i, ep := range pes {
-		watch = append(watch, watched{engineName("prefill", i, n), ep.rpc})
+		watch = append(watch, watched{engineName("prefill", i, n), "prefill", i, ep.rpc})
 	}
 	for i, ep := range des {
-		watch = append(watch, watched{engineName("decode", i, m), ep.rpc})
+		watch = append(watch, watched{engineName("decode", i, m), "decode", i, ep.rpc})
 	}
+	var drained atomic.Int32
 	for _, ep := range watch {
 		go func() {
 			select {
 			case <-ep.c.Done():
-				d := &endpointDeath{role: ep.role, why: ep.c.Why()}
+				d := &endpointDeath{role: ep.name, why: ep.c.Why()}
 				what := d.String()
 				died.CompareAndSwap(nil, &what)
-				stopRun(d)
-				if o.Log != nil {
-					o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
+				if o.OnEndpointDeath == DeathDrain {
+					drained.Add(1)
+					if h.router.remove(ep.role, ep.idx) {
+						o.Log.Error("an endpoint died: draining it, the run goes on with the engines left", "endpoint", what)
+						return
+					}
 				}
+				stopRun(d)
+				o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
 			case <-runCtx.Done():
 			}
 		}()
@@ -795,7 +815,14 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	path.stop(ctx)
 	if d := died.Load(); d != nil {
 		res.EndpointDied = *d
-		res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
+		switch k := drained.Load(); {
+		case k > 0 && runCtx.Err() == nil:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run; drained (--on-endpoint-death drain): its requests in flight ended by themselves and the run went on with the engines left (%d died)", *d, k))
+		case k > 0:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run; drained until no pair of live engines was left, which stopped the run (%d died)", *d, k))
+		default:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
+		}
 		if ctx.Err() == nil {
 			runErr = nil // the result says it; the CLI fails the run on it
 		}
@@ -1110,7 +1137,12 @@ func (h *handoff) run(ctx context.Context) error {
 	var errMu sync.Mutex
 	runOne := func(i int) {
 		defer wg.Done()
-		p, d := h.router.pick()
+		p, d, ok := h.router.pick()
+		if !ok {
+			// Drained: no pair of live engines is left; the watcher ends
+			// the run, and this request was never sent.
+			return
+		}
 		r := h.one(ctx, i, isls[i], p, d)
 		h.router.done(p, d)
 		var death *endpointDeath

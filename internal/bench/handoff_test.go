@@ -468,3 +468,41 @@ func TestHostsLine(t *testing.T) {
 		t.Errorf("every endpoint on the driver's clock: %q, want no line", got)
 	}
 }
+
+// With --on-endpoint-death drain, a dead decode leaves the rotation and the
+// run goes on with the one left: every request after the death is served,
+// and the result still names the death (the run fails on it).
+func TestHandoffDrainDeadDecode(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoPull, 1, 1)
+	o.Decodes, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 24, 0, 2, DeathDrain
+	o.ISL = ISL{Dist: "fixed", Fixed: 1024}
+	o.Spec.Model.NumLayers = 32
+	o.OnStart = func(_, d *Endpoint) {
+		time.AfterFunc(200*time.Millisecond, func() { _ = d.Signal(syscall.SIGKILL) })
+	}
+	res, err := RunHandoff(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res.EndpointDied, "decode-0") {
+		t.Errorf("endpoint_died %q, want decode-0", res.EndpointDied)
+	}
+	s := res.Summary
+	// Requests whose decode died fail; the rest, on decode-1, pass: all 24
+	// were sent, and decode-1 served more than its round-robin half.
+	if s.Requests != 24 || s.Failed >= 12 || s.CorruptBlocks != 0 {
+		t.Errorf("summary: %d requests, %d failed, %d corrupt", s.Requests, s.Failed, s.CorruptBlocks)
+	}
+	served := 0
+	for _, r := range res.Records {
+		if r.Decode == 1 && r.Error == "" {
+			served++
+		}
+	}
+	if served <= 12 {
+		t.Errorf("decode-1 served %d requests; a drained run should route the rest of them there", served)
+	}
+	if res.Config.OnEndpointDeath != DeathDrain {
+		t.Errorf("config.on_endpoint_death %q", res.Config.OnEndpointDeath)
+	}
+}
