@@ -889,6 +889,11 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
 	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
+	if o.remote() {
+		for _, w := range path.tcpChoiceWarnings(res.Env.Transport) {
+			res.Warn(w)
+		}
+	}
 	if res.Summary.LeakedBlocks > 0 {
 		if n*m == 1 {
 			res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))

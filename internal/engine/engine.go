@@ -283,20 +283,13 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, err
 	}
 	if cfg.NetDevices != "" {
-		// UCX reads it when the agents' contexts are created, below, and
-		// never again: put the process's own value back once they are, so
-		// that a served endpoint's next session starts unpinned.
-		old, had := os.LookupEnv("UCX_NET_DEVICES")
+		// UCX reads it when the process's one context is created, below,
+		// and never again. It stays set afterwards: that context keeps the
+		// pin for every later session, and the endpoint's net-path reading
+		// reports UCX_NET_DEVICES from the environment.
 		if err := os.Setenv("UCX_NET_DEVICES", cfg.NetDevices); err != nil {
 			return nil, fmt.Errorf("net_devices: %w", err)
 		}
-		defer func() {
-			if had {
-				_ = os.Setenv("UCX_NET_DEVICES", old)
-			} else {
-				_ = os.Unsetenv("UCX_NET_DEVICES")
-			}
-		}()
 	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
