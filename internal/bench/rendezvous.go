@@ -144,3 +144,18 @@ func (o *HandoffOptions) meetRendezvous(ctx context.Context) (*rendezvous.Driver
 	}
 	return drv, info, nil
 }
+
+// label is the text report's line: where, which run, who from which host
+// ("[::]:7500, run 4242, 12 ms: prefill rank 0 on node1 (10.0.0.1:7400),
+// decode rank 1 on node2 (reverse)").
+func (r *RendezvousInfo) label() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, run %q, %s ms:", r.Addr, r.RunID, strconv.FormatFloat(r.WaitedMS, 'f', 0, 64))
+	for i, m := range r.Members {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s rank %d on %s (%s)", m.Role, m.Rank, m.Host, m.Addr)
+	}
+	return b.String()
+}
