@@ -105,7 +105,18 @@ round-robin cycles through every (prefill, decode) pair; least-loaded picks
 the decode with the fewest requests in flight, then the prefill. The result
 adds each pair's requests, GB/s (over the pair's active time) and handoff p99
 as prefill x decode matrices (and heatmaps with --plot), so incast on one
-decode and a slow pair show up.`
+decode and a slow pair show up.
+
+Rendezvous: instead of naming the endpoints, --rendezvous HOST:PORT listens
+(or etcd://HOST:PORT watches an etcd) for endpoints started with "nixlctl
+serve prefill|decode --register ADDR" (rank, world size and run id from
+their launcher: Slurm, torchrun, Open MPI, a Kubernetes Indexed Job). The
+driver prints where it waits, waits up to --join-window for prefill ranks
+0..--prefills-1 and decode ranks after them (or --roster
+prefill=0,decode=1), checks --run-id (default: the launcher's job id or
+$NIXLCTL_JOB_ID; required with etcd), and uses the members as its engines;
+when the window ends first the run fails naming the missing ranks. The
+result's config.rendezvous records the members and their hosts.`
 
 func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	short := map[engine.Protocol]string{
@@ -121,6 +132,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
   nixlctl bench %[1]s --model llama-3.1-8b --isl 4096 --requests 64 --concurrency 8 --xfer-reference
   nixlctl bench %[1]s --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 2048 --requests 16
   nixlctl bench %[1]s --prefills 2 --decodes 2 --router least-loaded --isl 2048 --requests 32 --plot xpyd.png
+  nixlctl bench %[1]s --rendezvous 0.0.0.0:7500 --roster prefill=0,decode=1 --run-id "$SLURM_JOB_ID" --join-window 5m
   nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
