@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -104,7 +105,18 @@ round-robin cycles through every (prefill, decode) pair; least-loaded picks
 the decode with the fewest requests in flight, then the prefill. The result
 adds each pair's requests, GB/s (over the pair's active time) and handoff p99
 as prefill x decode matrices (and heatmaps with --plot), so incast on one
-decode and a slow pair show up.`
+decode and a slow pair show up.
+
+Rendezvous: instead of naming the endpoints, --rendezvous HOST:PORT listens
+(or etcd://HOST:PORT watches an etcd) for endpoints started with "nixlctl
+serve prefill|decode --register ADDR" (rank, world size and run id from
+their launcher: Slurm, torchrun, Open MPI, a Kubernetes Indexed Job). The
+driver prints where it waits, waits up to --join-window for prefill ranks
+0..--prefills-1 and decode ranks after them (or --roster
+prefill=0,decode=1), checks --run-id (default: the launcher's job id or
+$NIXLCTL_JOB_ID; required with etcd), and uses the members as its engines;
+when the window ends first the run fails naming the missing ranks. The
+result's config.rendezvous records the members and their hosts.`
 
 func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	short := map[engine.Protocol]string{
@@ -120,6 +132,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
   nixlctl bench %[1]s --model llama-3.1-8b --isl 4096 --requests 64 --concurrency 8 --xfer-reference
   nixlctl bench %[1]s --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 2048 --requests 16
   nixlctl bench %[1]s --prefills 2 --decodes 2 --router least-loaded --isl 2048 --requests 32 --plot xpyd.png
+  nixlctl bench %[1]s --rendezvous 0.0.0.0:7500 --roster prefill=0,decode=1 --run-id "$SLURM_JOB_ID" --join-window 5m
   nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -173,11 +186,15 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
 	f.String("prefill", d.Prefill, "use prefill endpoints started with serve prefill --listen (host:port, comma separated; \"local\" for a child here); alone, decode runs here as a child")
 	f.String("decode", d.Decode, "use decode endpoints started with serve decode --listen (host:port, comma separated; \"local\" for a child here); alone, prefill runs here as a child")
-	f.Int("prefills", d.Prefills, "xPyD: prefill engines to run here as children (without --prefill addresses)")
-	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses)")
+	f.Int("prefills", d.Prefills, "xPyD: prefill engines to run here as children (without --prefill addresses), or with --rendezvous to wait for")
+	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses), or with --rendezvous to wait for")
 	f.String("topology", d.Topology, "xPyD: JSON (or .yaml) file of engines instead: {\"prefill\": [{\"addr\": \"local\", \"tp\": 2}, ...], \"decode\": [...]}")
 	f.String("router", d.Router.String(), "xPyD: how requests are assigned to (prefill, decode) pairs: round-robin or least-loaded")
 	f.String("on-endpoint-death", "stop", "when an endpoint dies: stop (cancel what is in flight and end the run) or drain (let its requests in flight fail by themselves and go on with the engines left); the run fails either way")
+	f.String("rendezvous", d.Rendezvous, "instead of --prefill/--decode/--topology: wait for endpoints started with serve prefill|decode --register to register here, a TCP [tcp://]host:port to listen on (port 0: any, printed) or etcd://host:port")
+	f.String("run-id", d.RunID, "rendezvous: the run id the endpoints must give (default: the launcher's job id, or $NIXLCTL_JOB_ID; required with etcd)")
+	f.String("roster", d.Roster, "rendezvous: the ranks to wait for, e.g. prefill=0,decode=1 or prefill=0-1,decode=2-3 (default: prefill ranks 0..--prefills-1, decode ranks after them)")
+	f.Duration("join-window", d.JoinWindow, "rendezvous: how long to wait for the roster; the run fails naming the ranks that did not come")
 	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
 	f.String("xfer-target", d.XferTarget, "with remote endpoints: a serve target --listen on the remote host, for the bench xfer reference over the same link")
 	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")
@@ -204,6 +221,14 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		f.Close()
 		if err != nil {
 			return errkind.BadInputf("--trace %s: %v", o.Trace, err)
+		}
+	}
+	if h.Rendezvous != "" {
+		if h.RunID == "" {
+			h.RunID = launcherJobID()
+		}
+		h.OnRendezvous = func(addr string, r rendezvous.Roster) {
+			fmt.Fprintf(a.io.ErrOut, "rendezvous: waiting at %s for %s (run %q, up to %v)\n", addr, r, r.Run, h.JoinWindow)
 		}
 	}
 	if err := h.Validate(); err != nil {
@@ -250,6 +275,10 @@ type serveEngineOptions struct {
 	Stdio     bool   `mapstructure:"stdio"`
 	Listen    string `mapstructure:"listen"`
 	Advertise string `mapstructure:"advertise"`
+	Register  string `mapstructure:"register"`
+	RunID     string `mapstructure:"run-id"`
+	Rank      int    `mapstructure:"rank"`
+	WorldSize int    `mapstructure:"world-size"`
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -279,19 +308,36 @@ address, when it cannot reach them.`, role),
   # the driver, anywhere that reaches both:
   nixlctl bench push --prefill 10.0.0.1:7400 --decode 10.0.0.2:7401
   # or with decode as a local child of the driver on host B:
-  nixlctl bench pull --prefill 10.0.0.1:7400`,
+  nixlctl bench pull --prefill 10.0.0.1:7400
+  # rendezvous: the endpoints find the driver (10.0.0.3) instead
+  nixlctl bench pull --rendezvous 0.0.0.0:7500 --run-id r1
+  nixlctl serve prefill --listen 0.0.0.0:7400 --register 10.0.0.3:7500 --run-id r1 --rank 0 --world-size 2
+  nixlctl serve decode --register 10.0.0.3:7500 --run-id r1 --rank 1 --world-size 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o serveEngineOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
 				return err
+			}
+			if o.Register != "" {
+				return runRegisteredEngine(cmd.Context(), a, role, o, set)
+			}
+			for _, f := range []string{"run-id", "rank", "world-size"} {
+				if set(f) {
+					return errkind.BadInputf("--%s goes with --register", f)
+				}
 			}
 			return runServeEngine(cmd.Context(), a, o)
 		},
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
-	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port); the side channels bind on its host")
+	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port; port 0: any); the side channels bind on its host")
 	cmd.Flags().String("advertise", "", "host to name in side-channel messages (default: the listen host, or for 0.0.0.0 the address the driver reached)")
+	cmd.Flags().String("register", "", "register with a bench --rendezvous driver at [tcp://]host:port or etcd://host:port (see above)")
+	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
+	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
+	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
 	return cmd
 }
 

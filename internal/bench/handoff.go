@@ -30,6 +30,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/procfs"
+	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
@@ -85,6 +86,24 @@ type HandoffOptions struct {
 	// once (cancel what is in flight), or drain (let what is in flight
 	// end by itself and go on with the engines that are left).
 	OnEndpointDeath DeathPolicy `mapstructure:"on-endpoint-death"`
+	// Rendezvous, instead of addresses: the endpoints register with the
+	// driver (`serve prefill|decode --register`) at this address, a TCP
+	// [tcp://]HOST:PORT the driver listens on or etcd://HOST:PORT, and the
+	// driver waits up to JoinWindow for the roster: Roster
+	// ("prefill=0,decode=1"), or prefill ranks 0..Prefills-1 and decode
+	// ranks after them. RunID must match the endpoints' (etcd: required).
+	Rendezvous string        `mapstructure:"rendezvous"`
+	RunID      string        `mapstructure:"run-id"`
+	Roster     string        `mapstructure:"roster"`
+	JoinWindow time.Duration `mapstructure:"join-window"`
+	// OnRendezvous, if set, is told where the driver waits (the TCP
+	// listener's real address, or the etcd address) and for whom, before
+	// it waits.
+	OnRendezvous func(addr string, roster rendezvous.Roster) `mapstructure:"-"`
+	roster       rendezvous.Roster                           `mapstructure:"-"`
+	// reverse maps a reverse member's slot address ("reverse@PEER") to its
+	// registration connection, its control channel.
+	reverse map[string]net.Conn `mapstructure:"-"`
 	// The engines Validate settled on, from the lists or the topology.
 	prefills, decodes []EngineSlot `mapstructure:"-"`
 	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
@@ -129,7 +148,8 @@ func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
 		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
-		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin}
+		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
+		JoinWindow: 60 * time.Second}
 }
 
 // Validate checks the options. Problems with one field are
@@ -334,6 +354,8 @@ type HandoffConfig struct {
 	// OnEndpointDeath is "drain" when the run went on past a dead
 	// endpoint (absent: it stops there).
 	OnEndpointDeath DeathPolicy `json:"on_endpoint_death,omitempty"`
+	// Rendezvous says how the engines were found, when they registered.
+	Rendezvous *RendezvousInfo `json:"rendezvous,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -535,11 +557,16 @@ const endpointGrace = 15 * time.Second
 
 // startEndpoint starts (or dials, for an address) an endpoint of role
 // (prefill or decode); name is how errors call it ("prefill-1").
-func startEndpoint(ctx context.Context, o *HandoffOptions, role, name, addr string) (*Endpoint, error) {
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, slot EngineSlot) (*Endpoint, error) {
 	// Endpoints outlive the run's context: an interrupted run still asks
 	// them for their stats.
 	keep := context.WithoutCancel(ctx)
+	addr := slot.remoteAddr()
 	switch {
+	case o.reverse[addr] != nil:
+		// A reverse rendezvous member: its control channel is the
+		// connection it registered on.
+		return &Endpoint{rpc: ctl.NewConnClient(o.reverse[addr])}, nil
 	case o.Inproc:
 		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
 	case addr != "":
@@ -620,6 +647,19 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
+	var rdv *RendezvousInfo
+	if o.Rendezvous != "" {
+		// Closed after the endpoints (defers run last first): that ends
+		// the members' registrations, and they exit.
+		drv, info, err := o.meetRendezvous(ctx)
+		if drv != nil {
+			defer drv.Close()
+		}
+		if err != nil {
+			return nil, err
+		}
+		rdv = info
+	}
 	blocks := o.poolBlocks()
 	pslots, dslots := o.engines()
 	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
@@ -647,6 +687,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}
 	res.Config = o.config(blocks)
+	res.Config.Rendezvous = rdv
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
 	n, m := len(pslots), len(dslots)
 	pes, des := make([]*Endpoint, n), make([]*Endpoint, m)
@@ -656,12 +697,12 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}()
 	for i, s := range pslots {
-		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s.remoteAddr()); err != nil {
+		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s); err != nil {
 			return nil, err
 		}
 	}
 	for i, s := range dslots {
-		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s.remoteAddr()); err != nil {
+		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s); err != nil {
 			return nil, err
 		}
 	}

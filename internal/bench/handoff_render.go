@@ -28,6 +28,9 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), TP %v -> %v, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
 		res.Protocol, res.Model, c.ISL.label(), c.KVDType, c.PrefillTP, c.DecodeTP, c.BlockSize, c.Fragmentation,
 		res.Backend, res.Env.BackendVersion, c.DRAMAlloc, c.Endpoints)
+	if r := c.Rendezvous; r != nil {
+		fmt.Fprintf(w, "rendezvous: %s\n", r.label())
+	}
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}

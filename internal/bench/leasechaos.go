@@ -348,7 +348,7 @@ func (c *chaosRun) handoffOptions() *HandoffOptions {
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", EngineSlot{})
 	if err != nil {
 		return err
 	}
@@ -367,7 +367,7 @@ func (c *chaosRun) startPrefill(ctx context.Context) error {
 }
 
 func (c *chaosRun) startDecode(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", EngineSlot{})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,10 @@ import (
 // or from --prefill/--decode and --prefills/--decodes (Validate).
 func (o *HandoffOptions) resolveEngines(add func(error), bad func(field, format string, a ...any)) {
 	o.prefills, o.decodes = nil, nil
+	if o.Rendezvous != "" {
+		o.resolveRendezvous(bad)
+		return
+	}
 	if o.Topology != "" {
 		if o.Prefill != "" || o.Decode != "" || o.Prefills > 1 || o.Decodes > 1 {
 			bad("Topology", "the file lists the engines: give it or --prefill/--decode/--prefills/--decodes, not both")
