@@ -129,6 +129,47 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("etcd rendezvous", func(t *testing.T) {
+		etcd, err := exec.LookPath("etcd")
+		if err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("etcd is not installed (scripts/setup.sh --deps installs etcd-server): %v", err)
+			}
+			t.Skipf("etcd is not installed: %v", err)
+		}
+		a := mh.addr("a")
+		url := "http://" + a + ":23790"
+		cmd, _, out := mh.startExe(t, "a", etcd, "--name", "mh", "--data-dir", t.TempDir(),
+			"--listen-client-urls", url, "--advertise-client-urls", url,
+			"--listen-peer-urls", "http://127.0.0.1:23800", "--initial-advertise-peer-urls", "http://127.0.0.1:23800",
+			"--initial-cluster", "mh=http://127.0.0.1:23800")
+		defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }()
+		waitFor(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "ready to serve client requests") })
+		reg := "etcd://" + a + ":23790"
+		// Prefill on host a, decode on host b: each registers where it
+		// listens; the driver dials what etcd says.
+		mh.start(t, "a", 0, "serve", "prefill", "--listen", "0.0.0.0:7410", "--register", reg, "--run-id", "mh", "--rank", "0", "--world-size", "2")
+		mh.start(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7411", "--register", reg, "--run-id", "mh", "--rank", "1", "--world-size", "2")
+		var res struct {
+			handoffJSON
+			Config struct {
+				Rendezvous struct {
+					Members []struct {
+						Role string `json:"role"`
+						Addr string `json:"addr"`
+					} `json:"members"`
+				} `json:"rendezvous"`
+			} `json:"config"`
+		}
+		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--rendezvous", reg, "--run-id", "mh", "--roster", "prefill=0,decode=1",
+			"--join-window", "60s", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "6", "--concurrency", "2")
+		res.check(t, mh)
+		if m := res.Config.Rendezvous.Members; len(m) != 2 {
+			t.Errorf("rendezvous members %+v", m)
+		}
+		mh.checkNetPath(t, res.NetPath, "decode")
+	})
+
 	t.Run("decode killed on the other host", func(t *testing.T) {
 		dec := mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7404")
 		cmd, out, errb := mh.start(t, "a", 0, "bench", "push", "--decode", b+":7404", "--model", "llama-3.2-1b", "--isl", "2048",
@@ -342,7 +383,19 @@ func (mh *twoHosts) runJSON(t *testing.T, host string, shift int, v any, args ..
 // start runs nixlctl on host in the background.
 func (mh *twoHosts) start(t *testing.T, host string, shift int, args ...string) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
 	t.Helper()
-	cmd := mh.command(host, shift, args...)
+	return mh.startCmd(t, mh.command(host, shift, args...))
+}
+
+// startExe runs another program on host in the background.
+func (mh *twoHosts) startExe(t *testing.T, host, exe string, args ...string) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command("bash", append([]string{mh.scriptPath, "run", mh.name, host, exe}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return mh.startCmd(t, cmd)
+}
+
+func (mh *twoHosts) startCmd(t *testing.T, cmd *exec.Cmd) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
+	t.Helper()
 	out, errb := &bytes.Buffer{}, &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, errb
 	if err := cmd.Start(); err != nil {
