@@ -32,7 +32,11 @@ func TestMultiHost(t *testing.T) {
 			Points      []struct {
 				BandwidthGBps float64 `json:"bandwidth_gbps"`
 			}
-			NetPath json.RawMessage `json:"net_path"`
+			NetPath   json.RawMessage `json:"net_path"`
+			Placement string          `json:"placement"`
+			Endpoints []struct {
+				Addr string `json:"addr"`
+			} `json:"endpoints"`
 		}
 		mh.runJSON(t, "a", 0, &res, "bench", "xfer", "--target", b+":7300", "--start-block-size", "1M", "--max-block-size", "1M",
 			"--num-iter", "100", "--warmup-iter", "10")
@@ -44,6 +48,9 @@ func TestMultiHost(t *testing.T) {
 			t.Errorf("bench xfer %.3f GB/s over a link shaped to %.3f GB/s: the bytes did not take the veth", g, mh.ceilingGBps)
 		}
 		mh.checkNetPath(t, res.NetPath, "initiator")
+		if res.Placement != "one kernel, separate namespaces" || len(res.Endpoints) != 2 || res.Endpoints[1].Addr != b+":7300" {
+			t.Errorf("placement %q, endpoints %+v", res.Placement, res.Endpoints)
+		}
 	})
 
 	t.Run("handoffs across a skewed clock", func(t *testing.T) {

@@ -114,3 +114,24 @@ func checkReachable(ctx context.Context, role string, addrs ...string) error {
 	}
 	return nil
 }
+
+// describePeer records where a run's one remote process (bench xfer's
+// target, bench ec's encoder) and this driver ran, and whether that was one
+// host. Times of those runs come from the driver's side alone, so no clock
+// is estimated; a failure to ask costs the record, not the run.
+func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]EndpointInfo, string) {
+	me, err := ctl.LocalHostInfo()
+	if err != nil {
+		return nil, ""
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	peer, err := c.Host(hctx)
+	if err != nil {
+		return nil, ""
+	}
+	self := EndpointInfo{Role: "driver", Hostname: me.Hostname, BootID: me.Identity.BootID, Clock: clockOffset(clocksync.SameHostOffset())}
+	other := EndpointInfo{Role: role, Addr: addr, Hostname: peer.Hostname, BootID: peer.Identity.BootID}
+	other.Clock.SameHost = clocksync.SameHost(me.Identity, peer.Identity)
+	return []EndpointInfo{self, other}, placement(me, peer)
+}

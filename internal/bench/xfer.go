@@ -232,10 +232,14 @@ func (o *XferOptions) bufferSize() int {
 // XferResult is the whole sweep.
 type XferResult struct {
 	report.Meta
-	Config      XferConfig  `json:"config"`
-	Points      []XferPoint `json:"points"`
-	NetPath     NetPath     `json:"net_path,omitempty"` // initiator and target
-	Interrupted bool        `json:"interrupted,omitempty"`
+	Config  XferConfig  `json:"config"`
+	Points  []XferPoint `json:"points"`
+	NetPath NetPath     `json:"net_path,omitempty"` // initiator and target
+	// Endpoints and Placement say where the initiator (this process) and
+	// the target ran.
+	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string         `json:"placement,omitempty"`
+	Interrupted bool           `json:"interrupted,omitempty"`
 }
 
 // XferConfig echoes what was asked, so a result describes itself.
@@ -449,6 +453,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		}
 		r.target = &xfertarget.Client{Client: c}
 		res.Config.Target = o.Target.Addr
+		res.Endpoints, res.Placement = describePeer(ctx, "target", o.Target.Addr, c)
 	default:
 		args := o.Target.Args
 		if args == nil {
