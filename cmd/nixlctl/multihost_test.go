@@ -66,10 +66,10 @@ func TestMultiHost(t *testing.T) {
 					t.Fatalf("endpoints %+v", res.Endpoints)
 				}
 				off := time.Duration(res.Endpoints[1].Clock.OffsetNS)
-				if res.Endpoints[1].Clock.SameHost || math.Abs((off-time.Hour).Seconds()) > 0.5 {
+				if res.Endpoints[1].Clock.SameClock || math.Abs((off-time.Hour).Seconds()) > 0.5 {
 					t.Errorf("decode's clock offset %v (%s), want +1h", off, res.Endpoints[1].Clock.Text)
 				}
-				if !res.Endpoints[0].Clock.SameHost {
+				if !res.Endpoints[0].Clock.SameClock {
 					t.Errorf("prefill, the driver's child, is on its clock: %+v", res.Endpoints[0].Clock)
 				}
 				if !strings.HasPrefix(res.Endpoints[1].SideChannel, "tcp://"+b+":") {
@@ -251,7 +251,7 @@ type handoffJSON struct {
 		Role        string `json:"role"`
 		SideChannel string `json:"side_channel"`
 		Clock       struct {
-			SameHost bool   `json:"same_host"`
+			SameClock bool   `json:"same_clock"`
 			OffsetNS int64  `json:"offset_ns"`
 			Text     string `json:"text"`
 		}

@@ -27,7 +27,8 @@ type EndpointInfo struct {
 
 // ClockOffset is clocksync.Offset as a result records it.
 type ClockOffset struct {
-	SameHost      bool    `json:"same_host"`
+	// SameClock: one kernel and time namespace, offset exactly 0.
+	SameClock     bool    `json:"same_clock"`
 	OffsetNS      int64   `json:"offset_ns"`
 	UncertaintyNS int64   `json:"uncertainty_ns"`
 	RTTNS         int64   `json:"rtt_ns,omitempty"`
@@ -37,7 +38,7 @@ type ClockOffset struct {
 }
 
 func clockOffset(o clocksync.Offset) ClockOffset {
-	return ClockOffset{SameHost: o.SameHost, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
+	return ClockOffset{SameClock: o.SameClock, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
 		Samples: o.Samples, Text: o.String(), UncertaintyMS: float64(o.Uncertainty) / 1e6}
 }
 
@@ -130,8 +131,8 @@ func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]Endp
 	if err != nil {
 		return nil, ""
 	}
-	self := EndpointInfo{Role: "driver", Hostname: me.Hostname, BootID: me.Identity.BootID, Clock: clockOffset(clocksync.SameHostOffset())}
+	self := EndpointInfo{Role: "driver", Hostname: me.Hostname, BootID: me.Identity.BootID, Clock: clockOffset(clocksync.SameClockOffset())}
 	other := EndpointInfo{Role: role, Addr: addr, Hostname: peer.Hostname, BootID: peer.Identity.BootID}
-	other.Clock.SameHost = clocksync.SameHost(me.Identity, peer.Identity)
+	other.Clock.SameClock = clocksync.SameClock(me.Identity, peer.Identity)
 	return []EndpointInfo{self, other}, placement(me, peer)
 }

@@ -397,7 +397,7 @@ func ReadHandoffRecords(r io.Reader, command string) ([]HandoffRecord, error) {
 func hostsLine(res *HandoffResult) string {
 	estimated := false
 	for _, e := range res.Endpoints {
-		estimated = estimated || !e.Clock.SameHost
+		estimated = estimated || !e.Clock.SameClock
 	}
 	if !estimated {
 		return ""
@@ -409,7 +409,7 @@ func hostsLine(res *HandoffResult) string {
 			where += " " + e.Addr
 		}
 		clock := "the driver's clock"
-		if !e.Clock.SameHost {
+		if !e.Clock.SameClock {
 			clock = "clock " + e.Clock.Text
 		}
 		parts = append(parts, fmt.Sprintf("%s on %s (%s)", e.Role, where, clock))

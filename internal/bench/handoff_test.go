@@ -456,14 +456,14 @@ func TestHandoffXPyD(t *testing.T) {
 func TestHostsLine(t *testing.T) {
 	t.Parallel()
 	res := &HandoffResult{Placement: PlacementNamespaces, Endpoints: []EndpointInfo{
-		{Role: "prefill", Hostname: "a", Clock: ClockOffset{SameHost: true}},
+		{Role: "prefill", Hostname: "a", Clock: ClockOffset{SameClock: true}},
 		{Role: "decode", Hostname: "b", Addr: "10.0.0.2:7401", Clock: ClockOffset{Text: "+1h0m0s ±16µs (rtt 32µs, 16 samples)"}},
 	}}
 	want := "prefill on a (the driver's clock), decode on b 10.0.0.2:7401 (clock +1h0m0s ±16µs (rtt 32µs, 16 samples)); one kernel, separate namespaces"
 	if got := hostsLine(res); got != want {
 		t.Errorf("hostsLine:\n got %q\nwant %q", got, want)
 	}
-	res.Endpoints[1].Clock = ClockOffset{SameHost: true}
+	res.Endpoints[1].Clock = ClockOffset{SameClock: true}
 	if got := hostsLine(res); got != "" {
 		t.Errorf("every endpoint on the driver's clock: %q, want no line", got)
 	}
