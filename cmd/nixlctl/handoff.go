@@ -177,7 +177,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("compat-hash", "", "adopt this compatibility hash (sha256 hex) as a vLLM engine advertises it (pull, push)")
 	f.Bool("no-compat-check", false, "accept any peer's compatibility hash, as vLLM's enforce_handshake_compat=false (pull, push)")
 	f.Int("chunk-tokens", d.ChunkTokens, "SGLang chunked prefill size (default: one chunk)")
-	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
+	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece; NHD: 3 tokens per block) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
 	f.Int("device", d.Device, "prefill's GPU for --mem vram")

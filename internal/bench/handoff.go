@@ -365,6 +365,10 @@ type XferReference struct {
 	BatchSize     int    `json:"batch_size"`
 	PipelineDepth int    `json:"pipeline_depth"`
 	Iterations    int    `json:"iterations"`
+	// Polling is how the reference waited for its requests: "paced", as
+	// the endpoints wait (XferOptions.Paced); absent in results from
+	// before it, whose reference spun.
+	Polling string `json:"polling,omitempty"`
 }
 
 // Duration is a time.Duration written as Go writes it ("30s"), as results
@@ -1560,8 +1564,16 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// 1.3-3.7 GB/s for the same work and the handoff 2.4x "faster" than
 	// it. One round of warm-up fills the pipeline first.
 	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
+	// Paced: the endpoints wait for their transfers with sleeps between
+	// polls (WaitXfer; push's owner polls every millisecond), which
+	// leaves the CPU to the copy; a reference spinning on its requests
+	// took a core from a copy that needs both on small hosts (UCX's
+	// emulated RMA copies on both sides), and push ran 1.12-1.16x it.
+	// Notif: every handoff transfer carries its completion notification
+	// (pull's READ, push's and SGLang's WRITEs), so every reference
+	// request does too.
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
+		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential, Paced: true, Notif: true,
 		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
@@ -1576,7 +1588,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	if len(xr.Points) == 0 {
 		return 0, nil
 	}
-	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters}
+	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters, Polling: "paced"}
 	return xr.Points[0].BandwidthGBps, nil
 }
 

@@ -506,3 +506,25 @@ func TestHandoffDrainDeadDecode(t *testing.T) {
 		t.Errorf("config.on_endpoint_death %q", res.Config.OnEndpointDeath)
 	}
 }
+
+// --xfer-reference measures the same op, descriptors and depth as the
+// run, waiting as the endpoints wait (paced) and with a notification on
+// every request as the handoff's transfers carry.
+func TestHandoffXferReferenceLikeForLike(t *testing.T) {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush} {
+		t.Run(string(proto), func(t *testing.T) {
+			o := handoffOpts(t, proto, 1, 1)
+			o.Inproc, o.XferRef, o.Verify = true, true, engine.Sparse
+			res, err := RunHandoff(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, s := res.Config.XferReference, res.Summary
+			want := map[engine.Protocol]string{engine.ProtoPull: "READ", engine.ProtoPush: "WRITE"}[proto]
+			if ref == nil || ref.Op != want || ref.Polling != "paced" || ref.PipelineDepth != o.Concurrency ||
+				ref.BatchSize != int(s.DescriptorsPerReq+0.5) || s.XferGBps <= 0 || s.EfficiencyXfer <= 0 {
+				t.Fatalf("reference %+v, summary xfer %.3g GB/s, efficiency %.3g", ref, s.XferGBps, s.EfficiencyXfer)
+			}
+		})
+	}
+}

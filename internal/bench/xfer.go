@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -51,6 +52,11 @@ type XferOptions struct {
 	DescOrder        DescOrder        `mapstructure:"desc-order"`
 	Notif            bool             `mapstructure:"notif"` // attach a notification to every request
 	Shape            string           `mapstructure:"-"`     // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
+	// Paced polls the requests in flight as the handoff endpoints wait
+	// for theirs (nixl.WaitXfer: yield for 200 µs, then sleep 20 µs
+	// between polls) instead of spinning as nixlbench does; not a flag:
+	// the handoffs' --xfer-reference sets it (see xferReference).
+	Paced bool `mapstructure:"-"`
 
 	Target TargetSpec `mapstructure:",squash"`
 	// ChildStderr receives the target child's stderr (nil: this process's
@@ -684,7 +690,9 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				return err
 			}
 		}
+		var idleSince time.Time // Paced: when the last pass that found nothing began
 		for spins := 0; done < n; spins++ {
+			before := done
 			for k := 0; k < depth; k++ {
 				if !active[k] {
 					continue
@@ -712,6 +720,18 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 			}
 			if spins&4095 == 4095 && ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if o.Paced && done < n {
+				switch {
+				case done > before:
+					idleSince = time.Time{}
+				case idleSince.IsZero():
+					idleSince = time.Now()
+				case time.Since(idleSince) < 200*time.Microsecond:
+					runtime.Gosched()
+				default:
+					time.Sleep(20 * time.Microsecond)
+				}
 			}
 		}
 		return nil
