@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -12,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/rendezvous/etcdtest"
 )
 
 // TestRendezvous runs bench drivers that find their endpoints through a
@@ -208,67 +208,5 @@ func (p *rdvProc) result(t *testing.T) rdvResult {
 	return res
 }
 
-// startEtcdServer runs a real etcd (Debian's etcd-server) on free ports
-// with a fresh data dir, as internal/rendezvous's tests do, and returns
-// its etcd:// address. Without the binary the test is skipped, unless
-// CI=true, where it must be there.
-func startEtcdServer(t *testing.T) string {
-	t.Helper()
-	exe, err := exec.LookPath("etcd")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("etcd is not installed (apt-get install etcd-server; scripts/setup.sh --deps does): %v", err)
-		}
-		t.Skipf("etcd is not installed, so the etcd rendezvous is untested (apt-get install etcd-server): %v", err)
-	}
-	freePort := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort())
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort())
-	var out syncBuffer
-	cmd := exec.Command(exe, "--name", "t", "--data-dir", t.TempDir(),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "t="+peer, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	addr := strings.TrimPrefix(client, "http://")
-	// The driver's first read waits for etcd to elect itself; here only
-	// wait for it to listen.
-	waitFor(t, 20*time.Second, func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("etcd exited: %s", lastLines(out.String(), 5))
-		default:
-		}
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return "etcd://" + addr
-}
+// startEtcdServer runs a real etcd for the test (etcdtest.Start).
+func startEtcdServer(t *testing.T) string { return etcdtest.Start(t) }
