@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -580,7 +578,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
 		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
 		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}
-	payload, err := msgpack.Marshal(&reg)
+	msg, err := EncodePushReg(reg)
 	if err != nil {
 		s.release(local)
 		return err
@@ -595,7 +593,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	s.waitDone[id] = done
 	s.mu.Unlock()
 	rep.TRegSent = mono.Now()
-	msg := append([]byte("PUSH_REG:"), payload...)
 	sent := 0
 	for d, rk := range e.ranks {
 		for pr := 0; pr < p.TPSize; pr++ {
