@@ -304,11 +304,32 @@ type sglPrefillInfo struct {
 	PrefillHTTPPort          *int   `json:"prefill_http_port"` // null: no HTTP API to recompute on
 }
 
+// pyDict is the body of SGLang's GET /route with every parameter -1:
+// dataclasses.asdict(PrefillServerInfo) in field order, so the decode-side
+// fields (target ranks, required counts) follow as null.
+func (i sglPrefillInfo) pyDict() sidechannel.PyDict {
+	var port any
+	if i.PrefillHTTPPort != nil {
+		port = *i.PrefillHTTPPort
+	}
+	return sidechannel.PyDict{{Key: "attn_tp_size", Value: i.AttnTPSize}, {Key: "attn_cp_size", Value: i.AttnCPSize},
+		{Key: "dp_size", Value: i.DPSize}, {Key: "pp_size", Value: i.PPSize}, {Key: "page_size", Value: i.PageSize},
+		{Key: "kv_cache_dtype", Value: i.KVCacheDType}, {Key: "follow_bootstrap_room", Value: i.FollowBootstrapRoom},
+		{Key: "enable_dsa_cache_layer_split", Value: i.EnableDSACacheLayerSplit}, {Key: "prefill_http_port", Value: port},
+		{Key: "target_tp_rank"}, {Key: "target_tp_ranks"}, {Key: "target_cp_ranks"}, {Key: "target_pp_ranks"},
+		{Key: "required_dst_info_num"}, {Key: "required_prefill_response_num"}}
+}
+
 // sglRankEntry is the bootstrap table's answer for one prefill rank;
 // rank_port is an integer, as SGLang's decode expects.
 type sglRankEntry struct {
 	RankIP   string `json:"rank_ip"`
 	RankPort int    `json:"rank_port"`
+}
+
+// pyDict is dataclasses.asdict(PrefillRankInfo).
+func (e sglRankEntry) pyDict() sidechannel.PyDict {
+	return sidechannel.PyDict{{Key: "rank_ip", Value: e.RankIP}, {Key: "rank_port", Value: e.RankPort}}
 }
 
 // sglRouteParams are the query parameters a decode's GET /route carries;
