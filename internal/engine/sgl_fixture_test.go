@@ -47,7 +47,7 @@ func TestFixtureSGLRegistration(t *testing.T) {
 	want := wirefixture.Frames(t, "sglang_kv_args.hex")
 	r := SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0", AgentMD: []byte("\x00\x01nixl"),
 		KVPtrs: []uint64{0x7f0000000000, 0x7f0000100000}, AuxPtrs: []uint64{0x55000000}, GPUID: 0, DecodeTP: 1,
-		DecodeRank: 0, KVItemLen: 32768, DstNumSlots: 4096}
+		DecodeRank: 0, KVItemLen: 32768}
 	sameFrames(t, "KV-args registration", r.Encode(), want)
 	got, info, _, err := DecodeSGLMessage(want)
 	if err != nil || info != nil || got == nil {

@@ -44,17 +44,20 @@ const (
 
 // SGLRegistration is decode's once-per-peer KV-args message.
 type SGLRegistration struct {
-	DecodeIP    string
-	DecodePort  int
-	AgentName   string
-	AgentMD     []byte
-	KVPtrs      []uint64 // one per region (K layers then V layers, or latents)
-	AuxPtrs     []uint64
-	GPUID       int
-	DecodeTP    int
-	DecodeRank  int
-	KVItemLen   int64 // bytes of one page of one region
-	DstNumSlots int   // pages in decode's pool
+	DecodeIP   string
+	DecodePort int
+	AgentName  string
+	AgentMD    []byte
+	KVPtrs     []uint64 // one per region (K layers then V layers, or latents)
+	AuxPtrs    []uint64
+	GPUID      int
+	DecodeTP   int
+	DecodeRank int
+	KVItemLen  int64 // bytes of one page of one region
+	// DstNumSlots, pages in decode's pool, is nixlctl's addition: an 18th
+	// frame SGLang's receiver ignores (it reads fixed positions), sent only
+	// when set; 0 when absent (a real SGLang decode), meaning unbounded.
+	DstNumSlots int
 }
 
 // SGLTransferInfo is decode's per-request message.
@@ -69,12 +72,18 @@ type SGLTransferInfo struct {
 	PrefixLen   int
 }
 
-// EncodeRegistration builds the ZMQ frames of a KV-args registration.
+// Encode builds the ZMQ frames of a KV-args registration as SGLang's
+// _register_kv_args does: the guard, then 16 frames (no state buffers, no
+// staging), then nixlctl's dst_num_slots when set.
 func (r SGLRegistration) Encode() [][]byte {
-	return [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
+	f := [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
 		[]byte(r.AgentName), r.AgentMD, packU64(r.KVPtrs), packU64(r.AuxPtrs), {}, []byte(strconv.Itoa(r.GPUID)),
 		[]byte(strconv.Itoa(r.DecodeTP)), []byte(strconv.Itoa(r.DecodeRank)), []byte(strconv.FormatInt(r.KVItemLen, 10)),
-		{}, {}, {}, {}, []byte(strconv.Itoa(r.DstNumSlots))}
+		{}, {}, {}, {}}
+	if r.DstNumSlots > 0 {
+		f = append(f, []byte(strconv.Itoa(r.DstNumSlots)))
+	}
+	return f
 }
 
 // Encode builds the ZMQ frames of a TransferInfo.
@@ -157,7 +166,6 @@ func DecodeSGLMessage(frames [][]byte) (reg *SGLRegistration, info *SGLTransferI
 			return nil, nil, 0, err
 		}
 		r.KVItemLen = int64(item)
-		r.DstNumSlots = 1 << 30
 		if len(f) > 16 && len(f[16]) > 0 {
 			if r.DstNumSlots, err = atoiFrame(f[16], "dst num slots", 1, 1<<30); err != nil {
 				return nil, nil, 0, err
@@ -642,7 +650,11 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		for i, p := range info.DstPages {
 			dst[i] = int(p)
 		}
-		rm := sidechannel.AgentMetadata{KVCachesBaseAddr: peer.reg.KVPtrs, NumBlocks: peer.reg.DstNumSlots}
+		slots := peer.reg.DstNumSlots
+		if slots == 0 {
+			slots = 1 << 30 // a real SGLang decode does not say
+		}
+		rm := sidechannel.AgentMetadata{KVCachesBaseAddr: peer.reg.KVPtrs, NumBlocks: slots}
 		for range peer.reg.KVPtrs {
 			rm.BlockLens = append(rm.BlockLens, peer.reg.KVItemLen)
 		}
