@@ -458,7 +458,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			}()
 			res.postStart = mono.Now()
 			for _, rd := range dr.Reads {
-				notif := []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[rd.PrefillRank]))
+				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
 				name := re.agentName(d, rd.PrefillRank)
 				if len(local) == 0 { // full prefix hit: nothing to read, say so
 					if err := rk.agent.SendNotif(name, notif); err != nil {
@@ -501,7 +501,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				if crashing {
 					break
 				}
-				if err := rk.agent.SendNotif(re.agentName(d, o), []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[o]))); err != nil {
+				if err := rk.agent.SendNotif(re.agentName(d, o), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
 					e.c.failedNotifs.Add(1)
 				}
 			}

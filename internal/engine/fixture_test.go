@@ -83,3 +83,13 @@ func TestFixtureTransferParams(t *testing.T) {
 		}
 	}
 }
+
+func TestFixtureCompletionNotif(t *testing.T) {
+	t.Parallel()
+	want := wirefixture.Hex(t, "vllm_completion_notif.hex")
+	sameWire(t, "completion notification", completionNotif("cmpl-1-0-1a2b3c4d", 2), want)
+	id, n, ok := parseCompletion(string(want))
+	if !ok || id != "cmpl-1-0-1a2b3c4d" || n != 2 {
+		t.Errorf("parsed %q %d %v", id, n, ok)
+	}
+}

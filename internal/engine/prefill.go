@@ -550,7 +550,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 		return
 	}
 	start := len(q.blocks) - len(src)
-	notif := []byte(fmt.Sprintf("%s:%d", reg.RequestID, e.spec.TP))
+	notif := completionNotif(reg.RequestID, e.spec.TP)
 	post := pushPost{tStart: mono.Now()}
 	var writes []nixl.XferReq
 	for _, d := range h.targets {

@@ -111,3 +111,33 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 		t.Errorf("rank entry %+v, %v", rank, err)
 	}
 }
+
+func TestFixtureSGLNotifs(t *testing.T) {
+	t.Parallel()
+	const room = 12345678901234567
+	for _, tc := range []struct {
+		fixture string
+		got     []byte
+		want    sglNotif
+	}{
+		{"sglang_notif_kv.hex", sglKVNotif(room, 3, true, 1), sglNotif{room: room, kind: "kv", chunk: 3, last: true, sender: 1}},
+		{"sglang_notif_aux.hex", sglAuxNotif(room), sglNotif{room: room, kind: "aux"}},
+		{"sglang_notif_aux_nokv.hex", sglNoKVNotif(room, 1), sglNotif{room: room, kind: "nokv", sender: 1}},
+	} {
+		want := wirefixture.Hex(t, tc.fixture)
+		sameWire(t, tc.fixture, tc.got, want)
+		n, err := parseSGLNotif(string(want))
+		if err != nil || n != tc.want {
+			t.Errorf("%s parsed %+v, %v; want %+v", tc.fixture, n, err, tc.want)
+		}
+	}
+}
+
+// nixlctl's decode sends no ABORT; its prefill reads SGLang's.
+func TestFixtureSGLAbort(t *testing.T) {
+	t.Parallel()
+	reg, info, room, err := DecodeSGLMessage(wirefixture.Frames(t, "sglang_abort.hex"))
+	if err != nil || reg != nil || info != nil || room != 12345678901234567 {
+		t.Errorf("ABORT decoded to room %d, %v %v %v", room, reg, info, err)
+	}
+}

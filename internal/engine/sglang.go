@@ -219,6 +219,19 @@ type sglNotif struct {
 	sender int
 }
 
+// sglKVNotif tags a KV chunk's WRITE: "{room}_kv_{chunk}_{0|1}_{sender}".
+func sglKVNotif(room uint64, chunk int, last bool, sender int) []byte {
+	return []byte(fmt.Sprintf("%d_kv_%d_%d_%d", room, chunk, b2i(last), sender))
+}
+
+// sglAuxNotif tags the aux row's WRITE: "{room}_aux".
+func sglAuxNotif(room uint64) []byte { return []byte(fmt.Sprintf("%d_aux", room)) }
+
+// sglNoKVNotif ends a room a sender has no pages for: "{room}_aux_nokv_{sender}".
+func sglNoKVNotif(room uint64, sender int) []byte {
+	return []byte(fmt.Sprintf("%d_aux_nokv_%d", room, sender))
+}
+
 func isSGLangNotif(m string) bool { _, err := parseSGLNotif(m); return err == nil }
 
 func parseSGLNotif(m string) (sglNotif, error) {
@@ -660,7 +673,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		}
 		if chunks == nil {
 			// A dummy rank (MLA fan-in): nothing to send but the room's end.
-			if err := rk.agent.SendNotif(peer.remote, []byte(fmt.Sprintf("%d_aux_nokv_%d", r.Room, rk.idx))); err != nil {
+			if err := rk.agent.SendNotif(peer.remote, sglNoKVNotif(r.Room, rk.idx)); err != nil {
 				return descs, logical, err
 			}
 			continue
@@ -675,7 +688,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			if err != nil {
 				return descs, logical, err
 			}
-			notif := []byte(fmt.Sprintf("%d_kv_%d_%d_%d", r.Room, c, b2i(last), rk.idx))
+			notif := sglKVNotif(r.Room, c, last, rk.idx)
 			// SGLang registers KV as the pool's memory (VRAM on GPUs) and the aux rows as DRAM.
 			x, err := rk.agent.CreateXferReq(nixl.Write, rk.buf.Mem, ml.local, rk.buf.Mem, ml.remote, peer.remote, notif)
 			if err != nil {
@@ -710,7 +723,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			ld = append(ld, sr.aux.Desc((b*auxRows+row[0])*auxRowSize, auxRowSize))
 			rd = append(rd, nixl.Desc{Addr: peer.reg.AuxPtrs[b] + uint64(info.DstAux*auxRowSize), Len: auxRowSize})
 		}
-		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, []byte(fmt.Sprintf("%d_aux", r.Room)))
+		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, sglAuxNotif(r.Room))
 		if err == nil {
 			xfers = append(xfers, x)
 			if st, perr := rk.agent.PostXferReq(x); st == nixl.Failed {
