@@ -97,6 +97,18 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 			t.Errorf("content type %q, aiohttp's json_response sends application/json; charset=utf-8", ctype)
 		}
 	}
+	// /query_dp_ranks answers {str(room): dp_rank} in the order asked, for
+	// the rooms registered.
+	for _, reg := range []string{`{"bootstrap_room": 99, "dp_rank": 1}`, `{"bootstrap_room": 12345678901234567, "dp_rank": 0}`} {
+		if code, _, body := do(http.MethodPost, "/register_dp_rank", reg); code != 200 {
+			t.Fatalf("register_dp_rank: %d %s", code, body)
+		}
+	}
+	want := string(wirefixture.Raw(t, "sglang_query_dp_ranks.json"))
+	if code, _, got := do(http.MethodPost, "/query_dp_ranks", `{"bootstrap_rooms": [12345678901234567, 7, 99]}`); code != 200 || got != want {
+		t.Errorf("query_dp_ranks: %d\n got %s\nwant %s", code, got, want)
+	}
+
 	// The decode side reads upstream's bodies.
 	var info sglPrefillInfo
 	if err := json.Unmarshal(wirefixture.Raw(t, "sglang_route_info.json"), &info); err != nil {
