@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -460,7 +458,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			}()
 			res.postStart = mono.Now()
 			for _, rd := range dr.Reads {
-				notif := []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[rd.PrefillRank]))
+				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
 				name := re.agentName(d, rd.PrefillRank)
 				if len(local) == 0 { // full prefix hit: nothing to read, say so
 					if err := rk.agent.SendNotif(name, notif); err != nil {
@@ -503,7 +501,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				if crashing {
 					break
 				}
-				if err := rk.agent.SendNotif(re.agentName(d, o), []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[o]))); err != nil {
+				if err := rk.agent.SendNotif(re.agentName(d, o), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
 					e.c.failedNotifs.Add(1)
 				}
 			}
@@ -580,7 +578,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
 		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
 		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}
-	payload, err := msgpack.Marshal(&reg)
+	msg, err := EncodePushReg(reg)
 	if err != nil {
 		s.release(local)
 		return err
@@ -595,7 +593,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	s.waitDone[id] = done
 	s.mu.Unlock()
 	rep.TRegSent = mono.Now()
-	msg := append([]byte("PUSH_REG:"), payload...)
 	sent := 0
 	for d, rk := range e.ranks {
 		for pr := 0; pr < p.TPSize; pr++ {

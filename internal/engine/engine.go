@@ -531,6 +531,11 @@ func (e *Engine) badNotif(what, from, msg string) {
 	e.log.Warn(what, "from", from, "msg", msg)
 }
 
+// completionNotif is the completion notification vLLM attaches to a READ
+// (pull: prefill's request id and the consumers it expects) or a WRITE
+// (push: decode's request id and prefill's TP size): f"{id}:{n}".encode().
+func completionNotif(id string, n int) []byte { return []byte(id + ":" + strconv.Itoa(n)) }
+
 // parseCompletion splits "<request id>:<count>" at the last colon (request
 // ids may contain colons), as vLLM does.
 func parseCompletion(s string) (string, int, bool) {

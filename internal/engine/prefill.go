@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -44,6 +45,24 @@ type PushReg struct {
 	RemotePort     int    `msgpack:"remote_port"`
 	RemoteTPSize   int    `msgpack:"remote_tp_size"`
 	RemotePPSize   int    `msgpack:"remote_pp_size"`
+}
+
+// PushRegPrefix opens a push registration notification (vLLM's
+// PUSH_REG_NOTIF_PREFIX).
+const PushRegPrefix = "PUSH_REG:"
+
+// EncodePushReg builds the notification decode sends every prefill rank:
+// the prefix, then the registration as msgspec encodes the dict (a map of
+// the 11 keys in vLLM's order, local_block_ids one list per KV-cache group).
+func EncodePushReg(r PushReg) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(PushRegPrefix)
+	e := msgpack.NewEncoder(&b)
+	e.UseCompactInts(true) // msgspec writes every int in its smallest form
+	if err := e.Encode(&r); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // DecodePushReg parses a PUSH_REG payload and normalises the block ids
@@ -531,7 +550,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 		return
 	}
 	start := len(q.blocks) - len(src)
-	notif := []byte(fmt.Sprintf("%s:%d", reg.RequestID, e.spec.TP))
+	notif := completionNotif(reg.RequestID, e.spec.TP)
 	post := pushPost{tStart: mono.Now()}
 	var writes []nixl.XferReq
 	for _, d := range h.targets {
