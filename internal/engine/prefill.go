@@ -100,8 +100,9 @@ type prefillState struct {
 	hbPending    [][]string
 	expiredHeld  int
 	expiredHeldM int
-	// reqs by prefill id; byBase by the id without its suffix, so a
-	// heartbeat with decode's id finds its lease.
+	// reqs by prefill id; byBase by the id without its suffix, so that
+	// with fixed push heartbeat keys a heartbeat with decode's id finds
+	// its lease.
 	reqs   map[string]*preq
 	byBase map[string]*preq
 	// push (nil otherwise): the matcher, and per rank the handshakes
@@ -254,9 +255,16 @@ type LeaseSample struct {
 	ExpiredHeld int   `json:"expired_held"`
 }
 
-// renewIDs maps heartbeat ids to the leases' ids: prefill's own id, or in
-// push mode the id decode knows (the router's, without prefill's suffix).
+// renewIDs maps heartbeat ids to the leases' ids. Upstream looks them up
+// exactly (an id it does not hold is ignored, counted as an unknown
+// renewal): in push mode decode heartbeats the router's id and prefill
+// leases its own suffixed one, so nothing renews (vLLM #53095). With
+// fixed push keys an id prefill does not hold is matched by base id, as
+// PUSH_REG is.
 func (s *prefillState) renewIDs(ids []string) []string {
+	if s.e.cfg.Protocol != ProtoPush || s.e.cfg.PushHeartbeatKeys != HBKeysFixed {
+		return ids
+	}
 	out := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if _, ok := s.reqs[id]; !ok {
