@@ -29,8 +29,10 @@ func TestMultiHost(t *testing.T) {
 		mh.serve(t, "b", 0, "serve", "target", "--listen", "0.0.0.0:7300")
 		var res struct {
 			Environment struct{ Transport string }
-			Points      []struct{ BandwidthGBps float64 `json:"bandwidth_gbps"` }
-			NetPath     json.RawMessage `json:"net_path"`
+			Points      []struct {
+				BandwidthGBps float64 `json:"bandwidth_gbps"`
+			}
+			NetPath json.RawMessage `json:"net_path"`
 		}
 		mh.runJSON(t, "a", 0, &res, "bench", "xfer", "--target", b+":7300", "--start-block-size", "1M", "--max-block-size", "1M",
 			"--num-iter", "100", "--warmup-iter", "10")
@@ -57,7 +59,7 @@ func TestMultiHost(t *testing.T) {
 					t.Fatalf("endpoints %+v", res.Endpoints)
 				}
 				off := time.Duration(res.Endpoints[1].Clock.OffsetNS)
-				if res.Endpoints[1].Clock.SameHost || math.Abs((off - time.Hour).Seconds()) > 0.5 {
+				if res.Endpoints[1].Clock.SameHost || math.Abs((off-time.Hour).Seconds()) > 0.5 {
 					t.Errorf("decode's clock offset %v (%s), want +1h", off, res.Endpoints[1].Clock.Text)
 				}
 				if !res.Endpoints[0].Clock.SameHost {
@@ -189,7 +191,7 @@ type handoffJSON struct {
 			Requests int `json:"requests"`
 			Failed   int `json:"failed"`
 		} `json:"pairs"`
-		Handoff        struct {
+		Handoff struct {
 			P50 float64 `json:"p50"`
 		} `json:"handoff_latency_ms"`
 	}
