@@ -31,11 +31,12 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 		// registration watchdog is decode's wait for pushed KV.
 		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
 		ig("bench "+p+" does not use it (push and SGLang only)", "RegTimeout")
+		ig("bench "+p+" does not use it (push only)", "RegWatchdog", "PushHeartbeatKeys")
 	case engine.ProtoPush:
 		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
 	case engine.ProtoSGLang:
 		// SGLang's rooms have no lease: prefill frees on the aux row.
-		ig("bench "+p+" does not use it (pull and push only)", "Lease")
+		ig("bench "+p+" does not use it (pull and push only)", "Lease", "RegWatchdog", "PushHeartbeatKeys", "AllowUnsupportedTP")
 	}
 	if o.Mem != nixl.VRAM {
 		ig("only with --mem vram", "Device", "DecodeDevice")
