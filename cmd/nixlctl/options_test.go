@@ -42,6 +42,7 @@ func TestBadOptionsNameTheFlag(t *testing.T) {
 			"error: --decode-tp: --prefill-tp 8 > --decode-tp 4 with the 4 KV heads of qwen3-30b-a3b replicated across prefill's ranks: vLLM refuses this (\"num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba\") (--allow-unsupported-tp runs it anyway)\n"},
 		{"push heartbeat keys", nil, []string{"bench", "push", "--push-heartbeat-keys", "router"}, `error: --push-heartbeat-keys: unknown push heartbeat keys "router" (want upstream, fixed)` + "\n"},
 		{"registration watchdog", nil, []string{"bench", "push", "--registration-watchdog", "retry"}, `error: --registration-watchdog: unknown registration watchdog action "retry" (want drop, fail)` + "\n"},
+		{"pull heartbeat keys", nil, []string{"lease-chaos", "--push-heartbeat-keys", "fixed"}, "error: --push-heartbeat-keys: fixed keys are push mode's (pull heartbeats name prefill's own id)\n"},
 		{"xfer validation", nil, []string{"bench", "xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
 	}
 	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {

@@ -74,10 +74,13 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 // the simulator reads are leasesim.TrafficOptions, outside o.
 func (o *LeaseChaosOptions) Ignored(sim bool) []IgnoredField {
 	if !sim {
+		if o.Protocol != engine.ProtoPush {
+			return []IgnoredField{{"PushHeartbeatKeys", "push only (pull heartbeats name prefill's own id)"}}
+		}
 		return nil
 	}
 	const why = "--sim runs no processes and does not use it"
-	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}}
+	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}, {"PushHeartbeatKeys", "--sim models pull's heartbeats (exact ids), not push"}}
 }
 
 // Ignored lists the options of o that its memory types leave unread: the

@@ -245,6 +245,9 @@ type HeartbeatEvent struct {
 	T       int64 `json:"t"`
 	IDs     int   `json:"ids"`
 	Renewed int   `json:"renewed"`
+	// Unknown: ids prefill holds no lease for (vLLM ignores them; in
+	// upstream push mode that is every id, vLLM #53095).
+	Unknown int `json:"unknown,omitempty"`
 }
 
 // LeaseSample is prefill's lease table at one step (lease-chaos).
@@ -368,9 +371,10 @@ func (s *prefillState) step(now int64) {
 	var expired []expiry
 	s.mu.Lock()
 	for _, ids := range s.hbPending {
+		unknown := s.leases.Stats().UnknownRenewals
 		n := s.leases.Renew(s.renewIDs(ids), now)
 		if events {
-			hbs = append(hbs, HeartbeatEvent{T: now, IDs: len(ids), Renewed: n})
+			hbs = append(hbs, HeartbeatEvent{T: now, IDs: len(ids), Renewed: n, Unknown: int(s.leases.Stats().UnknownRenewals - unknown)})
 		}
 	}
 	s.hbPending = s.hbPending[:0]
