@@ -57,8 +57,24 @@ rank; each prefill rank's writer matches registrations and finished requests in
 either arrival order (exact request id, then the id without its random
 "-<8 hex>" suffix) and WRITEs straight into decode's blocks with the
 notification "<decode request id>:<prefill tp>"; decode is done when the
-expected notifications arrived, or fails after --registration-timeout
-(the watchdog). A failed WRITE is not reported to decode, as in vLLM.`,
+expected notifications arrived. A failed WRITE is not reported to decode, as in
+vLLM.
+
+Heartbeats are keyed as upstream keys them (--push-heartbeat-keys upstream):
+decode heartbeats the router's request id, prefill leases its own suffixed id
+and looks heartbeat ids up exactly, so push heartbeats never renew a lease
+(vLLM issue #53095); prefill's stats count the unknown ids
+(leases.unknown_renewals). --push-heartbeat-keys fixed heartbeats decode's own
+id, matched by base id as vLLM PR #53244 proposes: not upstream behaviour, and
+the result says so.
+
+The registration watchdog (--registration-timeout) fails the request here by
+default after 60 s (--registration-watchdog fail), so that a run whose prefill
+never writes ends: this bench default is not upstream's. vLLM's
+push_registration_timeout is 480 s, and when it fires vLLM only drops the
+registration and logs; the request keeps waiting (--registration-timeout 480s
+--registration-watchdog drop). A served engine given no timeout uses 480 s and
+drop. Results record both and warn when they differ from upstream.`,
 	engine.ProtoSGLang: `SGLang's NIXL disaggregation. The router gives both legs a 63-bit bootstrap
 room; prefill runs the bootstrap HTTP server (/route, /health, /register_dp_rank,
 /query_dp_ranks) where its ranks register; decode looks the ranks up, registers its KV buffers with each once
@@ -81,7 +97,11 @@ request's blocks (plus --prefill-time per token, to mimic compute), and decode
 verifies the tags of every block it receives: corrupt blocks must be 0. Freed
 blocks are overwritten so a late reader is caught. --prefill-tp and --decode-tp
 may differ: the rank mapping, head-slice descriptors and expected notification
-counts follow the engines' own rules.
+counts follow the engines' own rules. A pair vLLM refuses (pull and push: a
+non-MLA model with --prefill-tp > --decode-tp and more prefill ranks than KV
+heads, "num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba")
+is refused as bad input unless --allow-unsupported-tp, which runs it, records
+it in the result (config.unsupported_tp) and warns.
 
 Workload: --requests of --isl tokens (or --isl-dist uniform|normal with
 --isl-min/--isl-max/--isl-mean/--isl-std, or --trace FILE of JSON lines
@@ -172,7 +192,10 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("num-blocks", d.NumBlocks, "KV blocks per engine (default: enough for the workload)")
 	f.Duration("prefill-time", d.PrefillPerTok, "modelled prefill compute per token (e.g. 20us)")
 	f.Duration("kv-lease-duration", d.Lease, "how long prefill keeps a finished request's blocks")
-	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog")
+	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog (bench default; upstream vLLM push: 480s)")
+	f.String("registration-watchdog", d.RegWatchdog.String(), "push: when the watchdog fires, fail the request (bench default) or drop the registration and keep waiting (upstream vLLM)")
+	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease, vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
+	f.Bool("allow-unsupported-tp", d.AllowUnsupportedTP, "run a prefill/decode TP pair vLLM refuses (non-MLA, --prefill-tp > --decode-tp, prefill TP > KV heads) instead of refusing it")
 	f.String("compat-factors", "", "JSON file of vLLM's compatibility factors (vllm_version, nixl_connector_version, model, dtype, num_kv_heads, head_size, num_hidden_layers, attn_backend_name, cache_dtype, is_hma_enabled, speculative_config, transfer_mode): advertise and check the hash a vLLM engine with them computes (pull, push)")
 	f.String("compat-hash", "", "adopt this compatibility hash (sha256 hex) as a vLLM engine advertises it (pull, push)")
 	f.Bool("no-compat-check", false, "accept any peer's compatibility hash, as vLLM's enforce_handshake_compat=false (pull, push)")

@@ -252,8 +252,8 @@ type handoffJSON struct {
 		SideChannel string `json:"side_channel"`
 		Clock       struct {
 			SameClock bool   `json:"same_clock"`
-			OffsetNS int64  `json:"offset_ns"`
-			Text     string `json:"text"`
+			OffsetNS  int64  `json:"offset_ns"`
+			Text      string `json:"text"`
 		}
 	}
 	Placement    string          `json:"placement"`

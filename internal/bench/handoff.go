@@ -63,14 +63,24 @@ type HandoffOptions struct {
 	PrefillPerTok time.Duration        `mapstructure:"prefill-time"`
 	Lease         time.Duration        `mapstructure:"kv-lease-duration"`
 	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push/SGLang watchdog
-	ChunkTokens   int                  `mapstructure:"chunk-tokens"`         // SGLang chunked prefill; 0 = one chunk
-	Verify        engine.Verify        `mapstructure:"verify"`
-	DRAMAlloc     engine.DRAMAlloc     `mapstructure:"dram-alloc"`
-	Mem           nixl.MemType         `mapstructure:"mem"`            // where both engines' KV pools live
-	Device        int                  `mapstructure:"device"`         // prefill's GPU (VRAM)
-	DecodeDevice  int                  `mapstructure:"decode-device"`  // decode's GPU (VRAM)
-	XferRef       bool                 `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
-	Inproc        bool                 `mapstructure:"inproc"`
+	// RegWatchdog is what push's registration watchdog does when it
+	// fires: fail the request (this bench's default, so that a run ends)
+	// or drop the registration and keep waiting (upstream's).
+	RegWatchdog engine.WatchdogAction `mapstructure:"registration-watchdog"`
+	// PushHeartbeatKeys keys push mode's heartbeats: upstream (they never
+	// renew, vLLM #53095) or fixed (they do; not upstream behaviour).
+	PushHeartbeatKeys engine.HeartbeatKeys `mapstructure:"push-heartbeat-keys"`
+	// AllowUnsupportedTP runs a prefill/decode TP pair that vLLM refuses
+	// (kv.VLLMRefusesTP) instead of refusing it as bad input.
+	AllowUnsupportedTP bool             `mapstructure:"allow-unsupported-tp"`
+	ChunkTokens        int              `mapstructure:"chunk-tokens"` // SGLang chunked prefill; 0 = one chunk
+	Verify             engine.Verify    `mapstructure:"verify"`
+	DRAMAlloc          engine.DRAMAlloc `mapstructure:"dram-alloc"`
+	Mem                nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
+	Device             int              `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice       int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef            bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	Inproc             bool             `mapstructure:"inproc"`
 	// Prefill and Decode are the engines' control addresses, comma
 	// separated (host:port of `serve prefill|decode --listen`, or "local"
 	// for a child of the driver); "" is Prefills or Decodes local children.
@@ -144,10 +154,14 @@ type HandoffOptions struct {
 // DefaultHandoffOptions are the defaults of every knob that has one (the
 // CLI's flag defaults come from here). The registration timeout is the
 // push/SGLang watchdog's only default: the engine uses what it is given.
+// The push watchdog's defaults here (60 s, fail) are this bench's, not
+// upstream's (480 s, drop: the request keeps waiting), so that a run
+// whose prefill never writes ends; results record both and warn.
 func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
-		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
+		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: BenchRegTimeout,
+		RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: engine.HBKeysUpstream,
 		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
 		JoinWindow: 60 * time.Second}
 }
@@ -208,6 +222,15 @@ func (o *HandoffOptions) Validate() error {
 	if o.RegTimeout <= 0 {
 		bad("RegTimeout", "must be positive")
 	}
+	// Options built without DefaultHandoffOptions get its push defaults.
+	o.RegWatchdog = cmpOr(o.RegWatchdog, engine.WatchdogFail)
+	o.PushHeartbeatKeys = cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+	if !o.RegWatchdog.Valid() {
+		bad("RegWatchdog", "unknown registration watchdog action %q (want drop or fail)", o.RegWatchdog)
+	}
+	if !o.PushHeartbeatKeys.Valid() {
+		bad("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", o.PushHeartbeatKeys)
+	}
 	if o.ChunkTokens < 0 {
 		bad("ChunkTokens", "must not be negative")
 	}
@@ -247,10 +270,73 @@ func (o *HandoffOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("decode: %w", err))
 		} else if _, err := kv.Plan(o.Spec, d); err != nil {
 			errs = append(errs, err)
+		} else if kv.VLLMRefusesTP(o.Spec, d) && !o.AllowUnsupportedTP && o.Protocol != engine.ProtoSGLang {
+			bad("DecodeTP", "%s (--allow-unsupported-tp runs it anyway)", tpRefusal(o.Spec, d))
 		}
 	}
 	errs = append(errs, o.checkTopologyTPs()...)
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// BenchRegTimeout is the bench's registration timeout by default, shorter
+// than upstream's 480 s (engine.DefaultRegTimeout) so that a run whose
+// requests lose their KV ends in minutes.
+const BenchRegTimeout = 60 * time.Second
+
+// notUpstream says, one warning each, where the run does not behave as
+// upstream vLLM would: push heartbeats that renew, a push watchdog other
+// than 480 s drop-and-log, TP pairs vLLM refuses.
+func (o *HandoffOptions) notUpstream() []string {
+	var out []string
+	if o.Protocol == engine.ProtoPush {
+		if o.PushHeartbeatKeys == engine.HBKeysFixed {
+			out = append(out, "--push-heartbeat-keys fixed: not upstream behaviour; decode heartbeats its own id and prefill matches it by base id, "+
+				"so heartbeats renew leases (vLLM's push heartbeats never do: #53095, fix proposed in PR #53244)")
+		}
+		if o.RegWatchdog != engine.WatchdogDrop || o.RegTimeout != engine.DefaultRegTimeout {
+			out = append(out, fmt.Sprintf("registration watchdog: %s after %v, not upstream behaviour (vLLM drops the registration after 480s, logs, and the request keeps waiting; --registration-timeout 480s --registration-watchdog drop)",
+				o.RegWatchdog, o.RegTimeout))
+		}
+	}
+	for _, r := range o.unsupportedTP() {
+		out = append(out, "--allow-unsupported-tp: "+r+"; measured anyway")
+	}
+	return out
+}
+
+// tpRefusal says why vLLM refuses a TP pair, naming the flags.
+func tpRefusal(p, d kv.Spec) string {
+	return fmt.Sprintf("--prefill-tp %d > --decode-tp %d with the %d KV heads of %s replicated across prefill's ranks: vLLM refuses this (%q)",
+		p.TP, d.TP, p.Model.NumKVHeads, p.Model.Name, kv.VLLMTPRefusal)
+}
+
+// unsupportedTP lists the TP pairs of the run that vLLM refuses (run
+// because AllowUnsupportedTP), each with vLLM's reason.
+func (o *HandoffOptions) unsupportedTP() []string {
+	if o.Protocol == engine.ProtoSGLang {
+		return nil
+	}
+	var out []string
+	seen := map[[2]int]bool{}
+	ps, ds := o.engines()
+	var pairs [][2]int
+	for _, p := range ps {
+		for _, d := range ds {
+			pairs = append(pairs, [2]int{p.TP, d.TP})
+		}
+	}
+	for _, pr := range pairs {
+		if seen[pr] || pr[0] <= 0 || pr[1] <= 0 {
+			continue
+		}
+		seen[pr] = true
+		p, d := o.Spec, o.Spec
+		p.TP, d.TP = pr[0], pr[1]
+		if kv.VLLMRefusesTP(p, d) {
+			out = append(out, tpRefusal(p, d))
+		}
+	}
+	return out
 }
 
 // prefixFields puts prefix before the field of every FieldError err joins
@@ -297,7 +383,7 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 	c := engine.Config{Role: role, Backend: backend, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
-		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
+		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
 		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices}
 	switch role {
 	case engine.RolePrefill:
@@ -311,34 +397,41 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 // HandoffConfig is what a handoff result says was asked: the options as
 // run, under the JSON names results have always used.
 type HandoffConfig struct {
-	Protocol           engine.Protocol      `json:"protocol"`
-	Model              string               `json:"model"`
-	KVDType            kv.DType             `json:"kv_dtype"`
-	BlockSize          int                  `json:"block_size"`
-	Layout             kv.AttnLayout        `json:"layout"`
-	Order              kv.CacheOrder        `json:"kv_cache_layout"`
-	PrefillTP          int                  `json:"prefill_tp"`
-	DecodeTP           int                  `json:"decode_tp"`
-	Requests           int                  `json:"requests"`
-	Warmup             int                  `json:"warmup"`
-	ISL                ISL                  `json:"isl"`
-	Rate               float64              `json:"rate"`
-	Concurrency        int                  `json:"concurrency"`
-	PrefixHit          float64              `json:"prefix_hit"`
-	Fragmentation      engine.Fragmentation `json:"fragmentation"`
-	Merge              bool                 `json:"merge_descriptors"`
-	NumBlocks          int                  `json:"num_blocks"`
-	PrefillPerToken    Duration             `json:"prefill_time_per_token"`
-	Lease              Duration             `json:"lease"`
-	RegTimeout         Duration             `json:"registration_timeout,omitempty"`
-	ChunkTokens        int                  `json:"chunk_tokens"`
-	Verify             engine.Verify        `json:"verify"`
-	DRAMAlloc          engine.DRAMAlloc     `json:"dram_alloc"`
-	Mem                string               `json:"mem"`
-	Endpoints          string               `json:"endpoints"`
-	PoolBytesPerEngine int64                `json:"pool_bytes_per_engine"`
-	Alloc              string               `json:"alloc"`
-	XferReference      *XferReference       `json:"xfer_reference,omitempty"`
+	Protocol        engine.Protocol      `json:"protocol"`
+	Model           string               `json:"model"`
+	KVDType         kv.DType             `json:"kv_dtype"`
+	BlockSize       int                  `json:"block_size"`
+	Layout          kv.AttnLayout        `json:"layout"`
+	Order           kv.CacheOrder        `json:"kv_cache_layout"`
+	PrefillTP       int                  `json:"prefill_tp"`
+	DecodeTP        int                  `json:"decode_tp"`
+	Requests        int                  `json:"requests"`
+	Warmup          int                  `json:"warmup"`
+	ISL             ISL                  `json:"isl"`
+	Rate            float64              `json:"rate"`
+	Concurrency     int                  `json:"concurrency"`
+	PrefixHit       float64              `json:"prefix_hit"`
+	Fragmentation   engine.Fragmentation `json:"fragmentation"`
+	Merge           bool                 `json:"merge_descriptors"`
+	NumBlocks       int                  `json:"num_blocks"`
+	PrefillPerToken Duration             `json:"prefill_time_per_token"`
+	Lease           Duration             `json:"lease"`
+	RegTimeout      Duration             `json:"registration_timeout,omitempty"`
+	// Push: what the registration watchdog did when it fired, and what
+	// heartbeats were keyed by (upstream: they never renew, vLLM #53095).
+	RegWatchdog       engine.WatchdogAction `json:"registration_watchdog,omitempty"`
+	PushHeartbeatKeys engine.HeartbeatKeys  `json:"push_heartbeat_keys,omitempty"`
+	// UnsupportedTP: the TP pairs vLLM refuses that the run measured
+	// anyway (--allow-unsupported-tp), with vLLM's reason.
+	UnsupportedTP      []string         `json:"unsupported_tp,omitempty"`
+	ChunkTokens        int              `json:"chunk_tokens"`
+	Verify             engine.Verify    `json:"verify"`
+	DRAMAlloc          engine.DRAMAlloc `json:"dram_alloc"`
+	Mem                string           `json:"mem"`
+	Endpoints          string           `json:"endpoints"`
+	PoolBytesPerEngine int64            `json:"pool_bytes_per_engine"`
+	Alloc              string           `json:"alloc"`
+	XferReference      *XferReference   `json:"xfer_reference,omitempty"`
 	// CompatHash is the vLLM compatibility hash the endpoints advertised
 	// (from --compat-factors, --compat-hash or derived); NoCompatCheck
 	// that they accepted any peer's.
@@ -393,7 +486,10 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
-		NetDevices: o.NetDevices}
+		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP()}
+	if o.Protocol == engine.ProtoPush {
+		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
+	}
 	ps, ds := o.engines()
 	switch {
 	case o.remote():
@@ -692,6 +788,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res.Config = o.config(blocks)
 	res.Config.Rendezvous = rdv
+	for _, w := range o.notUpstream() {
+		res.Warn(w)
+	}
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
 	n, m := len(pslots), len(dslots)
 	pes, des := make([]*Endpoint, n), make([]*Endpoint, m)

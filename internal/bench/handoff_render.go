@@ -131,6 +131,14 @@ func resultTable(res *HandoffResult) *report.Table {
 	k.AddRow("blocks still held after the run", report.Int(s.LeakedBlocks))
 	p, d := res.Prefill, res.Decode
 	k.AddRow("expired leases (prefill)", report.Int(p.ExpiredLeases))
+	if l := p.Leases; l != nil && l.HeartbeatIDs > 0 {
+		// Upstream push heartbeats name ids prefill holds no lease for
+		// (vLLM #53095): every one unknown, none renewed.
+		k.AddRow("heartbeat ids renewed / unknown (prefill)", fmt.Sprintf("%d / %d of %d", l.Renewed, l.UnknownRenewals, l.HeartbeatIDs))
+	}
+	if d.RegTimeouts > 0 {
+		k.AddRow("registration watchdog fired (decode)", report.Int(d.RegTimeouts))
+	}
 	k.AddRow("failed transfers / notifications", fmt.Sprintf("%d / %d", p.FailedTransfers+d.FailedTransfers, p.FailedNotifs+d.FailedNotifs))
 	k.AddRow("unknown-request / malformed messages", fmt.Sprintf("%d / %d", p.UnknownNotifs+d.UnknownNotifs, p.MalformedNotifs+d.MalformedNotifs+p.MalformedControl+d.MalformedControl))
 	return k

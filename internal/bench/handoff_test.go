@@ -152,6 +152,13 @@ func TestHandoffValidate(t *testing.T) {
 		{"inproc and remote", func(o *HandoffOptions) { o.Prefill, o.Decode, o.Inproc = "x:1", "y:1", true }, []string{"Inproc"}, ""},
 		{"decode tp the layout refuses", func(o *HandoffOptions) { o.DecodeTP = 3 }, nil, "decode: "},
 		{"decode tp", func(o *HandoffOptions) { o.DecodeTP = 0 }, []string{"DecodeTP"}, ""},
+		{"watchdog action", func(o *HandoffOptions) { o.RegWatchdog = "retry" }, []string{"RegWatchdog"}, ""},
+		{"heartbeat keys", func(o *HandoffOptions) { o.PushHeartbeatKeys = "router" }, []string{"PushHeartbeatKeys"}, ""},
+		{"tp vLLM refuses", func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 2, 4, 2 },
+			[]string{"DecodeTP"}, "--prefill-tp 4 > --decode-tp 2 with the 2 KV heads"},
+		{"tp vLLM refuses in a topology", func(o *HandoffOptions) {
+			o.Spec.Model.NumKVHeads, o.Topology = 2, writeTopology(t, `{"prefill": [{"addr": "local", "tp": 4}], "decode": [{"addr": "local", "tp": 1}]}`)
+		}, []string{"Topology"}, kv.VLLMTPRefusal},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,6 +189,72 @@ func TestHandoffValidate(t *testing.T) {
 	d.Protocol, d.Spec = engine.ProtoPush, base.Spec
 	if err := d.Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
+	}
+}
+
+func writeTopology(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "topology.json")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Where a run does not behave as upstream vLLM would, its result says so
+// (config and a warning); where it does, it says nothing.
+func TestHandoffNotUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		proto    engine.Protocol
+		mut      func(*HandoffOptions)
+		warnings []string // substrings, one per warning
+		keys     engine.HeartbeatKeys
+		watchdog engine.WatchdogAction
+		tp       bool
+	}{
+		{"pull", engine.ProtoPull, nil, nil, "", "", false},
+		{"push as upstream", engine.ProtoPush, func(o *HandoffOptions) { o.RegTimeout, o.RegWatchdog = 480*time.Second, engine.WatchdogDrop },
+			nil, engine.HBKeysUpstream, engine.WatchdogDrop, false},
+		{"push bench defaults", engine.ProtoPush, nil, []string{"registration watchdog: fail after 20s, not upstream behaviour"},
+			engine.HBKeysUpstream, engine.WatchdogFail, false},
+		{"push fixed keys", engine.ProtoPush, func(o *HandoffOptions) {
+			o.RegTimeout, o.RegWatchdog, o.PushHeartbeatKeys = 480*time.Second, engine.WatchdogDrop, engine.HBKeysFixed
+		}, []string{"--push-heartbeat-keys fixed: not upstream behaviour"}, engine.HBKeysFixed, engine.WatchdogDrop, false},
+		{"allowed tp", engine.ProtoPull, func(o *HandoffOptions) {
+			o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP, o.AllowUnsupportedTP = 1, 2, 1, true
+		}, []string{"--allow-unsupported-tp: --prefill-tp 2 > --decode-tp 1 with the 1 KV heads"}, "", "", true},
+		{"sglang tp", engine.ProtoSGLang, func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 1, 2, 1 }, nil, "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := handoffOpts(t, tc.proto, 1, 1)
+			if tc.mut != nil {
+				tc.mut(&o)
+			}
+			if err := o.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			got := o.notUpstream()
+			if len(got) != len(tc.warnings) {
+				t.Fatalf("warnings %q, want %d", got, len(tc.warnings))
+			}
+			for i, w := range tc.warnings {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %q lacks %q", got[i], w)
+				}
+			}
+			c := o.config(64)
+			if c.PushHeartbeatKeys != tc.keys || c.RegWatchdog != tc.watchdog || (len(c.UnsupportedTP) > 0) != tc.tp {
+				t.Errorf("config: keys %q watchdog %q unsupported tp %q", c.PushHeartbeatKeys, c.RegWatchdog, c.UnsupportedTP)
+			}
+			if tc.tp && !strings.Contains(c.UnsupportedTP[0], kv.VLLMTPRefusal) {
+				t.Errorf("unsupported tp %q lacks vLLM's reason", c.UnsupportedTP)
+			}
+			ec := o.EngineConfig(engine.RoleDecode, "ucx", 64)
+			if ec.PushHeartbeatKeys != o.PushHeartbeatKeys || ec.RegWatchdog != o.RegWatchdog {
+				t.Errorf("engine config: keys %q watchdog %q", ec.PushHeartbeatKeys, ec.RegWatchdog)
+			}
+		})
 	}
 }
 

@@ -103,6 +103,8 @@ func (o *HandoffOptions) checkTopologyTPs() []error {
 				errs = append(errs, errkind.Field("Topology", "decode tp %d: %v", d.TP, err))
 			} else if _, err := kv.Plan(ps, ds); err != nil {
 				errs = append(errs, errkind.Field("Topology", "prefill tp %d -> decode tp %d: %v", p.TP, d.TP, err))
+			} else if kv.VLLMRefusesTP(ps, ds) && !o.AllowUnsupportedTP && o.Protocol != engine.ProtoSGLang {
+				errs = append(errs, errkind.Field("Topology", "%s (--allow-unsupported-tp runs it anyway)", tpRefusal(ps, ds)))
 			}
 		}
 	}

@@ -92,12 +92,21 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 	return rep, nil
 }
 
+// track heartbeats a request's prefill engine from now on, keyed by
+// remote_request_id as upstream does: prefill's own id in pull mode, the
+// router's in push mode (which prefill never finds: vLLM #53095). With
+// fixed push keys decode heartbeats its own id instead, as its PUSH_REG
+// names it, and prefill matches it by base id.
 func (s *decodeState) track(local string, p TransferParams) {
 	if s.tracker == nil || p.RemoteEngineID == "" || p.RemoteRequestID == "" {
 		return
 	}
+	key := p.RemoteRequestID
+	if s.e.cfg.Protocol == ProtoPush && s.e.cfg.PushHeartbeatKeys == HBKeysFixed {
+		key = local
+	}
 	s.mu.Lock()
-	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, p.RemoteRequestID)
+	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, key)
 	s.mu.Unlock()
 }
 
@@ -617,7 +626,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	s.mu.Lock()
 	if waitErr == nil && s.waits.reqs[id].expired {
-		e.c.regTimeouts.Add(1)
 		waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
 	}
 	rep.TXferDone = s.waits.Remove(id)
@@ -653,11 +661,20 @@ func (s *decodeState) onPushDone(rk *rank, from, id string, _ int) {
 }
 
 // watchdog fires the registration watchdog of the push requests past
-// their deadline (decode's engine step).
+// their deadline (decode's engine step). Upstream (drop) only drops the
+// registration and logs: the request keeps waiting for its WRITEs, until
+// they come or the router gives up on it. fail ends it with an error.
 func (s *decodeState) watchdog(now int64) {
+	fail := s.e.cfg.RegWatchdog == WatchdogFail
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range s.waits.Expire(now) {
-		close(s.waitDone[id])
+	for _, id := range s.waits.Expire(now, fail) {
+		s.e.c.regTimeouts.Add(1)
+		if fail {
+			close(s.waitDone[id])
+			continue
+		}
+		s.e.log.Warn("push registration watchdog expired; dropping the registration (the request keeps waiting)",
+			"request", id, "timeout", s.e.cfg.RegTimeout)
 	}
 }
