@@ -373,12 +373,22 @@ func TestSettlePrefillSeesInFlightDrop(t *testing.T) {
 func TestHandoffPrefillKilledBeforeWrite(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPush, 1, 1)
 	o.Requests, o.Warmup, o.Concurrency, o.RegTimeout = 4, 0, 4, 500*time.Millisecond
-	o.OnStart = func(p, _ *Endpoint) { _ = p.Signal(syscall.SIGKILL) }
-	res, _ := RunHandoff(context.Background(), o)
-	if res == nil || res.Summary.Failed != 4 {
-		t.Fatalf("all requests should fail: %+v", res)
+	// Prefill computes for seconds, so it is killed with all four requests
+	// registered at decode and none written. (Killed at once, the driver
+	// notices before it sends anything, and there is nothing to test.)
+	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 400}, 10*time.Millisecond
+	o.OnStart = func(p, _ *Endpoint) {
+		time.AfterFunc(300*time.Millisecond, func() { _ = p.Signal(syscall.SIGKILL) })
 	}
-	if res.Decode.BlocksInUse != 0 || res.Decode.RegTimeouts+res.Decode.HandshakeFails == 0 {
+	res, _ := RunHandoff(context.Background(), o)
+	if res == nil || res.Summary.Requests != 4 || res.Summary.Failed != 4 {
+		t.Fatalf("all four requests should be sent and fail: %+v", res)
+	}
+	if !strings.HasPrefix(res.EndpointDied, "prefill") {
+		t.Errorf("endpoint_died %q", res.EndpointDied)
+	}
+	// Decode gave up its blocks: cancelled by the driver or by its watchdog.
+	if res.Decode.BlocksInUse != 0 {
 		t.Errorf("decode after: %+v", res.Decode)
 	}
 	for _, r := range res.Records {
