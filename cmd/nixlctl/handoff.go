@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -56,8 +57,24 @@ rank; each prefill rank's writer matches registrations and finished requests in
 either arrival order (exact request id, then the id without its random
 "-<8 hex>" suffix) and WRITEs straight into decode's blocks with the
 notification "<decode request id>:<prefill tp>"; decode is done when the
-expected notifications arrived, or fails after --registration-timeout
-(the watchdog). A failed WRITE is not reported to decode, as in vLLM.`,
+expected notifications arrived. A failed WRITE is not reported to decode, as in
+vLLM.
+
+Heartbeats are keyed as upstream keys them (--push-heartbeat-keys upstream):
+decode heartbeats the router's request id, prefill leases its own suffixed id
+and looks heartbeat ids up exactly, so push heartbeats never renew a lease
+(vLLM issue #53095); prefill's stats count the unknown ids
+(leases.unknown_renewals). --push-heartbeat-keys fixed heartbeats decode's own
+id, matched by base id as vLLM PR #53244 proposes: not upstream behaviour, and
+the result says so.
+
+The registration watchdog (--registration-timeout) fails the request here by
+default after 60 s (--registration-watchdog fail), so that a run whose prefill
+never writes ends: this bench default is not upstream's. vLLM's
+push_registration_timeout is 480 s, and when it fires vLLM only drops the
+registration and logs; the request keeps waiting (--registration-timeout 480s
+--registration-watchdog drop). A served engine given no timeout uses 480 s and
+drop. Results record both and warn when they differ from upstream.`,
 	engine.ProtoSGLang: `SGLang's NIXL disaggregation. The router gives both legs a 63-bit bootstrap
 room; prefill runs the bootstrap HTTP server (/route, /health, /register_dp_rank,
 /query_dp_ranks) where its ranks register; decode looks the ranks up, registers its KV buffers with each once
@@ -80,7 +97,11 @@ request's blocks (plus --prefill-time per token, to mimic compute), and decode
 verifies the tags of every block it receives: corrupt blocks must be 0. Freed
 blocks are overwritten so a late reader is caught. --prefill-tp and --decode-tp
 may differ: the rank mapping, head-slice descriptors and expected notification
-counts follow the engines' own rules.
+counts follow the engines' own rules. A pair vLLM refuses (pull and push: a
+non-MLA model with --prefill-tp > --decode-tp and more prefill ranks than KV
+heads, "num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba")
+is refused as bad input unless --allow-unsupported-tp, which runs it, records
+it in the result (config.unsupported_tp) and warns.
 
 Workload: --requests of --isl tokens (or --isl-dist uniform|normal with
 --isl-min/--isl-max/--isl-mean/--isl-std, or --trace FILE of JSON lines
@@ -104,7 +125,18 @@ round-robin cycles through every (prefill, decode) pair; least-loaded picks
 the decode with the fewest requests in flight, then the prefill. The result
 adds each pair's requests, GB/s (over the pair's active time) and handoff p99
 as prefill x decode matrices (and heatmaps with --plot), so incast on one
-decode and a slow pair show up.`
+decode and a slow pair show up.
+
+Rendezvous: instead of naming the endpoints, --rendezvous HOST:PORT listens
+(or etcd://HOST:PORT watches an etcd) for endpoints started with "nixlctl
+serve prefill|decode --register ADDR" (rank, world size and run id from
+their launcher: Slurm, torchrun, Open MPI, a Kubernetes Indexed Job). The
+driver prints where it waits, waits up to --join-window for prefill ranks
+0..--prefills-1 and decode ranks after them (or --roster
+prefill=0,decode=1), checks --run-id (default: the launcher's job id or
+$NIXLCTL_JOB_ID; required with etcd), and uses the members as its engines;
+when the window ends first the run fails naming the missing ranks. The
+result's config.rendezvous records the members and their hosts.`
 
 func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	short := map[engine.Protocol]string{
@@ -120,6 +152,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
   nixlctl bench %[1]s --model llama-3.1-8b --isl 4096 --requests 64 --concurrency 8 --xfer-reference
   nixlctl bench %[1]s --model llama-3.1-70b --prefill-tp 4 --decode-tp 2 --isl 2048 --requests 16
   nixlctl bench %[1]s --prefills 2 --decodes 2 --router least-loaded --isl 2048 --requests 32 --plot xpyd.png
+  nixlctl bench %[1]s --rendezvous 0.0.0.0:7500 --roster prefill=0,decode=1 --run-id "$SLURM_JOB_ID" --join-window 5m
   nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -159,12 +192,15 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("num-blocks", d.NumBlocks, "KV blocks per engine (default: enough for the workload)")
 	f.Duration("prefill-time", d.PrefillPerTok, "modelled prefill compute per token (e.g. 20us)")
 	f.Duration("kv-lease-duration", d.Lease, "how long prefill keeps a finished request's blocks")
-	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog")
+	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog (bench default; upstream vLLM push: 480s)")
+	f.String("registration-watchdog", d.RegWatchdog.String(), "push: when the watchdog fires, fail the request (bench default) or drop the registration and keep waiting (upstream vLLM)")
+	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease, vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
+	f.Bool("allow-unsupported-tp", d.AllowUnsupportedTP, "run a prefill/decode TP pair vLLM refuses (non-MLA, --prefill-tp > --decode-tp, prefill TP > KV heads) instead of refusing it")
 	f.String("compat-factors", "", "JSON file of vLLM's compatibility factors (vllm_version, nixl_connector_version, model, dtype, num_kv_heads, head_size, num_hidden_layers, attn_backend_name, cache_dtype, is_hma_enabled, speculative_config, transfer_mode): advertise and check the hash a vLLM engine with them computes (pull, push)")
 	f.String("compat-hash", "", "adopt this compatibility hash (sha256 hex) as a vLLM engine advertises it (pull, push)")
 	f.Bool("no-compat-check", false, "accept any peer's compatibility hash, as vLLM's enforce_handshake_compat=false (pull, push)")
 	f.Int("chunk-tokens", d.ChunkTokens, "SGLang chunked prefill size (default: one chunk)")
-	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece) or full (every byte)")
+	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece; NHD: 3 tokens per block) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
 	f.Int("device", d.Device, "prefill's GPU for --mem vram")
@@ -173,10 +209,15 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
 	f.String("prefill", d.Prefill, "use prefill endpoints started with serve prefill --listen (host:port, comma separated; \"local\" for a child here); alone, decode runs here as a child")
 	f.String("decode", d.Decode, "use decode endpoints started with serve decode --listen (host:port, comma separated; \"local\" for a child here); alone, prefill runs here as a child")
-	f.Int("prefills", d.Prefills, "xPyD: prefill engines to run here as children (without --prefill addresses)")
-	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses)")
+	f.Int("prefills", d.Prefills, "xPyD: prefill engines to run here as children (without --prefill addresses), or with --rendezvous to wait for")
+	f.Int("decodes", d.Decodes, "xPyD: decode engines to run here as children (without --decode addresses), or with --rendezvous to wait for")
 	f.String("topology", d.Topology, "xPyD: JSON (or .yaml) file of engines instead: {\"prefill\": [{\"addr\": \"local\", \"tp\": 2}, ...], \"decode\": [...]}")
 	f.String("router", d.Router.String(), "xPyD: how requests are assigned to (prefill, decode) pairs: round-robin or least-loaded")
+	f.String("on-endpoint-death", "stop", "when an endpoint dies: stop (cancel what is in flight and end the run) or drain (let its requests in flight fail by themselves and go on with the engines left); the run fails either way")
+	f.String("rendezvous", d.Rendezvous, "instead of --prefill/--decode/--topology: wait for endpoints started with serve prefill|decode --register to register here, a TCP [tcp://]host:port to listen on (port 0: any, printed) or etcd://host:port")
+	f.String("run-id", d.RunID, "rendezvous: the run id the endpoints must give (default: the launcher's job id, or $NIXLCTL_JOB_ID; required with etcd)")
+	f.String("roster", d.Roster, "rendezvous: the ranks to wait for, e.g. prefill=0,decode=1 or prefill=0-1,decode=2-3 (default: prefill ranks 0..--prefills-1, decode ranks after them)")
+	f.Duration("join-window", d.JoinWindow, "rendezvous: how long to wait for the roster; the run fails naming the ranks that did not come")
 	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
 	f.String("xfer-target", d.XferTarget, "with remote endpoints: a serve target --listen on the remote host, for the bench xfer reference over the same link")
 	f.Uint64("seed", d.Seed, "random seed (prompt lengths, arrivals, block placement)")
@@ -203,6 +244,14 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		f.Close()
 		if err != nil {
 			return errkind.BadInputf("--trace %s: %v", o.Trace, err)
+		}
+	}
+	if h.Rendezvous != "" {
+		if h.RunID == "" {
+			h.RunID = launcherJobID()
+		}
+		h.OnRendezvous = func(addr string, r rendezvous.Roster) {
+			fmt.Fprintf(a.io.ErrOut, "rendezvous: waiting at %s for %s (run %q, up to %v)\n", addr, r, r.Run, h.JoinWindow)
 		}
 	}
 	if err := h.Validate(); err != nil {
@@ -249,6 +298,10 @@ type serveEngineOptions struct {
 	Stdio     bool   `mapstructure:"stdio"`
 	Listen    string `mapstructure:"listen"`
 	Advertise string `mapstructure:"advertise"`
+	Register  string `mapstructure:"register"`
+	RunID     string `mapstructure:"run-id"`
+	Rank      int    `mapstructure:"rank"`
+	WorldSize int    `mapstructure:"world-size"`
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -278,19 +331,36 @@ address, when it cannot reach them.`, role),
   # the driver, anywhere that reaches both:
   nixlctl bench push --prefill 10.0.0.1:7400 --decode 10.0.0.2:7401
   # or with decode as a local child of the driver on host B:
-  nixlctl bench pull --prefill 10.0.0.1:7400`,
+  nixlctl bench pull --prefill 10.0.0.1:7400
+  # rendezvous: the endpoints find the driver (10.0.0.3) instead
+  nixlctl bench pull --rendezvous 0.0.0.0:7500 --run-id r1
+  nixlctl serve prefill --listen 0.0.0.0:7400 --register 10.0.0.3:7500 --run-id r1 --rank 0 --world-size 2
+  nixlctl serve decode --register 10.0.0.3:7500 --run-id r1 --rank 1 --world-size 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o serveEngineOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
 				return err
+			}
+			if o.Register != "" {
+				return runRegisteredEngine(cmd.Context(), a, role, o, set)
+			}
+			for _, f := range []string{"run-id", "rank", "world-size"} {
+				if set(f) {
+					return errkind.BadInputf("--%s goes with --register", f)
+				}
 			}
 			return runServeEngine(cmd.Context(), a, o)
 		},
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
-	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port); the side channels bind on its host")
+	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port; port 0: any); the side channels bind on its host")
 	cmd.Flags().String("advertise", "", "host to name in side-channel messages (default: the listen host, or for 0.0.0.0 the address the driver reached)")
+	cmd.Flags().String("register", "", "register with a bench --rendezvous driver at [tcp://]host:port or etcd://host:port (see above)")
+	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
+	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
+	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
 	return cmd
 }
 

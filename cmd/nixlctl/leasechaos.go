@@ -48,6 +48,17 @@ leases here by default). --reaper head-only reproduces vLLM issue #58222: the
 reaper stops at the first unexpired lease, so expired ones behind a renewed one
 are never freed.
 
+--protocol push keys heartbeats as upstream vLLM does (--push-heartbeat-keys
+upstream): decode heartbeats the router's request id, prefill leases its own
+suffixed id and looks ids up exactly, so no heartbeat renews a lease and the
+lease policy's scenarios fail with "push heartbeats never renewed a lease: vLLM
+#53095 reproduced". --push-heartbeat-keys fixed (decode's own id, matched by
+base id, as vLLM PR #53244 proposes) shows the renewals working; the result
+warns that it is not upstream behaviour. Push decode's registration watchdog
+here is one lease (at least 1 s) and fails the request, so that a request whose
+KV never comes ends (upstream: 480 s, drop and keep waiting); the result records
+it.
+
 Each scenario runs on a fresh pair of "nixlctl serve prefill|decode" processes
 over the transfer backend, with decode running one request at a time so
 requests queue for several leases:
@@ -122,6 +133,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f.Duration("timeout", d.Timeout, "the fixed policy's timeout (default 16 x the lease, as 480 s is to 30 s)")
 	f.String("reaper", string(d.Reaper), "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
 	f.String("protocol", d.Protocol.String(), "pull (decode READs) or push (prefill WRITEs)")
+	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease: vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
 	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")

@@ -29,8 +29,14 @@ func TestMultiHost(t *testing.T) {
 		mh.serve(t, "b", 0, "serve", "target", "--listen", "0.0.0.0:7300")
 		var res struct {
 			Environment struct{ Transport string }
-			Points      []struct{ BandwidthGBps float64 `json:"bandwidth_gbps"` }
-			NetPath     json.RawMessage `json:"net_path"`
+			Points      []struct {
+				BandwidthGBps float64 `json:"bandwidth_gbps"`
+			}
+			NetPath   json.RawMessage `json:"net_path"`
+			Placement string          `json:"placement"`
+			Endpoints []struct {
+				Addr string `json:"addr"`
+			} `json:"endpoints"`
 		}
 		mh.runJSON(t, "a", 0, &res, "bench", "xfer", "--target", b+":7300", "--start-block-size", "1M", "--max-block-size", "1M",
 			"--num-iter", "100", "--warmup-iter", "10")
@@ -42,6 +48,9 @@ func TestMultiHost(t *testing.T) {
 			t.Errorf("bench xfer %.3f GB/s over a link shaped to %.3f GB/s: the bytes did not take the veth", g, mh.ceilingGBps)
 		}
 		mh.checkNetPath(t, res.NetPath, "initiator")
+		if res.Placement != "one kernel, separate namespaces" || len(res.Endpoints) != 2 || res.Endpoints[1].Addr != b+":7300" {
+			t.Errorf("placement %q, endpoints %+v", res.Placement, res.Endpoints)
+		}
 	})
 
 	t.Run("handoffs across a skewed clock", func(t *testing.T) {
@@ -57,10 +66,10 @@ func TestMultiHost(t *testing.T) {
 					t.Fatalf("endpoints %+v", res.Endpoints)
 				}
 				off := time.Duration(res.Endpoints[1].Clock.OffsetNS)
-				if res.Endpoints[1].Clock.SameHost || math.Abs((off - time.Hour).Seconds()) > 0.5 {
+				if res.Endpoints[1].Clock.SameClock || math.Abs((off-time.Hour).Seconds()) > 0.5 {
 					t.Errorf("decode's clock offset %v (%s), want +1h", off, res.Endpoints[1].Clock.Text)
 				}
-				if !res.Endpoints[0].Clock.SameHost {
+				if !res.Endpoints[0].Clock.SameClock {
 					t.Errorf("prefill, the driver's child, is on its clock: %+v", res.Endpoints[0].Clock)
 				}
 				if !strings.HasPrefix(res.Endpoints[1].SideChannel, "tcp://"+b+":") {
@@ -127,6 +136,47 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("etcd rendezvous", func(t *testing.T) {
+		etcd, err := exec.LookPath("etcd")
+		if err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("etcd is not installed (scripts/setup.sh --deps installs etcd-server): %v", err)
+			}
+			t.Skipf("etcd is not installed: %v", err)
+		}
+		a := mh.addr("a")
+		url := "http://" + a + ":23790"
+		cmd, _, out := mh.startExe(t, "a", etcd, "--name", "mh", "--data-dir", t.TempDir(),
+			"--listen-client-urls", url, "--advertise-client-urls", url,
+			"--listen-peer-urls", "http://127.0.0.1:23800", "--initial-advertise-peer-urls", "http://127.0.0.1:23800",
+			"--initial-cluster", "mh=http://127.0.0.1:23800")
+		defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }()
+		waitFor(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "ready to serve client requests") })
+		reg := "etcd://" + a + ":23790"
+		// Prefill on host a, decode on host b: each registers where it
+		// listens; the driver dials what etcd says.
+		mh.start(t, "a", 0, "serve", "prefill", "--listen", "0.0.0.0:7410", "--register", reg, "--run-id", "mh", "--rank", "0", "--world-size", "2")
+		mh.start(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7411", "--register", reg, "--run-id", "mh", "--rank", "1", "--world-size", "2")
+		var res struct {
+			handoffJSON
+			Config struct {
+				Rendezvous struct {
+					Members []struct {
+						Role string `json:"role"`
+						Addr string `json:"addr"`
+					} `json:"members"`
+				} `json:"rendezvous"`
+			} `json:"config"`
+		}
+		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--rendezvous", reg, "--run-id", "mh", "--roster", "prefill=0,decode=1",
+			"--join-window", "60s", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "6", "--concurrency", "2")
+		res.check(t, mh)
+		if m := res.Config.Rendezvous.Members; len(m) != 2 {
+			t.Errorf("rendezvous members %+v", m)
+		}
+		mh.checkNetPath(t, res.NetPath, "decode")
+	})
+
 	t.Run("decode killed on the other host", func(t *testing.T) {
 		dec := mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7404")
 		cmd, out, errb := mh.start(t, "a", 0, "bench", "push", "--decode", b+":7404", "--model", "llama-3.2-1b", "--isl", "2048",
@@ -189,7 +239,7 @@ type handoffJSON struct {
 			Requests int `json:"requests"`
 			Failed   int `json:"failed"`
 		} `json:"pairs"`
-		Handoff        struct {
+		Handoff struct {
 			P50 float64 `json:"p50"`
 		} `json:"handoff_latency_ms"`
 	}
@@ -201,9 +251,9 @@ type handoffJSON struct {
 		Role        string `json:"role"`
 		SideChannel string `json:"side_channel"`
 		Clock       struct {
-			SameHost bool   `json:"same_host"`
-			OffsetNS int64  `json:"offset_ns"`
-			Text     string `json:"text"`
+			SameClock bool   `json:"same_clock"`
+			OffsetNS  int64  `json:"offset_ns"`
+			Text      string `json:"text"`
 		}
 	}
 	Placement    string          `json:"placement"`
@@ -340,7 +390,19 @@ func (mh *twoHosts) runJSON(t *testing.T, host string, shift int, v any, args ..
 // start runs nixlctl on host in the background.
 func (mh *twoHosts) start(t *testing.T, host string, shift int, args ...string) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
 	t.Helper()
-	cmd := mh.command(host, shift, args...)
+	return mh.startCmd(t, mh.command(host, shift, args...))
+}
+
+// startExe runs another program on host in the background.
+func (mh *twoHosts) startExe(t *testing.T, host, exe string, args ...string) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command("bash", append([]string{mh.scriptPath, "run", mh.name, host, exe}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return mh.startCmd(t, cmd)
+}
+
+func (mh *twoHosts) startCmd(t *testing.T, cmd *exec.Cmd) (*exec.Cmd, *bytes.Buffer, *syncBuffer) {
+	t.Helper()
 	out, errb := &bytes.Buffer{}, &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, errb
 	if err := cmd.Start(); err != nil {

@@ -38,6 +38,11 @@ func TestBadOptionsNameTheFlag(t *testing.T) {
 		{"lease-chaos", nil, []string{"lease-chaos", "--reaper", "tail"}, `error: --reaper: unknown reaper "tail" (want full or head-only)` + "\n"},
 		{"lease-chaos --sim traffic", nil, []string{"lease-chaos", "--sim", "--requests", "-1"}, "error: --requests: -1: want 0 (scenarios only) or more\n"},
 		{"list element", nil, []string{"bench", "ec", "--grid", "1x8x8,44x80"}, `error: --grid: grid "44x80": want T x H x W`},
+		{"tp vLLM refuses", nil, []string{"bench", "pull", "--model", "qwen3-30b-a3b", "--prefill-tp", "8", "--decode-tp", "4"},
+			"error: --decode-tp: --prefill-tp 8 > --decode-tp 4 with the 4 KV heads of qwen3-30b-a3b replicated across prefill's ranks: vLLM refuses this (\"num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba\") (--allow-unsupported-tp runs it anyway)\n"},
+		{"push heartbeat keys", nil, []string{"bench", "push", "--push-heartbeat-keys", "router"}, `error: --push-heartbeat-keys: unknown push heartbeat keys "router" (want upstream, fixed)` + "\n"},
+		{"registration watchdog", nil, []string{"bench", "push", "--registration-watchdog", "retry"}, `error: --registration-watchdog: unknown registration watchdog action "retry" (want drop, fail)` + "\n"},
+		{"pull heartbeat keys", nil, []string{"lease-chaos", "--push-heartbeat-keys", "fixed"}, "error: --push-heartbeat-keys: fixed keys are push mode's (pull heartbeats name prefill's own id)\n"},
 		{"xfer validation", nil, []string{"bench", "xfer", "--pipeline-depth", "0"}, "error: --pipeline-depth: must be positive\n"},
 	}
 	if err := os.WriteFile("bad.yaml", []byte("bench:\n  push:\n    registration-timeout: 0s\n"), 0o644); err != nil {

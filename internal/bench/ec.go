@@ -155,13 +155,17 @@ func (o *ECOptions) Validate() error {
 // ECResult is a whole run.
 type ECResult struct {
 	report.Meta
-	Config      ECConfig           `json:"config"`
-	Summary     ECSummary          `json:"summary"`
-	Reference   ECReference        `json:"reference"`
-	Consumers   []ec.ConsumerStats `json:"consumers"`
-	Producer    *ec.ProducerStats  `json:"producer,omitempty"`
-	NetPath     NetPath            `json:"net_path,omitempty"` // producer and consumers
-	Interrupted bool               `json:"interrupted,omitempty"`
+	Config    ECConfig           `json:"config"`
+	Summary   ECSummary          `json:"summary"`
+	Reference ECReference        `json:"reference"`
+	Consumers []ec.ConsumerStats `json:"consumers"`
+	Producer  *ec.ProducerStats  `json:"producer,omitempty"`
+	NetPath   NetPath            `json:"net_path,omitempty"` // producer and consumers
+	// Endpoints and Placement say where the consumers (this process) and
+	// the encoder ran.
+	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string         `json:"placement,omitempty"`
+	Interrupted bool           `json:"interrupted,omitempty"`
 }
 
 // ECConfig echoes what ran.
@@ -344,6 +348,9 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 
 	if r.producer, res.Config.Producer, err = startProducer(ctx, &o); err != nil {
 		return nil, err
+	}
+	if o.Producer.Addr != "" {
+		res.Endpoints, res.Placement = describePeer(ctx, "encoder", o.Producer.Addr, r.producer.Client)
 	}
 	defer func() {
 		r.producer.Close()

@@ -27,7 +27,8 @@ type EndpointInfo struct {
 
 // ClockOffset is clocksync.Offset as a result records it.
 type ClockOffset struct {
-	SameHost      bool    `json:"same_host"`
+	// SameClock: one kernel and time namespace, offset exactly 0.
+	SameClock     bool    `json:"same_clock"`
 	OffsetNS      int64   `json:"offset_ns"`
 	UncertaintyNS int64   `json:"uncertainty_ns"`
 	RTTNS         int64   `json:"rtt_ns,omitempty"`
@@ -37,7 +38,7 @@ type ClockOffset struct {
 }
 
 func clockOffset(o clocksync.Offset) ClockOffset {
-	return ClockOffset{SameHost: o.SameHost, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
+	return ClockOffset{SameClock: o.SameClock, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
 		Samples: o.Samples, Text: o.String(), UncertaintyMS: float64(o.Uncertainty) / 1e6}
 }
 
@@ -113,4 +114,25 @@ func checkReachable(ctx context.Context, role string, addrs ...string) error {
 		conn.Close()
 	}
 	return nil
+}
+
+// describePeer records where a run's one remote process (bench xfer's
+// target, bench ec's encoder) and this driver ran, and whether that was one
+// host. Times of those runs come from the driver's side alone, so no clock
+// is estimated; a failure to ask costs the record, not the run.
+func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]EndpointInfo, string) {
+	me, err := ctl.LocalHostInfo()
+	if err != nil {
+		return nil, ""
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	peer, err := c.Host(hctx)
+	if err != nil {
+		return nil, ""
+	}
+	self := EndpointInfo{Role: "driver", Hostname: me.Hostname, BootID: me.Identity.BootID, Clock: clockOffset(clocksync.SameClockOffset())}
+	other := EndpointInfo{Role: role, Addr: addr, Hostname: peer.Hostname, BootID: peer.Identity.BootID}
+	other.Clock.SameClock = clocksync.SameClock(me.Identity, peer.Identity)
+	return []EndpointInfo{self, other}, placement(me, peer)
 }

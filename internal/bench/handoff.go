@@ -30,6 +30,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/procfs"
+	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
@@ -62,14 +63,24 @@ type HandoffOptions struct {
 	PrefillPerTok time.Duration        `mapstructure:"prefill-time"`
 	Lease         time.Duration        `mapstructure:"kv-lease-duration"`
 	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push/SGLang watchdog
-	ChunkTokens   int                  `mapstructure:"chunk-tokens"`         // SGLang chunked prefill; 0 = one chunk
-	Verify        engine.Verify        `mapstructure:"verify"`
-	DRAMAlloc     engine.DRAMAlloc     `mapstructure:"dram-alloc"`
-	Mem           nixl.MemType         `mapstructure:"mem"`            // where both engines' KV pools live
-	Device        int                  `mapstructure:"device"`         // prefill's GPU (VRAM)
-	DecodeDevice  int                  `mapstructure:"decode-device"`  // decode's GPU (VRAM)
-	XferRef       bool                 `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
-	Inproc        bool                 `mapstructure:"inproc"`
+	// RegWatchdog is what push's registration watchdog does when it
+	// fires: fail the request (this bench's default, so that a run ends)
+	// or drop the registration and keep waiting (upstream's).
+	RegWatchdog engine.WatchdogAction `mapstructure:"registration-watchdog"`
+	// PushHeartbeatKeys keys push mode's heartbeats: upstream (they never
+	// renew, vLLM #53095) or fixed (they do; not upstream behaviour).
+	PushHeartbeatKeys engine.HeartbeatKeys `mapstructure:"push-heartbeat-keys"`
+	// AllowUnsupportedTP runs a prefill/decode TP pair that vLLM refuses
+	// (kv.VLLMRefusesTP) instead of refusing it as bad input.
+	AllowUnsupportedTP bool             `mapstructure:"allow-unsupported-tp"`
+	ChunkTokens        int              `mapstructure:"chunk-tokens"` // SGLang chunked prefill; 0 = one chunk
+	Verify             engine.Verify    `mapstructure:"verify"`
+	DRAMAlloc          engine.DRAMAlloc `mapstructure:"dram-alloc"`
+	Mem                nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
+	Device             int              `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice       int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef            bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	Inproc             bool             `mapstructure:"inproc"`
 	// Prefill and Decode are the engines' control addresses, comma
 	// separated (host:port of `serve prefill|decode --listen`, or "local"
 	// for a child of the driver); "" is Prefills or Decodes local children.
@@ -81,6 +92,28 @@ type HandoffOptions struct {
 	Topology string `mapstructure:"topology"`
 	// Router assigns requests to (prefill, decode) pairs ("" = round robin).
 	Router Router `mapstructure:"router"`
+	// OnEndpointDeath is what the run does when an endpoint dies: stop at
+	// once (cancel what is in flight), or drain (let what is in flight
+	// end by itself and go on with the engines that are left).
+	OnEndpointDeath DeathPolicy `mapstructure:"on-endpoint-death"`
+	// Rendezvous, instead of addresses: the endpoints register with the
+	// driver (`serve prefill|decode --register`) at this address, a TCP
+	// [tcp://]HOST:PORT the driver listens on or etcd://HOST:PORT, and the
+	// driver waits up to JoinWindow for the roster: Roster
+	// ("prefill=0,decode=1"), or prefill ranks 0..Prefills-1 and decode
+	// ranks after them. RunID must match the endpoints' (etcd: required).
+	Rendezvous string        `mapstructure:"rendezvous"`
+	RunID      string        `mapstructure:"run-id"`
+	Roster     string        `mapstructure:"roster"`
+	JoinWindow time.Duration `mapstructure:"join-window"`
+	// OnRendezvous, if set, is told where the driver waits (the TCP
+	// listener's real address, or the etcd address) and for whom, before
+	// it waits.
+	OnRendezvous func(addr string, roster rendezvous.Roster) `mapstructure:"-"`
+	roster       rendezvous.Roster                           `mapstructure:"-"`
+	// reverse maps a reverse member's slot address ("reverse@PEER") to its
+	// registration connection, its control channel.
+	reverse map[string]net.Conn `mapstructure:"-"`
 	// The engines Validate settled on, from the lists or the topology.
 	prefills, decodes []EngineSlot `mapstructure:"-"`
 	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
@@ -121,11 +154,16 @@ type HandoffOptions struct {
 // DefaultHandoffOptions are the defaults of every knob that has one (the
 // CLI's flag defaults come from here). The registration timeout is the
 // push/SGLang watchdog's only default: the engine uses what it is given.
+// The push watchdog's defaults here (60 s, fail) are this bench's, not
+// upstream's (480 s, drop: the request keeps waiting), so that a run
+// whose prefill never writes ends; results record both and warn.
 func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
-		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: 60 * time.Second,
-		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin}
+		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: BenchRegTimeout,
+		RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: engine.HBKeysUpstream,
+		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
+		JoinWindow: 60 * time.Second}
 }
 
 // Validate checks the options. Problems with one field are
@@ -184,6 +222,15 @@ func (o *HandoffOptions) Validate() error {
 	if o.RegTimeout <= 0 {
 		bad("RegTimeout", "must be positive")
 	}
+	// Options built without DefaultHandoffOptions get its push defaults.
+	o.RegWatchdog = cmpOr(o.RegWatchdog, engine.WatchdogFail)
+	o.PushHeartbeatKeys = cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+	if !o.RegWatchdog.Valid() {
+		bad("RegWatchdog", "unknown registration watchdog action %q (want drop or fail)", o.RegWatchdog)
+	}
+	if !o.PushHeartbeatKeys.Valid() {
+		bad("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", o.PushHeartbeatKeys)
+	}
 	if o.ChunkTokens < 0 {
 		bad("ChunkTokens", "must not be negative")
 	}
@@ -196,6 +243,9 @@ func (o *HandoffOptions) Validate() error {
 	}
 	if o.Router != "" && !valid(o.Router, Routers) {
 		bad("Router", "unknown router %q (want round-robin or least-loaded)", o.Router)
+	}
+	if o.OnEndpointDeath != "" && !valid(o.OnEndpointDeath, DeathPolicies) {
+		bad("OnEndpointDeath", "unknown policy %q (want stop or drain)", o.OnEndpointDeath)
 	}
 	if o.XferTarget != "" {
 		if err := checkAddr(o.XferTarget); err != nil {
@@ -220,10 +270,73 @@ func (o *HandoffOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("decode: %w", err))
 		} else if _, err := kv.Plan(o.Spec, d); err != nil {
 			errs = append(errs, err)
+		} else if kv.VLLMRefusesTP(o.Spec, d) && !o.AllowUnsupportedTP && o.Protocol != engine.ProtoSGLang {
+			bad("DecodeTP", "%s (--allow-unsupported-tp runs it anyway)", tpRefusal(o.Spec, d))
 		}
 	}
 	errs = append(errs, o.checkTopologyTPs()...)
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// BenchRegTimeout is the bench's registration timeout by default, shorter
+// than upstream's 480 s (engine.DefaultRegTimeout) so that a run whose
+// requests lose their KV ends in minutes.
+const BenchRegTimeout = 60 * time.Second
+
+// notUpstream says, one warning each, where the run does not behave as
+// upstream vLLM would: push heartbeats that renew, a push watchdog other
+// than 480 s drop-and-log, TP pairs vLLM refuses.
+func (o *HandoffOptions) notUpstream() []string {
+	var out []string
+	if o.Protocol == engine.ProtoPush {
+		if o.PushHeartbeatKeys == engine.HBKeysFixed {
+			out = append(out, "--push-heartbeat-keys fixed: not upstream behaviour; decode heartbeats its own id and prefill matches it by base id, "+
+				"so heartbeats renew leases (vLLM's push heartbeats never do: #53095, fix proposed in PR #53244)")
+		}
+		if o.RegWatchdog != engine.WatchdogDrop || o.RegTimeout != engine.DefaultRegTimeout {
+			out = append(out, fmt.Sprintf("registration watchdog: %s after %v, not upstream behaviour (vLLM drops the registration after 480s, logs, and the request keeps waiting; --registration-timeout 480s --registration-watchdog drop)",
+				o.RegWatchdog, o.RegTimeout))
+		}
+	}
+	for _, r := range o.unsupportedTP() {
+		out = append(out, "--allow-unsupported-tp: "+r+"; measured anyway")
+	}
+	return out
+}
+
+// tpRefusal says why vLLM refuses a TP pair, naming the flags.
+func tpRefusal(p, d kv.Spec) string {
+	return fmt.Sprintf("--prefill-tp %d > --decode-tp %d with the %d KV heads of %s replicated across prefill's ranks: vLLM refuses this (%q)",
+		p.TP, d.TP, p.Model.NumKVHeads, p.Model.Name, kv.VLLMTPRefusal)
+}
+
+// unsupportedTP lists the TP pairs of the run that vLLM refuses (run
+// because AllowUnsupportedTP), each with vLLM's reason.
+func (o *HandoffOptions) unsupportedTP() []string {
+	if o.Protocol == engine.ProtoSGLang {
+		return nil
+	}
+	var out []string
+	seen := map[[2]int]bool{}
+	ps, ds := o.engines()
+	var pairs [][2]int
+	for _, p := range ps {
+		for _, d := range ds {
+			pairs = append(pairs, [2]int{p.TP, d.TP})
+		}
+	}
+	for _, pr := range pairs {
+		if seen[pr] || pr[0] <= 0 || pr[1] <= 0 {
+			continue
+		}
+		seen[pr] = true
+		p, d := o.Spec, o.Spec
+		p.TP, d.TP = pr[0], pr[1]
+		if kv.VLLMRefusesTP(p, d) {
+			out = append(out, tpRefusal(p, d))
+		}
+	}
+	return out
 }
 
 // prefixFields puts prefix before the field of every FieldError err joins
@@ -270,7 +383,7 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 	c := engine.Config{Role: role, Backend: backend, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
-		RegTimeout: o.RegTimeout, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
+		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
 		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices}
 	switch role {
 	case engine.RolePrefill:
@@ -284,34 +397,41 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 // HandoffConfig is what a handoff result says was asked: the options as
 // run, under the JSON names results have always used.
 type HandoffConfig struct {
-	Protocol           engine.Protocol      `json:"protocol"`
-	Model              string               `json:"model"`
-	KVDType            kv.DType             `json:"kv_dtype"`
-	BlockSize          int                  `json:"block_size"`
-	Layout             kv.AttnLayout        `json:"layout"`
-	Order              kv.CacheOrder        `json:"kv_cache_layout"`
-	PrefillTP          int                  `json:"prefill_tp"`
-	DecodeTP           int                  `json:"decode_tp"`
-	Requests           int                  `json:"requests"`
-	Warmup             int                  `json:"warmup"`
-	ISL                ISL                  `json:"isl"`
-	Rate               float64              `json:"rate"`
-	Concurrency        int                  `json:"concurrency"`
-	PrefixHit          float64              `json:"prefix_hit"`
-	Fragmentation      engine.Fragmentation `json:"fragmentation"`
-	Merge              bool                 `json:"merge_descriptors"`
-	NumBlocks          int                  `json:"num_blocks"`
-	PrefillPerToken    Duration             `json:"prefill_time_per_token"`
-	Lease              Duration             `json:"lease"`
-	RegTimeout         Duration             `json:"registration_timeout,omitempty"`
-	ChunkTokens        int                  `json:"chunk_tokens"`
-	Verify             engine.Verify        `json:"verify"`
-	DRAMAlloc          engine.DRAMAlloc     `json:"dram_alloc"`
-	Mem                string               `json:"mem"`
-	Endpoints          string               `json:"endpoints"`
-	PoolBytesPerEngine int64                `json:"pool_bytes_per_engine"`
-	Alloc              string               `json:"alloc"`
-	XferReference      *XferReference       `json:"xfer_reference,omitempty"`
+	Protocol        engine.Protocol      `json:"protocol"`
+	Model           string               `json:"model"`
+	KVDType         kv.DType             `json:"kv_dtype"`
+	BlockSize       int                  `json:"block_size"`
+	Layout          kv.AttnLayout        `json:"layout"`
+	Order           kv.CacheOrder        `json:"kv_cache_layout"`
+	PrefillTP       int                  `json:"prefill_tp"`
+	DecodeTP        int                  `json:"decode_tp"`
+	Requests        int                  `json:"requests"`
+	Warmup          int                  `json:"warmup"`
+	ISL             ISL                  `json:"isl"`
+	Rate            float64              `json:"rate"`
+	Concurrency     int                  `json:"concurrency"`
+	PrefixHit       float64              `json:"prefix_hit"`
+	Fragmentation   engine.Fragmentation `json:"fragmentation"`
+	Merge           bool                 `json:"merge_descriptors"`
+	NumBlocks       int                  `json:"num_blocks"`
+	PrefillPerToken Duration             `json:"prefill_time_per_token"`
+	Lease           Duration             `json:"lease"`
+	RegTimeout      Duration             `json:"registration_timeout,omitempty"`
+	// Push: what the registration watchdog did when it fired, and what
+	// heartbeats were keyed by (upstream: they never renew, vLLM #53095).
+	RegWatchdog       engine.WatchdogAction `json:"registration_watchdog,omitempty"`
+	PushHeartbeatKeys engine.HeartbeatKeys  `json:"push_heartbeat_keys,omitempty"`
+	// UnsupportedTP: the TP pairs vLLM refuses that the run measured
+	// anyway (--allow-unsupported-tp), with vLLM's reason.
+	UnsupportedTP      []string         `json:"unsupported_tp,omitempty"`
+	ChunkTokens        int              `json:"chunk_tokens"`
+	Verify             engine.Verify    `json:"verify"`
+	DRAMAlloc          engine.DRAMAlloc `json:"dram_alloc"`
+	Mem                string           `json:"mem"`
+	Endpoints          string           `json:"endpoints"`
+	PoolBytesPerEngine int64            `json:"pool_bytes_per_engine"`
+	Alloc              string           `json:"alloc"`
+	XferReference      *XferReference   `json:"xfer_reference,omitempty"`
 	// CompatHash is the vLLM compatibility hash the endpoints advertised
 	// (from --compat-factors, --compat-hash or derived); NoCompatCheck
 	// that they accepted any peer's.
@@ -324,6 +444,11 @@ type HandoffConfig struct {
 	PrefillEngines []EngineSlot `json:"prefill_engines,omitempty"`
 	DecodeEngines  []EngineSlot `json:"decode_engines,omitempty"`
 	Router         Router       `json:"router,omitempty"`
+	// OnEndpointDeath is "drain" when the run went on past a dead
+	// endpoint (absent: it stops there).
+	OnEndpointDeath DeathPolicy `json:"on_endpoint_death,omitempty"`
+	// Rendezvous says how the engines were found, when they registered.
+	Rendezvous *RendezvousInfo `json:"rendezvous,omitempty"`
 }
 
 // XferReference is the `bench xfer` point a handoff compared itself with.
@@ -333,6 +458,10 @@ type XferReference struct {
 	BatchSize     int    `json:"batch_size"`
 	PipelineDepth int    `json:"pipeline_depth"`
 	Iterations    int    `json:"iterations"`
+	// Polling is how the reference waited for its requests: "paced", as
+	// the endpoints wait (XferOptions.Paced); absent in results from
+	// before it, whose reference spun.
+	Polling string `json:"polling,omitempty"`
 }
 
 // Duration is a time.Duration written as Go writes it ("30s"), as results
@@ -357,7 +486,10 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
-		NetDevices: o.NetDevices}
+		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP()}
+	if o.Protocol == engine.ProtoPush {
+		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
+	}
 	ps, ds := o.engines()
 	switch {
 	case o.remote():
@@ -370,6 +502,9 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		if !o.remote() {
 			c.Endpoints = fmt.Sprintf("%s, %d prefill x %d decode", c.Endpoints, len(ps), len(ds))
 		}
+	}
+	if o.OnEndpointDeath == DeathDrain {
+		c.OnEndpointDeath = DeathDrain
 	}
 	return c
 }
@@ -522,11 +657,16 @@ const endpointGrace = 15 * time.Second
 
 // startEndpoint starts (or dials, for an address) an endpoint of role
 // (prefill or decode); name is how errors call it ("prefill-1").
-func startEndpoint(ctx context.Context, o *HandoffOptions, role, name, addr string) (*Endpoint, error) {
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, slot EngineSlot) (*Endpoint, error) {
 	// Endpoints outlive the run's context: an interrupted run still asks
 	// them for their stats.
 	keep := context.WithoutCancel(ctx)
+	addr := slot.remoteAddr()
 	switch {
+	case o.reverse[addr] != nil:
+		// A reverse rendezvous member: its control channel is the
+		// connection it registered on.
+		return &Endpoint{rpc: ctl.NewConnClient(o.reverse[addr])}, nil
 	case o.Inproc:
 		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
 	case addr != "":
@@ -607,6 +747,19 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
+	var rdv *RendezvousInfo
+	if o.Rendezvous != "" {
+		// Closed after the endpoints (defers run last first): that ends
+		// the members' registrations, and they exit.
+		drv, info, err := o.meetRendezvous(ctx)
+		if drv != nil {
+			defer drv.Close()
+		}
+		if err != nil {
+			return nil, err
+		}
+		rdv = info
+	}
 	blocks := o.poolBlocks()
 	pslots, dslots := o.engines()
 	if o.NumBlocks == 0 && o.Mem != nixl.VRAM {
@@ -634,6 +787,10 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}
 	res.Config = o.config(blocks)
+	res.Config.Rendezvous = rdv
+	for _, w := range o.notUpstream() {
+		res.Warn(w)
+	}
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})
 	n, m := len(pslots), len(dslots)
 	pes, des := make([]*Endpoint, n), make([]*Endpoint, m)
@@ -643,12 +800,12 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}()
 	for i, s := range pslots {
-		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s.remoteAddr()); err != nil {
+		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s); err != nil {
 			return nil, err
 		}
 	}
 	for i, s := range dslots {
-		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s.remoteAddr()); err != nil {
+		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s); err != nil {
 			return nil, err
 		}
 	}
@@ -755,27 +912,34 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	defer stopRun(nil)
 	var died atomic.Pointer[string]
 	type watched struct {
-		role string
-		c    *ctl.Client
+		name, role string
+		idx        int
+		c          *ctl.Client
 	}
 	var watch []watched
 	for i, ep := range pes {
-		watch = append(watch, watched{engineName("prefill", i, n), ep.rpc})
+		watch = append(watch, watched{engineName("prefill", i, n), "prefill", i, ep.rpc})
 	}
 	for i, ep := range des {
-		watch = append(watch, watched{engineName("decode", i, m), ep.rpc})
+		watch = append(watch, watched{engineName("decode", i, m), "decode", i, ep.rpc})
 	}
+	var drained atomic.Int32
 	for _, ep := range watch {
 		go func() {
 			select {
 			case <-ep.c.Done():
-				d := &endpointDeath{role: ep.role, why: ep.c.Why()}
+				d := &endpointDeath{role: ep.name, why: ep.c.Why()}
 				what := d.String()
 				died.CompareAndSwap(nil, &what)
-				stopRun(d)
-				if o.Log != nil {
-					o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
+				if o.OnEndpointDeath == DeathDrain {
+					drained.Add(1)
+					if h.router.remove(ep.role, ep.idx) {
+						o.Log.Error("an endpoint died: draining it, the run goes on with the engines left", "endpoint", what)
+						return
+					}
 				}
+				stopRun(d)
+				o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
 			case <-runCtx.Done():
 			}
 		}()
@@ -795,7 +959,14 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	path.stop(ctx)
 	if d := died.Load(); d != nil {
 		res.EndpointDied = *d
-		res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
+		switch k := drained.Load(); {
+		case k > 0 && runCtx.Err() == nil:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run; drained (--on-endpoint-death drain): its requests in flight ended by themselves and the run went on with the engines left (%d died)", *d, k))
+		case k > 0:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run; drained until no pair of live engines was left, which stopped the run (%d died)", *d, k))
+		default:
+			res.Warn(fmt.Sprintf("the %s endpoint died during the run, which stopped there", *d))
+		}
 		if ctx.Err() == nil {
 			runErr = nil // the result says it; the CLI fails the run on it
 		}
@@ -862,6 +1033,11 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
 	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
+	if o.remote() {
+		for _, w := range path.tcpChoiceWarnings(res.Env.Transport) {
+			res.Warn(w)
+		}
+	}
 	if res.Summary.LeakedBlocks > 0 {
 		if n*m == 1 {
 			res.Warn(fmt.Sprintf("%d KV blocks still held after the run (prefill %d, decode %d)", res.Summary.LeakedBlocks, res.Prefill.BlocksInUse, res.Decode.BlocksInUse))
@@ -1110,7 +1286,12 @@ func (h *handoff) run(ctx context.Context) error {
 	var errMu sync.Mutex
 	runOne := func(i int) {
 		defer wg.Done()
-		p, d := h.router.pick()
+		p, d, ok := h.router.pick()
+		if !ok {
+			// Drained: no pair of live engines is left; the watcher ends
+			// the run, and this request was never sent.
+			return
+		}
 		r := h.one(ctx, i, isls[i], p, d)
 		h.router.done(p, d)
 		var death *endpointDeath
@@ -1482,8 +1663,16 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// 1.3-3.7 GB/s for the same work and the handoff 2.4x "faster" than
 	// it. One round of warm-up fills the pipeline first.
 	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
+	// Paced: the endpoints wait for their transfers with sleeps between
+	// polls (WaitXfer; push's owner polls every millisecond), which
+	// leaves the CPU to the copy; a reference spinning on its requests
+	// took a core from a copy that needs both on small hosts (UCX's
+	// emulated RMA copies on both sides), and push ran 1.12-1.16x it.
+	// Notif: every handoff transfer carries its completion notification
+	// (pull's READ, push's and SGLang's WRITEs), so every reference
+	// request does too.
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential,
+		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential, Paced: true, Notif: true,
 		// Progressed as the engines are, so the reference is the same path.
 		Progress:        XferThread,
 		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
@@ -1500,7 +1689,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	if len(xr.Points) == 0 {
 		return 0, nil
 	}
-	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters}
+	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters, Polling: "paced"}
 	return xr.Points[0].BandwidthGBps, nil
 }
 

@@ -28,6 +28,9 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), TP %v -> %v, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
 		res.Protocol, res.Model, c.ISL.label(), c.KVDType, c.PrefillTP, c.DecodeTP, c.BlockSize, c.Fragmentation,
 		res.Backend, res.Env.BackendVersion, c.DRAMAlloc, c.Endpoints)
+	if r := c.Rendezvous; r != nil {
+		fmt.Fprintf(w, "rendezvous: %s\n", r.label())
+	}
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
@@ -128,6 +131,14 @@ func resultTable(res *HandoffResult) *report.Table {
 	k.AddRow("blocks still held after the run", report.Int(s.LeakedBlocks))
 	p, d := res.Prefill, res.Decode
 	k.AddRow("expired leases (prefill)", report.Int(p.ExpiredLeases))
+	if l := p.Leases; l != nil && l.HeartbeatIDs > 0 {
+		// Upstream push heartbeats name ids prefill holds no lease for
+		// (vLLM #53095): every one unknown, none renewed.
+		k.AddRow("heartbeat ids renewed / unknown (prefill)", fmt.Sprintf("%d / %d of %d", l.Renewed, l.UnknownRenewals, l.HeartbeatIDs))
+	}
+	if d.RegTimeouts > 0 {
+		k.AddRow("registration watchdog fired (decode)", report.Int(d.RegTimeouts))
+	}
 	k.AddRow("failed transfers / notifications", fmt.Sprintf("%d / %d", p.FailedTransfers+d.FailedTransfers, p.FailedNotifs+d.FailedNotifs))
 	k.AddRow("unknown-request / malformed messages", fmt.Sprintf("%d / %d", p.UnknownNotifs+d.UnknownNotifs, p.MalformedNotifs+d.MalformedNotifs+p.MalformedControl+d.MalformedControl))
 	return k
@@ -394,7 +405,7 @@ func ReadHandoffRecords(r io.Reader, command string) ([]HandoffRecord, error) {
 func hostsLine(res *HandoffResult) string {
 	estimated := false
 	for _, e := range res.Endpoints {
-		estimated = estimated || !e.Clock.SameHost
+		estimated = estimated || !e.Clock.SameClock
 	}
 	if !estimated {
 		return ""
@@ -406,7 +417,7 @@ func hostsLine(res *HandoffResult) string {
 			where += " " + e.Addr
 		}
 		clock := "the driver's clock"
-		if !e.Clock.SameHost {
+		if !e.Clock.SameClock {
 			clock = "clock " + e.Clock.Text
 		}
 		parts = append(parts, fmt.Sprintf("%s on %s (%s)", e.Role, where, clock))

@@ -152,6 +152,13 @@ func TestHandoffValidate(t *testing.T) {
 		{"inproc and remote", func(o *HandoffOptions) { o.Prefill, o.Decode, o.Inproc = "x:1", "y:1", true }, []string{"Inproc"}, ""},
 		{"decode tp the layout refuses", func(o *HandoffOptions) { o.DecodeTP = 3 }, nil, "decode: "},
 		{"decode tp", func(o *HandoffOptions) { o.DecodeTP = 0 }, []string{"DecodeTP"}, ""},
+		{"watchdog action", func(o *HandoffOptions) { o.RegWatchdog = "retry" }, []string{"RegWatchdog"}, ""},
+		{"heartbeat keys", func(o *HandoffOptions) { o.PushHeartbeatKeys = "router" }, []string{"PushHeartbeatKeys"}, ""},
+		{"tp vLLM refuses", func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 2, 4, 2 },
+			[]string{"DecodeTP"}, "--prefill-tp 4 > --decode-tp 2 with the 2 KV heads"},
+		{"tp vLLM refuses in a topology", func(o *HandoffOptions) {
+			o.Spec.Model.NumKVHeads, o.Topology = 2, writeTopology(t, `{"prefill": [{"addr": "local", "tp": 4}], "decode": [{"addr": "local", "tp": 1}]}`)
+		}, []string{"Topology"}, kv.VLLMTPRefusal},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,6 +189,72 @@ func TestHandoffValidate(t *testing.T) {
 	d.Protocol, d.Spec = engine.ProtoPush, base.Spec
 	if err := d.Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
+	}
+}
+
+func writeTopology(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "topology.json")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Where a run does not behave as upstream vLLM would, its result says so
+// (config and a warning); where it does, it says nothing.
+func TestHandoffNotUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		proto    engine.Protocol
+		mut      func(*HandoffOptions)
+		warnings []string // substrings, one per warning
+		keys     engine.HeartbeatKeys
+		watchdog engine.WatchdogAction
+		tp       bool
+	}{
+		{"pull", engine.ProtoPull, nil, nil, "", "", false},
+		{"push as upstream", engine.ProtoPush, func(o *HandoffOptions) { o.RegTimeout, o.RegWatchdog = 480*time.Second, engine.WatchdogDrop },
+			nil, engine.HBKeysUpstream, engine.WatchdogDrop, false},
+		{"push bench defaults", engine.ProtoPush, nil, []string{"registration watchdog: fail after 20s, not upstream behaviour"},
+			engine.HBKeysUpstream, engine.WatchdogFail, false},
+		{"push fixed keys", engine.ProtoPush, func(o *HandoffOptions) {
+			o.RegTimeout, o.RegWatchdog, o.PushHeartbeatKeys = 480*time.Second, engine.WatchdogDrop, engine.HBKeysFixed
+		}, []string{"--push-heartbeat-keys fixed: not upstream behaviour"}, engine.HBKeysFixed, engine.WatchdogDrop, false},
+		{"allowed tp", engine.ProtoPull, func(o *HandoffOptions) {
+			o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP, o.AllowUnsupportedTP = 1, 2, 1, true
+		}, []string{"--allow-unsupported-tp: --prefill-tp 2 > --decode-tp 1 with the 1 KV heads"}, "", "", true},
+		{"sglang tp", engine.ProtoSGLang, func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 1, 2, 1 }, nil, "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := handoffOpts(t, tc.proto, 1, 1)
+			if tc.mut != nil {
+				tc.mut(&o)
+			}
+			if err := o.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			got := o.notUpstream()
+			if len(got) != len(tc.warnings) {
+				t.Fatalf("warnings %q, want %d", got, len(tc.warnings))
+			}
+			for i, w := range tc.warnings {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %q lacks %q", got[i], w)
+				}
+			}
+			c := o.config(64)
+			if c.PushHeartbeatKeys != tc.keys || c.RegWatchdog != tc.watchdog || (len(c.UnsupportedTP) > 0) != tc.tp {
+				t.Errorf("config: keys %q watchdog %q unsupported tp %q", c.PushHeartbeatKeys, c.RegWatchdog, c.UnsupportedTP)
+			}
+			if tc.tp && !strings.Contains(c.UnsupportedTP[0], kv.VLLMTPRefusal) {
+				t.Errorf("unsupported tp %q lacks vLLM's reason", c.UnsupportedTP)
+			}
+			ec := o.EngineConfig(engine.RoleDecode, "ucx", 64)
+			if ec.PushHeartbeatKeys != o.PushHeartbeatKeys || ec.RegWatchdog != o.RegWatchdog {
+				t.Errorf("engine config: keys %q watchdog %q", ec.PushHeartbeatKeys, ec.RegWatchdog)
+			}
+		})
 	}
 }
 
@@ -300,12 +373,22 @@ func TestSettlePrefillSeesInFlightDrop(t *testing.T) {
 func TestHandoffPrefillKilledBeforeWrite(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPush, 1, 1)
 	o.Requests, o.Warmup, o.Concurrency, o.RegTimeout = 4, 0, 4, 500*time.Millisecond
-	o.OnStart = func(p, _ *Endpoint) { _ = p.Signal(syscall.SIGKILL) }
-	res, _ := RunHandoff(context.Background(), o)
-	if res == nil || res.Summary.Failed != 4 {
-		t.Fatalf("all requests should fail: %+v", res)
+	// Prefill computes for seconds, so it is killed with all four requests
+	// registered at decode and none written. (Killed at once, the driver
+	// notices before it sends anything, and there is nothing to test.)
+	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 400}, 10*time.Millisecond
+	o.OnStart = func(p, _ *Endpoint) {
+		time.AfterFunc(300*time.Millisecond, func() { _ = p.Signal(syscall.SIGKILL) })
 	}
-	if res.Decode.BlocksInUse != 0 || res.Decode.RegTimeouts+res.Decode.HandshakeFails == 0 {
+	res, _ := RunHandoff(context.Background(), o)
+	if res == nil || res.Summary.Requests != 4 || res.Summary.Failed != 4 {
+		t.Fatalf("all four requests should be sent and fail: %+v", res)
+	}
+	if !strings.HasPrefix(res.EndpointDied, "prefill") {
+		t.Errorf("endpoint_died %q", res.EndpointDied)
+	}
+	// Decode gave up its blocks: cancelled by the driver or by its watchdog.
+	if res.Decode.BlocksInUse != 0 {
 		t.Errorf("decode after: %+v", res.Decode)
 	}
 	for _, r := range res.Records {
@@ -456,15 +539,75 @@ func TestHandoffXPyD(t *testing.T) {
 func TestHostsLine(t *testing.T) {
 	t.Parallel()
 	res := &HandoffResult{Placement: PlacementNamespaces, Endpoints: []EndpointInfo{
-		{Role: "prefill", Hostname: "a", Clock: ClockOffset{SameHost: true}},
+		{Role: "prefill", Hostname: "a", Clock: ClockOffset{SameClock: true}},
 		{Role: "decode", Hostname: "b", Addr: "10.0.0.2:7401", Clock: ClockOffset{Text: "+1h0m0s ±16µs (rtt 32µs, 16 samples)"}},
 	}}
 	want := "prefill on a (the driver's clock), decode on b 10.0.0.2:7401 (clock +1h0m0s ±16µs (rtt 32µs, 16 samples)); one kernel, separate namespaces"
 	if got := hostsLine(res); got != want {
 		t.Errorf("hostsLine:\n got %q\nwant %q", got, want)
 	}
-	res.Endpoints[1].Clock = ClockOffset{SameHost: true}
+	res.Endpoints[1].Clock = ClockOffset{SameClock: true}
 	if got := hostsLine(res); got != "" {
 		t.Errorf("every endpoint on the driver's clock: %q, want no line", got)
+	}
+}
+
+// With --on-endpoint-death drain, a dead decode leaves the rotation and the
+// run goes on with the one left: every request after the death is served,
+// and the result still names the death (the run fails on it).
+func TestHandoffDrainDeadDecode(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoPull, 1, 1)
+	o.Decodes, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 24, 0, 2, DeathDrain
+	o.ISL = ISL{Dist: "fixed", Fixed: 1024}
+	o.Spec.Model.NumLayers = 32
+	o.OnStart = func(_, d *Endpoint) {
+		time.AfterFunc(200*time.Millisecond, func() { _ = d.Signal(syscall.SIGKILL) })
+	}
+	res, err := RunHandoff(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res.EndpointDied, "decode-0") {
+		t.Errorf("endpoint_died %q, want decode-0", res.EndpointDied)
+	}
+	s := res.Summary
+	// Requests whose decode died fail; the rest, on decode-1, pass: all 24
+	// were sent, and decode-1 served more than its round-robin half.
+	if s.Requests != 24 || s.Failed >= 12 || s.CorruptBlocks != 0 {
+		t.Errorf("summary: %d requests, %d failed, %d corrupt", s.Requests, s.Failed, s.CorruptBlocks)
+	}
+	served := 0
+	for _, r := range res.Records {
+		if r.Decode == 1 && r.Error == "" {
+			served++
+		}
+	}
+	if served <= 12 {
+		t.Errorf("decode-1 served %d requests; a drained run should route the rest of them there", served)
+	}
+	if res.Config.OnEndpointDeath != DeathDrain {
+		t.Errorf("config.on_endpoint_death %q", res.Config.OnEndpointDeath)
+	}
+}
+
+// --xfer-reference measures the same op, descriptors and depth as the
+// run, waiting as the endpoints wait (paced) and with a notification on
+// every request as the handoff's transfers carry.
+func TestHandoffXferReferenceLikeForLike(t *testing.T) {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush} {
+		t.Run(string(proto), func(t *testing.T) {
+			o := handoffOpts(t, proto, 1, 1)
+			o.Inproc, o.XferRef, o.Verify = true, true, engine.Sparse
+			res, err := RunHandoff(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, s := res.Config.XferReference, res.Summary
+			want := map[engine.Protocol]string{engine.ProtoPull: "READ", engine.ProtoPush: "WRITE"}[proto]
+			if ref == nil || ref.Op != want || ref.Polling != "paced" || ref.PipelineDepth != o.Concurrency ||
+				ref.BatchSize != int(s.DescriptorsPerReq+0.5) || s.XferGBps <= 0 || s.EfficiencyXfer <= 0 {
+				t.Fatalf("reference %+v, summary xfer %.3g GB/s, efficiency %.3g", ref, s.XferGBps, s.EfficiencyXfer)
+			}
+		})
 	}
 }

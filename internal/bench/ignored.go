@@ -31,11 +31,12 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 		// registration watchdog is decode's wait for pushed KV.
 		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
 		ig("bench "+p+" does not use it (push and SGLang only)", "RegTimeout")
+		ig("bench "+p+" does not use it (push only)", "RegWatchdog", "PushHeartbeatKeys")
 	case engine.ProtoPush:
 		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
 	case engine.ProtoSGLang:
 		// SGLang's rooms have no lease: prefill frees on the aux row.
-		ig("bench "+p+" does not use it (pull and push only)", "Lease")
+		ig("bench "+p+" does not use it (pull and push only)", "Lease", "RegWatchdog", "PushHeartbeatKeys", "AllowUnsupportedTP")
 	}
 	if o.Mem != nixl.VRAM {
 		ig("only with --mem vram", "Device", "DecodeDevice")
@@ -73,10 +74,13 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 // the simulator reads are leasesim.TrafficOptions, outside o.
 func (o *LeaseChaosOptions) Ignored(sim bool) []IgnoredField {
 	if !sim {
+		if o.Protocol != engine.ProtoPush {
+			return []IgnoredField{{"PushHeartbeatKeys", "push only (pull heartbeats name prefill's own id)"}}
+		}
 		return nil
 	}
 	const why = "--sim runs no processes and does not use it"
-	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}}
+	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}, {"PushHeartbeatKeys", "--sim models pull's heartbeats (exact ids), not push"}}
 }
 
 // Ignored lists the options of o that its memory types leave unread: the

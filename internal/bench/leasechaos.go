@@ -41,9 +41,12 @@ type LeaseChaosOptions struct {
 	Timeout  time.Duration    `mapstructure:"timeout"` // the fixed policy's timeout; 0: 16 leases, as 480 s is to 30 s
 	Reaper   lease.ReaperMode `mapstructure:"reaper"`
 	Protocol engine.Protocol  `mapstructure:"protocol"` // pull or push
-	Backend  string           `mapstructure:"backend"`
-	Spec     kv.Spec          `mapstructure:"-"` // resolved by the CLI from the model flags
-	ISL      int              `mapstructure:"isl"`
+	// PushHeartbeatKeys (push): upstream's, which never renew (vLLM
+	// #53095), or fixed.
+	PushHeartbeatKeys engine.HeartbeatKeys `mapstructure:"push-heartbeat-keys"`
+	Backend           string               `mapstructure:"backend"`
+	Spec              kv.Spec              `mapstructure:"-"` // resolved by the CLI from the model flags
+	ISL               int                  `mapstructure:"isl"`
 	// Slack is how late a free may come beyond what the protocol promises
 	// before a scenario fails (process scheduling, RPC hops).
 	Slack    time.Duration `mapstructure:"slack"`
@@ -64,7 +67,7 @@ type LeaseChaosOptions struct {
 // depend on the mode (settle).
 func DefaultLeaseChaosOptions() LeaseChaosOptions {
 	return LeaseChaosOptions{Scenarios: leasesim.Scenarios(), Policies: []lease.Policy{lease.PolicyLease, lease.PolicyFixed},
-		Reaper: lease.ReapFull, Protocol: engine.ProtoPull, Backend: "auto", ISL: 256, Slack: 250 * time.Millisecond, Seed: 1}
+		Reaper: lease.ReapFull, Protocol: engine.ProtoPull, PushHeartbeatKeys: engine.HBKeysUpstream, Backend: "auto", ISL: 256, Slack: 250 * time.Millisecond, Seed: 1}
 }
 
 // settle fills the lease and the fixed timeout left to their defaults,
@@ -95,6 +98,12 @@ func (o *LeaseChaosOptions) Validate() error {
 	}
 	if v.Protocol != engine.ProtoPull && v.Protocol != engine.ProtoPush {
 		errs = append(errs, errkind.Field("Protocol", "lease-chaos runs pull or push, not %s (SGLang has no leases)", v.Protocol))
+	}
+	switch {
+	case v.PushHeartbeatKeys != "" && !v.PushHeartbeatKeys.Valid():
+		errs = append(errs, errkind.Field("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", v.PushHeartbeatKeys))
+	case v.PushHeartbeatKeys == engine.HBKeysFixed && v.Protocol != engine.ProtoPush:
+		errs = append(errs, errkind.Field("PushHeartbeatKeys", "fixed keys are push mode's (pull heartbeats name prefill's own id)"))
 	}
 	if v.Lease < 300*time.Millisecond {
 		errs = append(errs, errkind.Field("Lease", "want at least 300ms (got %v; real processes need the margin)", v.Lease))
@@ -163,12 +172,18 @@ type LeaseChaosConfig struct {
 	Timeout   Duration `json:"timeout"`
 	Reaper    string   `json:"reaper"`
 	Protocol  string   `json:"protocol,omitempty"` // real
-	Model     string   `json:"model"`
-	ISL       int      `json:"isl"`
-	KVDType   kv.DType `json:"kv_dtype,omitempty"`   // real
-	BlockSize int      `json:"block_size,omitempty"` // real
-	Slack     Duration `json:"slack,omitempty"`      // real
-	Backend   string   `json:"backend,omitempty"`    // real
+	// HeartbeatKeys (push): upstream or fixed; RegWatchdog (push) what
+	// the harness's decode watchdog does (fail: a request whose KV
+	// never comes ends, as the scenarios need; upstream drops and waits).
+	HeartbeatKeys string   `json:"push_heartbeat_keys,omitempty"`
+	RegTimeout    Duration `json:"registration_timeout,omitempty"`
+	RegWatchdog   string   `json:"registration_watchdog,omitempty"`
+	Model         string   `json:"model"`
+	ISL           int      `json:"isl"`
+	KVDType       kv.DType `json:"kv_dtype,omitempty"`   // real
+	BlockSize     int      `json:"block_size,omitempty"` // real
+	Slack         Duration `json:"slack,omitempty"`      // real
+	Backend       string   `json:"backend,omitempty"`    // real
 	// BytesPerRequest is what one request's KV weighs (sim).
 	BytesPerRequest int64 `json:"bytes_per_request,omitempty"`
 }
@@ -238,6 +253,14 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
 		Reaper: string(o.Reaper), Protocol: string(o.Protocol), Model: spec.Model.Name, ISL: o.ISL, KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Slack: Duration(o.Slack), Backend: backend.Name}
+	if o.Protocol == engine.ProtoPush {
+		keys := cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+		res.Config.HeartbeatKeys = string(keys)
+		res.Config.RegTimeout, res.Config.RegWatchdog = Duration(chaosRegTimeout(o.Lease)), string(engine.WatchdogFail)
+		if keys == engine.HBKeysFixed {
+			res.Warn("--push-heartbeat-keys fixed: not upstream behaviour; decode heartbeats its own id and prefill matches it by base id (vLLM's push heartbeats never renew: #53095)")
+		}
+	}
 	total := len(o.Scenarios) * len(o.Policies)
 	live.Emit(o.Live, live.Start{Title: "lease-chaos", Total: total, Unit: "scenarios"})
 	t0 := time.Now()
@@ -280,17 +303,19 @@ type chaosRun struct {
 	freed      map[string]engine.FreedEvent // by router id
 	samples    []engine.LeaseSample
 	heartbeats []int64
-	faults     []leasesim.TimelineFault
-	grants     map[string]int64 // router id -> lease granted (mono)
-	loads      map[string]engine.LoadReply
-	loadErr    map[string]string
-	tKill      int64 // decode killed
-	tAbort     int64
-	aborted    map[string]bool
-	lastD      engine.Stats
-	decodeDead bool
-	stalled    bool
-	lastGauge  int64
+	// what the heartbeats prefill applied named, renewed, did not know
+	hbIDs, hbRenewed, hbUnknown int64
+	faults                      []leasesim.TimelineFault
+	grants                      map[string]int64 // router id -> lease granted (mono)
+	loads                       map[string]engine.LoadReply
+	loadErr                     map[string]string
+	tKill                       int64 // decode killed
+	tAbort                      int64
+	aborted                     map[string]bool
+	lastD                       engine.Stats
+	decodeDead                  bool
+	stalled                     bool
+	lastGauge                   int64
 	// inQueue[i] closes when request i took its place on decode (or will
 	// not): request i+1 waits for it, so the queue keeps the plan's order.
 	inQueue []chan struct{}
@@ -305,9 +330,19 @@ func (c *chaosRun) markQueued(i int) {
 
 func reqID(i int) string { return fmt.Sprintf("chaos-%03d", i) }
 
+// chaosRegTimeout is push decode's registration watchdog in lease-chaos:
+// a lease (at least 1 s), failing the request, so that a request whose
+// KV never comes (its prefill killed, its lease lapsed) ends and counts.
+// Upstream's (480 s, drop and keep waiting) would leave it hanging.
+func chaosRegTimeout(leaseDur time.Duration) time.Duration { return max(leaseDur, time.Second) }
+
 func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc lease.Config, liveT0 time.Time) (leasesim.ScenarioResult, error) {
 	r := leasesim.ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: string(o.Protocol), Mode: "real",
 		LeaseS: lc.Duration.Seconds(), TimeoutS: lc.Timeout.Seconds(), ExtensionS: lc.Extension().Seconds(), IntervalS: lc.HeartbeatInterval().Seconds()}
+	keys := cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+	if o.Protocol == engine.ProtoPush {
+		r.HeartbeatKeys = string(keys)
+	}
 	plan, err := leasesim.PlanFor(scenario, lc)
 	if err != nil {
 		return r, err
@@ -317,7 +352,8 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	base := engine.Config{Backend: backend, Protocol: engine.Protocol(o.Protocol), Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
 		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, DRAMAlloc: "mmap", Merge: true,
 		Verify: engine.Sparse, Lease: lc.Duration, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
-		RegTimeout: max(lc.Duration, time.Second), Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
+		RegTimeout: chaosRegTimeout(lc.Duration), RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: keys,
+		Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
 	c := &chaosRun{o: o, plan: plan, lc: lc, base: base, live: o.Live, liveT0: liveT0, freed: map[string]engine.FreedEvent{},
 		grants: map[string]int64{}, loads: map[string]engine.LoadReply{}, loadErr: map[string]string{}, aborted: map[string]bool{},
 		inQueue: make([]chan struct{}, plan.Requests), inOnce: make([]sync.Once, plan.Requests)}
@@ -348,7 +384,7 @@ func (c *chaosRun) handoffOptions() *HandoffOptions {
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", EngineSlot{})
 	if err != nil {
 		return err
 	}
@@ -367,7 +403,7 @@ func (c *chaosRun) startPrefill(ctx context.Context) error {
 }
 
 func (c *chaosRun) startDecode(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", "")
+	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", EngineSlot{})
 	if err != nil {
 		return err
 	}
@@ -429,6 +465,9 @@ func (c *chaosRun) collectPrefill(ep *Endpoint) {
 			var h engine.HeartbeatEvent
 			if json.Unmarshal(ev.Data, &h) == nil {
 				c.heartbeats = append(c.heartbeats, h.T)
+				c.hbIDs += int64(h.IDs)
+				c.hbRenewed += int64(h.Renewed)
+				c.hbUnknown += int64(h.Unknown)
 			}
 		}
 		c.mu.Unlock()
@@ -829,6 +868,7 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 	}
 	r.HeartbeatsSent, r.HeartbeatsLost = ds.HeartbeatsSent, ds.HeartbeatsLost
 	r.HeartbeatsRecvd = int64(len(c.heartbeats))
+	r.HeartbeatIDs, r.Renewals, r.UnknownIDs = c.hbIDs, c.hbRenewed, c.hbUnknown
 	r.LeakedBlocks = ps.BlocksInUse + ds.BlocksInUse
 	sort.Slice(tl.Leases, func(i, j int) bool { return tl.Leases[i].Start < tl.Leases[j].Start })
 	for _, h := range c.heartbeats {

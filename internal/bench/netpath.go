@@ -261,3 +261,31 @@ func xferPayload(o *XferOptions, points []XferPoint) int64 {
 	}
 	return n
 }
+
+// tcpChoiceWarnings warns, for a run whose data went over TCP with no
+// UCX_NET_DEVICES pin, about each endpoint whose host had several network
+// interfaces up that TCP could have used: UCX then picks by its own order,
+// which may be the slow or the wrong one (docker0, a management NIC).
+func (w *pathWatch) tcpChoiceWarnings(transport string) []string {
+	if w == nil || w.after == nil || !strings.Contains(transport, "tcp/") {
+		return nil
+	}
+	var out []string
+	for i, e := range w.ends {
+		a := w.after[i]
+		if a.err != nil || netpath.ParsePin(a.ns.NetDevices).Pinned() {
+			continue
+		}
+		var up []string
+		for _, d := range a.ns.Snapshot.Devices {
+			if d.Kind == netpath.Net && !d.Loopback && d.Up() {
+				up = append(up, d.Name)
+			}
+		}
+		if len(up) > 1 {
+			out = append(out, fmt.Sprintf("%s: TCP carried the data and %d interfaces could have (%s): --net-devices pins the one you mean",
+				e.role, len(up), strings.Join(up, ", ")))
+		}
+	}
+	return out
+}

@@ -208,3 +208,37 @@ func checkLocalPath(t *testing.T, np NetPath, warnings []string, payload int64, 
 	}
 	t.Logf("path: %s", pathLine(np))
 }
+
+// TCP with several interfaces up and no pin warns, naming them; a pin, one
+// interface, or a transport other than TCP does not.
+func TestTCPChoiceWarnings(t *testing.T) {
+	t.Parallel()
+	dev := func(name string, lo bool) netpath.Device {
+		return netpath.Device{Name: name, Kind: netpath.Net, Loopback: lo, State: "up"}
+	}
+	reading := func(pin string, devs ...netpath.Device) netReading {
+		return netReading{ns: ctl.NetStat{NetDevices: pin, Snapshot: netpath.Snapshot{Devices: devs}}}
+	}
+	tcp := "rma: emulated over active messages on tcp/eth0; error handling: peer"
+	tests := []struct {
+		name      string
+		transport string
+		after     netReading
+		want      int
+	}{
+		{"two up, unpinned", tcp, reading("", dev("lo", true), dev("eth0", false), dev("docker0", false)), 1},
+		{"pinned", tcp, reading("eth0", dev("eth0", false), dev("docker0", false)), 0},
+		{"one up", tcp, reading("", dev("lo", true), dev("eth0", false)), 0},
+		{"shared memory", "rma: sysv/memory", reading("", dev("eth0", false), dev("docker0", false)), 0},
+	}
+	for _, tt := range tests {
+		w := &pathWatch{ends: []pathEnd{{role: "decode"}}, after: []netReading{tt.after}}
+		got := w.tcpChoiceWarnings(tt.transport)
+		if len(got) != tt.want {
+			t.Errorf("%s: %q", tt.name, got)
+		}
+		if tt.want == 1 && !strings.Contains(got[0], "eth0, docker0") {
+			t.Errorf("%s: %q does not name the interfaces", tt.name, got[0])
+		}
+	}
+}

@@ -155,30 +155,64 @@ func (r Router) String() string { return string(r) }
 // router assigns requests to pairs and tracks what each engine has in
 // flight. Safe for concurrent use.
 type router struct {
-	mu       sync.Mutex
-	kind     Router
-	n, m     int
-	next     int
-	pin, din []int
+	mu         sync.Mutex
+	kind       Router
+	n, m       int
+	next       int
+	pin, din   []int
+	pdead      []bool // engines that died (--on-endpoint-death drain)
+	ddead      []bool
+	deadPrefil int
+	deadDecode int
 }
 
 func newRouter(kind Router, n, m int) *router {
-	return &router{kind: kind, n: n, m: m, pin: make([]int, n), din: make([]int, m)}
+	return &router{kind: kind, n: n, m: m, pin: make([]int, n), din: make([]int, m), pdead: make([]bool, n), ddead: make([]bool, m)}
 }
 
-// pick assigns the next request a pair and counts it in flight there
-// until done.
-func (r *router) pick() (p, d int) {
+// remove takes a dead engine out of the rotation and reports whether any
+// pair of live engines is left.
+func (r *router) remove(role string, i int) (pairsLeft bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case role == "prefill" && !r.pdead[i]:
+		r.pdead[i] = true
+		r.deadPrefil++
+	case role == "decode" && !r.ddead[i]:
+		r.ddead[i] = true
+		r.deadDecode++
+	}
+	return r.deadPrefil < r.n && r.deadDecode < r.m
+}
+
+// pick assigns the next request a pair of live engines and counts it in
+// flight there until done; ok is false when no such pair is left.
+func (r *router) pick() (p, d int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pairs := r.n * r.m
-	k := r.next % pairs
-	r.next++
-	p, d = k%r.n, k/r.n%r.m
+	live := func(cp, cd int) bool { return !r.pdead[cp] && !r.ddead[cd] }
+	found := false
+	for j := 0; j < pairs && !found; j++ {
+		k := (r.next + j) % pairs
+		p, d = k%r.n, k/r.n%r.m
+		if live(p, d) {
+			r.next += j + 1
+			found = true
+		}
+	}
+	if !found {
+		return 0, 0, false
+	}
 	if r.kind == RouterLeastLoaded {
+		k := (r.next - 1) % pairs
 		for j := 1; j < pairs; j++ {
 			kk := (k + j) % pairs
 			cp, cd := kk%r.n, kk/r.n%r.m
+			if !live(cp, cd) {
+				continue
+			}
 			if r.din[cd] < r.din[d] || (r.din[cd] == r.din[d] && r.pin[cp] < r.pin[p]) {
 				p, d = cp, cd
 			}
@@ -186,7 +220,7 @@ func (r *router) pick() (p, d int) {
 	}
 	r.pin[p]++
 	r.din[d]++
-	return p, d
+	return p, d, true
 }
 
 // done says a request of pair (p, d) finished.
@@ -205,3 +239,22 @@ func engineName(role string, i, n int) string {
 	}
 	return fmt.Sprintf("%s-%d", role, i)
 }
+
+// DeathPolicy is what a handoff run does when one of its endpoints dies.
+type DeathPolicy string
+
+// Death policies.
+const (
+	// DeathStop stops the run at once: requests in flight are cancelled
+	// and nothing new is sent.
+	DeathStop DeathPolicy = "stop"
+	// DeathDrain takes the dead engine out of the router: its requests in
+	// flight end by themselves (they fail), and the run goes on with the
+	// engines left until no live (prefill, decode) pair remains.
+	DeathDrain DeathPolicy = "drain"
+)
+
+// DeathPolicies lists the policies.
+var DeathPolicies = []DeathPolicy{DeathStop, DeathDrain}
+
+func (p DeathPolicy) String() string { return string(p) }

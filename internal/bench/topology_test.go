@@ -31,7 +31,7 @@ func TestRouterRoundRobin(t *testing.T) {
 		r := newRouter(RouterRoundRobin, tc.n, tc.m)
 		var got [][2]int
 		for range tc.want {
-			p, d := r.pick()
+			p, d, _ := r.pick()
 			got = append(got, [2]int{p, d})
 		}
 		if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -71,7 +71,7 @@ func TestRouterLeastLoaded(t *testing.T) {
 				if s.done != nil {
 					r.done(s.done[0], s.done[1])
 				}
-				if p, d := r.pick(); [2]int{p, d} != s.want {
+				if p, d, _ := r.pick(); [2]int{p, d} != s.want {
 					t.Fatalf("step %d: picked (%d, %d), want %v", i, p, d, s.want)
 				}
 			}
@@ -242,5 +242,31 @@ func TestHandoffPairRender(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "pair active") {
 		t.Errorf("1x1 renders pairs:\n%s", b.String())
+	}
+}
+
+// A removed engine gets no more requests; pick says so when no live pair
+// is left.
+func TestRouterRemove(t *testing.T) {
+	for _, kind := range Routers {
+		t.Run(string(kind), func(t *testing.T) {
+			r := newRouter(kind, 2, 2)
+			if !r.remove("decode", 0) {
+				t.Fatal("decode-1 and both prefills are left: pairs remain")
+			}
+			for range 8 {
+				p, d, ok := r.pick()
+				if !ok || d != 1 {
+					t.Fatalf("pick = (%d, %d, %v) after decode-0 died", p, d, ok)
+				}
+				r.done(p, d)
+			}
+			if r.remove("decode", 1) {
+				t.Fatal("no decode is left, yet remove says pairs remain")
+			}
+			if _, _, ok := r.pick(); ok {
+				t.Fatal("pick found a pair with every decode dead")
+			}
+		})
 	}
 }

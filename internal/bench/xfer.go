@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -54,6 +55,11 @@ type XferOptions struct {
 	Notif            bool             `mapstructure:"notif"` // attach a notification to every request
 	Progress         XferProgress     `mapstructure:"progress"`
 	Shape            string           `mapstructure:"-"` // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
+	// Paced polls the requests in flight as the handoff endpoints wait
+	// for theirs (nixl.WaitXfer: yield for 200 µs, then sleep 20 µs
+	// between polls) instead of spinning as nixlbench does; not a flag:
+	// the handoffs' --xfer-reference sets it (see xferReference).
+	Paced bool `mapstructure:"-"`
 
 	Target TargetSpec `mapstructure:",squash"`
 	// ChildStderr receives the target child's stderr (nil: this process's
@@ -282,8 +288,12 @@ type XferResult struct {
 	// Transports is the initiator agent's own description (nixl.Info
 	// Details), as bench push/pull record it: the UCX backend's lanes per
 	// peer, or NIXL's plugin, its UCX parameters and the libucp file.
-	Transports  map[string]string `json:"transports,omitempty"`
-	Interrupted bool              `json:"interrupted,omitempty"`
+	Transports map[string]string `json:"transports,omitempty"`
+	// Endpoints and Placement say where the initiator (this process) and
+	// the target ran.
+	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string         `json:"placement,omitempty"`
+	Interrupted bool           `json:"interrupted,omitempty"`
 }
 
 // XferConfig echoes what was asked, so a result describes itself.
@@ -507,6 +517,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		}
 		r.target = &xfertarget.Client{Client: c}
 		res.Config.Target = o.Target.Addr
+		res.Endpoints, res.Placement = describePeer(ctx, "target", o.Target.Addr, c)
 	default:
 		args := o.Target.Args
 		if args == nil {
@@ -761,7 +772,9 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				return err
 			}
 		}
+		var idleSince time.Time // Paced: when the last pass that found nothing began
 		for spins := 0; done < n; spins++ {
+			before := done
 			for k := 0; k < depth; k++ {
 				if !active[k] {
 					continue
@@ -789,6 +802,18 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 			}
 			if spins&4095 == 4095 && ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if o.Paced && done < n {
+				switch {
+				case done > before:
+					idleSince = time.Time{}
+				case idleSince.IsZero():
+					idleSince = time.Now()
+				case time.Since(idleSince) < 200*time.Microsecond:
+					runtime.Gosched()
+				default:
+					time.Sleep(20 * time.Microsecond)
+				}
 			}
 		}
 		return nil

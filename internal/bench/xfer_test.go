@@ -316,3 +316,20 @@ func TestMixedReference(t *testing.T) {
 		r.close()
 	}
 }
+
+// Paced polling (the handoff reference's) moves and verifies the same
+// bytes as spinning.
+func TestRunXferPaced(t *testing.T) {
+	o := smallXfer(nixl.Read)
+	o.Target = TargetSpec{Inproc: true}
+	o.Paced, o.Notif, o.MaxBlock, o.MaxBatch = true, true, 4<<10, 2
+	res, err := RunXfer(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range res.Points {
+		if p.BandwidthGBps <= 0 || p.TxUS.Count != int64(p.Iterations) || !strings.HasPrefix(p.Consistency, "ok") {
+			t.Errorf("point %+v", p)
+		}
+	}
+}

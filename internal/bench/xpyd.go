@@ -17,6 +17,10 @@ import (
 // or from --prefill/--decode and --prefills/--decodes (Validate).
 func (o *HandoffOptions) resolveEngines(add func(error), bad func(field, format string, a ...any)) {
 	o.prefills, o.decodes = nil, nil
+	if o.Rendezvous != "" {
+		o.resolveRendezvous(bad)
+		return
+	}
 	if o.Topology != "" {
 		if o.Prefill != "" || o.Decode != "" || o.Prefills > 1 || o.Decodes > 1 {
 			bad("Topology", "the file lists the engines: give it or --prefill/--decode/--prefills/--decodes, not both")
@@ -99,6 +103,8 @@ func (o *HandoffOptions) checkTopologyTPs() []error {
 				errs = append(errs, errkind.Field("Topology", "decode tp %d: %v", d.TP, err))
 			} else if _, err := kv.Plan(ps, ds); err != nil {
 				errs = append(errs, errkind.Field("Topology", "prefill tp %d -> decode tp %d: %v", p.TP, d.TP, err))
+			} else if kv.VLLMRefusesTP(ps, ds) && !o.AllowUnsupportedTP && o.Protocol != engine.ProtoSGLang {
+				errs = append(errs, errkind.Field("Topology", "%s (--allow-unsupported-tp runs it anyway)", tpRefusal(ps, ds)))
 			}
 		}
 	}

@@ -36,22 +36,22 @@ type Offset struct {
 	RTT time.Duration
 	// Samples is how many pings the estimate considered.
 	Samples int
-	// SameHost means both processes read one clock: Nanos is exactly 0 and
+	// SameClock means both processes read one clock: Nanos is exactly 0 and
 	// nothing was estimated.
-	SameHost bool
+	SameClock bool
 }
 
-// SameHostOffset is the offset between two processes that share a clock.
-func SameHostOffset() Offset { return Offset{SameHost: true} }
+// SameClockOffset is the offset between two processes that share a clock.
+func SameClockOffset() Offset { return Offset{SameClock: true} }
 
 // ToDriver maps a reading of the endpoint's clock onto the driver's clock.
 func (o Offset) ToDriver(endpointNanos int64) int64 { return endpointNanos - o.Nanos }
 
 // String reads like "+3600.000012s ±45µs (rtt 90µs, 16 samples)", or
-// "same host" when no estimate was needed.
+// "same clock" when no estimate was needed.
 func (o Offset) String() string {
-	if o.SameHost {
-		return "same host"
+	if o.SameClock {
+		return "same clock"
 	}
 	sign := "+"
 	if o.Nanos < 0 {

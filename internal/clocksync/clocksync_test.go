@@ -92,8 +92,8 @@ func TestEstimateKnownOffset(t *testing.T) {
 			if got.Uncertainty != time.Duration((bestRTT+1)/2) {
 				t.Errorf("uncertainty %v, want half the lowest round trip %v", got.Uncertainty, time.Duration(bestRTT)/2)
 			}
-			if got.Samples != 16 || got.SameHost {
-				t.Errorf("Samples %d SameHost %v", got.Samples, got.SameHost)
+			if got.Samples != 16 || got.SameClock {
+				t.Errorf("Samples %d SameClock %v", got.Samples, got.SameClock)
 			}
 			// An endpoint reading at the truth maps back onto the driver's
 			// clock within the uncertainty.
@@ -143,12 +143,12 @@ func TestEstimateRejects(t *testing.T) {
 	}
 }
 
-func TestSameHostOffset(t *testing.T) {
-	o := SameHostOffset()
-	if o.Nanos != 0 || !o.SameHost || o.ToDriver(12345) != 12345 {
+func TestSameClockOffset(t *testing.T) {
+	o := SameClockOffset()
+	if o.Nanos != 0 || !o.SameClock || o.ToDriver(12345) != 12345 {
 		t.Errorf("%+v", o)
 	}
-	if o.String() != "same host" {
+	if o.String() != "same clock" {
 		t.Errorf("String %q", o.String())
 	}
 	got := Offset{Nanos: int64(time.Hour), Uncertainty: 45 * time.Microsecond, RTT: 90 * time.Microsecond, Samples: 16}.String()

@@ -20,6 +20,14 @@ type HostIdentity struct {
 	TimeNamespace string // empty on kernels without time namespaces (< 5.6)
 }
 
+// SameClock reports whether two processes read one CLOCK_MONOTONIC: one
+// kernel (boot id) and one time namespace, whatever their PID, network or
+// mount namespaces. Their offset is then exactly zero. An identity that
+// could not be read is never the same as anything.
+func SameClock(a, b HostIdentity) bool {
+	return a.BootID != "" && a.BootID == b.BootID && a.TimeNamespace == b.TimeNamespace
+}
+
 // SameHost reports whether two processes read one clock, so that the offset
 // between them is exactly zero. An identity that could not be read is never
 // the same as anything: guessing "same" would hide a real offset.

@@ -146,3 +146,28 @@ func TestTimeNamespaceIsAnotherClock(t *testing.T) {
 		t.Errorf("a process in another time namespace (%s) counts as the same clock as %s", other.TimeNamespace, self.TimeNamespace)
 	}
 }
+
+// One kernel and one time namespace is one clock, whatever the PID
+// namespaces; another time namespace or kernel is not.
+func TestSameClock(t *testing.T) {
+	t.Parallel()
+	a := HostIdentity{BootID: "b1", PIDNamespace: "pid:[1]", TimeNamespace: "time:[7]"}
+	tests := []struct {
+		name string
+		b    HostIdentity
+		want bool
+	}{
+		{"same", a, true},
+		{"other pid namespace", HostIdentity{BootID: "b1", PIDNamespace: "pid:[2]", TimeNamespace: "time:[7]"}, true},
+		{"other time namespace", HostIdentity{BootID: "b1", PIDNamespace: "pid:[1]", TimeNamespace: "time:[8]"}, false},
+		{"other kernel", HostIdentity{BootID: "b2", PIDNamespace: "pid:[1]", TimeNamespace: "time:[7]"}, false},
+	}
+	for _, tc := range tests {
+		if got := SameClock(a, tc.b); got != tc.want {
+			t.Errorf("%s: SameClock = %v", tc.name, got)
+		}
+	}
+	if SameClock(HostIdentity{}, HostIdentity{}) {
+		t.Error("two unread identities are one clock")
+	}
+}

@@ -84,8 +84,8 @@ func (c *Client) Host(ctx context.Context) (HostInfo, error) {
 const ClockPings = 16
 
 // ClockOffset relates the server's monotonic clock to this process's:
-// exactly zero when both read one clock (same boot, PID and time
-// namespace), else estimated from pings, the fastest round trip winning.
+// exactly zero when both read one clock (one kernel, one time namespace),
+// else estimated from pings, the fastest round trip winning.
 func (c *Client) ClockOffset(ctx context.Context, pings int) (clocksync.Offset, HostInfo, error) {
 	h, err := c.Host(ctx)
 	if err != nil {
@@ -95,8 +95,8 @@ func (c *Client) ClockOffset(ctx context.Context, pings int) (clocksync.Offset, 
 	if err != nil {
 		return clocksync.Offset{}, h, err
 	}
-	if clocksync.SameHost(me.Identity, h.Identity) {
-		return clocksync.SameHostOffset(), h, nil
+	if clocksync.SameClock(me.Identity, h.Identity) {
+		return clocksync.SameClockOffset(), h, nil
 	}
 	samples := make([]clocksync.Sample, 0, pings)
 	for range pings {

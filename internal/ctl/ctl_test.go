@@ -368,7 +368,7 @@ func TestClockOffsetSameHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !off.SameHost || off.Nanos != 0 {
+	if !off.SameClock || off.Nanos != 0 {
 		t.Errorf("in-process server: offset %v, want same host", off)
 	}
 	if h.Identity.BootID == "" || h.Hostname == "" {

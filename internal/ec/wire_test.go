@@ -7,25 +7,24 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/wirefixture"
 )
 
-// Vectors pinned with CPython 3.11 and msgpack-python 1.0.3, packing the
-// dicts msgspec builds for a tagged omit_defaults struct (tag first, then
-// the non-default fields in declaration order).
+// The vectors are the hand-annotated fixtures under testdata/wire
+// (ec_*.hex), written from msgspec's rules for a tagged omit_defaults
+// struct (tag first, then the non-default fields in declaration order) and
+// cross-checked against CPython 3.11 with msgpack-python 1.0.3 packing the
+// dicts msgspec builds.
 const (
-	// {"type":"req","mm_hash":"ab"*32,"compatibility_hash":"cd"*32}
-	vecReqDefaults = "83a474797065a3726571a76d6d5f68617368d94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162616261626162b2636f6d7061746962696c6974795f68617368d94063646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364636463646364"
-	// {"type":"req","mm_hash":"h1","compatibility_hash":"c","session_id":"s-1","connector_version":1}
-	vecReqV1 = "85a474797065a3726571a76d6d5f68617368a26831b2636f6d7061746962696c6974795f68617368a163aa73657373696f6e5f6964a3732d31b1636f6e6e6563746f725f76657273696f6e01"
-	// {"type":"ack","mm_hash":"h1","status":0,"session_id":"s-1","src_block_indices":[0,1,300,70000],
-	//  "agent_metadata":b"\x00md","mem_descriptor":packb([[0x7f0000001000,5120,0],[0x7f0000002400,5120,0]])}
-	vecAckFull = "87a474797065a361636ba76d6d5f68617368a26831a673746174757300aa73657373696f6e5f6964a3732d31b17372635f626c6f636b5f696e6469636573940001cd012cce00011170ae6167656e745f6d65746164617461c403006d64ae6d656d5f64657363726970746f72c41d9293cf00007f0000001000cd14000093cf00007f0000002400cd140000"
-	// {"type":"ack","mm_hash":"h1","status":1}
-	vecAckNack = "83a474797065a361636ba76d6d5f68617368a26831a673746174757301"
-	vecMemDesc = "9293cf00007f0000001000cd14000093cf00007f0000002400cd140000"
+	vecReqDefaults = "ec_xfer_req_defaults.hex"
+	vecReqV1       = "ec_xfer_req_v1.hex"
+	vecAckFull     = "ec_xfer_ack_ok.hex"
+	vecAckNack     = "ec_xfer_ack_nack.hex"
+	vecMemDesc     = "ec_mem_descriptor.hex"
 )
 
 func unhex(t *testing.T, s string) []byte {
@@ -40,7 +39,7 @@ func unhex(t *testing.T, s string) []byte {
 func TestECWireMatchesMsgspec(t *testing.T) {
 	descs := []nixl.Desc{{Addr: 0x7f0000001000, Len: 5120}, {Addr: 0x7f0000002400, Len: 5120}}
 	md, err := EncodeMemDescriptor(descs)
-	if err != nil || hex.EncodeToString(md) != vecMemDesc {
+	if err != nil || hex.EncodeToString(md) != hex.EncodeToString(wirefixture.Hex(t, vecMemDesc)) {
 		t.Fatalf("mem descriptor %x (%v)", md, err)
 	}
 	tests := []struct {
@@ -60,19 +59,37 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := hex.EncodeToString(b); got != tc.want {
-			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
+		if got, want := hex.EncodeToString(b), hex.EncodeToString(wirefixture.Hex(t, tc.want)); got != want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, want)
 		}
 	}
-	// And the decoders read msgspec's bytes back, filling defaults.
-	r, err := DecodeRequest(unhex(t, vecReqDefaults))
+	// And the decoders read msgspec's bytes back to the same values,
+	// filling defaults.
+	for _, tc := range tests {
+		var back any
+		var err error
+		switch tc.msg.(type) {
+		case *Request:
+			var r Request
+			r, err = DecodeRequest(wirefixture.Hex(t, tc.want))
+			back = &r
+		case *Ack:
+			var a Ack
+			a, err = DecodeAck(wirefixture.Hex(t, tc.want))
+			back = &a
+		}
+		if d := cmp.Diff(tc.msg, back, cmpopts.EquateEmpty()); err != nil || d != "" {
+			t.Errorf("%s decoded (-upstream +nixlctl):\n%s%v", tc.name, d, err)
+		}
+	}
+	r, err := DecodeRequest(wirefixture.Hex(t, vecReqDefaults))
 	if err != nil || r.SessionID != "" || r.ConnectorVersion != ECConnectorVersion || r.MMHash != strings.Repeat("ab", 32) {
 		t.Errorf("req: %+v %v", r, err)
 	}
-	if r, err := DecodeRequest(unhex(t, vecReqV1)); err != nil || r.ConnectorVersion != 1 || r.SessionID != "s-1" {
+	if r, err := DecodeRequest(wirefixture.Hex(t, vecReqV1)); err != nil || r.ConnectorVersion != 1 || r.SessionID != "s-1" {
 		t.Errorf("v1 req: %+v %v", r, err)
 	}
-	a, err := DecodeAck(unhex(t, vecAckFull))
+	a, err := DecodeAck(wirefixture.Hex(t, vecAckFull))
 	if err != nil || a.Status != StatusOK || len(a.SrcBlockIndices) != 4 || a.SrcBlockIndices[3] != 70000 {
 		t.Fatalf("ack: %+v %v", a, err)
 	}
@@ -80,7 +97,7 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 	if err != nil || !cmp.Equal(got, descs) {
 		t.Errorf("descriptors %v %v", got, err)
 	}
-	if a, err := DecodeAck(unhex(t, vecAckNack)); err != nil || a.Status != StatusMissing || a.SrcBlockIndices != nil {
+	if a, err := DecodeAck(wirefixture.Hex(t, vecAckNack)); err != nil || a.Status != StatusMissing || a.SrcBlockIndices != nil {
 		t.Errorf("nack: %+v %v", a, err)
 	}
 }
@@ -217,8 +234,7 @@ func TestStatusNames(t *testing.T) {
 
 func FuzzDecodeRequest(f *testing.F) {
 	for _, v := range []string{vecReqDefaults, vecReqV1} {
-		b, _ := hex.DecodeString(v)
-		f.Add(b)
+		f.Add(wirefixture.Hex(f, v))
 	}
 	w, _ := (&Request{MMHash: "m", CompatibilityHash: "c", ReqID: 3, DstBlockIndices: []int{1, 2}, AgentMetadata: []byte{1}, MemDescriptor: []byte{2}}).Encode()
 	f.Add(w)
@@ -246,8 +262,7 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func FuzzDecodeAck(f *testing.F) {
 	for _, v := range []string{vecAckFull, vecAckNack} {
-		b, _ := hex.DecodeString(v)
-		f.Add(b)
+		f.Add(wirefixture.Hex(f, v))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, err := DecodeAck(data)
@@ -266,8 +281,7 @@ func FuzzDecodeAck(f *testing.F) {
 }
 
 func FuzzDecodeMemDescriptor(f *testing.F) {
-	b, _ := hex.DecodeString(vecMemDesc)
-	f.Add(b)
+	f.Add(wirefixture.Hex(f, vecMemDesc))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := DecodeMemDescriptor(data)
 		if err != nil {

@@ -30,9 +30,13 @@ type TransferParams struct {
 	TransferMode       string   `json:"transfer_mode"`
 }
 
-// MarshalJSON writes vLLM's form: every key present, remote_block_ids as
-// one list per KV-cache group (nixlctl's engines have one group), dcp_size
-// 1 unless set.
+// MarshalJSON writes vLLM's form: the keys in the order the scheduler's
+// request_finished builds its dict, every key it sets present,
+// remote_block_ids as one list per KV-cache group (nixlctl's engines have
+// one group), dcp_size 1 unless set; compact, as vLLM's API server
+// (Starlette's JSONResponse) writes it. Pull (pull_scheduler.py @0050936b)
+// sets 13 keys; push (push_scheduler.py @0316d25a) has no dcp_size and no
+// remote_blocks_expiry_time.
 func (p TransferParams) MarshalJSON() ([]byte, error) {
 	if p.DCPSize == 0 {
 		p.DCPSize = 1
@@ -41,15 +45,41 @@ func (p TransferParams) MarshalJSON() ([]byte, error) {
 	if ids == nil {
 		ids = []int{}
 	}
-	groups, err := json.Marshal([][]int{ids})
-	if err != nil {
-		return nil, err
+	type head struct {
+		DoRemotePrefill bool    `json:"do_remote_prefill"`
+		DoRemoteDecode  bool    `json:"do_remote_decode"`
+		RemoteBlockIDs  [][]int `json:"remote_block_ids"`
+		RemoteEngineID  string  `json:"remote_engine_id"`
+		RemoteRequestID string  `json:"remote_request_id"`
+		RemoteHost      string  `json:"remote_host"`
+		RemotePort      int     `json:"remote_port"`
+		TPSize          int     `json:"tp_size"`
 	}
-	type plain TransferParams // no MarshalJSON: no recursion
-	return json.Marshal(struct {
-		plain
-		RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
-	}{plain(p), groups})
+	h := head{p.DoRemotePrefill, p.DoRemoteDecode, [][]int{ids}, p.RemoteEngineID, p.RemoteRequestID, p.RemoteHost,
+		p.RemotePort, p.TPSize}
+	var v any
+	if p.TransferMode == "push" {
+		v = struct {
+			head
+			PPSize          int    `json:"pp_size"`
+			RemoteNumTokens int    `json:"remote_num_tokens"`
+			TransferMode    string `json:"transfer_mode"`
+		}{h, p.PPSize, p.RemoteNumTokens, p.TransferMode}
+	} else {
+		v = struct {
+			head
+			DCPSize            int      `json:"dcp_size"`
+			PPSize             int      `json:"pp_size"`
+			RemoteNumTokens    int      `json:"remote_num_tokens"`
+			RemoteBlocksExpiry *float64 `json:"remote_blocks_expiry_time"`
+			TransferMode       string   `json:"transfer_mode"`
+		}{h, p.DCPSize, p.PPSize, p.RemoteNumTokens, p.RemoteBlocksExpiry, p.TransferMode}
+	}
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false) // Python's json leaves <, > and & alone
+	err := e.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), err
 }
 
 // UnmarshalJSON reads vLLM's per-group lists (one group: more than one is
@@ -65,6 +95,9 @@ func (p *TransferParams) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*p = TransferParams(w.plain)
+	if p.DCPSize == 0 {
+		p.DCPSize = 1 // vLLM reads kv_transfer_params.get("dcp_size", 1)
+	}
 	raw := bytes.TrimSpace(w.RemoteBlockIDs)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil

@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -94,12 +92,21 @@ func (s *decodeState) Load(ctx context.Context, r LoadRequest) (LoadReply, error
 	return rep, nil
 }
 
+// track heartbeats a request's prefill engine from now on, keyed by
+// remote_request_id as upstream does: prefill's own id in pull mode, the
+// router's in push mode (which prefill never finds: vLLM #53095). With
+// fixed push keys decode heartbeats its own id instead, as its PUSH_REG
+// names it, and prefill matches it by base id.
 func (s *decodeState) track(local string, p TransferParams) {
 	if s.tracker == nil || p.RemoteEngineID == "" || p.RemoteRequestID == "" {
 		return
 	}
+	key := p.RemoteRequestID
+	if s.e.cfg.Protocol == ProtoPush && s.e.cfg.PushHeartbeatKeys == HBKeysFixed {
+		key = local
+	}
 	s.mu.Lock()
-	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, p.RemoteRequestID)
+	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, key)
 	s.mu.Unlock()
 }
 
@@ -460,7 +467,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			}()
 			res.postStart = mono.Now()
 			for _, rd := range dr.Reads {
-				notif := []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[rd.PrefillRank]))
+				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
 				name := re.agentName(d, rd.PrefillRank)
 				if len(local) == 0 { // full prefix hit: nothing to read, say so
 					if err := rk.agent.SendNotif(name, notif); err != nil {
@@ -503,7 +510,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				if crashing {
 					break
 				}
-				if err := rk.agent.SendNotif(re.agentName(d, o), []byte(fmt.Sprintf("%s:%d", p.RemoteRequestID, plan.Consumers[o]))); err != nil {
+				if err := rk.agent.SendNotif(re.agentName(d, o), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
 					e.c.failedNotifs.Add(1)
 				}
 			}
@@ -580,7 +587,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
 		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
 		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}
-	payload, err := msgpack.Marshal(&reg)
+	msg, err := EncodePushReg(reg)
 	if err != nil {
 		s.release(local)
 		return err
@@ -595,7 +602,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	s.waitDone[id] = done
 	s.mu.Unlock()
 	rep.TRegSent = mono.Now()
-	msg := append([]byte("PUSH_REG:"), payload...)
 	sent := 0
 	for d, rk := range e.ranks {
 		for pr := 0; pr < p.TPSize; pr++ {
@@ -620,7 +626,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	s.mu.Lock()
 	if waitErr == nil && s.waits.reqs[id].expired {
-		e.c.regTimeouts.Add(1)
 		waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
 	}
 	rep.TXferDone = s.waits.Remove(id)
@@ -656,11 +661,20 @@ func (s *decodeState) onPushDone(rk *rank, from, id string, _ int) {
 }
 
 // watchdog fires the registration watchdog of the push requests past
-// their deadline (decode's engine step).
+// their deadline (decode's engine step). Upstream (drop) only drops the
+// registration and logs: the request keeps waiting for its WRITEs, until
+// they come or the router gives up on it. fail ends it with an error.
 func (s *decodeState) watchdog(now int64) {
+	fail := s.e.cfg.RegWatchdog == WatchdogFail
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range s.waits.Expire(now) {
-		close(s.waitDone[id])
+	for _, id := range s.waits.Expire(now, fail) {
+		s.e.c.regTimeouts.Add(1)
+		if fail {
+			close(s.waitDone[id])
+			continue
+		}
+		s.e.log.Warn("push registration watchdog expired; dropping the registration (the request keeps waiting)",
+			"request", id, "timeout", s.e.cfg.RegTimeout)
 	}
 }

@@ -73,12 +73,18 @@ type Config struct {
 	// consumers (vLLM's kv_lease_duration) until a heartbeat extends it;
 	// LeasePolicy, FixedTimeout and Reaper complete the lease
 	// configuration (LeaseConfig). RegTimeout is push mode's decode-side
-	// registration watchdog.
-	Lease        time.Duration    `json:"lease"`
-	LeasePolicy  lease.Policy     `json:"lease_policy,omitempty"`
-	FixedTimeout time.Duration    `json:"fixed_timeout,omitempty"`
-	Reaper       lease.ReaperMode `json:"reaper,omitempty"`
-	RegTimeout   time.Duration    `json:"reg_timeout"`
+	// registration watchdog (0: upstream's push_registration_timeout,
+	// DefaultRegTimeout) and RegWatchdog what it does when it fires ("":
+	// upstream's, drop); for SGLang RegTimeout is its bootstrap and
+	// waiting timeout. PushHeartbeatKeys is what push mode's heartbeats
+	// are keyed by ("": upstream's, which never renew: vLLM #53095).
+	Lease             time.Duration    `json:"lease"`
+	LeasePolicy       lease.Policy     `json:"lease_policy,omitempty"`
+	FixedTimeout      time.Duration    `json:"fixed_timeout,omitempty"`
+	Reaper            lease.ReaperMode `json:"reaper,omitempty"`
+	RegTimeout        time.Duration    `json:"reg_timeout"`
+	RegWatchdog       WatchdogAction   `json:"reg_watchdog,omitempty"`
+	PushHeartbeatKeys HeartbeatKeys    `json:"push_heartbeat_keys,omitempty"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got
@@ -270,8 +276,23 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if cfg.NumBlocks <= 0 {
 		return nil, fmt.Errorf("num_blocks must be > 0")
 	}
+	if cfg.Protocol == ProtoPush && cfg.RegTimeout == 0 {
+		cfg.RegTimeout = DefaultRegTimeout
+	}
 	if cfg.Protocol != ProtoPull && cfg.RegTimeout <= 0 {
 		return nil, fmt.Errorf("reg_timeout must be > 0 for %s", cfg.Protocol)
+	}
+	if cfg.RegWatchdog == "" {
+		cfg.RegWatchdog = WatchdogDrop
+	}
+	if !cfg.RegWatchdog.Valid() {
+		return nil, fmt.Errorf("reg_watchdog %q: want %s", cfg.RegWatchdog, list(WatchdogActions))
+	}
+	if cfg.PushHeartbeatKeys == "" {
+		cfg.PushHeartbeatKeys = HBKeysUpstream
+	}
+	if !cfg.PushHeartbeatKeys.Valid() {
+		return nil, fmt.Errorf("push_heartbeat_keys %q: want %s", cfg.PushHeartbeatKeys, list(HeartbeatKeyings))
 	}
 	if cfg.EngineID == "" {
 		cfg.EngineID = string(cfg.Role) + "-" + randHex(4)
@@ -283,20 +304,13 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, err
 	}
 	if cfg.NetDevices != "" {
-		// UCX reads it when the agents' contexts are created, below, and
-		// never again: put the process's own value back once they are, so
-		// that a served endpoint's next session starts unpinned.
-		old, had := os.LookupEnv("UCX_NET_DEVICES")
+		// UCX reads it when the process's one context is created, below,
+		// and never again. It stays set afterwards: that context keeps the
+		// pin for every later session, and the endpoint's net-path reading
+		// reports UCX_NET_DEVICES from the environment.
 		if err := os.Setenv("UCX_NET_DEVICES", cfg.NetDevices); err != nil {
 			return nil, fmt.Errorf("net_devices: %w", err)
 		}
-		defer func() {
-			if had {
-				_ = os.Setenv("UCX_NET_DEVICES", old)
-			} else {
-				_ = os.Unsetenv("UCX_NET_DEVICES")
-			}
-		}()
 	}
 	if cfg.Step <= 0 {
 		cfg.Step = 10 * time.Millisecond
@@ -538,6 +552,11 @@ func (e *Engine) badNotif(what, from, msg string) {
 	e.log.Warn(what, "from", from, "msg", msg)
 }
 
+// completionNotif is the completion notification vLLM attaches to a READ
+// (pull: prefill's request id and the consumers it expects) or a WRITE
+// (push: decode's request id and prefill's TP size): f"{id}:{n}".encode().
+func completionNotif(id string, n int) []byte { return []byte(id + ":" + strconv.Itoa(n)) }
+
 // parseCompletion splits "<request id>:<count>" at the last colon (request
 // ids may contain colons), as vLLM does.
 func parseCompletion(s string) (string, int, bool) {
@@ -677,6 +696,10 @@ func randHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// DefaultRegTimeout is upstream's push_registration_timeout: vLLM
+// defaults it to decoder_kv_blocks_ttl, 480 s.
+const DefaultRegTimeout = 480 * time.Second
 
 // BaseRequestID strips vLLM's per-engine "-<8 hex>" suffix.
 func BaseRequestID(id string) string {

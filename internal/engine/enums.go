@@ -177,3 +177,61 @@ func list[T fmt.Stringer](all []T) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// HeartbeatKeys is what push mode's lease heartbeats are keyed by.
+//
+// Upstream (vLLM's NixlPushConnector, vLLM issue #53095): decode only
+// knows the router's request id, so it heartbeats that, while prefill
+// leases its own suffixed id ("<router id>-<8 hex>") and looks heartbeat
+// ids up exactly: the heartbeats never renew a lease. Fixed (what vLLM PR
+// #53244 proposes): decode heartbeats its own request id, as PUSH_REG
+// does, and prefill matches it by base id (the suffix stripped), so they
+// renew. Pull mode is unaffected: decode heartbeats prefill's exact id.
+type HeartbeatKeys string
+
+// Heartbeat keyings.
+const (
+	HBKeysUpstream HeartbeatKeys = "upstream"
+	HBKeysFixed    HeartbeatKeys = "fixed"
+)
+
+// HeartbeatKeyings lists the valid keyings.
+var HeartbeatKeyings = []HeartbeatKeys{HBKeysUpstream, HBKeysFixed}
+
+func (k HeartbeatKeys) String() string { return string(k) }
+
+// UnmarshalText accepts upstream or fixed.
+func (k *HeartbeatKeys) UnmarshalText(b []byte) error {
+	return parseEnum(k, "push heartbeat keys", b, HeartbeatKeyings)
+}
+
+// Valid reports whether k is one of HeartbeatKeyings.
+func (k HeartbeatKeys) Valid() bool { return valid(k, HeartbeatKeyings) }
+
+// WatchdogAction is what push mode's decode-side registration watchdog
+// does when it fires.
+//
+// Drop is upstream's (vLLM's push_registration_timeout): the
+// registration is dropped and a warning logged; the request is neither
+// failed nor finished, so it keeps waiting for its WRITEs (a late one
+// still completes it). Fail ends the request with an error.
+type WatchdogAction string
+
+// Watchdog actions.
+const (
+	WatchdogDrop WatchdogAction = "drop"
+	WatchdogFail WatchdogAction = "fail"
+)
+
+// WatchdogActions lists the valid actions.
+var WatchdogActions = []WatchdogAction{WatchdogDrop, WatchdogFail}
+
+func (a WatchdogAction) String() string { return string(a) }
+
+// UnmarshalText accepts drop or fail.
+func (a *WatchdogAction) UnmarshalText(b []byte) error {
+	return parseEnum(a, "registration watchdog action", b, WatchdogActions)
+}
+
+// Valid reports whether a is one of WatchdogActions.
+func (a WatchdogAction) Valid() bool { return valid(a, WatchdogActions) }

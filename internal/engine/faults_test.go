@@ -136,7 +136,7 @@ func TestUnknownRemoteBlocksRefused(t *testing.T) {
 func TestPushWatchdogAndHeartbeat(t *testing.T) {
 	clk := newFakeClock()
 	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) {
-		c.Clock, c.RegTimeout, c.Lease = clk, 300*time.Millisecond, 600*time.Millisecond
+		c.Clock, c.RegTimeout, c.Lease, c.RegWatchdog = clk, 300*time.Millisecond, 600*time.Millisecond, WatchdogFail
 	})
 	host, port, _ := splitEndpoint(p.side.Endpoint())
 	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 1}

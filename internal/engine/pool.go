@@ -22,6 +22,10 @@ type Pool struct {
 	Buf       *nixl.Buffer
 	base      []uint64 // per region
 	pieces    []piece  // tag pieces of one block (same for every region)
+	// rows holds, for token-major (NHD) layouts, each token's pieces of a
+	// block (one per head and K|V part) in memory order; nil for HND and
+	// MLA, whose pieces span all of a block's tokens.
+	rows [][]piece
 }
 
 // piece is a contiguous part of a block holding one KV head's values (all
@@ -63,6 +67,12 @@ func NewPool(spec kv.Spec, tpRank, ppRank, numBlocks int, buf *nixl.Buffer) (*Po
 	for i := range p.pieces {
 		pc := &p.pieces[i]
 		pc.salt = blocktag.Key(uint64(pc.head), uint64(pc.part), uint64(pc.token+1))
+	}
+	if spec.Order == kv.NHD && !spec.Model.IsMLA() {
+		p.rows = make([][]piece, spec.BlockSize)
+		for _, pc := range p.pieces {
+			p.rows[pc.token] = append(p.rows[pc.token], pc)
+		}
 	}
 	return p, nil
 }
@@ -128,10 +138,15 @@ func pieceKey(bk uint64, pc piece) uint64 {
 	return blocktag.Key(bk ^ pc.salt)
 }
 
-// Verify says how much of each piece tags cover: Sparse writes the first
-// and last word of every piece and one word per 4 KiB in between (cheap,
-// and enough to catch a misplaced, stale or torn block); Full writes every
-// word.
+// Verify says how much of each block tags cover. Sparse writes the first
+// and last word of a piece and one word per 4 KiB in between, for every
+// piece of HND and MLA blocks; token-major (NHD) blocks have a piece per
+// head per token (a million a request), so Sparse tags there only the
+// pieces of three of a block's tokens, every head of each: the first, the
+// last, and one in between that moves on from block to block (sparseRows).
+// That is still enough to catch a misplaced, stale or torn block, or a
+// wrong head slice, in every block, and a token-position error that
+// repeats across blocks; Full writes every word of every piece.
 type Verify int
 
 // Verification depths.
@@ -184,17 +199,50 @@ func (p *Pool) FillCtx(ctx context.Context, reqKey uint64, blocks []int, logical
 	if v == Full {
 		fill = blocktag.Fill
 	}
-	p.eachBlock(reqKey, blocks, logicalStart, tokens, func(_, _ int, bk uint64, off int64) bool {
+	// Sparse tags cover a sample of a token-major block's rows
+	// (sparseRows); full tags every piece.
+	var rows [3][]piece
+	all := [][]piece{p.pieces}
+	p.eachBlock(reqKey, blocks, logicalStart, tokens, func(_, logical int, bk uint64, off int64) bool {
 		if done != nil && stopped() {
 			return false
 		}
-		for k := range p.pieces {
-			pc := &p.pieces[k]
-			fill(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt))
+		sample := all
+		if v != Full {
+			sample = p.sparseRows(reqKey, logical, &rows)
+		}
+		for _, row := range sample {
+			for k := range row {
+				pc := &row[k]
+				fill(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt))
+			}
 		}
 		return true
 	})
 	return ctx.Err()
+}
+
+// sparseRows lists the pieces a sparse tag covers in a request's logical
+// block, in memory order, using rows for storage: every piece, except
+// with token-major layouts, where it is the pieces of the block's first
+// and last token and of one token in between that moves on by one per
+// logical block (from a point the request's key picks), so any run of
+// BlockSize-2 blocks checks every middle position. First and last catch
+// a block from elsewhere and a torn copy; every head of each catches a
+// wrong head slice; the moving one catches a per-token descriptor error
+// that repeats over blocks, at 3/16 of the tag work of every token.
+func (p *Pool) sparseRows(reqKey uint64, logical int, rows *[3][]piece) [][]piece {
+	n := len(p.rows)
+	switch {
+	case p.rows == nil:
+		rows[0] = p.pieces
+		return rows[:1]
+	case n <= 3:
+		return p.rows
+	}
+	mid := 1 + int((reqKey>>1+uint64(logical))%uint64(n-2))
+	rows[0], rows[1], rows[2] = p.rows[0], p.rows[mid], p.rows[n-1]
+	return rows[:]
 }
 
 // eachBlock calls f for every (region, request block) the request holds
@@ -250,12 +298,16 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 		if data == nil {
 			return 0, nil
 		}
+		var rows [3][]piece
 		p.eachBlock(reqKey, blocks, logicalStart, tokens, func(i, logical int, bk uint64, off int64) bool {
-			for k := range p.pieces {
-				pc := &p.pieces[k]
-				if blocktag.CheckSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt)) != nil {
-					onBad(i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
-					break
+		block:
+			for _, row := range p.sparseRows(reqKey, logical, &rows) {
+				for k := range row {
+					pc := &row[k]
+					if blocktag.CheckSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt)) != nil {
+						onBad(i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
+						break block
+					}
 				}
 			}
 			return true
@@ -291,16 +343,25 @@ func (p *Pool) Poison(blocks []int) {
 	if data == nil {
 		return
 	}
+	// Each piece's first word: every check (sparse and full) starts
+	// there, so a read of the freed block after this fails on every piece
+	// it copied, at half the cache lines of poisoning every tag word. With
+	// token-major layouts, the pieces of the first and last token only:
+	// every check covers both (sparseRows; full checks every piece), and
+	// a read of any heads of a block moves those heads' pieces of both, so
+	// a read of the freed block still fails, at 1/8 of the cache lines.
+	poison := [][]piece{p.pieces}
+	if n := len(p.rows); n > 0 {
+		poison = [][]piece{p.rows[0], p.rows[n-1]}
+	}
 	for i := range p.Rank.Regions {
 		for _, b := range blocks {
 			off := int64(p.BlockAddr(i, b) - p.Buf.Addr)
-			// Each piece's first word: every check (sparse and full)
-			// starts there, so a read of the freed block after this fails
-			// on every piece it copied, at half the cache lines of
-			// poisoning every tag word.
-			for k := range p.pieces {
-				if pc := &p.pieces[k]; pc.len >= 8 {
-					binary.LittleEndian.PutUint64(data[off+pc.off:], 0xdeadbeefdeadbeef)
+			for _, row := range poison {
+				for k := range row {
+					if pc := &row[k]; pc.len >= 8 {
+						binary.LittleEndian.PutUint64(data[off+pc.off:], 0xdeadbeefdeadbeef)
+					}
 				}
 			}
 		}

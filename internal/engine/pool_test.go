@@ -134,3 +134,86 @@ func TestPoolSlidingWindowTail(t *testing.T) {
 		t.Fatalf("%d bad regions, want 2", bad)
 	}
 }
+
+// Sparse checks of token-major blocks sample three tokens a block, and
+// still count every kind of corrupt block: one from another request, a
+// torn tail, a stale or wrong head slice, a poisoned (freed) block, and a
+// token position that is wrong in every block, whichever it is. Full
+// checks catch a single wrong byte anywhere.
+func TestPoolSparseNHDCatchesCorruption(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2
+	const bs, nblocks = 16, 32
+	for _, layout := range []kv.AttnLayout{kv.FlashAttn, kv.FlashInfer} {
+		p := pool(t, kv.Spec{Model: m, BlockSize: bs, Order: kv.NHD, Layout: layout}, 0, nblocks)
+		if len(p.rows) != bs {
+			t.Fatalf("%s: %d token rows, want %d", layout, len(p.rows), bs)
+		}
+		blocks := make([]int, nblocks)
+		for i := range blocks {
+			blocks[i] = i
+		}
+		tokens := nblocks * bs
+		data := p.Buf.Bytes()
+		region0 := func(b int) []byte { // block b of region 0
+			return data[p.BlockAddr(0, b)-p.Buf.Addr:][:p.BlockLen(0)]
+		}
+		rowBytes := int64(m.NumKVHeads * m.HeadDim * 2)
+		for _, v := range []Verify{Sparse, Full} {
+			check := func(what string, want int) {
+				t.Helper()
+				if bad, err := p.Check(7, blocks, 0, tokens, v); bad != want {
+					t.Errorf("%s %v, %s: %d bad blocks, want %d (%v)", layout, v, what, bad, want, err)
+				}
+			}
+			refill := func() { p.Fill(7, blocks, 0, tokens, v) }
+			refill()
+			check("intact", 0)
+			// Block 3 holds another request's KV.
+			p.Fill(8, blocks[3:4], 3, tokens, v)
+			check("another request's block", len(p.Rank.Regions))
+			refill()
+			// Block 5 swapped with block 6 (misplaced blocks).
+			tmp := append([]byte(nil), region0(5)...)
+			copy(region0(5), region0(6))
+			copy(region0(6), tmp)
+			check("two swapped blocks", 2)
+			refill()
+			// A torn copy: block 9's last token is stale.
+			region0(9)[len(region0(9))-1] ^= 0xff
+			region0(9)[int64(len(region0(9)))-rowBytes] ^= 0xff
+			check("torn tail", 1)
+			refill()
+			// Head 3 of every token of block 11 came from another head.
+			hb := int64(m.HeadDim * 2)
+			for tok := int64(0); tok < bs; tok++ {
+				copy(region0(11)[tok*rowBytes+3*hb:][:hb], region0(11)[tok*rowBytes+2*hb:][:hb])
+			}
+			check("wrong head slice", 1)
+			refill()
+			// A freed (poisoned) block read late.
+			p.Poison(blocks[13:14])
+			check("poisoned block", len(p.Rank.Regions))
+			refill()
+			// One token position wrong in every block of region 0:
+			// sparse catches it in every BlockSize-2 blocks at least,
+			// whichever position it is.
+			for tok := int64(0); tok < bs; tok++ {
+				for _, b := range blocks {
+					region0(b)[tok*rowBytes] ^= 1
+				}
+				bad, _ := p.Check(7, blocks, 0, tokens, v)
+				if bad < nblocks/(bs-2) || (v == Full || tok == 0 || tok == bs-1) && bad != nblocks {
+					t.Errorf("%s %v: token %d wrong in every block: %d bad of %d", layout, v, tok, bad, nblocks)
+				}
+				refill()
+			}
+			if v == Full {
+				// One byte anywhere.
+				region0(17)[5*rowBytes+rowBytes/2+3] ^= 1
+				check("one byte", 1)
+				refill()
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -44,6 +45,24 @@ type PushReg struct {
 	RemotePort     int    `msgpack:"remote_port"`
 	RemoteTPSize   int    `msgpack:"remote_tp_size"`
 	RemotePPSize   int    `msgpack:"remote_pp_size"`
+}
+
+// PushRegPrefix opens a push registration notification (vLLM's
+// PUSH_REG_NOTIF_PREFIX).
+const PushRegPrefix = "PUSH_REG:"
+
+// EncodePushReg builds the notification decode sends every prefill rank:
+// the prefix, then the registration as msgspec encodes the dict (a map of
+// the 11 keys in vLLM's order, local_block_ids one list per KV-cache group).
+func EncodePushReg(r PushReg) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(PushRegPrefix)
+	e := msgpack.NewEncoder(&b)
+	e.UseCompactInts(true) // msgspec writes every int in its smallest form
+	if err := e.Encode(&r); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // DecodePushReg parses a PUSH_REG payload and normalises the block ids
@@ -100,8 +119,9 @@ type prefillState struct {
 	hbPending    [][]string
 	expiredHeld  int
 	expiredHeldM int
-	// reqs by prefill id; byBase by the id without its suffix, so a
-	// heartbeat with decode's id finds its lease.
+	// reqs by prefill id; byBase by the id without its suffix, so that
+	// with fixed push heartbeat keys a heartbeat with decode's id finds
+	// its lease.
 	reqs   map[string]*preq
 	byBase map[string]*preq
 	// push (nil otherwise): the matcher, and per rank the handshakes
@@ -244,6 +264,9 @@ type HeartbeatEvent struct {
 	T       int64 `json:"t"`
 	IDs     int   `json:"ids"`
 	Renewed int   `json:"renewed"`
+	// Unknown: ids prefill holds no lease for (vLLM ignores them; in
+	// upstream push mode that is every id, vLLM #53095).
+	Unknown int `json:"unknown,omitempty"`
 }
 
 // LeaseSample is prefill's lease table at one step (lease-chaos).
@@ -254,9 +277,16 @@ type LeaseSample struct {
 	ExpiredHeld int   `json:"expired_held"`
 }
 
-// renewIDs maps heartbeat ids to the leases' ids: prefill's own id, or in
-// push mode the id decode knows (the router's, without prefill's suffix).
+// renewIDs maps heartbeat ids to the leases' ids. Upstream looks them up
+// exactly (an id it does not hold is ignored, counted as an unknown
+// renewal): in push mode decode heartbeats the router's id and prefill
+// leases its own suffixed one, so nothing renews (vLLM #53095). With
+// fixed push keys an id prefill does not hold is matched by base id, as
+// PUSH_REG is.
 func (s *prefillState) renewIDs(ids []string) []string {
+	if s.e.cfg.Protocol != ProtoPush || s.e.cfg.PushHeartbeatKeys != HBKeysFixed {
+		return ids
+	}
 	out := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if _, ok := s.reqs[id]; !ok {
@@ -360,9 +390,10 @@ func (s *prefillState) step(now int64) {
 	var expired []expiry
 	s.mu.Lock()
 	for _, ids := range s.hbPending {
+		unknown := s.leases.Stats().UnknownRenewals
 		n := s.leases.Renew(s.renewIDs(ids), now)
 		if events {
-			hbs = append(hbs, HeartbeatEvent{T: now, IDs: len(ids), Renewed: n})
+			hbs = append(hbs, HeartbeatEvent{T: now, IDs: len(ids), Renewed: n, Unknown: int(s.leases.Stats().UnknownRenewals - unknown)})
 		}
 	}
 	s.hbPending = s.hbPending[:0]
@@ -531,7 +562,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 		return
 	}
 	start := len(q.blocks) - len(src)
-	notif := []byte(fmt.Sprintf("%s:%d", reg.RequestID, e.spec.TP))
+	notif := completionNotif(reg.RequestID, e.spec.TP)
 	post := pushPost{tStart: mono.Now()}
 	var writes []nixl.XferReq
 	for _, d := range h.targets {

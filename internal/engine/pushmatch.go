@@ -336,7 +336,8 @@ type pushWait struct {
 	deadline  int64 // the registration watchdog
 	tLast     int64
 	complete  bool
-	expired   bool
+	fired     bool // the watchdog fired (drop: the request still waits)
+	expired   bool // the watchdog failed it (fail)
 }
 
 // pushWaits is decode's side: the completions each request waits for,
@@ -377,12 +378,13 @@ func (w *pushWaits) Completion(id string, r int, now int64) completionEvent {
 }
 
 // Expire fires the watchdog of every request past its deadline that is
-// still incomplete: at the deadline, never before.
-func (w *pushWaits) Expire(now int64) []string {
+// still incomplete: at the deadline, never before, once. fail marks them
+// expired (later completions are unknown); otherwise they keep waiting.
+func (w *pushWaits) Expire(now int64, fail bool) []string {
 	var ids []string
 	for id, q := range w.reqs {
-		if !q.complete && !q.expired && now >= q.deadline {
-			q.expired = true
+		if !q.complete && !q.fired && now >= q.deadline {
+			q.fired, q.expired = true, fail
 			ids = append(ids, id)
 		}
 	}

@@ -199,41 +199,56 @@ func TestPushMatcher(t *testing.T) {
 	}
 }
 
+// The watchdog fires once, at the deadline; failing (fail) makes the
+// request's later completions unknown, dropping (upstream) keeps counting
+// them.
 func TestPushWaits(t *testing.T) {
-	w := newPushWaits()
-	w.Add("a", []int{1, 2}, 100, 50) // deadline 150
-	w.Add("b", []int{1}, 120, 50)    // deadline 170
-	type step struct {
-		op   string // notif, expire
-		id   string
-		rank int
-		at   int64
-		ev   completionEvent
-		ids  []string
-	}
-	for i, st := range []step{
-		{op: "expire", at: 149},
-		{op: "notif", id: "a", rank: 1, at: 140, ev: completionProgress},
-		{op: "notif", id: "ghost", at: 141, ev: completionUnknown},
-		{op: "expire", at: 150, ids: []string{"a"}}, // at its deadline, not before
-		{op: "notif", id: "a", rank: 0, at: 151, ev: completionUnknown},
-		{op: "notif", id: "b", at: 160, ev: completionComplete},
-		{op: "notif", id: "b", at: 161, ev: completionDuplicate},
-		{op: "expire", at: 500}, // complete requests never fire
+	for _, tc := range []struct {
+		action WatchdogAction
+		late   completionEvent // a's completion after the watchdog fired
+	}{
+		{WatchdogFail, completionUnknown},
+		{WatchdogDrop, completionProgress},
 	} {
-		switch st.op {
-		case "notif":
-			if ev := w.Completion(st.id, st.rank, st.at); ev != st.ev {
-				t.Fatalf("step %d: completion %d, want %d", i, ev, st.ev)
+		t.Run(string(tc.action), func(t *testing.T) {
+			w := newPushWaits()
+			fail := tc.action == WatchdogFail
+			w.Add("a", []int{1, 2}, 100, 50) // deadline 150
+			w.Add("b", []int{1}, 120, 50)    // deadline 170
+			type step struct {
+				op   string // notif, expire
+				id   string
+				rank int
+				at   int64
+				ev   completionEvent
+				ids  []string
 			}
-		case "expire":
-			if diff := cmp.Diff(st.ids, w.Expire(st.at)); diff != "" {
-				t.Fatalf("step %d: expired (-want +got):\n%s", i, diff)
+			for i, st := range []step{
+				{op: "expire", at: 149},
+				{op: "notif", id: "a", rank: 1, at: 140, ev: completionProgress},
+				{op: "notif", id: "ghost", at: 141, ev: completionUnknown},
+				{op: "expire", at: 150, ids: []string{"a"}}, // at its deadline, not before
+				{op: "expire", at: 151},                     // once
+				{op: "notif", id: "a", rank: 0, at: 151, ev: tc.late},
+				{op: "notif", id: "b", at: 160, ev: completionComplete},
+				{op: "notif", id: "b", at: 161, ev: completionDuplicate},
+				{op: "expire", at: 500}, // complete requests never fire
+			} {
+				switch st.op {
+				case "notif":
+					if ev := w.Completion(st.id, st.rank, st.at); ev != st.ev {
+						t.Fatalf("step %d: completion %d, want %d", i, ev, st.ev)
+					}
+				case "expire":
+					if diff := cmp.Diff(st.ids, w.Expire(st.at, fail)); diff != "" {
+						t.Fatalf("step %d: expired (-want +got):\n%s", i, diff)
+					}
+				}
 			}
-		}
-	}
-	if tLast := w.Remove("b"); tLast != 161 {
-		t.Errorf("b's last completion at %d", tLast)
+			if tLast := w.Remove("b"); tLast != 161 {
+				t.Errorf("b's last completion at %d", tLast)
+			}
+		})
 	}
 }
 
@@ -245,6 +260,7 @@ func TestPushWatchdogOnFakeClock(t *testing.T) {
 		// The fixed policy: no heartbeats, which would renew the lease
 		// whenever they happen to be sent and applied.
 		c.Clock, c.RegTimeout, c.LeasePolicy, c.FixedTimeout = clk, 5*time.Second, lease.PolicyFixed, 10*time.Second
+		c.RegWatchdog = WatchdogFail         // the option; upstream's drop is TestPushWatchdogDrops
 		c.Faults = &nixl.Faults{FailPost: 1} // prefill's WRITE fails (decode posts none)
 	})
 	ctx := context.Background()

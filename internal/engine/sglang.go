@@ -44,17 +44,20 @@ const (
 
 // SGLRegistration is decode's once-per-peer KV-args message.
 type SGLRegistration struct {
-	DecodeIP    string
-	DecodePort  int
-	AgentName   string
-	AgentMD     []byte
-	KVPtrs      []uint64 // one per region (K layers then V layers, or latents)
-	AuxPtrs     []uint64
-	GPUID       int
-	DecodeTP    int
-	DecodeRank  int
-	KVItemLen   int64 // bytes of one page of one region
-	DstNumSlots int   // pages in decode's pool
+	DecodeIP   string
+	DecodePort int
+	AgentName  string
+	AgentMD    []byte
+	KVPtrs     []uint64 // one per region (K layers then V layers, or latents)
+	AuxPtrs    []uint64
+	GPUID      int
+	DecodeTP   int
+	DecodeRank int
+	KVItemLen  int64 // bytes of one page of one region
+	// DstNumSlots, pages in decode's pool, is nixlctl's addition: an 18th
+	// frame SGLang's receiver ignores (it reads fixed positions), sent only
+	// when set; 0 when absent (a real SGLang decode), meaning unbounded.
+	DstNumSlots int
 }
 
 // SGLTransferInfo is decode's per-request message.
@@ -69,12 +72,18 @@ type SGLTransferInfo struct {
 	PrefixLen   int
 }
 
-// EncodeRegistration builds the ZMQ frames of a KV-args registration.
+// Encode builds the ZMQ frames of a KV-args registration as SGLang's
+// _register_kv_args does: the guard, then 16 frames (no state buffers, no
+// staging), then nixlctl's dst_num_slots when set.
 func (r SGLRegistration) Encode() [][]byte {
-	return [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
+	f := [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
 		[]byte(r.AgentName), r.AgentMD, packU64(r.KVPtrs), packU64(r.AuxPtrs), {}, []byte(strconv.Itoa(r.GPUID)),
 		[]byte(strconv.Itoa(r.DecodeTP)), []byte(strconv.Itoa(r.DecodeRank)), []byte(strconv.FormatInt(r.KVItemLen, 10)),
-		{}, {}, {}, {}, []byte(strconv.Itoa(r.DstNumSlots))}
+		{}, {}, {}, {}}
+	if r.DstNumSlots > 0 {
+		f = append(f, []byte(strconv.Itoa(r.DstNumSlots)))
+	}
+	return f
 }
 
 // Encode builds the ZMQ frames of a TransferInfo.
@@ -157,7 +166,6 @@ func DecodeSGLMessage(frames [][]byte) (reg *SGLRegistration, info *SGLTransferI
 			return nil, nil, 0, err
 		}
 		r.KVItemLen = int64(item)
-		r.DstNumSlots = 1 << 30
 		if len(f) > 16 && len(f[16]) > 0 {
 			if r.DstNumSlots, err = atoiFrame(f[16], "dst num slots", 1, 1<<30); err != nil {
 				return nil, nil, 0, err
@@ -209,6 +217,19 @@ type sglNotif struct {
 	chunk  int
 	last   bool
 	sender int
+}
+
+// sglKVNotif tags a KV chunk's WRITE: "{room}_kv_{chunk}_{0|1}_{sender}".
+func sglKVNotif(room uint64, chunk int, last bool, sender int) []byte {
+	return []byte(fmt.Sprintf("%d_kv_%d_%d_%d", room, chunk, b2i(last), sender))
+}
+
+// sglAuxNotif tags the aux row's WRITE: "{room}_aux".
+func sglAuxNotif(room uint64) []byte { return []byte(fmt.Sprintf("%d_aux", room)) }
+
+// sglNoKVNotif ends a room a sender has no pages for: "{room}_aux_nokv_{sender}".
+func sglNoKVNotif(room uint64, sender int) []byte {
+	return []byte(fmt.Sprintf("%d_aux_nokv_%d", room, sender))
 }
 
 func isSGLangNotif(m string) bool { _, err := parseSGLNotif(m); return err == nil }
@@ -304,11 +325,32 @@ type sglPrefillInfo struct {
 	PrefillHTTPPort          *int   `json:"prefill_http_port"` // null: no HTTP API to recompute on
 }
 
+// pyDict is the body of SGLang's GET /route with every parameter -1:
+// dataclasses.asdict(PrefillServerInfo) in field order, so the decode-side
+// fields (target ranks, required counts) follow as null.
+func (i sglPrefillInfo) pyDict() sidechannel.PyDict {
+	var port any
+	if i.PrefillHTTPPort != nil {
+		port = *i.PrefillHTTPPort
+	}
+	return sidechannel.PyDict{{Key: "attn_tp_size", Value: i.AttnTPSize}, {Key: "attn_cp_size", Value: i.AttnCPSize},
+		{Key: "dp_size", Value: i.DPSize}, {Key: "pp_size", Value: i.PPSize}, {Key: "page_size", Value: i.PageSize},
+		{Key: "kv_cache_dtype", Value: i.KVCacheDType}, {Key: "follow_bootstrap_room", Value: i.FollowBootstrapRoom},
+		{Key: "enable_dsa_cache_layer_split", Value: i.EnableDSACacheLayerSplit}, {Key: "prefill_http_port", Value: port},
+		{Key: "target_tp_rank"}, {Key: "target_tp_ranks"}, {Key: "target_cp_ranks"}, {Key: "target_pp_ranks"},
+		{Key: "required_dst_info_num"}, {Key: "required_prefill_response_num"}}
+}
+
 // sglRankEntry is the bootstrap table's answer for one prefill rank;
 // rank_port is an integer, as SGLang's decode expects.
 type sglRankEntry struct {
 	RankIP   string `json:"rank_ip"`
 	RankPort int    `json:"rank_port"`
+}
+
+// pyDict is dataclasses.asdict(PrefillRankInfo).
+func (e sglRankEntry) pyDict() sidechannel.PyDict {
+	return sidechannel.PyDict{{Key: "rank_ip", Value: e.RankIP}, {Key: "rank_port", Value: e.RankPort}}
 }
 
 // sglRouteParams are the query parameters a decode's GET /route carries;
@@ -621,13 +663,17 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		for i, p := range info.DstPages {
 			dst[i] = int(p)
 		}
-		rm := sidechannel.AgentMetadata{KVCachesBaseAddr: peer.reg.KVPtrs, NumBlocks: peer.reg.DstNumSlots}
+		slots := peer.reg.DstNumSlots
+		if slots == 0 {
+			slots = 1 << 30 // a real SGLang decode does not say
+		}
+		rm := sidechannel.AgentMetadata{KVCachesBaseAddr: peer.reg.KVPtrs, NumBlocks: slots}
 		for range peer.reg.KVPtrs {
 			rm.BlockLens = append(rm.BlockLens, peer.reg.KVItemLen)
 		}
 		if chunks == nil {
 			// A dummy rank (MLA fan-in): nothing to send but the room's end.
-			if err := rk.agent.SendNotif(peer.remote, []byte(fmt.Sprintf("%d_aux_nokv_%d", r.Room, rk.idx))); err != nil {
+			if err := rk.agent.SendNotif(peer.remote, sglNoKVNotif(r.Room, rk.idx)); err != nil {
 				return descs, logical, err
 			}
 			continue
@@ -642,7 +688,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			if err != nil {
 				return descs, logical, err
 			}
-			notif := []byte(fmt.Sprintf("%d_kv_%d_%d_%d", r.Room, c, b2i(last), rk.idx))
+			notif := sglKVNotif(r.Room, c, last, rk.idx)
 			// SGLang registers KV as the pool's memory (VRAM on GPUs) and the aux rows as DRAM.
 			x, err := rk.agent.CreateXferReq(nixl.Write, rk.buf.Mem, ml.local, rk.buf.Mem, ml.remote, peer.remote, notif)
 			if err != nil {
@@ -677,7 +723,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			ld = append(ld, sr.aux.Desc((b*auxRows+row[0])*auxRowSize, auxRowSize))
 			rd = append(rd, nixl.Desc{Addr: peer.reg.AuxPtrs[b] + uint64(info.DstAux*auxRowSize), Len: auxRowSize})
 		}
-		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, []byte(fmt.Sprintf("%d_aux", r.Room)))
+		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, sglAuxNotif(r.Room))
 		if err == nil {
 			xfers = append(xfers, x)
 			if st, perr := rk.agent.PostXferReq(x); st == nixl.Failed {

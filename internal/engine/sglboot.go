@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // SGLang's bootstrap server (CommonKVBootstrapServer in
@@ -189,7 +191,7 @@ func (b *sglBootstrap) getRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key == [4]int{-1, -1, -1, -1} {
-		writeJSON(w, info)
+		writePyJSON(w, info.pyDict())
 		return
 	}
 	if !found {
@@ -197,12 +199,20 @@ func (b *sglBootstrap) getRoute(w http.ResponseWriter, r *http.Request) {
 			http.StatusNotFound)
 		return
 	}
-	writeJSON(w, entry)
+	writePyJSON(w, entry.pyDict())
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
+// writePyJSON answers as aiohttp's web.json_response does: json.dumps with
+// its default separators (", ", ": "), keys in the dict's order, no
+// trailing newline.
+func writePyJSON(w http.ResponseWriter, d sidechannel.PyDict) {
+	body, err := sidechannel.PyJSON(d)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write([]byte(body))
 }
 
 // postOnly answers a non-POST with 405, as aiohttp's add_post does.
@@ -310,16 +320,19 @@ func (b *sglBootstrap) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 		}
 		rooms = append(rooms, room)
 	}
-	out := map[string]int{}
+	// SGLang fills its result dict in the order of the rooms asked for.
+	var out sidechannel.PyDict
+	seen := map[uint64]bool{}
 	b.mu.Lock()
 	b.sweepLocked(b.now())
 	for _, room := range rooms {
-		if e, ok := b.rooms[room]; ok {
-			out[strconv.FormatUint(room, 10)] = e.dpRank
+		if e, ok := b.rooms[room]; ok && !seen[room] {
+			seen[room] = true
+			out = append(out, sidechannel.PyItem{Key: strconv.FormatUint(room, 10), Value: e.dpRank})
 		}
 	}
 	b.mu.Unlock()
-	writeJSON(w, out)
+	writePyJSON(w, out)
 }
 
 // health is aiohttp's add_get: GET and HEAD.

@@ -204,3 +204,19 @@ func (r DecodeReads) BytesPerBlock() int64 {
 	}
 	return b
 }
+
+// VLLMTPRefusal is vLLM's reason text for the TP pairs it refuses: its
+// NIXL worker asserts, when it handshakes with prefill
+// (base_worker.py, _validate_remote_agent_handshake), that a model that
+// is neither MLA nor Mamba does not read with P_TP > D_TP from a prefill
+// whose KV heads are replicated (its TP above the number of KV heads).
+const VLLMTPRefusal = "num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba"
+
+// VLLMRefusesTP reports whether vLLM refuses to hand KV over from
+// prefill to decode at these TP sizes (VLLMTPRefusal): a non-MLA model,
+// prefill TP above decode TP, and prefill TP above the KV heads. nixlctl
+// can plan it (it reads the replicas once); vLLM cannot.
+func VLLMRefusesTP(prefill, decode Spec) bool {
+	m := prefill.Model
+	return !m.IsMLA() && prefill.TP > decode.TP && prefill.TP > m.NumKVHeads
+}

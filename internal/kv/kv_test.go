@@ -489,3 +489,30 @@ func TestParseDType(t *testing.T) {
 		t.Errorf("int4: %v", err)
 	}
 }
+
+// The TP pairs vLLM refuses: non-MLA, P_TP > D_TP, P_TP > KV heads.
+func TestVLLMRefusesTP(t *testing.T) {
+	gqa4 := Model{Name: "g", NumLayers: 2, NumAttentionHeads: 32, NumKVHeads: 4, HeadDim: 128, DType: BF16}
+	mla := Model{Name: "m", NumLayers: 2, NumAttentionHeads: 8, NumKVHeads: 1, HeadDim: 576, DType: BF16, MLA: &MLA{KVLoraRank: 512, QKRopeHeadDim: 64}}
+	for _, tc := range []struct {
+		m      Model
+		p, d   int
+		refuse bool
+	}{
+		{gqa4, 8, 4, true},    // 4 heads replicated over 8 prefill ranks, read by fewer
+		{gqa4, 8, 2, true},    //
+		{gqa4, 4, 2, false},   // heads split, not replicated: vLLM plans it
+		{gqa4, 4, 8, false},   // decode TP above prefill's
+		{gqa4, 8, 8, false},   // equal TP
+		{gqa4, 16, 8, true},   //
+		{mla, 8, 4, false},    // MLA reads one replica
+		{mla, 2, 1, false},    //
+		{gqa4, 2, 1, false},   //
+		{gqa4, 16, 16, false}, //
+	} {
+		p, d := Spec{Model: tc.m, TP: tc.p}, Spec{Model: tc.m, TP: tc.d}
+		if got := VLLMRefusesTP(p, d); got != tc.refuse {
+			t.Errorf("%s heads %d mla %v: prefill tp %d -> decode tp %d: refused %v, want %v", tc.m.Name, tc.m.NumKVHeads, tc.m.IsMLA(), tc.p, tc.d, got, tc.refuse)
+		}
+	}
+}

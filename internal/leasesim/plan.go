@@ -216,11 +216,18 @@ type ScenarioResult struct {
 	HeartbeatsSent  int64              `json:"heartbeats_sent"`     // messages, all ranks
 	HeartbeatsLost  int64              `json:"heartbeats_lost"`     // dropped by the fault plan
 	HeartbeatsRecvd int64              `json:"heartbeats_received"` // messages prefill applied
-	LeakedBlocks    int64              `json:"leaked_blocks"`       // held by either side after the scenario
-	MaxQueueWaitS   float64            `json:"max_queue_wait_s"`
-	Seconds         float64            `json:"seconds"` // how long the scenario ran (wall clock, or virtual)
-	Errors          []string           `json:"errors,omitempty"`
-	Timeline        *LeaseTimeline     `json:"timeline,omitempty"`
+	// HeartbeatIDs: request ids those messages named; Renewals: the lease
+	// extensions they made; UnknownIDs: the ids prefill held no lease for.
+	// HeartbeatKeys (push, real runs): upstream or fixed.
+	HeartbeatIDs  int64          `json:"heartbeat_ids"`
+	Renewals      int64          `json:"renewals"`
+	UnknownIDs    int64          `json:"heartbeat_ids_unknown"`
+	HeartbeatKeys string         `json:"heartbeat_keys,omitempty"`
+	LeakedBlocks  int64          `json:"leaked_blocks"` // held by either side after the scenario
+	MaxQueueWaitS float64        `json:"max_queue_wait_s"`
+	Seconds       float64        `json:"seconds"` // how long the scenario ran (wall clock, or virtual)
+	Errors        []string       `json:"errors,omitempty"`
+	Timeline      *LeaseTimeline `json:"timeline,omitempty"`
 }
 
 // LeaseTimeline is what a scenario did over time, for plots and the TUI:
@@ -325,9 +332,23 @@ func Judge(p ChaosPlan, lc lease.Config, r *ScenarioResult, slack time.Duration)
 	// The reaper must keep up whatever the scenario: the head-only
 	// reaper fails here where it leaks.
 	want(r.ExpiredUnreleased == 0, "0 leases expired but not released")
+	// Push heartbeats keyed as upstream keys them renew nothing: say so,
+	// it is why the leases above lapsed.
+	if leased && r.Protocol == "push" && r.HeartbeatIDs > 0 {
+		switch {
+		case r.Renewals == 0 && r.UnknownIDs == r.HeartbeatIDs && r.HeartbeatKeys != "fixed":
+			want(false, Issue53095)
+		case r.HeartbeatKeys == "fixed":
+			want(r.Renewals > 0, "push heartbeats renewed leases (fixed keys: decode's id matched by base id, not upstream behaviour)")
+		}
+	}
 	r.Passed = ok
 	r.Expectation = strings.Join(checks, "; ")
 }
+
+// Issue53095 is lease-chaos's verdict when push heartbeats renewed
+// nothing because no id they named was a lease prefill held.
+const Issue53095 = "push heartbeats never renewed a lease: vLLM #53095 reproduced (heartbeats keyed by router id, leases by prefill id)"
 
 // OutcomeLine says what happened in one line.
 func OutcomeLine(r *ScenarioResult) string {
@@ -344,6 +365,9 @@ func OutcomeLine(r *ScenarioResult) string {
 	add(r.PrematureFrees, "premature frees")
 	add(r.LateReadsDetected, "late reads caught")
 	add(r.ExpiredUnreleased, "expired but held (max)")
+	if r.UnknownIDs > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d heartbeat ids unknown to prefill", r.UnknownIDs, r.HeartbeatIDs))
+	}
 	add(r.CorruptAccepted, "CORRUPT ACCEPTED")
 	if r.LeakedBlocks > 0 {
 		parts = append(parts, fmt.Sprintf("%d blocks leaked", r.LeakedBlocks))

@@ -237,6 +237,7 @@ type simStats struct {
 	deadGBs                                                float64
 	reclaim, deathToFree                                   simDist
 	hbSent, hbLost, hbRecvd, hbBytes                       int64
+	hbIDs, hbRenewed, hbUnknown                            int64 // ids heartbeats named, renewed, did not find
 	waitMax                                                int64
 	waitSum                                                float64
 	waitN                                                  int64
@@ -832,7 +833,10 @@ func (c *simCore) pstep(p *simPrefill, tok uint64) {
 		hb := p.pending[p.phead]
 		p.pending[p.phead] = simHB{}
 		p.phead++
-		p.table.Renew(hb.ids, c.now)
+		unknown := p.table.Stats().UnknownRenewals
+		c.st.hbRenewed += int64(p.table.Renew(hb.ids, c.now))
+		c.st.hbIDs += int64(len(hb.ids))
+		c.st.hbUnknown += p.table.Stats().UnknownRenewals - unknown
 		c.st.hbRecvd++
 		if c.tl != nil {
 			c.tl.Heartbeats = append(c.tl.Heartbeats, sec(c.now))
@@ -1030,6 +1034,7 @@ func simulatePlan(p ChaosPlan, lc lease.Config, g SimGeometry, everyStep bool) S
 		ExpiredUnreleased: st.expiredHeldMax, ExpiredUnreleasedEnd: st.expiredHeldEnd,
 		DeadBlockGBs: st.deadGBs, ReclaimLatencyS: st.reclaim.seconds(), DeathToFreeS: st.deathToFree.seconds(),
 		HeartbeatsSent: st.hbSent, HeartbeatsLost: st.hbLost, HeartbeatsRecvd: st.hbRecvd,
+		HeartbeatIDs: st.hbIDs, Renewals: st.hbRenewed, UnknownIDs: st.hbUnknown,
 		LeakedBlocks: int64(c.blocks) * int64(st.heldEnd), MaxQueueWaitS: sec(st.waitMax), Seconds: sec(end),
 		Timeline: c.tl,
 	}

@@ -3,15 +3,12 @@ package rendezvous
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/rendezvous/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -28,69 +25,8 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startEtcd runs a real etcd (Debian's etcd-server) on free ports with a
-// fresh data dir for the test, and returns its etcd:// address. Without
-// the binary the test is skipped, unless CI=true, where it must be there
-// (scripts/setup.sh installs it).
-func startEtcd(t *testing.T) string {
-	t.Helper()
-	exe, err := exec.LookPath("etcd")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("etcd is not installed (apt-get install etcd-server; scripts/setup.sh --deps does): %v", err)
-		}
-		t.Skipf("etcd is not installed, so the etcd rendezvous is untested (apt-get install etcd-server): %v", err)
-	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	var out syncBuffer
-	cmd := exec.Command(exe, "--name", "t", "--data-dir", t.TempDir(),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "t="+peer, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	addr := strings.TrimPrefix(client, "http://")
-	cli, err := newEtcdClient(EtcdScheme + addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		_, err := cli.Get(ctx, "ready")
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("etcd exited: %v\n%s", err, out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd did not serve within 20s: %v\n%s", err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return EtcdScheme + addr
-}
+// startEtcd runs a real etcd for the test (etcdtest.Start).
+func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
 
 // etcdLeaks ignores the goroutines there were before (the etcd process's
 // waiters).

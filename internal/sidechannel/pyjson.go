@@ -16,7 +16,9 @@ import (
 // PyJSON encodes v exactly as Python's json.dumps(v, sort_keys=True) does
 // with default separators (", " and ": ") and ensure_ascii, because
 // vLLM's compatibility hash is the SHA-256 of that text. Supported: nil,
-// bool, string, integers, float64, []any and map[string]any.
+// bool, string, integers, float64, []any, map[string]any (keys sorted) and
+// PyDict (keys in order: json.dumps(d) without sort_keys, as SGLang's
+// bootstrap server answers).
 func PyJSON(v any) (string, error) {
 	var b strings.Builder
 	if err := pyjson(&b, v, pyDefault); err != nil {
@@ -35,6 +37,16 @@ func PyJSONCompact(v any) (string, error) {
 		return "", err
 	}
 	return b.String(), nil
+}
+
+// PyDict is a JSON object whose keys keep their order, as a Python dict's
+// keep their insertion order when json.dumps runs without sort_keys.
+type PyDict []PyItem
+
+// PyItem is one key of a PyDict.
+type PyItem struct {
+	Key   string
+	Value any
 }
 
 // pySeps are json.dumps' item and key separators.
@@ -92,6 +104,19 @@ func pyjson(b *strings.Builder, v any, sep pySeps) error {
 			}
 		}
 		b.WriteByte(']')
+	case PyDict:
+		b.WriteByte('{')
+		for i, it := range x {
+			if i > 0 {
+				b.WriteString(sep.item)
+			}
+			pyString(b, it.Key)
+			b.WriteString(sep.key)
+			if err := pyjson(b, it.Value, sep); err != nil {
+				return err
+			}
+		}
+		b.WriteByte('}')
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {

@@ -82,7 +82,7 @@ type HandshakePayload struct {
 
 // EncodeGetMeta builds the request frame.
 func EncodeGetMeta(ppRank, tpRank int) ([]byte, error) {
-	return msgpack.Marshal([]any{[]byte(GetMetaMsg), ppRank, tpRank})
+	return marshalMsgspec([]any{[]byte(GetMetaMsg), ppRank, tpRank})
 }
 
 // DecodeGetMeta parses a request frame. A wrong first element is reported
@@ -172,11 +172,14 @@ func (s *HandshakeServer) Errors() (int, error) { return s.router.Errors() }
 // Wait waits for the listener to close after its context ended.
 func (s *HandshakeServer) Wait() { s.router.Wait() }
 
-// Wire returns md as a vLLM peer must receive it: every field of
-// NixlAgentMetadata is non-Optional there, so msgspec rejects null ("Expected
-// array, got null") even with enforce_handshake_compat off. Unset lists go
-// out empty, and ssm_sizes, a tuple[int, int], as (0, 0) for a model with no
-// SSM state.
+// Wire returns md as a vLLM peer must receive it. msgspec rejects null
+// for a non-Optional field ("Expected array, got null") even with
+// enforce_handshake_compat off, so unset lists of the required fields go
+// out empty, and ssm_sizes, a tuple[int, int], as (0, 0) for a model with
+// no SSM state. The four region_* lists are Optional upstream (default
+// None) and stay null when unset, as a stock vLLM worker sends them: a
+// peer may read an empty list as "zero regions" where null means "not
+// described".
 func (md AgentMetadata) Wire() AgentMetadata {
 	if len(md.SSMSizes) != 2 {
 		md.SSMSizes = []int64{0, 0}
@@ -193,28 +196,48 @@ func (md AgentMetadata) Wire() AgentMetadata {
 	if md.BlockStrides == nil {
 		md.BlockStrides = []int64{}
 	}
-	if md.RegionNumBlocks == nil {
-		md.RegionNumBlocks = []int{}
-	}
-	if md.RegionGroupIDs == nil {
-		md.RegionGroupIDs = []int{}
-	}
-	if md.RegionNames == nil {
-		md.RegionNames = []string{}
-	}
-	if md.RegionMemTypes == nil {
-		md.RegionMemTypes = []string{}
-	}
 	if md.RegionMembers == nil {
 		md.RegionMembers = [][]string{}
 	}
 	return md
 }
 
+// marshalMsgspec encodes v as msgspec.msgpack does: every integer in its
+// smallest msgpack form (msgpack's Go encoder otherwise writes int64 and
+// uint64 values at full width), floats as float64, []byte as bin.
+func marshalMsgspec(v any) ([]byte, error) {
+	var b bytes.Buffer
+	e := msgpack.NewEncoder(&b)
+	e.UseCompactInts(true)
+	if err := e.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// EncodeAgentMetadata encodes a rank's NixlAgentMetadata as a vLLM worker
+// does (msgspec: a map of the fields in declaration order).
+func EncodeAgentMetadata(md AgentMetadata) ([]byte, error) {
+	md = md.Wire()
+	return marshalMsgspec(&md)
+}
+
+// EncodeHandshakePayload builds the reply's first frame, the
+// NixlHandshakePayload map around already encoded agent metadata.
+func EncodeHandshakePayload(compatHash string, agentMetadata []byte) ([]byte, error) {
+	return marshalMsgspec(&HandshakePayload{CompatibilityHash: compatHash, AgentMetadataBytes: agentMetadata})
+}
+
+// EncodeClock builds the reply's second frame: the listener's clock in
+// seconds, a msgpack float64.
+func EncodeClock(seconds float64) []byte {
+	b, _ := marshalMsgspec(seconds) // a float always encodes
+	return b
+}
+
 // Set publishes a rank's metadata.
 func (s *HandshakeServer) Set(pp, tp int, md AgentMetadata) error {
-	md = md.Wire()
-	b, err := msgpack.Marshal(&md)
+	b, err := EncodeAgentMetadata(md)
 	if err != nil {
 		return err
 	}
@@ -245,17 +268,14 @@ func (s *HandshakeServer) handle(frames [][]byte) ([][]byte, error) {
 		b, _ := msgpack.Marshal(map[string]string{"error": fmt.Sprintf("no rank pp=%d tp=%d on this engine", pp, tp)})
 		return [][]byte{b, tsFrame()}, fmt.Errorf("handshake for unknown rank pp=%d tp=%d", pp, tp)
 	}
-	payload, err := msgpack.Marshal(&HandshakePayload{CompatibilityHash: s.hash, AgentMetadataBytes: md})
+	payload, err := EncodeHandshakePayload(s.hash, md)
 	if err != nil {
 		return nil, err
 	}
 	return [][]byte{payload, tsFrame()}, warn
 }
 
-func tsFrame() []byte {
-	b, _ := msgpack.Marshal(float64(mono.Now()) / 1e9)
-	return b
-}
+func tsFrame() []byte { return EncodeClock(float64(mono.Now()) / 1e9) }
 
 // Handshake is a completed metadata exchange.
 type Handshake struct {

@@ -1,15 +1,17 @@
 package sidechannel
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// msgspec decodes NixlAgentMetadata strictly: every field is required and
-// none is Optional, so a null anywhere fails the handshake on the vLLM side.
-// The map must carry vLLM's 19 field names with a non-null value each, and
-// ssm_sizes must be a pair.
+// msgspec decodes NixlAgentMetadata strictly: a null where the field is
+// not Optional fails the handshake on the vLLM side. The map must carry
+// vLLM's 19 field names, a non-null value for each but the four Optional
+// region_* lists (null when unset, their upstream default), and ssm_sizes
+// must be a pair.
 func TestAgentMetadataHasNoNulls(t *testing.T) {
 	t.Parallel()
 	md := AgentMetadata{EngineID: "e", NumBlocks: 4, BlockSize: 16, KVCacheLayout: "HND", AttnBackendName: "FLASH_ATTN"}.Wire()
@@ -29,7 +31,7 @@ func TestAgentMetadataHasNoNulls(t *testing.T) {
 		v, ok := m[f]
 		if !ok {
 			t.Errorf("%s missing", f)
-		} else if v == nil {
+		} else if v == nil && !strings.HasPrefix(f, "region_") || f == "region_members" && v == nil {
 			t.Errorf("%s is null: msgspec rejects it", f)
 		}
 	}
@@ -38,5 +40,10 @@ func TestAgentMetadataHasNoNulls(t *testing.T) {
 	}
 	if rm, ok := m["region_members"].([]any); !ok || len(rm) != 0 {
 		t.Errorf("region_members = %v, want []", m["region_members"])
+	}
+	for _, f := range []string{"region_num_blocks", "region_group_ids", "region_names", "region_mem_types"} {
+		if m[f] != nil {
+			t.Errorf("%s = %v, want null (unset, vLLM's default None)", f, m[f])
+		}
 	}
 }

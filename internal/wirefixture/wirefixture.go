@@ -1,0 +1,109 @@
+// Package wirefixture loads the hand-written wire fixtures under
+// testdata/wire at the repository root for the packages' tests. Each
+// fixture is derived from upstream's encoding rules (see the README
+// there), never from nixlctl's own encoders.
+//
+// A .hex fixture is annotated hex: on each line, everything after '#'
+// is a comment and whitespace is ignored; "@include NAME" splices another
+// fixture's bytes in; a line starting "--- frame" begins the next frame of
+// a ZMQ multipart message. Other fixtures (.json) are taken byte for byte.
+package wirefixture
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// Dir is the fixtures' directory.
+func Dir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "wire")
+}
+
+// Raw returns a fixture's bytes as stored.
+func Raw(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(Dir(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Hex returns a single-frame .hex fixture's bytes.
+func Hex(t testing.TB, name string) []byte {
+	t.Helper()
+	frames, err := parse(name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(frames) != 1 {
+		t.Fatalf("%s: %d frames, want one", name, len(frames))
+	}
+	return frames[0]
+}
+
+// Frames returns a multipart .hex fixture's frames.
+func Frames(t testing.TB, name string) [][]byte {
+	t.Helper()
+	frames, err := parse(name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return frames
+}
+
+func parse(name string, depth int) ([][]byte, error) {
+	if depth > 4 {
+		return nil, fmt.Errorf("%s: includes nest too deep", name)
+	}
+	b, err := os.ReadFile(filepath.Join(Dir(), name))
+	if err != nil {
+		return nil, err
+	}
+	var frames [][]byte
+	cur := []byte{}
+	framed := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "--- frame"):
+			if framed {
+				frames = append(frames, cur)
+			}
+			cur, framed = []byte{}, true
+			continue
+		case strings.HasPrefix(line, "@include "):
+			inc, err := parse(strings.TrimSpace(strings.TrimPrefix(line, "@include ")), depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if len(inc) != 1 {
+				return nil, fmt.Errorf("%s:%d: included fixture has %d frames", name, n, len(inc))
+			}
+			cur = append(cur, inc[0]...)
+			continue
+		}
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		digits := strings.Join(strings.Fields(line), "")
+		x, err := hex.DecodeString(digits)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
+		}
+		cur = append(cur, x...)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return append(frames, cur), nil
+}
