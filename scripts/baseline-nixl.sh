@@ -4,9 +4,10 @@
 # points, alternating the two tools point by point, REPEAT times, so machine
 # noise hits both alike. Both attach a notification to every request (as
 # nixlbench always does over the network backends), both WRITE DRAM to DRAM
-# through NIXL's UCX plugin, with the same block and batch sizes, iteration
-# counts (nixlbench's --large_blk_iter_ftr for blocks over 1 MiB) and the same
-# working set: a buffer of one batch (block x batch bytes) per side.
+# through NIXL's UCX plugin, with the same block and batch sizes, the same
+# iteration counts (enough to run for about a second, not cut above 1 MiB:
+# --large_blk_iter_ftr 1) and the same working set: a buffer of one batch
+# (block x batch bytes) per side.
 # Prints each tool's median and best GB/s (decimal) and nixlctl / nixlbench:
 # on a small or shared host both processes of each tool spin on a core, and a
 # run that a neighbour preempts reads 10-100x slow, so look at both.
@@ -26,16 +27,16 @@
 #   PROGRESS     bench xfer --progress modes to run, one column each (default
 #                poll; e.g. "poll thread"; "-" passes no --progress, for
 #                nixlctl builds that predate it)
-#   ITERS        requests per point (default 2000), fewer where a point would
-#                move more than POINT_BYTES (default 4 GiB), but at least 160;
-#                divided by 16 above 1 MiB; a tenth of them more as warm-up
+#   ITERS        requests per point (default 20000), fewer where a point would
+#                move more than POINT_BYTES (default 4 GiB), but at least 16;
+#                a tenth of them more as warm-up
 #   NIXLCTL_NIXL_PTHR_DELAY_US, UCX_* as usual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BLOCKS=${1:-"4K 64K 1M 4M"}
 BATCHES=${2:-"1 64"}
 REPEAT=${3:-5}
-ITERS=${ITERS:-2000}
+ITERS=${ITERS:-20000}
 POINT_BYTES=${POINT_BYTES:-$((4 << 30))}
 NIXLCTL=${NIXLCTL:-bin/nixlctl}
 PROGRESS=${PROGRESS:-poll}
@@ -73,7 +74,7 @@ port=$((20000 + RANDOM % 20000))
 iters() { # block batch -> requests
   local i=$((POINT_BYTES / ($1 * $2)))
   i=$((i < ITERS ? i : ITERS))
-  echo $((i > 160 ? i : 160))
+  echo $((i > 16 ? i : 16))
 }
 nixlbench() { # block batch -> GB/s
   local b=$1 n=$2 out i
@@ -82,7 +83,7 @@ nixlbench() { # block batch -> GB/s
   local args=(--runtime_type=ASIO --asio_port="$port" --backend=UCX --op_type=WRITE
     --initiator_seg_type=DRAM --target_seg_type=DRAM --total_buffer_size=$((b * n))
     --start_block_size="$b" --max_block_size="$b" --start_batch_size="$n" --max_batch_size="$n"
-    --num_iter="$i" --warmup_iter=$((i / 10)) --large_blk_iter_ftr=16)
+    --num_iter="$i" --warmup_iter=$((i / 10)) --large_blk_iter_ftr=1)
   # The first process to bind the port is rank 0, the initiator.
   out=$(mktemp)
   "$NIXLBENCH" "${args[@]}" >"$out" 2>&1 &
@@ -103,14 +104,14 @@ nixlctl() { # block batch progress -> GB/s
   [ "$p" = - ] || args=(--progress "$p")
   "$NIXLCTL" bench xfer --backend nixl --notif "${args[@]}" --op-type WRITE --total-buffer-size $((b * n)) \
     --start-block-size "$b" --max-block-size "$b" --start-batch-size "$n" --max-batch-size "$n" \
-    --num-iter "$i" --warmup-iter $((i / 10)) --large-blk-iter-ftr 16 -o json 2>/dev/null |
+    --num-iter "$i" --warmup-iter $((i / 10)) --large-blk-iter-ftr 1 -o json 2>/dev/null |
     awk -F': ' '/"bandwidth_gbps"/ {gsub(/,/, "", $2); printf "%.3f\n", $2; found = 1} END {if (!found) print "nan"}'
 }
 best() { sort -g | tail -1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; }
 
 ucx_version=$("$UCX_PREFIX/bin/ucx_info" -v 2>/dev/null | awk '/Library version/ {print $4; exit}' || true)
-printf 'NIXL in %s, UCX %s, %s, %d cores; up to %d requests a point (at most %d bytes, at least 160; /16 above 1 MiB); %d alternating runs\n' \
+printf 'NIXL in %s, UCX %s, %s, %d cores; up to %d requests a point (at most %d bytes, at least 16); %d alternating runs\n' \
   "$nixl_lib" "${ucx_version:-?}" "$(uname -r)" "$(nproc)" "$ITERS" "$POINT_BYTES" "$REPEAT"
 printf 'GB/s: median (best) [every run]; ratio: nixlctl / nixlbench of the medians (of the best runs)\n\n'
 declare -A res
