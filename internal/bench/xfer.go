@@ -88,8 +88,8 @@ const (
 	// XferPoll is nixlbench's way: no progress threads; the initiator polls
 	// its requests without pause and the target spins on notifications (a
 	// core each while the sweep runs). NIXL's progress thread would instead
-	// be woken by every event and contend for the worker: at 4 KiB to
-	// 64 KiB that cost 2-4x in bandwidth.
+	// be woken by every event and contend for the worker: single requests
+	// of 4 to 64 KiB ran 2.5-3.5x slower with it (docs/backends.md).
 	XferPoll XferProgress = "poll"
 	// XferThread leaves progress to the backend's own thread on both sides,
 	// as engines run NIXL.
