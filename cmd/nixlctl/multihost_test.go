@@ -199,6 +199,37 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("decode's host drops off the network", func(t *testing.T) {
+		// No FIN, no RST: the link goes down under a running push. The
+		// control connection's keep-alive and user timeout end it.
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7412")
+		cmd, out, errb := mh.start(t, "a", 0, "bench", "push", "--decode", b+":7412", "--model", "llama-3.2-1b", "--isl", "2048",
+			"--requests", "400", "--concurrency", "2", "-o", "json")
+		waitFor(t, 60*time.Second, func() bool { return strings.Contains(errb.String(), "requests") })
+		down := time.Now()
+		if out, err := exec.Command("ip", "-n", mh.name+"-b", "link", "set", mh.dev, "down").CombinedOutput(); err != nil {
+			t.Fatalf("link down: %v %s", err, out)
+		}
+		defer func() {
+			if out, err := exec.Command("ip", "-n", mh.name+"-b", "link", "set", mh.dev, "up").CombinedOutput(); err != nil {
+				t.Errorf("link up: %v %s", err, out)
+			}
+		}()
+		err := cmd.Wait()
+		took := time.Since(down)
+		if err == nil {
+			t.Errorf("bench push exited 0 with its decode's host gone")
+		}
+		if took > 30*time.Second {
+			t.Errorf("took %v after the link went down to stop", took)
+		}
+		var res handoffJSON
+		if json.Unmarshal(out.Bytes(), &res) != nil || !strings.Contains(res.EndpointDied, "decode") {
+			t.Errorf("endpoint_died %q; stderr %s", res.EndpointDied, lastLines(errb.String(), 4))
+		}
+		t.Logf("the run stopped %v after the link went down", took.Round(100*time.Millisecond))
+	})
+
 	t.Run("second interface with the same address needs --net-devices", func(t *testing.T) {
 		mh.script(t, "dup", mh.name)
 		// Two endpoints: UCX reads the pin once per process, when its

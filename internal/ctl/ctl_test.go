@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 // The test binary doubles as the child processes, one behaviour per
@@ -460,5 +461,44 @@ func TestNewConnClient(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Errorf("serve: %v", err)
+	}
+}
+
+// Dialled control connections carry the keep-alive and user timeout that
+// let a driver notice a vanished host within seconds.
+func TestDialTunesConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			_, _ = io.Copy(io.Discard, c)
+		}
+	}()
+	c, err := Dial(context.Background(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(time.Second, nil)
+	tc, ok := c.w.(halfCloser).Conn.(*net.TCPConn)
+	if !ok {
+		t.Fatalf("connection is %T", c.w)
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var timeout, keepalive, idle int
+	_ = raw.Control(func(fd uintptr) {
+		timeout, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+		keepalive, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+	})
+	if timeout != int(UserTimeout/time.Millisecond) || keepalive != 1 || idle != int(KeepAlive.Idle/time.Second) {
+		t.Errorf("TCP_USER_TIMEOUT %d ms, SO_KEEPALIVE %d, TCP_KEEPIDLE %d s", timeout, keepalive, idle)
 	}
 }

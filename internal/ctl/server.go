@@ -204,6 +204,8 @@ func ServeListener(ctx context.Context, ln net.Listener, role Role, log *slog.Lo
 			}
 			return err
 		}
+		// A driver whose host vanished ends the session within seconds.
+		TuneConn(conn)
 		log.Info("driver connected", "from", conn.RemoteAddr())
 		err = ServeConn(ctx, conn, role)
 		conn.Close()

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/ctl"
 )
 
 // answer is the driver's one line back to a hello.
@@ -94,6 +96,9 @@ func (t *tcpDriver) accept() {
 			conn.Close()
 			return
 		}
+		// A reverse member's control channel: its host vanishing must
+		// end the run within seconds, as a dialled endpoint's does.
+		ctl.TuneConn(conn)
 		t.wg.Add(1)
 		go t.handle(conn)
 	}
@@ -313,11 +318,14 @@ func Join(ctx context.Context, driver string, h Hello, opt Options) (*Registrati
 	}
 	ctx, cancel := context.WithTimeout(ctx, opt.helloTimeout())
 	defer cancel()
+	// A reverse member serves the driver on this connection: it must
+	// notice a vanished driver as a dialled endpoint does.
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(driver, "tcp://"))
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: %w", err)
 	}
+	ctl.TuneConn(conn)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
 	bc := &bufConn{Conn: conn, r: bufio.NewReaderSize(conn, MaxHello)}
 	a, err := handshake(bc, line)
