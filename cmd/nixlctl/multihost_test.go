@@ -230,16 +230,18 @@ func TestMultiHost(t *testing.T) {
 		t.Logf("the run stopped %v after the link went down", took.Round(100*time.Millisecond))
 	})
 
-	t.Run("second interface with the same address needs --net-devices", func(t *testing.T) {
+	t.Run("second interface with the same address, --net-devices", func(t *testing.T) {
 		mh.script(t, "dup", mh.name)
 		// Two endpoints: UCX reads the pin once per process, when its
 		// first session starts.
 		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7405")
 		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7408")
 		args := []string{"bench", "pull", "--decode", b + ":7405", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "4", "--kv-lease-duration", "1s"}
-		if code, _, stderr := mh.run(t, "a", 0, args...); code == 0 {
-			t.Errorf("without --net-devices the run passed: the staged second interface does not stand in the way\n%s", lastLines(stderr, 3))
-		}
+		// Unpinned, UCX may pick the duplicate first and fail, or not,
+		// by the order it finds devices in (a hash of name and
+		// namespace): said, not asserted.
+		code, _, stderr := mh.run(t, "a", 0, args...)
+		t.Logf("without --net-devices: exit %d %s", code, lastLines(stderr, 1))
 		var res handoffJSON
 		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--decode", b+":7408", "--net-devices", mh.dev, "--model", "llama-3.2-1b",
 			"--isl", "256", "--requests", "6", "--concurrency", "2")
@@ -250,7 +252,7 @@ func TestMultiHost(t *testing.T) {
 		mh.checkNetPath(t, res.NetPath, "decode")
 		// The first endpoint's transport started unpinned: asking it for
 		// a pin now is refused, not silently ignored.
-		code, _, stderr := mh.run(t, "a", 0, append(args[:4:4], "--net-devices", mh.dev, "--isl", "256", "--requests", "2")...)
+		code, _, stderr = mh.run(t, "a", 0, append(args[:4:4], "--net-devices", mh.dev, "--isl", "256", "--requests", "2")...)
 		if code == 0 || !strings.Contains(stderr, "cannot change it") {
 			t.Errorf("a pin on an endpoint whose transport started unpinned: exit %d, %s", code, lastLines(stderr, 2))
 		}
