@@ -28,18 +28,17 @@ type EndpointInfo struct {
 // ClockOffset is clocksync.Offset as a result records it.
 type ClockOffset struct {
 	// SameClock: one kernel and time namespace, offset exactly 0.
-	SameClock     bool    `json:"same_clock"`
-	OffsetNS      int64   `json:"offset_ns"`
-	UncertaintyNS int64   `json:"uncertainty_ns"`
-	RTTNS         int64   `json:"rtt_ns,omitempty"`
-	Samples       int     `json:"samples,omitempty"`
-	Text          string  `json:"text"`
-	UncertaintyMS float64 `json:"-"`
+	SameClock     bool   `json:"same_clock"`
+	OffsetNS      int64  `json:"offset_ns"`
+	UncertaintyNS int64  `json:"uncertainty_ns"`
+	RTTNS         int64  `json:"rtt_ns,omitempty"`
+	Samples       int    `json:"samples,omitempty"`
+	Text          string `json:"text"`
 }
 
 func clockOffset(o clocksync.Offset) ClockOffset {
 	return ClockOffset{SameClock: o.SameClock, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
-		Samples: o.Samples, Text: o.String(), UncertaintyMS: float64(o.Uncertainty) / 1e6}
+		Samples: o.Samples, Text: o.String()}
 }
 
 // Placements of two endpoints.

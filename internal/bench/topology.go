@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -155,15 +156,13 @@ func (r Router) String() string { return string(r) }
 // router assigns requests to pairs and tracks what each engine has in
 // flight. Safe for concurrent use.
 type router struct {
-	mu         sync.Mutex
-	kind       Router
-	n, m       int
-	next       int
-	pin, din   []int
-	pdead      []bool // engines that died (--on-endpoint-death drain)
-	ddead      []bool
-	deadPrefil int
-	deadDecode int
+	mu       sync.Mutex
+	kind     Router
+	n, m     int
+	next     int
+	pin, din []int
+	pdead    []bool // engines that died (--on-endpoint-death drain)
+	ddead    []bool
 }
 
 func newRouter(kind Router, n, m int) *router {
@@ -175,15 +174,13 @@ func newRouter(kind Router, n, m int) *router {
 func (r *router) remove(role string, i int) (pairsLeft bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch {
-	case role == "prefill" && !r.pdead[i]:
+	switch role {
+	case "prefill":
 		r.pdead[i] = true
-		r.deadPrefil++
-	case role == "decode" && !r.ddead[i]:
+	case "decode":
 		r.ddead[i] = true
-		r.deadDecode++
 	}
-	return r.deadPrefil < r.n && r.deadDecode < r.m
+	return slices.Contains(r.pdead, false) && slices.Contains(r.ddead, false)
 }
 
 // pick assigns the next request a pair of live engines and counts it in
