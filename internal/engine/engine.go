@@ -145,13 +145,7 @@ func (c Config) CompatHash() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	backend := "FLASH_ATTN"
-	if spec.Layout == kv.FlashInfer {
-		backend = "FLASHINFER"
-	}
-	if spec.Model.IsMLA() {
-		backend = "FLASHMLA"
-	}
+	backend := attnBackendFor(spec)
 	mode := c.Protocol
 	if mode == ProtoSGLang {
 		mode = "push"
@@ -163,6 +157,33 @@ func (c Config) CompatHash() (string, error) {
 		"cache_dtype": string(spec.DType), "is_hma_enabled": spec.Model.NumSlidingLayers() > 0 && !spec.KeepFullWindow,
 		"speculative_config": nil, "transfer_mode": string(mode),
 	})
+}
+
+// attnBackendFor is the attention backend vLLM would run this layout with.
+func attnBackendFor(spec kv.Spec) string {
+	switch {
+	case spec.Model.IsMLA():
+		return "FLASHMLA"
+	case spec.Layout == kv.FlashInfer:
+		return "FLASHINFER"
+	}
+	return "FLASH_ATTN"
+}
+
+// AttnBackendName is what the handshake metadata names as the attention
+// backend: the compatibility factors' attn_backend_name when they give
+// one (a real decode compares it with its own), else the backend vLLM
+// would run this layout with.
+func (c Config) AttnBackendName(spec kv.Spec) string {
+	if len(c.CompatFactors) > 0 {
+		var f struct {
+			Name string `json:"attn_backend_name"`
+		}
+		if json.Unmarshal(c.CompatFactors, &f) == nil && f.Name != "" {
+			return f.Name
+		}
+	}
+	return attnBackendFor(spec)
 }
 
 // Stats are an engine's counters; a misbehaving peer shows up here.
@@ -376,7 +397,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			return nil, err
 		}
 		am := sidechannel.AgentMetadata{EngineID: cfg.EngineID, AgentMetadata: md, NumBlocks: cfg.NumBlocks,
-			KVCacheLayout: string(spec.Order), BlockSize: spec.BlockSize, AttnBackendName: "FLASH_ATTN",
+			KVCacheLayout: string(spec.Order), BlockSize: spec.BlockSize, AttnBackendName: cfg.AttnBackendName(spec),
 			PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
 			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.idx, TPSize: spec.TP, PPSize: 1}}
 		for i, reg := range rk.pool.Rank.Regions {
