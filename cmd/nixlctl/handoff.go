@@ -302,6 +302,8 @@ type serveEngineOptions struct {
 	RunID     string `mapstructure:"run-id"`
 	Rank      int    `mapstructure:"rank"`
 	WorldSize int    `mapstructure:"world-size"`
+	// The stand-in's flags (serve prefill only).
+	standinOptions `mapstructure:",squash"`
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -343,6 +345,19 @@ address, when it cannot reach them.`, role),
 			if err != nil {
 				return err
 			}
+			if role == "prefill" {
+				if o.SideChannel != "" {
+					if o.Stdio || o.Listen != "" || o.Register != "" {
+						return errkind.BadInputf("--side-channel runs without a driver: not with --stdio, --listen or --register")
+					}
+					return runStandin(cmd.Context(), a, o.standinOptions, o.Advertise)
+				}
+				for _, f := range standinFlags[1:] {
+					if set(f) {
+						return errkind.BadInputf("--%s goes with --side-channel (a driven prefill gets its configuration from the driver)", f)
+					}
+				}
+			}
 			if o.Register != "" {
 				return runRegisteredEngine(cmd.Context(), a, role, o, set)
 			}
@@ -361,6 +376,14 @@ address, when it cannot reach them.`, role),
 	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
 	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
 	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
+	if role == "prefill" {
+		cmd.Long += "\n" + standinHelp
+		cmd.Example += `
+  # stand in for a prefill next to a real vLLM decode (its proxy sends prefill legs to :8100)
+  nixlctl serve prefill --side-channel 10.0.0.1:5600 --http 0.0.0.0:8100 \
+    --model llama-3.1-8b --compat-factors factors.json`
+		addStandinFlags(cmd)
+	}
 	return cmd
 }
 

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/standin"
+)
+
+// standinOptions are serve prefill's flags for running without a driver
+// (--side-channel): the engine's own configuration, which a driver would
+// otherwise send.
+type standinOptions struct {
+	SideChannel   string `mapstructure:"side-channel"`
+	HTTP          string `mapstructure:"http"`
+	EngineID      string `mapstructure:"engine-id"`
+	ServedModel   string `mapstructure:"served-model-name"`
+	PromptTokens  int    `mapstructure:"prompt-tokens"`
+	TP            int    `mapstructure:"tp"`
+	NumBlocks     int    `mapstructure:"num-blocks"`
+	Backend       string `mapstructure:"backend"`
+	Mem           string `mapstructure:"mem"`
+	Device        int    `mapstructure:"device"`
+	Lease         string `mapstructure:"kv-lease-duration"`
+	CompatFactors string `mapstructure:"compat-factors"`
+	CompatHash    string `mapstructure:"compat-hash"`
+	NoCompatCheck bool   `mapstructure:"no-compat-check"`
+	specFlags     `mapstructure:",squash"`
+}
+
+// standinFlags are the flags only the stand-in reads.
+var standinFlags = []string{"side-channel", "http", "engine-id", "served-model-name", "prompt-tokens", "tp", "num-blocks",
+	"backend", "mem", "device", "kv-lease-duration", "compat-factors", "compat-hash", "no-compat-check",
+	"model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
+
+const standinHelp = `
+Without a driver (--side-channel HOST:PORT), "serve prefill" stands in for a
+vLLM prefill engine next to a real vLLM decode: it serves vLLM's NIXL handshake
+on HOST:PORT (VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by
+default upstream) and the slice of vLLM's OpenAI API a disaggregated proxy uses
+on --http: POST /v1/completions and /v1/chat/completions with
+"kv_transfer_params": {"do_remote_decode": true}, GET /health, GET /v1/models,
+and GET /nixlctl/stats (the engine's counters). A prefill leg allocates the
+prompt's blocks in a KV cache laid out like the model's (--model, --tp,
+--block-size, --kv-dtype, --kv-cache-layout), fills them with tags, holds them
+under a lease (--kv-lease-duration, renewed by the decode's heartbeats) and
+answers with vLLM's kv_transfer_params; the decode handshakes, READs the blocks
+and sends its completion notification, which frees them. With --backend nixl
+(the default here) the handshake carries NIXL's own agent blob, the one a vLLM
+decode's NIXL agent loads. --compat-factors FILE makes the compatibility hash
+exactly the one vLLM computes from those factors (give the decode's); without it
+the hash is nixlctl's own and a vLLM decode refuses it unless started with
+enforce_handshake_compat=false.
+
+What is emulated: the pull protocol's wire (handshake payload and metadata,
+kv_transfer_params, notifications, heartbeats, leases) and a real NIXL/UCX KV
+region. What is not: no model runs (the completion text is empty, one token is
+reported); text prompts are counted without a tokenizer (their bytes plus 8, an
+upper bound, so the decode finds at least the blocks it needs; token-id prompts
+are exact; --prompt-tokens N fixes the count); push mode, SGLang, PP > 1 and
+several DP ranks are not served.`
+
+func addStandinFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.String("side-channel", "", "run without a driver: serve vLLM's NIXL handshake on [tcp://]HOST:PORT and stand in for a prefill engine (see above)")
+	f.String("http", "127.0.0.1:8100", "with --side-channel: the OpenAI-style API's [HOST]:PORT")
+	f.String("engine-id", "", "with --side-channel: the engine id to advertise (default: prefill-<random>)")
+	f.String("served-model-name", "", "with --side-channel: the model name /v1/models lists (default: --model)")
+	f.Int("prompt-tokens", 0, "with --side-channel: count every text prompt as this many tokens (default: its bytes + 8)")
+	f.Int("tp", 1, "with --side-channel: tensor-parallel ranks of this prefill (one agent and region each)")
+	f.Int("num-blocks", 4096, "with --side-channel: KV blocks per rank")
+	f.String("backend", "nixl", "with --side-channel: transfer backend (nixl: NIXL's agent blob, what a vLLM decode loads; ucx: nixlctl decodes only)")
+	f.String("mem", "dram", "with --side-channel: where the KV cache lives: dram or vram")
+	f.Int("device", 0, "with --side-channel --mem vram: the GPU")
+	f.String("kv-lease-duration", "30s", "with --side-channel: how long a finished request's blocks are held without heartbeats (vLLM's kv_lease_duration)")
+	f.String("compat-factors", "", "with --side-channel: JSON file of vLLM's compatibility factors; advertise and check the hash vLLM computes from them")
+	f.String("compat-hash", "", "with --side-channel: advertise and check this compatibility hash (sha256 hex)")
+	f.Bool("no-compat-check", false, "with --side-channel: accept any peer's hash (vLLM's enforce_handshake_compat=false)")
+	f.String("model", "", "with --side-channel: model preset (default "+kv.DefaultModel+")")
+	f.String("model-config", "", "with --side-channel: a HuggingFace config.json instead of --model")
+	f.String("kv-dtype", "", "with --side-channel: KV cache dtype (default: the model's)")
+	f.Int("block-size", 16, "with --side-channel: tokens per KV block")
+	f.String("layout", "", "with --side-channel: attention layout (default: the model's)")
+	f.String("kv-cache-layout", "", "with --side-channel: HND or NHD (default HND)")
+}
+
+// standinConfig checks the stand-in's flags and builds its engine's
+// configuration, before anything is allocated.
+func standinConfig(o standinOptions, advertise string) (engine.Config, kv.Spec, error) {
+	var cfg engine.Config
+	side := strings.TrimPrefix(o.SideChannel, "tcp://")
+	host, port, err := net.SplitHostPort(side)
+	if err != nil || port == "" {
+		return cfg, kv.Spec{}, errkind.BadInputf("--side-channel %q: want [tcp://]HOST:PORT (vLLM's default port is 5600)", o.SideChannel)
+	}
+	if _, _, err := net.SplitHostPort(o.HTTP); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--http %q: want [HOST]:PORT", o.HTTP)
+	}
+	if o.PromptTokens < 0 || o.PromptTokens > kv.MaxTokens {
+		return cfg, kv.Spec{}, errkind.BadInputf("--prompt-tokens %d: want 0 (count bytes) to %d", o.PromptTokens, kv.MaxTokens)
+	}
+	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
+		return cfg, kv.Spec{}, errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
+	}
+	lease, err := parseDurationFlag("kv-lease-duration", o.Lease, false)
+	if err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	m, err := loadModel(o.Model, o.ModelConfig)
+	if err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.TP, 1, false)
+	if err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	if spec, err = spec.Normalize(); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInput(err)
+	}
+	mem, err := nixl.ParseMemType(o.Mem)
+	if err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--mem %q: %v", o.Mem, err)
+	}
+	if err := checkBackendName(o.Backend); err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	if _, err := nixl.Resolve(o.Backend); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--backend %s: %v", o.Backend, err)
+	}
+	cfg = engine.Config{Role: engine.RolePrefill, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
+		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
+		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: engine.Sparse, Lease: lease,
+		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise,
+		CompatHashHex: strings.ToLower(o.CompatHash), NoCompatCheck: o.NoCompatCheck}
+	switch {
+	case o.CompatFactors != "" && o.CompatHash != "":
+		return cfg, spec, errkind.BadInputf("give --compat-factors or --compat-hash, not both")
+	case o.CompatHash != "" && !isSHA256Hex(cfg.CompatHashHex):
+		return cfg, spec, errkind.BadInputf("--compat-hash %q is not a sha256 in hex (64 characters)", o.CompatHash)
+	case o.CompatFactors != "":
+		b, err := os.ReadFile(o.CompatFactors)
+		if err != nil {
+			return cfg, spec, errkind.BadInputf("--compat-factors: %v", err)
+		}
+		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
+			return cfg, spec, errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
+		}
+		cfg.CompatFactors = json.RawMessage(b)
+	}
+	if cfg.Advertise == "" {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			return cfg, spec, errkind.BadInputf("--side-channel %s binds every address: give --advertise HOST, the address the decode reaches this host by", o.SideChannel)
+		}
+	}
+	return cfg, spec, nil
+}
+
+// runStandin serves until interrupted.
+func runStandin(ctx context.Context, a *app, o standinOptions, advertise string) error {
+	cfg, spec, err := standinConfig(o, advertise)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.HTTP)
+	if err != nil {
+		return errkind.BadInputf("--http: %v", err)
+	}
+	defer ln.Close()
+	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
+	if err != nil {
+		return fmt.Errorf("prefill engine: %w", err)
+	}
+	defer eng.Close()
+	rep := eng.Setup()
+	if cfg.Backend == "ucx" {
+		fmt.Fprintln(a.io.ErrOut, "warning: --backend ucx advertises nixlctl's own agent blob: only nixlctl decodes can load it, a vLLM decode needs --backend nixl")
+	}
+	if cfg.CompatFactors == nil && cfg.CompatHashHex == "" {
+		fmt.Fprintln(a.io.ErrOut, "warning: no --compat-factors: the compatibility hash is nixlctl's own, which a vLLM decode refuses unless enforce_handshake_compat=false")
+	}
+	fmt.Fprintf(a.io.ErrOut, "stand-in prefill %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s\n",
+		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
+	fmt.Fprintf(a.io.ErrOut, "side channel %s (compatibility hash %s)\nAPI http://%s/v1/completions\n", rep.SideChannel, rep.CompatHash, ln.Addr())
+	api := standin.New(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
+		MaxModelLen: kv.MaxTokens}, a.log)
+	start := time.Now()
+	err = api.Serve(ctx, ln)
+	c, st := api.Counts(), eng.Stats()
+	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes; %d blocks still held\n",
+		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.Handshakes, st.BlocksInUse)
+	return err
+}
+
+func isSHA256Hex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && len(s) == 64
+}
