@@ -209,3 +209,20 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 }
+
+// FuzzPromptTokens: whatever a client sends as prompt or messages, the
+// count is an error or within 1..MaxTokens, never a panic.
+func FuzzPromptTokens(f *testing.F) {
+	for _, seed := range []string{`"hi"`, `[1,2,3]`, `[[1]]`, `["a"]`, `{}`, `null`, `[[1],[2]]`, `[{"role":"user","content":"x"}]`, `[1e400]`, `[-1]`} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		s := &Server{}
+		for _, count := range []func(json.RawMessage) (int, error){s.promptTokens, s.chatTokens} {
+			n, err := count(json.RawMessage(p))
+			if err == nil && (n < 1 || n > kv.MaxTokens) {
+				t.Fatalf("%q counted as %d tokens", p, n)
+			}
+		}
+	})
+}
