@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -293,6 +294,15 @@ type probeSideChannelOptions struct {
 	TPRank        int    `mapstructure:"tp-rank"`
 	CompatFactors string `mapstructure:"compat-factors"`
 	CompatHash    string `mapstructure:"compat-hash"`
+	TP            int    `mapstructure:"tp"`
+	PP            int    `mapstructure:"pp"`
+	Model         string `mapstructure:"model"`
+	KVDType       string `mapstructure:"kv-dtype"`
+	DecodeTP      int    `mapstructure:"decode-tp"`
+	DecodeBlock   int    `mapstructure:"decode-block-size"`
+	DecodeLayout  string `mapstructure:"decode-layout"`
+	// set from the command line, not bound: which of the flags were given
+	oneRank, verdict bool
 }
 
 const probeSideChannelLong = `Ask a live engine's side channel what a decode would ask it, and report what it
@@ -349,16 +359,28 @@ func newProbeSideChannelCmd(a *app) *cobra.Command {
 			if err := bindOptions(cmd, &o); err != nil {
 				return err
 			}
+			f := cmd.Flags()
+			o.oneRank = f.Changed("pp-rank") || f.Changed("tp-rank")
+			for _, n := range []string{"decode-tp", "decode-block-size", "decode-layout", "compat-factors", "compat-hash"} {
+				o.verdict = o.verdict || f.Changed(n)
+			}
 			return runProbeSideChannel(cmd.Context(), a, o, args)
 		},
 	}
 	f := cmd.Flags()
 	f.String("protocol", probe.ProtoVLLM, "side channel: vllm (NIXL handshake, ZMQ) or sglang (bootstrap server, HTTP)")
 	f.String("timeout", "3s", "give up after this long")
-	f.Int("pp-rank", 0, "vllm: the pipeline-parallel rank to ask for")
-	f.Int("tp-rank", 0, "vllm: the tensor-parallel rank to ask for")
-	f.String("compat-factors", "", "vllm: JSON file of vLLM's compatibility factors; check the engine's hash against theirs")
-	f.String("compat-hash", "", "vllm: check the engine's compatibility hash against this one (sha256 hex)")
+	f.Int("pp-rank", 0, "vllm: ask only this pipeline-parallel rank")
+	f.Int("tp-rank", 0, "vllm: ask only this tensor-parallel rank")
+	f.Int("tp", 0, "vllm: the engine's TP size: ask every tp rank (default: discover)")
+	f.Int("pp", 0, "vllm: the engine's PP size: ask every pp rank (default: discover)")
+	f.String("model", "", "vllm: model preset or HuggingFace config.json (infers a vLLM's TP from block_len; the decode's model)")
+	f.String("kv-dtype", "auto", "vllm: KV cache dtype of both sides (auto: the model's)")
+	f.Int("decode-tp", 0, "vllm: judge a decode with this TP size (default: the prefill's)")
+	f.Int("decode-block-size", 0, "vllm: the decode's block size in tokens (default: the prefill's)")
+	f.String("decode-layout", "HND", "vllm: the decode's kv cache layout, HND or NHD")
+	f.String("compat-factors", "", "vllm: JSON file of the decode's compatibility factors; check the engine's hash against theirs")
+	f.String("compat-hash", "", "vllm: the decode's compatibility hash (sha256 hex); check the engine's against it")
 	return cmd
 }
 
@@ -369,11 +391,13 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 	case len(args) > 1:
 		return errkind.BadInputf("one target, got %d: %s", len(args), strings.Join(args, " "))
 	}
-	x := probe.SideChannelOptions{Protocol: strings.ToLower(strings.TrimSpace(o.Protocol)), Target: args[0], PPRank: o.PPRank, TPRank: o.TPRank}
+	x := probe.SideChannelOptions{Protocol: strings.ToLower(strings.TrimSpace(o.Protocol)), Target: args[0], OneRank: o.oneRank,
+		PPRank: o.PPRank, TPRank: o.TPRank, TP: o.TP, PP: o.PP}
 	var err error
 	if x.Timeout, err = parseDurationFlag("timeout", o.Timeout, false); err != nil {
 		return err
 	}
+	var d probe.DecodeSpec
 	switch {
 	case o.CompatFactors != "" && o.CompatHash != "":
 		return errkind.BadInputf("give --compat-factors or --compat-hash, not both")
@@ -387,10 +411,32 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 		if err != nil {
 			return errkind.BadInputf("--compat-factors: %v", err)
 		}
-		if _, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
+		if d.Factors, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
 			return errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
 		}
 		x.HashFrom = "--compat-factors " + o.CompatFactors
+	}
+	if x.TP < 0 || x.PP < 0 {
+		return errkind.BadInputf("--tp and --pp must be > 0 (got %d and %d)", x.TP, x.PP)
+	}
+	if o.KVDType != "" && o.KVDType != "auto" {
+		if x.KVDType, err = kv.ParseDType(o.KVDType); err != nil {
+			return errkind.BadInputf("--kv-dtype: %v", err)
+		}
+	}
+	if o.Model != "" {
+		m, err := loadProbeModel(o.Model)
+		if err != nil {
+			return err
+		}
+		x.Model = &m
+	}
+	if o.verdict {
+		if err := decodeSpec(&d, o, x); err != nil {
+			return err
+		}
+		d.WantHash, d.HashFrom = x.WantHash, x.HashFrom
+		x.Decode = &d
 	}
 	if err := x.Validate(); err != nil {
 		return err
@@ -403,4 +449,49 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 		}
 	}
 	return err
+}
+
+// loadProbeModel reads --model: a preset name, or a path to a
+// HuggingFace config.json (any name ending in .json, or an existing file).
+func loadProbeModel(s string) (kv.Model, error) {
+	if st, err := os.Stat(s); strings.HasSuffix(s, ".json") || (err == nil && st.Mode().IsRegular()) {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			return kv.Model{}, errkind.BadInputf("--model: %v", err)
+		}
+		m, err := kv.ParseHFConfig(s, data)
+		if err != nil {
+			return kv.Model{}, errkind.BadInputf("--model %s: %v", s, err)
+		}
+		return m, nil
+	}
+	m, err := kv.Preset(s)
+	if err != nil {
+		return kv.Model{}, errkind.BadInputf("--model: %v", err)
+	}
+	return m, nil
+}
+
+// decodeSpec checks the --decode-* flags before anything is sent: a
+// decode the model cannot be deployed as is the user's mistake, not the
+// prefill's refusal.
+func decodeSpec(d *probe.DecodeSpec, o probeSideChannelOptions, x probe.SideChannelOptions) error {
+	if o.DecodeTP < 0 || o.DecodeTP > kv.MaxParallel {
+		return errkind.BadInputf("--decode-tp must be between 1 and %d (got %d)", kv.MaxParallel, o.DecodeTP)
+	}
+	if o.DecodeBlock < 0 || o.DecodeBlock > kv.MaxBlockSize {
+		return errkind.BadInputf("--decode-block-size must be between 1 and %d (got %d)", kv.MaxBlockSize, o.DecodeBlock)
+	}
+	order, err := kv.ParseCacheOrder(o.DecodeLayout)
+	if err != nil {
+		return errkind.BadInputf("--decode-layout: %v", err)
+	}
+	d.TP, d.BlockSize, d.Layout, d.Model, d.DType = o.DecodeTP, o.DecodeBlock, string(order), x.Model, x.KVDType
+	if x.Model != nil && d.TP > 0 {
+		s := kv.Spec{Model: *x.Model, DType: d.DType, BlockSize: max(d.BlockSize, 1), TP: d.TP}
+		if err := s.Validate(); err != nil {
+			return errkind.BadInputf("--decode-tp %d with --model %s: %v", d.TP, x.Model.Name, err)
+		}
+	}
+	return nil
 }
