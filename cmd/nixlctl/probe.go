@@ -311,21 +311,57 @@ said, before benchmarking against it (or to see why a decode cannot reach it).
 --protocol vllm (default): TARGET is HOST:PORT (or tcp://HOST:PORT) of vLLM's NIXL
 handshake listener, a ZMQ ROUTER on VLLM_NIXL_SIDE_CHANNEL_HOST at
 VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank (5600 by default). nixlctl sends the request
-a vLLM decode sends, msgpack [b"get_meta_msg", pp_rank, tp_rank] on a ZMQ REQ
-socket, and reads the two-frame reply: the NixlHandshakePayload map
-{compatibility_hash, agent_metadata_bytes} and the listener's clock. It prints
-the engine id, the agent name (where the NIXL agent blob's format is known), the
-compatibility hash and whether it equals the one --compat-factors FILE (a JSON
-object of vLLM's hash factors, as for bench pull|push) or --compat-hash HEX
-gives, the TP size (vLLM does not put it in the handshake: it travels in
-kv_transfer_params; nixlctl's own engines add it), the KV layout, block size,
-number of blocks, regions and their block lengths and strides, the sizes of the
-payload, the metadata and the agent blob, the round trip, and the listener
-clock's offset from this host's (close to 0 on the same host). Every field of
-NixlAgentMetadata is checked as vLLM's msgspec decoder checks it; a reply that
-is not what vLLM sends is an error naming the field. Ask only for ranks the
-engine has (--pp-rank, --tp-rank): vLLM's listener never answers another rank,
-so the probe times out.
+a vLLM decode sends, msgpack [b"get_meta_msg", pp_rank, tp_rank] on one ZMQ REQ
+socket, rank after rank in vLLM's order (every tp rank of pp 0, then of pp 1...),
+and reads each two-frame reply: the NixlHandshakePayload map {compatibility_hash,
+agent_metadata_bytes} and the listener's clock. Every field of NixlAgentMetadata
+is checked as vLLM's msgspec decoder checks it; a reply that is not what vLLM
+sends is an error naming the rank and the field.
+
+Which ranks: vLLM's listener fails on a rank the engine does not have and never
+answers, so only ranks known to exist are asked. --tp N --pp N: all N x N.
+Otherwise rank (0,0) first; nixlctl's own engines say their TP and PP sizes in
+the metadata; a real vLLM does not (its TP travels in kv_transfer_params), so
+with --model its TP is inferred from rank 0's block_len (KV heads a rank x head
+size x dtype x block size, K and V apart or together as the regions show; one
+head a rank only bounds it from below) and PP is 1 when rank 0 holds every
+layer, else only pp rank 0 is asked; without --model only (0,0) is asked, and
+the output says why. --pp-rank/--tp-rank ask that one rank. Each rank gets
+--timeout; one that does not answer is an error naming it.
+
+It prints rank 0 in full: the engine id, the agent name (where the NIXL agent
+blob's format is known), the compatibility hash, the KV layout, block size,
+number of blocks, regions with their block lengths and strides, bytes
+registered, the sizes of the payload, metadata and agent blob, the round trip
+and the listener clock's offset from this host's (close to 0 on the same host);
+then one row per rank (pp, tp, engine id, agent, regions, bytes registered,
+block length, blocks, round trip, clock offset) and the clock offset of the
+fastest round trip, the one a vLLM decode keeps.
+
+Acceptance verdict: with any of --decode-tp, --decode-block-size,
+--decode-layout, --compat-factors FILE (a JSON object of the decode's vLLM hash
+factors, as for bench pull|push) or --compat-hash HEX, nixlctl applies the rules
+a vLLM decode applies at handshake (connector version 12) and lists each check
+with the prefill's value, the decode's, ok, and why:
+  compatibility hash   equal to the decode's; when not, what the metadata shows
+                       (attn_backend_name against the factors', block_len
+                       against --model's heads, head size and dtype) names the
+                       likely factor, or it says the hash alone cannot tell
+  tp ratio             the TP sizes divide one another (tp_ratio D/P or -P/D)
+  replicated kv heads  vLLM refuses P_tp > D_tp for a non-MLA model whose
+                       prefill replicates KV heads (P_tp > num_kv_heads)
+  head split layout    different TP sizes move head slices: HND on both sides
+  block size           the decode's block a multiple of the prefill's (a
+                       larger prefill block is unsupported; a ratio with the
+                       hybrid allocator too)
+  block_len            every region of every rank holds what the decode's cache
+                       implies (vLLM's runtime validation), as many regions
+  kv cache layout      the same HND/NHD order on both sides
+then one line: "a decode with tp=2, block 16, HND would be accepted" or "...
+would be refused: <first reason>". Unset decode values are the prefill's (TP,
+block size) or vLLM's (HND; --kv-dtype auto: the model's dtype). Checks that
+need what neither side said (the model, the prefill's TP) show "?" and are
+listed as not checked.
 
 --protocol sglang: TARGET is HOST:PORT of an SGLang prefill's bootstrap server
 (--disaggregation-bootstrap-port, 8998 by default). nixlctl calls GET /health,
@@ -334,17 +370,22 @@ PP sizes, page size, KV cache dtype, follow_bootstrap_room, the prefill's HTTP
 port), then GET /route for every (prefill_dp_rank, prefill_cp_rank,
 target_tp_rank, target_pp_rank) as a decode does, listing each rank's ZMQ
 address, and POST /query_dp_ranks with no rooms to see that the route exists.
+--timeout bounds the whole SGLang probe.
 
 nixlctl's own endpoints ("serve prefill --log-level info") log where their side
 channel and bootstrap server listen.
 
---timeout bounds the whole probe. No answer in time, a reply that is not the
-protocol's, or (with --compat-factors or --compat-hash) a hash that differs
-exits 1; a missing or malformed TARGET or flag exits 2 before anything is sent.
-Output: a table on a terminal, JSON otherwise (-o json, -o csv for key,value).`
+Exit codes: 0 when every asked rank answered and (with a decode spec) the decode
+would be accepted; 1 when a rank does not answer in time, a reply is not the
+protocol's, or the decode would be refused (a differing compatibility hash
+included); 2 for a missing or malformed TARGET or flag (a --decode-tp the
+--model cannot be split into, say), found before anything is sent. Output: a table on a terminal, JSON
+otherwise (-o json; -o markdown; -o csv for key,value).`
 
 const probeSideChannelExample = `  nixlctl probe sidechannel 10.0.0.2:5600
-  nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1 --compat-factors factors.json
+  nixlctl probe sidechannel 10.0.0.2:5600 --model meta-llama/config.json --decode-tp 4
+  nixlctl probe sidechannel 10.0.0.2:5600 --tp 4 --compat-factors factors.json --decode-tp 2 --decode-block-size 32
+  nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1
   nixlctl probe sidechannel --protocol sglang 10.0.0.2:8998 -o json`
 
 func newProbeSideChannelCmd(a *app) *cobra.Command {
