@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -292,10 +293,58 @@ func hashDiagnosis(p PrefillFacts, d DecodeSpec) string {
 			why = append(why, fmt.Sprintf("the prefill's %d regions do not fit %s's %d layers: num_hidden_layers or the model differ", p.Regions, m.Name, m.NumLayers))
 		}
 	}
+	if w := factorsDiagnosis(p, d.Factors); w != "" {
+		why = append(why, w)
+	}
 	if len(why) > 0 {
 		return "hashes differ; likely: " + strings.Join(why, "; ")
 	}
+	if d.Model == nil && d.Factors == nil {
+		return "hashes differ, and the hash alone cannot tell which factor: give --compat-factors (or --model) to compare them with what the metadata shows"
+	}
 	return "hashes differ, and the hash alone cannot tell which factor: what the metadata shows (attention backend, block lengths) agrees; vllm_version, the model name, is_hma_enabled, speculative_config and transfer_mode are not in the handshake"
+}
+
+// factorsDiagnosis compares the decode's own factors with the prefill's
+// block lengths: a rank holds max(1, num_kv_heads / tp) heads of
+// head_size values of the cache dtype per token (MLA: one latent, which
+// vLLM hashes as one KV head), so a block_len that is neither that nor
+// twice it (K|V together) names num_kv_heads, head_size or the dtype.
+func factorsDiagnosis(p PrefillFacts, f map[string]any) string {
+	heads, ok1 := factorInt(f, "num_kv_heads")
+	size, ok2 := factorInt(f, "head_size")
+	if !ok1 || !ok2 || heads < 1 || size < 1 || p.TP == 0 || p.BlockSize <= 0 || len(p.Ranks) == 0 || len(p.Ranks[0].BlockLens) == 0 {
+		return ""
+	}
+	dname, _ := f["cache_dtype"].(string)
+	if dname == "" || dname == "auto" {
+		dname, _ = f["dtype"].(string)
+	}
+	dt, err := kv.ParseDType(dname)
+	if err != nil {
+		return ""
+	}
+	want := int64(max(1, heads/p.TP)) * int64(size) * int64(dt.Bytes()) * int64(p.BlockSize)
+	got := p.Ranks[0].BlockLens[0]
+	fa, fi := strings.EqualFold(p.AttnBackend, "FLASH_ATTN"), strings.EqualFold(p.AttnBackend, "FLASHINFER")
+	if (got == want && !fi) || (got == 2*want && !fa) {
+		return ""
+	}
+	return fmt.Sprintf("the decode's factors (num_kv_heads %d, head_size %d, %s) give %d B a block at tp %d, block %d; the prefill holds %d B: num_kv_heads, head_size or the cache dtype differ",
+		heads, size, dt, want, p.TP, p.BlockSize, got)
+}
+
+func factorInt(f map[string]any, name string) (int, bool) {
+	switch v := f[name].(type) {
+	case json.Number:
+		n, err := v.Int64()
+		return int(n), err == nil && n == int64(int(n))
+	case int:
+		return v, true
+	case float64:
+		return int(v), v == float64(int(v))
+	}
+	return 0, false
 }
 
 // InferTP tells an engine's TP size from rank 0's block_len, for a

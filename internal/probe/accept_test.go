@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -82,6 +83,15 @@ func TestAccept(t *testing.T) {
 			Factors: map[string]any{"attn_backend_name": "FLASHINFER"}}, "compatibility hash", "attn_backend_name differs: the prefill runs FLASH_ATTN, the decode's factors say FLASHINFER"},
 		{"hash differs: cache dtype", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{Model: &llama, DType: kv.FP8, WantHash: hashB},
 			"compatibility hash", "num_kv_heads, head_size or cache_dtype differ"},
+		{"hash differs: the factors' heads", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{WantHash: hashB,
+			Factors: map[string]any{"num_kv_heads": json.Number("4"), "head_size": json.Number("128"), "dtype": "torch.bfloat16", "cache_dtype": "auto"}},
+			"compatibility hash", "the decode's factors (num_kv_heads 4, head_size 128, bf16) give 8192 B a block at tp 2, block 16; the prefill holds 16384 B"},
+		{"hash differs: the factors' cache dtype", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{WantHash: hashB,
+			Factors: map[string]any{"num_kv_heads": json.Number("8"), "head_size": json.Number("128"), "dtype": "torch.bfloat16", "cache_dtype": "fp8"}},
+			"compatibility hash", "num_kv_heads, head_size or the cache dtype differ"},
+		{"hash differs: the factors fit the blocks", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{WantHash: hashB,
+			Factors: map[string]any{"num_kv_heads": json.Number("8"), "head_size": json.Number("128"), "dtype": "torch.bfloat16", "cache_dtype": "auto"}},
+			"compatibility hash", "the hash alone cannot tell which factor"},
 		{"hash differs: cannot tell", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{Model: &llama, WantHash: hashB,
 			Factors: map[string]any{"attn_backend_name": "FLASH_ATTN"}}, "compatibility hash", "the hash alone cannot tell which factor"},
 		{"no model: what needs one is not checked", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{TP: 4}, "", "not checked: compatibility hash, replicated kv heads, head split layout, block_len"},

@@ -395,6 +395,9 @@ func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) str
 	if facts.PP == 1 {
 		return s + ", pp 1 (its regions cover every layer)"
 	}
+	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions > perLayer*m.NumLayers {
+		return s + fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only pp rank 0 asked", h.Regions, m.Name, m.NumLayers, layout)
+	}
 	return s + fmt.Sprintf("; pp unknown (%d regions for %d layers: pp > 1 or another model), only pp rank 0 asked: give --pp", h.Regions, m.NumLayers)
 }
 
