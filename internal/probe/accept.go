@@ -224,6 +224,10 @@ func blockLenCheck(p PrefillFacts, d DecodeSpec, divides bool, bsr int) Check {
 	case p.PP == 0:
 		c.Why = "the prefill's PP size is unknown, so its layers per rank are too: give --pp"
 		return c
+	case p.PP > d.Model.NumLayers:
+		c.OK = ptr(false)
+		c.Why = fmt.Sprintf("the prefill's pp %d is more than %s's %d layers: another model", p.PP, d.Model.Name, d.Model.NumLayers)
+		return c
 	}
 	m := *d.Model
 	stage := kv.Spec{Model: m, TP: p.TP, PP: p.PP}.StageLayers(firstPP(p))
@@ -281,7 +285,7 @@ func hashDiagnosis(p PrefillFacts, d DecodeSpec) string {
 	if b, ok := d.Factors["attn_backend_name"].(string); ok && p.AttnBackend != "" && b != p.AttnBackend {
 		why = append(why, fmt.Sprintf("attn_backend_name differs: the prefill runs %s, the decode's factors say %s", p.AttnBackend, b))
 	}
-	if d.Model != nil && p.TP > 0 && p.PP > 0 && len(p.Ranks) > 0 && len(p.Ranks[0].BlockLens) > 0 {
+	if d.Model != nil && p.TP > 0 && p.PP > 0 && p.PP <= d.Model.NumLayers && len(p.Ranks) > 0 && len(p.Ranks[0].BlockLens) > 0 {
 		m := *d.Model
 		if layout, ok := attnLayoutFor(m, p.AttnBackend, p.Regions, len(kv.Spec{Model: m, TP: p.TP, PP: p.PP}.StageLayers(firstPP(p)))); ok {
 			s := kv.Spec{Model: m, DType: d.DType, BlockSize: p.BlockSize, Layout: layout, TP: p.TP, PP: p.PP}
@@ -359,7 +363,7 @@ func InferTP(m kv.Model, dtype kv.DType, blockSize, regions int, attnBackend str
 	if m.IsMLA() {
 		return 0, false, "", fmt.Errorf("%s is MLA: every rank holds the same latent, so block_len does not depend on TP", m.Name)
 	}
-	if blockSize <= 0 || blockLen <= 0 || dtype.Bytes() == 0 {
+	if blockSize <= 0 || blockLen <= 0 || dtype.Bytes() == 0 || m.HeadDim <= 0 || m.NumKVHeads <= 0 {
 		return 0, false, "", fmt.Errorf("block size %d, block_len %d, dtype %q: nothing to infer from", blockSize, blockLen, dtype)
 	}
 	perHead := int64(m.HeadDim) * int64(dtype.Bytes()) * int64(blockSize)

@@ -209,3 +209,38 @@ func TestInferTP(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAcceptPeerFacts: the prefill's side of Accept and InferTP comes from
+// a peer's metadata; no values make them panic, allocate without bound,
+// or give no verdict.
+func FuzzAcceptPeerFacts(f *testing.F) {
+	f.Add(2, 1, 16, 64, int64(16384), "HND", "FLASH_ATTN", 4, 16, "HND")
+	f.Add(16, 1, 16, 64, int64(4096), "NHD", "FLASHINFER", 1, 8, "NHD")
+	f.Add(0, 0, 0, 0, int64(0), "", "", 0, 0, "")
+	f.Add(1<<30, 1<<30, 1<<31-1, 1<<20, int64(-1), "x", "y", -3, -1, "HND")
+	llama := preset(f, "llama-3.1-8b")
+	ds := preset(f, "deepseek-v3")
+	f.Fuzz(func(t *testing.T, ptp, ppp, pbs, regions int, blockLen int64, layout, backend string, dtp, dbs int, dlayout string) {
+		// Sizes are bounded where they enter (the probe's checks of the
+		// extension and the flags); lengths are whatever the peer sent.
+		ptp, ppp, dtp = ptp%(kv.MaxParallel+1), ppp%(kv.MaxParallel+1), dtp%(kv.MaxParallel+1)
+		regions = regions % 4096
+		if ptp < 0 || ppp < 0 || dtp < 0 || regions < 0 {
+			return
+		}
+		p := PrefillFacts{TP: ptp, PP: ppp, BlockSize: pbs, Layout: layout, AttnBackend: backend, CompatHash: "h", Regions: regions,
+			Ranks: []RankLens{{BlockLens: []int64{blockLen, blockLen}}}}
+		for _, m := range []*kv.Model{nil, &llama, &ds} {
+			a := Accept(p, DecodeSpec{Model: m, TP: dtp, BlockSize: dbs, Layout: dlayout, WantHash: "g",
+				Factors: map[string]any{"num_kv_heads": json.Number("8"), "head_size": json.Number("128"), "dtype": "torch.bfloat16"}})
+			if a.Verdict == "" || len(a.Checks) != 7 {
+				t.Fatalf("%+v", a)
+			}
+			if m != nil {
+				if tp, _, _, err := InferTP(*m, "", pbs, regions, backend, blockLen); err == nil && (tp < 1 || tp > m.NumKVHeads) {
+					t.Fatalf("inferred tp %d", tp)
+				}
+			}
+		}
+	})
+}

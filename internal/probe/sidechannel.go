@@ -52,6 +52,10 @@ type SideChannelOptions struct {
 	WantHash, HashFrom string
 }
 
+// maxVLLMRanks bounds how many ranks of one vLLM engine are asked, so
+// that sizes a peer claims cannot keep the probe busy for hours.
+const maxVLLMRanks = 4096
+
 // maxSGLRanks bounds how many rank entries are listed.
 const maxSGLRanks = 1024
 
@@ -108,6 +112,9 @@ func (o SideChannelOptions) Validate() error {
 	}
 	if o.TP < 0 || o.PP < 0 || o.TP > kv.MaxParallel || o.PP > kv.MaxParallel {
 		return errkind.BadInputf("--tp and --pp must be between 1 and %d", kv.MaxParallel)
+	}
+	if max(o.TP, 1)*max(o.PP, 1) > maxVLLMRanks {
+		return errkind.BadInputf("--tp %d x --pp %d is more than the %d ranks nixlctl asks one engine", o.TP, o.PP, maxVLLMRanks)
 	}
 	if o.OneRank && (o.TP > 0 || o.PP > 0) {
 		return errkind.BadInputf("--pp-rank/--tp-rank ask one rank, --tp/--pp every rank: give one or the other")
@@ -350,6 +357,9 @@ func discoverRanks(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts, 
 			facts.PP = o.PP
 		}
 		res.Discovery = fmt.Sprintf("given: tp %d, pp %d", max(facts.TP, 1), max(facts.PP, 1))
+		if facts.PP == 0 {
+			res.Discovery = fmt.Sprintf("given: tp %d; pp unknown, only pp rank 0 asked (give --pp)", max(facts.TP, 1))
+		}
 		return max(facts.TP, 1), max(facts.PP, 1)
 	case h.TPSize > 0:
 		facts.PP = max(h.PPSize, 1)
@@ -432,7 +442,13 @@ func probeVLLM(ctx context.Context, conn *sidechannel.ReqConn, endpoint string, 
 	h.ClockOffsetMs = (r.RemoteClock - float64(t0+t1)/2/1e9) * 1e3
 	h.AgentName, h.AgentBlobFormat = AgentName(md.AgentMetadata)
 	if x := md.Nixlctl; x != nil {
-		h.TPSize, h.PPSize, h.Backend = x.TPSize, x.PPSize, x.Backend
+		h.Backend = x.Backend
+		// The extension is a peer's word: sizes out of range are not used.
+		if x.TPSize >= 1 && x.TPSize <= kv.MaxParallel && x.PPSize >= 0 && x.PPSize <= kv.MaxParallel && x.TPSize*max(x.PPSize, 1) <= maxVLLMRanks {
+			h.TPSize, h.PPSize = x.TPSize, x.PPSize
+		} else {
+			h.UnknownFields = append(h.UnknownFields, fmt.Sprintf("nixlctl.tp_size %d / pp_size %d (out of range, ignored)", x.TPSize, x.PPSize))
+		}
 	}
 	if o.WantHash != "" {
 		match := strings.EqualFold(o.WantHash, r.CompatibilityHash)

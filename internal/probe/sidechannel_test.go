@@ -457,7 +457,7 @@ func TestProbeVLLMEveryRankFake(t *testing.T) {
 		{"vLLM, nothing to go by", false, SideChannelOptions{}, "0/0", "rank (0, 0) only: vLLM's handshake does not carry the TP size", ""},
 		{"vLLM, another model", false, SideChannelOptions{Model: &other}, "0/0", "rank (0, 0) only: TP not inferred: block_len 16384 B is not a whole number of head-96's KV heads", ""},
 		{"one rank", true, SideChannelOptions{OneRank: true, PPRank: 1, TPRank: 1}, "1/1", "one rank (--pp-rank 1, --tp-rank 1)", ""},
-		{"a rank that does not answer", false, SideChannelOptions{TP: 3}, "0/0 0/1 0/2", "given: tp 3, pp 1",
+		{"a rank that does not answer", false, SideChannelOptions{TP: 3}, "0/0 0/1 0/2", "given: tp 3; pp unknown, only pp rank 0 asked (give --pp)",
 			"no reply within 300ms (nothing answered get_meta_msg for pp 0, tp 2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
