@@ -345,8 +345,9 @@ a vLLM decode applies at handshake (connector version 12) and lists each check
 with the prefill's value, the decode's, ok, and why:
   compatibility hash   equal to the decode's; when not, what the metadata shows
                        (attn_backend_name against the factors', block_len
-                       against --model's heads, head size and dtype) names the
-                       likely factor, or it says the hash alone cannot tell
+                       against --model's or the factors' KV heads, head size
+                       and dtype, regions against the layers) names the likely
+                       factor, or it says the hash alone cannot tell
   tp ratio             the TP sizes divide one another (tp_ratio D/P or -P/D)
   replicated kv heads  vLLM refuses P_tp > D_tp for a non-MLA model whose
                        prefill replicates KV heads (P_tp > num_kv_heads)
@@ -379,8 +380,10 @@ Exit codes: 0 when every asked rank answered and (with a decode spec) the decode
 would be accepted; 1 when a rank does not answer in time, a reply is not the
 protocol's, or the decode would be refused (a differing compatibility hash
 included); 2 for a missing or malformed TARGET or flag (a --decode-tp the
---model cannot be split into, say), found before anything is sent. Output: a table on a terminal, JSON
-otherwise (-o json; -o markdown; -o csv for key,value).`
+--model cannot be split into, say), found before anything is sent.
+
+Output: a table on a terminal, JSON otherwise (-o json; -o markdown; -o csv for
+key,value rows).`
 
 const probeSideChannelExample = `  nixlctl probe sidechannel 10.0.0.2:5600
   nixlctl probe sidechannel 10.0.0.2:5600 --model meta-llama/config.json --decode-tp 4
@@ -410,7 +413,7 @@ func newProbeSideChannelCmd(a *app) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.String("protocol", probe.ProtoVLLM, "side channel: vllm (NIXL handshake, ZMQ) or sglang (bootstrap server, HTTP)")
-	f.String("timeout", "3s", "give up after this long")
+	f.String("timeout", "3s", "give up after this long (vllm: each rank; sglang: the whole probe)")
 	f.Int("pp-rank", 0, "vllm: ask only this pipeline-parallel rank")
 	f.Int("tp-rank", 0, "vllm: ask only this tensor-parallel rank")
 	f.Int("tp", 0, "vllm: the engine's TP size: ask every tp rank (default: discover)")

@@ -362,6 +362,16 @@ func TestProbeVLLMEveryRankOfEngine(t *testing.T) {
 			}
 		}
 	}
+	var csv strings.Builder
+	if err := WriteSideChannel(&csv, report.FormatCSV, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nranks asked,\"nixlctl metadata: tp 2, pp 1\"\n", "\nrank pp 0 tp 1,\"engine prefill-probe, agent prefill-probe-tp1, 4 regions,",
+		"\ncheck tp ratio,\"ok (prefill 2, decode 4): tp_ratio 2:", "\nverdict,\"a decode with tp=4, block 16, HND would be accepted"} {
+		if !strings.Contains(csv.String(), want) {
+			t.Errorf("csv lacks %q:\n%s", want, csv.String())
+		}
+	}
 	// A decode block smaller than the prefill's: refused, the reason first.
 	res, err = RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second,
 		Decode: &DecodeSpec{Model: &m, TP: 2, BlockSize: 8}})
