@@ -25,7 +25,8 @@ func newProbeCmd(a *app) *cobra.Command {
 (decode) side's memory grows under KV transfers and which UCX settings stop it;
 "probe env" tells what UCX, NIXL, CUDA and the system offer, warns about risky
 settings, and proves the path with a short transfer; "probe sidechannel" asks a
-live vLLM or SGLang prefill's side channel what a decode would ask it.`,
+live vLLM or SGLang prefill's side channel what a decode would ask it, every
+rank, and says whether a given decode would be accepted.`,
 	}
 	cmd.AddCommand(newProbeUCXLeakCmd(a), newProbeEnvCmd(a), newProbeSideChannelCmd(a))
 	return cmd
