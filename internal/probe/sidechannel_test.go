@@ -494,6 +494,15 @@ func TestProbeVLLMEveryRankFake(t *testing.T) {
 			if want := strings.Count(tc.asked, "/"); len(res.Ranks) != want {
 				t.Errorf("%d ranks, want %d", len(res.Ranks), want)
 			}
+			fastest := res.Ranks[0]
+			for _, r := range res.Ranks {
+				if r.RTTMs < fastest.RTTMs {
+					fastest = r
+				}
+			}
+			if res.ClockOffsetMs == nil || *res.ClockOffsetMs != fastest.ClockOffsetMs || res.ClockRank != fmt.Sprintf("pp %d, tp %d", fastest.PPRank, fastest.TPRank) {
+				t.Errorf("clock offset from %s, want the fastest round trip's (pp %d, tp %d)", res.ClockRank, fastest.PPRank, fastest.TPRank)
+			}
 			for i, r := range res.Ranks {
 				if got := fmt.Sprintf("%d/%d", r.PPRank, r.TPRank); got != strings.Fields(tc.asked)[i] || r.Regions != 32 || r.RegisteredBytes != 32*8*16384 {
 					t.Errorf("rank %d: %s, %d regions, %d B", i, got, r.Regions, r.RegisteredBytes)
