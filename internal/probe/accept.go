@@ -232,6 +232,13 @@ func blockLenCheck(p PrefillFacts, d DecodeSpec, divides bool, bsr int) Check {
 	m := *d.Model
 	stage := kv.Spec{Model: m, TP: p.TP, PP: p.PP}.StageLayers(firstPP(p))
 	layout, ok := attnLayoutFor(m, p.AttnBackend, p.Regions, len(stage))
+	if !ok && m.NumSlidingLayers() > 0 {
+		// vLLM's hybrid allocator may share one tensor among layers of
+		// different kinds, so the region count of a hybrid model is not
+		// one or two a layer; what it should be is not known here.
+		c.Why = fmt.Sprintf("%s mixes sliding-window and full layers: its %d regions on pp rank %d cannot be matched to layers", m.Name, p.Regions, firstPP(p))
+		return c
+	}
 	if !ok {
 		c.OK = ptr(false)
 		c.Why = fmt.Sprintf("the prefill registers %d regions on pp rank %d; %s has %d layers there at pp %d, so a decode registers %d or %d: vLLM refuses a different number of regions (num_hidden_layers or the model differ)",
@@ -293,7 +300,7 @@ func hashDiagnosis(p PrefillFacts, d DecodeSpec) string {
 				why = append(why, fmt.Sprintf("the prefill's block_len %d B is not %s's %d B at tp %d, block %d, %s: num_kv_heads, head_size or cache_dtype differ",
 					got, m.Name, want, p.TP, p.BlockSize, s.DType))
 			}
-		} else {
+		} else if m.NumSlidingLayers() == 0 {
 			why = append(why, fmt.Sprintf("the prefill's %d regions do not fit %s's %d layers: num_hidden_layers or the model differ", p.Regions, m.Name, m.NumLayers))
 		}
 	}

@@ -78,6 +78,8 @@ func TestAccept(t *testing.T) {
 		{"decode model with fewer heads", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &fewerHeads}, "block_len", "expects 8192 B"},
 		{"decode kv dtype fp8", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, DType: kv.FP8}, "block_len", "holds 16384 B a block"},
 		{"decode model with other layers", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: ptr(preset(t, "qwen3-8b"))}, "block_len", "vLLM refuses a different number of regions"},
+		{"hybrid model, regions shared", PrefillFacts{TP: 1, PP: 1, BlockSize: 16, Layout: "HND", AttnBackend: "FLASH_ATTN", Regions: 30,
+			Ranks: []RankLens{{BlockLens: []int64{16384}}}}, DecodeSpec{Model: ptr(preset(t, "gpt-oss-20b"))}, "", "would be accepted (not checked: compatibility hash, block_len)"},
 		{"hash equal", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{Model: &llama, WantHash: hashA, HashFrom: "--compat-hash"}, "", "would be accepted"},
 		{"hash differs: attention backend", prefillOf(t, spec(llama, 2, 16, kv.HND), hashA), DecodeSpec{Model: &llama, WantHash: hashB,
 			Factors: map[string]any{"attn_backend_name": "FLASHINFER"}}, "compatibility hash", "attn_backend_name differs: the prefill runs FLASH_ATTN, the decode's factors say FLASHINFER"},
