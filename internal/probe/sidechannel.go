@@ -398,9 +398,16 @@ func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) str
 	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions == perLayer*m.NumLayers {
 		facts.PP = 1 // every layer is on pp rank 0; a larger PP is not guessed
 	}
-	s := fmt.Sprintf("inferred from rank 0's block_len %d B and %s: tp %d", h.BlockLens[0], m.Name, tp)
+	// The cache dtype is assumed, not seen: an fp8 cache read as bf16
+	// halves the heads a rank seems to hold, so the output names it.
+	dt := o.KVDType
+	if dt == "" {
+		dt = m.DType
+	}
+	s := fmt.Sprintf("inferred from rank 0's block_len %d B and %s with a %s cache: tp %d", h.BlockLens[0], m.Name, dt, tp)
 	if atLeast {
-		s = fmt.Sprintf("inferred from rank 0's block_len %d B and %s: tp ≥ %d (one replicated KV head a rank; ranks beyond %d are not asked)", h.BlockLens[0], m.Name, tp, tp)
+		s = fmt.Sprintf("inferred from rank 0's block_len %d B and %s with a %s cache: tp ≥ %d (one replicated KV head a rank; ranks beyond %d are not asked)",
+			h.BlockLens[0], m.Name, dt, tp, tp)
 	}
 	if facts.PP == 1 {
 		return s + ", pp 1 (its regions cover every layer)"

@@ -463,7 +463,7 @@ func TestProbeVLLMEveryRankFake(t *testing.T) {
 		{"nixlctl metadata", true, SideChannelOptions{}, "0/0 0/1 1/0 1/1", "nixlctl metadata: tp 2, pp 2", ""},
 		{"vLLM, given", false, SideChannelOptions{TP: 2, PP: 2}, "0/0 0/1 1/0 1/1", "given: tp 2, pp 2", ""},
 		{"vLLM, TP inferred, PP not", false, SideChannelOptions{Model: &m}, "0/0 0/1",
-			"inferred from rank 0's block_len 16384 B and llama-3.1-8b: tp 2; pp unknown (32 regions for 32 layers: pp > 1 or another model), only pp rank 0 asked: give --pp", ""},
+			"inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2; pp unknown (32 regions for 32 layers: pp > 1 or another model), only pp rank 0 asked: give --pp", ""},
 		{"vLLM, nothing to go by", false, SideChannelOptions{}, "0/0", "rank (0, 0) only: vLLM's handshake does not carry the TP size", ""},
 		{"vLLM, another model", false, SideChannelOptions{Model: &other}, "0/0", "rank (0, 0) only: TP not inferred: block_len 16384 B is not a whole number of head-96's KV heads", ""},
 		{"one rank", true, SideChannelOptions{OneRank: true, PPRank: 1, TPRank: 1}, "1/1", "one rank (--pp-rank 1, --tp-rank 1)", ""},
