@@ -347,59 +347,65 @@ func discoverRanks(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts, 
 	case o.TP > 0 || o.PP > 0:
 		// What the flags leave out comes from the metadata or the model,
 		// else 1: rank 0 of a dimension always exists.
+		how, ppHow, askTP := "", "", 0
 		if facts.TP == 0 && facts.PP == 0 && o.Model != nil {
-			inferSizes(o, h, facts)
+			how, ppHow, askTP = inferSizes(o, h, facts)
 		}
 		if o.TP > 0 {
-			facts.TP, facts.TPLowerBound = o.TP, false
+			facts.TP, facts.TPLowerBound, askTP = o.TP, false, o.TP
 		}
 		if o.PP > 0 {
 			facts.PP = o.PP
 		}
-		res.Discovery = fmt.Sprintf("given: tp %d, pp %d", max(facts.TP, 1), max(facts.PP, 1))
-		if facts.PP == 0 {
-			res.Discovery = fmt.Sprintf("given: tp %d; pp unknown, only pp rank 0 asked (give --pp)", max(facts.TP, 1))
+		askTP = max(askTP, 1)
+		switch {
+		case o.TP == 0 && how != "":
+			res.Discovery = fmt.Sprintf("given: pp %d; tp %s", facts.PP, how)
+		case o.PP == 0 && ppHow != "":
+			res.Discovery = fmt.Sprintf("given: tp %d%s", askTP, ppHow)
+		case facts.PP == 0:
+			res.Discovery = fmt.Sprintf("given: tp %d; pp unknown, only pp rank 0 asked (give --pp)", askTP)
+		default:
+			res.Discovery = fmt.Sprintf("given: tp %d, pp %d", askTP, facts.PP)
 		}
-		return max(facts.TP, 1), max(facts.PP, 1)
+		return askTP, max(facts.PP, 1)
 	case h.TPSize > 0:
 		facts.PP = max(h.PPSize, 1)
 		res.Discovery = fmt.Sprintf("nixlctl metadata: tp %d, pp %d", h.TPSize, facts.PP)
 		return h.TPSize, facts.PP
 	case o.Model != nil:
-		why := inferSizes(o, h, facts)
+		why, ppHow, askTP := inferSizes(o, h, facts)
 		if facts.TP == 0 {
 			res.Discovery = "rank (0, 0) only: " + why
 			return 1, 1
 		}
-		res.Discovery = why
-		pp = facts.PP
-		if pp == 0 {
-			pp = 1
-		}
-		return facts.TP, pp
+		res.Discovery = why + ppHow
+		return askTP, max(facts.PP, 1)
 	}
 	res.Discovery = "rank (0, 0) only: vLLM's handshake does not carry the TP size; give --tp N [--pp N], or --model to infer it"
 	return 1, 1
 }
 
 // inferSizes fills facts.TP (and PP when the regions cover every layer)
-// from rank 0's block_len, and says how, or why not.
-func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) string {
+// from rank 0's block_len, and says how, or why not. askTP is how many TP
+// ranks surely exist: with the cache dtype left to "auto", an fp8 cache
+// would explain the same block_len with half the TP, and a rank beyond
+// the engine's would fail a vLLM listener, so only the smaller TP's
+// ranks are asked.
+func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) (how, ppHow string, askTP int) {
 	m := *o.Model
 	if len(h.BlockLens) == 0 {
-		return "no block lengths to infer the TP size from"
+		return "no block lengths to infer the TP size from", "", 1
 	}
 	tp, atLeast, layout, err := InferTP(m, o.KVDType, h.BlockSize, h.Regions, h.AttnBackend, h.BlockLens[0])
 	if err != nil {
-		return "TP not inferred: " + err.Error()
+		return "TP not inferred: " + err.Error(), "", 1
 	}
 	facts.TP, facts.TPLowerBound = tp, atLeast
 	facts.PP = 0
 	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions == perLayer*m.NumLayers {
 		facts.PP = 1 // every layer is on pp rank 0; a larger PP is not guessed
 	}
-	// The cache dtype is assumed, not seen: an fp8 cache read as bf16
-	// halves the heads a rank seems to hold, so the output names it.
 	dt := o.KVDType
 	if dt == "" {
 		dt = m.DType
@@ -409,13 +415,24 @@ func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) str
 		s = fmt.Sprintf("inferred from rank 0's block_len %d B and %s with a %s cache: tp ≥ %d (one replicated KV head a rank; ranks beyond %d are not asked)",
 			h.BlockLens[0], m.Name, dt, tp, tp)
 	}
+	askTP = tp
+	if o.KVDType == "" && m.DType != kv.FP8 {
+		if alt, _, _, err := InferTP(m, kv.FP8, h.BlockSize, h.Regions, h.AttnBackend, h.BlockLens[0]); err == nil && alt < tp {
+			askTP = alt
+			which := "only tp rank 0, which exists either way, is asked"
+			if alt > 1 {
+				which = fmt.Sprintf("only tp ranks 0-%d, which exist either way, are asked", alt-1)
+			}
+			s += fmt.Sprintf(" (tp %d with an fp8 cache: %s; give --kv-dtype or --tp)", alt, which)
+		}
+	}
 	if facts.PP == 1 {
-		return s + ", pp 1 (its regions cover every layer)"
+		return s, ", pp 1 (its regions cover every layer)", askTP
 	}
 	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions > perLayer*m.NumLayers {
-		return s + fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only pp rank 0 asked", h.Regions, m.Name, m.NumLayers, layout)
+		return s, fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only pp rank 0 asked", h.Regions, m.Name, m.NumLayers, layout), askTP
 	}
-	return s + fmt.Sprintf("; pp unknown (%d regions for %d layers: pp > 1 or another model), only pp rank 0 asked: give --pp", h.Regions, m.NumLayers)
+	return s, fmt.Sprintf("; pp unknown (%d regions for %d layers: pp > 1 or another model), only pp rank 0 asked: give --pp", h.Regions, m.NumLayers), askTP
 }
 
 func probeVLLM(ctx context.Context, conn *sidechannel.ReqConn, endpoint string, o SideChannelOptions, pp, tp int) (*VLLMHandshake, error) {

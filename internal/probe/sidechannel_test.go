@@ -462,8 +462,14 @@ func TestProbeVLLMEveryRankFake(t *testing.T) {
 	}{
 		{"nixlctl metadata", true, SideChannelOptions{}, "0/0 0/1 1/0 1/1", "nixlctl metadata: tp 2, pp 2", ""},
 		{"vLLM, given", false, SideChannelOptions{TP: 2, PP: 2}, "0/0 0/1 1/0 1/1", "given: tp 2, pp 2", ""},
-		{"vLLM, TP inferred, PP not", false, SideChannelOptions{Model: &m}, "0/0 0/1",
+		{"vLLM, TP inferred, PP not", false, SideChannelOptions{Model: &m, KVDType: kv.BF16}, "0/0 0/1",
 			"inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2; pp unknown (32 regions for 32 layers: pp > 1 or another model), only pp rank 0 asked: give --pp", ""},
+		{"vLLM, TP inferred, cache dtype not given", false, SideChannelOptions{Model: &m}, "0/0",
+			"inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2 (tp 1 with an fp8 cache: only tp rank 0, which exists either way, is asked; give --kv-dtype or --tp)", ""},
+		{"vLLM, PP given, TP inferred", false, SideChannelOptions{Model: &m, KVDType: kv.BF16, PP: 2}, "0/0 0/1 1/0 1/1",
+			"given: pp 2; tp inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2$", ""},
+		{"vLLM, TP given, PP from the regions", false, SideChannelOptions{Model: &m, TP: 2}, "0/0 0/1",
+			"given: tp 2; pp unknown (32 regions for 32 layers: pp > 1 or another model), only pp rank 0 asked: give --pp$", ""},
 		{"vLLM, nothing to go by", false, SideChannelOptions{}, "0/0", "rank (0, 0) only: vLLM's handshake does not carry the TP size", ""},
 		{"vLLM, another model", false, SideChannelOptions{Model: &other}, "0/0", "rank (0, 0) only: TP not inferred: block_len 16384 B is not a whole number of head-96's KV heads", ""},
 		{"one rank", true, SideChannelOptions{OneRank: true, PPRank: 1, TPRank: 1}, "1/1", "one rank (--pp-rank 1, --tp-rank 1)", ""},
@@ -485,7 +491,7 @@ func TestProbeVLLMEveryRankFake(t *testing.T) {
 			if got := f.order(); got != tc.asked {
 				t.Errorf("asked %s, want %s", got, tc.asked)
 			}
-			if res == nil || !strings.HasPrefix(res.Discovery, tc.discovery) {
+			if want, whole := strings.CutSuffix(tc.discovery, "$"); res == nil || !strings.HasPrefix(res.Discovery, want) || whole && res.Discovery != want {
 				t.Fatalf("%+v, want discovery %q", res, tc.discovery)
 			}
 			if tc.err != "" {
