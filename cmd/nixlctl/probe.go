@@ -326,8 +326,10 @@ the metadata; a real vLLM does not (its TP travels in kv_transfer_params), so
 with --model its TP is inferred from rank 0's block_len (KV heads a rank x head
 size x dtype x block size, K and V apart or together as the regions show; one
 head a rank only bounds it from below; without --kv-dtype, an fp8 cache would
-read as half the TP, so only the ranks that exist either way are asked) and PP
-is 1 when rank 0 holds every layer, else only pp rank 0 is asked; without --model only (0,0) is asked, and
+read as half the TP, so only the ranks that exist either way are asked); PP
+is 1 when rank 0's regions cover every layer, and when they cover neither every
+layer nor the first stage of --pp, the model's fit is in doubt and only rank
+(0,0) is asked; without --model only (0,0) is asked, and
 the output says why. --pp-rank/--tp-rank ask that one rank. Each rank gets
 --timeout; one that does not answer is an error naming it.
 

@@ -361,8 +361,11 @@ func discoverRanks(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts, 
 		switch {
 		case o.TP == 0 && how != "":
 			res.Discovery = fmt.Sprintf("given: pp %d; tp %s", facts.PP, how)
-		case o.PP == 0 && ppHow != "":
-			res.Discovery = fmt.Sprintf("given: tp %d%s", askTP, ppHow)
+			if strings.HasPrefix(ppHow, "; but") {
+				res.Discovery += ppHow // why only tp rank 0 is asked
+			}
+		case o.PP == 0 && facts.PP == 1:
+			res.Discovery = fmt.Sprintf("given: tp %d; pp 1 (rank 0's regions cover every layer of %s)", askTP, o.Model.Name)
 		case facts.PP == 0:
 			res.Discovery = fmt.Sprintf("given: tp %d; pp unknown, only pp rank 0 asked (give --pp)", askTP)
 		default:
@@ -426,13 +429,19 @@ func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) (ho
 			s += fmt.Sprintf(" (tp %d with an fp8 cache: %s; give --kv-dtype or --tp)", alt, which)
 		}
 	}
-	if facts.PP == 1 {
+	// The TP is trusted only where the regions fit the model too (all its
+	// layers at pp 1, or its first stage at the --pp given): a block_len
+	// alone also fits another model at another TP.
+	perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]
+	switch {
+	case facts.PP == 1:
 		return s, ", pp 1 (its regions cover every layer)", askTP
+	case o.PP > 0 && o.PP <= m.NumLayers && h.Regions == perLayer*len(kv.Spec{Model: m, PP: o.PP}.StageLayers(0)):
+		return s, "", askTP
+	case h.Regions > perLayer*m.NumLayers:
+		return s, fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only rank (0, 0) asked", h.Regions, m.Name, m.NumLayers, layout), 1
 	}
-	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions > perLayer*m.NumLayers {
-		return s, fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only pp rank 0 asked", h.Regions, m.Name, m.NumLayers, layout), askTP
-	}
-	return s, fmt.Sprintf("; pp unknown (%d regions for %d layers: pp > 1 or another model), only pp rank 0 asked: give --pp", h.Regions, m.NumLayers), askTP
+	return s, fmt.Sprintf("; but %d regions do not cover %s's %d layers (pp > 1, or another model whose blocks look alike): only rank (0, 0) asked; give --pp, or --tp and --pp", h.Regions, m.Name, m.NumLayers), 1
 }
 
 func probeVLLM(ctx context.Context, conn *sidechannel.ReqConn, endpoint string, o SideChannelOptions, pp, tp int) (*VLLMHandshake, error) {
