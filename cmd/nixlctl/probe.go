@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -24,7 +25,8 @@ func newProbeCmd(a *app) *cobra.Command {
 (decode) side's memory grows under KV transfers and which UCX settings stop it;
 "probe env" tells what UCX, NIXL, CUDA and the system offer, warns about risky
 settings, and proves the path with a short transfer; "probe sidechannel" asks a
-live vLLM or SGLang prefill's side channel what a decode would ask it.`,
+live vLLM or SGLang prefill's side channel what a decode would ask it, every
+rank, and says whether a given decode would be accepted.`,
 	}
 	cmd.AddCommand(newProbeUCXLeakCmd(a), newProbeEnvCmd(a), newProbeSideChannelCmd(a))
 	return cmd
@@ -293,6 +295,15 @@ type probeSideChannelOptions struct {
 	TPRank        int    `mapstructure:"tp-rank"`
 	CompatFactors string `mapstructure:"compat-factors"`
 	CompatHash    string `mapstructure:"compat-hash"`
+	TP            int    `mapstructure:"tp"`
+	PP            int    `mapstructure:"pp"`
+	Model         string `mapstructure:"model"`
+	KVDType       string `mapstructure:"kv-dtype"`
+	DecodeTP      int    `mapstructure:"decode-tp"`
+	DecodeBlock   int    `mapstructure:"decode-block-size"`
+	DecodeLayout  string `mapstructure:"decode-layout"`
+	// set from the command line, not bound: which of the flags were given
+	oneRank, verdict bool
 }
 
 const probeSideChannelLong = `Ask a live engine's side channel what a decode would ask it, and report what it
@@ -301,21 +312,61 @@ said, before benchmarking against it (or to see why a decode cannot reach it).
 --protocol vllm (default): TARGET is HOST:PORT (or tcp://HOST:PORT) of vLLM's NIXL
 handshake listener, a ZMQ ROUTER on VLLM_NIXL_SIDE_CHANNEL_HOST at
 VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank (5600 by default). nixlctl sends the request
-a vLLM decode sends, msgpack [b"get_meta_msg", pp_rank, tp_rank] on a ZMQ REQ
-socket, and reads the two-frame reply: the NixlHandshakePayload map
-{compatibility_hash, agent_metadata_bytes} and the listener's clock. It prints
-the engine id, the agent name (where the NIXL agent blob's format is known), the
-compatibility hash and whether it equals the one --compat-factors FILE (a JSON
-object of vLLM's hash factors, as for bench pull|push) or --compat-hash HEX
-gives, the TP size (vLLM does not put it in the handshake: it travels in
-kv_transfer_params; nixlctl's own engines add it), the KV layout, block size,
-number of blocks, regions and their block lengths and strides, the sizes of the
-payload, the metadata and the agent blob, the round trip, and the listener
-clock's offset from this host's (close to 0 on the same host). Every field of
-NixlAgentMetadata is checked as vLLM's msgspec decoder checks it; a reply that
-is not what vLLM sends is an error naming the field. Ask only for ranks the
-engine has (--pp-rank, --tp-rank): vLLM's listener never answers another rank,
-so the probe times out.
+a vLLM decode sends, msgpack [b"get_meta_msg", pp_rank, tp_rank] on one ZMQ REQ
+socket, rank after rank in vLLM's order (every tp rank of pp 0, then of pp 1...),
+and reads each two-frame reply: the NixlHandshakePayload map {compatibility_hash,
+agent_metadata_bytes} and the listener's clock. Every field of NixlAgentMetadata
+is checked as vLLM's msgspec decoder checks it; a reply that is not what vLLM
+sends is an error naming the rank and the field.
+
+Which ranks: vLLM's listener fails on a rank the engine does not have and never
+answers, so only ranks known to exist are asked. --tp N --pp N: all N x N.
+Otherwise rank (0,0) first; nixlctl's own engines say their TP and PP sizes in
+the metadata; a real vLLM does not (its TP travels in kv_transfer_params), so
+with --model its TP is inferred from rank 0's block_len (KV heads a rank x head
+size x dtype x block size, K and V apart or together as the regions show; one
+head a rank only bounds it from below; without --kv-dtype, an fp8 cache would
+read as half the TP, so only the ranks that exist either way are asked); PP
+is 1 when rank 0's regions cover every layer, and when they cover neither every
+layer nor the first stage of --pp, the model's fit is in doubt and only rank
+(0,0) is asked; without --model only (0,0) is asked, and
+the output says why. --pp-rank/--tp-rank ask that one rank. Each rank gets
+--timeout; one that does not answer is an error naming it.
+
+It prints rank 0 in full: the engine id, the agent name (where the NIXL agent
+blob's format is known), the compatibility hash, the KV layout, block size,
+number of blocks, regions with their block lengths and strides, bytes
+registered, the sizes of the payload, metadata and agent blob, the round trip
+and the listener clock's offset from this host's (close to 0 on the same host);
+then one row per rank (pp, tp, engine id, agent, regions, bytes registered,
+block length, blocks, round trip, clock offset) and the clock offset of the
+fastest round trip, the one a vLLM decode keeps.
+
+Acceptance verdict: with any of --decode-tp, --decode-block-size,
+--decode-layout, --compat-factors FILE (a JSON object of the decode's vLLM hash
+factors, as for bench pull|push) or --compat-hash HEX, nixlctl applies the rules
+a vLLM decode applies at handshake (connector version 12) and lists each check
+with the prefill's value, the decode's, ok, and why:
+  compatibility hash   equal to the decode's; when not, what the metadata shows
+                       (attn_backend_name against the factors', block_len
+                       against --model's or the factors' KV heads, head size
+                       and dtype, regions against the layers) names the likely
+                       factor, or it says the hash alone cannot tell
+  tp ratio             the TP sizes divide one another (tp_ratio D/P or -P/D)
+  replicated kv heads  vLLM refuses P_tp > D_tp for a non-MLA model whose
+                       prefill replicates KV heads (P_tp > num_kv_heads)
+  head split layout    different TP sizes move head slices: HND on both sides
+  block size           the decode's block a multiple of the prefill's (a
+                       larger prefill block is unsupported; a ratio with the
+                       hybrid allocator too)
+  block_len            every region of every rank holds what the decode's cache
+                       implies (vLLM's runtime validation), as many regions
+  kv cache layout      the same HND/NHD order on both sides
+then one line: "a decode with tp=2, block 16, HND would be accepted" or "...
+would be refused: <first reason>". Unset decode values are the prefill's (TP,
+block size) or vLLM's (HND; --kv-dtype auto: the model's dtype). Checks that
+need what neither side said (the model, the prefill's TP) show "?" and are
+listed as not checked.
 
 --protocol sglang: TARGET is HOST:PORT of an SGLang prefill's bootstrap server
 (--disaggregation-bootstrap-port, 8998 by default). nixlctl calls GET /health,
@@ -324,17 +375,24 @@ PP sizes, page size, KV cache dtype, follow_bootstrap_room, the prefill's HTTP
 port), then GET /route for every (prefill_dp_rank, prefill_cp_rank,
 target_tp_rank, target_pp_rank) as a decode does, listing each rank's ZMQ
 address, and POST /query_dp_ranks with no rooms to see that the route exists.
+--timeout bounds the whole SGLang probe.
 
 nixlctl's own endpoints ("serve prefill --log-level info") log where their side
 channel and bootstrap server listen.
 
---timeout bounds the whole probe. No answer in time, a reply that is not the
-protocol's, or (with --compat-factors or --compat-hash) a hash that differs
-exits 1; a missing or malformed TARGET or flag exits 2 before anything is sent.
-Output: a table on a terminal, JSON otherwise (-o json, -o csv for key,value).`
+Exit codes: 0 when every asked rank answered and (with a decode spec) the decode
+would be accepted; 1 when a rank does not answer in time, a reply is not the
+protocol's, or the decode would be refused (a differing compatibility hash
+included); 2 for a missing or malformed TARGET or flag (a --decode-tp the
+--model cannot be split into, say), found before anything is sent.
+
+Output: a table on a terminal, JSON otherwise (-o json; -o markdown; -o csv for
+key,value rows).`
 
 const probeSideChannelExample = `  nixlctl probe sidechannel 10.0.0.2:5600
-  nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1 --compat-factors factors.json
+  nixlctl probe sidechannel 10.0.0.2:5600 --model meta-llama/config.json --decode-tp 4
+  nixlctl probe sidechannel 10.0.0.2:5600 --tp 4 --compat-factors factors.json --decode-tp 2 --decode-block-size 32
+  nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1
   nixlctl probe sidechannel --protocol sglang 10.0.0.2:8998 -o json`
 
 func newProbeSideChannelCmd(a *app) *cobra.Command {
@@ -349,16 +407,28 @@ func newProbeSideChannelCmd(a *app) *cobra.Command {
 			if err := bindOptions(cmd, &o); err != nil {
 				return err
 			}
+			f := cmd.Flags()
+			o.oneRank = f.Changed("pp-rank") || f.Changed("tp-rank")
+			for _, n := range []string{"decode-tp", "decode-block-size", "decode-layout", "compat-factors", "compat-hash"} {
+				o.verdict = o.verdict || f.Changed(n)
+			}
 			return runProbeSideChannel(cmd.Context(), a, o, args)
 		},
 	}
 	f := cmd.Flags()
 	f.String("protocol", probe.ProtoVLLM, "side channel: vllm (NIXL handshake, ZMQ) or sglang (bootstrap server, HTTP)")
-	f.String("timeout", "3s", "give up after this long")
-	f.Int("pp-rank", 0, "vllm: the pipeline-parallel rank to ask for")
-	f.Int("tp-rank", 0, "vllm: the tensor-parallel rank to ask for")
-	f.String("compat-factors", "", "vllm: JSON file of vLLM's compatibility factors; check the engine's hash against theirs")
-	f.String("compat-hash", "", "vllm: check the engine's compatibility hash against this one (sha256 hex)")
+	f.String("timeout", "3s", "give up after this long (vllm: each rank; sglang: the whole probe)")
+	f.Int("pp-rank", 0, "vllm: ask only this pipeline-parallel rank")
+	f.Int("tp-rank", 0, "vllm: ask only this tensor-parallel rank")
+	f.Int("tp", 0, "vllm: the engine's TP size: ask every tp rank (default: discover)")
+	f.Int("pp", 0, "vllm: the engine's PP size: ask every pp rank (default: discover)")
+	f.String("model", "", "vllm: model preset or HuggingFace config.json (infers a vLLM's TP from block_len; the decode's model)")
+	f.String("kv-dtype", "auto", "vllm: KV cache dtype of both sides (auto: the model's)")
+	f.Int("decode-tp", 0, "vllm: judge a decode with this TP size (default: the prefill's)")
+	f.Int("decode-block-size", 0, "vllm: the decode's block size in tokens (default: the prefill's)")
+	f.String("decode-layout", "HND", "vllm: the decode's kv cache layout, HND or NHD")
+	f.String("compat-factors", "", "vllm: JSON file of the decode's compatibility factors; check the engine's hash against theirs")
+	f.String("compat-hash", "", "vllm: the decode's compatibility hash (sha256 hex); check the engine's against it")
 	return cmd
 }
 
@@ -369,11 +439,13 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 	case len(args) > 1:
 		return errkind.BadInputf("one target, got %d: %s", len(args), strings.Join(args, " "))
 	}
-	x := probe.SideChannelOptions{Protocol: strings.ToLower(strings.TrimSpace(o.Protocol)), Target: args[0], PPRank: o.PPRank, TPRank: o.TPRank}
+	x := probe.SideChannelOptions{Protocol: strings.ToLower(strings.TrimSpace(o.Protocol)), Target: args[0], OneRank: o.oneRank,
+		PPRank: o.PPRank, TPRank: o.TPRank, TP: o.TP, PP: o.PP}
 	var err error
 	if x.Timeout, err = parseDurationFlag("timeout", o.Timeout, false); err != nil {
 		return err
 	}
+	var d probe.DecodeSpec
 	switch {
 	case o.CompatFactors != "" && o.CompatHash != "":
 		return errkind.BadInputf("give --compat-factors or --compat-hash, not both")
@@ -387,10 +459,32 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 		if err != nil {
 			return errkind.BadInputf("--compat-factors: %v", err)
 		}
-		if _, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
+		if d.Factors, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
 			return errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
 		}
 		x.HashFrom = "--compat-factors " + o.CompatFactors
+	}
+	if x.TP < 0 || x.PP < 0 {
+		return errkind.BadInputf("--tp and --pp must be > 0 (got %d and %d)", x.TP, x.PP)
+	}
+	if o.KVDType != "" && o.KVDType != "auto" {
+		if x.KVDType, err = kv.ParseDType(o.KVDType); err != nil {
+			return errkind.BadInputf("--kv-dtype: %v", err)
+		}
+	}
+	if o.Model != "" {
+		m, err := loadProbeModel(o.Model)
+		if err != nil {
+			return err
+		}
+		x.Model = &m
+	}
+	if o.verdict {
+		if err := decodeSpec(&d, o, x); err != nil {
+			return err
+		}
+		d.WantHash, d.HashFrom = x.WantHash, x.HashFrom
+		x.Decode = &d
 	}
 	if err := x.Validate(); err != nil {
 		return err
@@ -403,4 +497,49 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 		}
 	}
 	return err
+}
+
+// loadProbeModel reads --model: a preset name, or a path to a
+// HuggingFace config.json (any name ending in .json, or an existing file).
+func loadProbeModel(s string) (kv.Model, error) {
+	if st, err := os.Stat(s); strings.HasSuffix(s, ".json") || (err == nil && st.Mode().IsRegular()) {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			return kv.Model{}, errkind.BadInputf("--model: %v", err)
+		}
+		m, err := kv.ParseHFConfig(s, data)
+		if err != nil {
+			return kv.Model{}, errkind.BadInputf("--model %s: %v", s, err)
+		}
+		return m, nil
+	}
+	m, err := kv.Preset(s)
+	if err != nil {
+		return kv.Model{}, errkind.BadInputf("--model: %v", err)
+	}
+	return m, nil
+}
+
+// decodeSpec checks the --decode-* flags before anything is sent: a
+// decode the model cannot be deployed as is the user's mistake, not the
+// prefill's refusal.
+func decodeSpec(d *probe.DecodeSpec, o probeSideChannelOptions, x probe.SideChannelOptions) error {
+	if o.DecodeTP < 0 || o.DecodeTP > kv.MaxParallel {
+		return errkind.BadInputf("--decode-tp must be between 1 and %d (got %d)", kv.MaxParallel, o.DecodeTP)
+	}
+	if o.DecodeBlock < 0 || o.DecodeBlock > kv.MaxBlockSize {
+		return errkind.BadInputf("--decode-block-size must be between 1 and %d (got %d)", kv.MaxBlockSize, o.DecodeBlock)
+	}
+	order, err := kv.ParseCacheOrder(o.DecodeLayout)
+	if err != nil {
+		return errkind.BadInputf("--decode-layout: %v", err)
+	}
+	d.TP, d.BlockSize, d.Layout, d.Model, d.DType = o.DecodeTP, o.DecodeBlock, string(order), x.Model, x.KVDType
+	if x.Model != nil && d.TP > 0 {
+		s := kv.Spec{Model: *x.Model, DType: d.DType, BlockSize: max(d.BlockSize, 1), TP: d.TP}
+		if err := s.Validate(); err != nil {
+			return errkind.BadInputf("--decode-tp %d with --model %s: %v", d.TP, x.Model.Name, err)
+		}
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
@@ -32,14 +33,28 @@ type SideChannelOptions struct {
 	Protocol string // ProtoVLLM or ProtoSGLang
 	Target   string // host:port (tcp:// or http:// allowed)
 	Timeout  time.Duration
-	// vLLM: the ranks to ask for. vLLM's listener does not guard the
-	// lookup, so a rank the engine does not have is never answered.
+	// vLLM: OneRank asks only (PPRank, TPRank); otherwise every rank of
+	// TP x PP is asked, where 0 means "discover" (nixlctl's metadata, or
+	// Model's block_len). vLLM's listener does not guard the lookup, so a
+	// rank the engine does not have is never answered: only ranks known to
+	// exist are asked.
+	OneRank        bool
 	PPRank, TPRank int
+	TP, PP         int
+	// Model and KVDType let a vLLM engine's TP be inferred from block_len.
+	Model   *kv.Model
+	KVDType kv.DType
+	// Decode, when set, asks for the acceptance verdict of that decode.
+	Decode *DecodeSpec
 	// WantHash is the compatibility hash the user expects (from
 	// --compat-factors or --compat-hash); "" checks nothing. HashFrom
 	// says where it came from, for the report.
 	WantHash, HashFrom string
 }
+
+// maxVLLMRanks bounds how many ranks of one vLLM engine are asked, so
+// that sizes a peer claims cannot keep the probe busy for hours.
+const maxVLLMRanks = 4096
 
 // maxSGLRanks bounds how many rank entries are listed.
 const maxSGLRanks = 1024
@@ -95,21 +110,40 @@ func (o SideChannelOptions) Validate() error {
 	if o.PPRank < 0 || o.TPRank < 0 || o.PPRank > 1<<16 || o.TPRank > 1<<16 {
 		return errkind.BadInputf("--pp-rank and --tp-rank must be between 0 and 65536")
 	}
-	if o.Protocol == ProtoSGLang && (o.WantHash != "" || o.PPRank != 0 || o.TPRank != 0) {
-		return errkind.BadInputf("--compat-factors, --compat-hash, --pp-rank and --tp-rank are for --protocol vllm")
+	if o.TP < 0 || o.PP < 0 || o.TP > kv.MaxParallel || o.PP > kv.MaxParallel {
+		return errkind.BadInputf("--tp and --pp must be between 1 and %d", kv.MaxParallel)
+	}
+	if max(o.TP, 1)*max(o.PP, 1) > maxVLLMRanks {
+		return errkind.BadInputf("--tp %d x --pp %d is more than the %d ranks nixlctl asks one engine", o.TP, o.PP, maxVLLMRanks)
+	}
+	if o.OneRank && (o.TP > 0 || o.PP > 0) {
+		return errkind.BadInputf("--pp-rank/--tp-rank ask one rank, --tp/--pp every rank: give one or the other")
+	}
+	if o.Protocol == ProtoSGLang && (o.WantHash != "" || o.OneRank || o.TP > 0 || o.PP > 0 || o.Model != nil || o.Decode != nil) {
+		return errkind.BadInputf("--compat-factors, --compat-hash, --pp-rank, --tp-rank, --tp, --pp, --model and the --decode-* flags are for --protocol vllm")
 	}
 	return nil
 }
 
 // SideChannelResult is what probe sidechannel found.
 type SideChannelResult struct {
-	Command  string           `json:"command"`
-	Version  string           `json:"nixlctl_version,omitempty"`
-	Protocol string           `json:"protocol"`
-	Target   string           `json:"target"`
-	VLLM     *VLLMHandshake   `json:"vllm,omitempty"`
-	SGLang   *SGLangBootstrap `json:"sglang,omitempty"`
-	Notes    []string         `json:"notes,omitempty"`
+	Command  string `json:"command"`
+	Version  string `json:"nixlctl_version,omitempty"`
+	Protocol string `json:"protocol"`
+	Target   string `json:"target"`
+	// VLLM is the first rank handshaken, in full; Ranks every rank, in
+	// the order asked (VLLM is Ranks[0]).
+	VLLM  *VLLMHandshake   `json:"vllm,omitempty"`
+	Ranks []*VLLMHandshake `json:"vllm_ranks,omitempty"`
+	// Discovery says how the ranks asked were chosen.
+	Discovery string `json:"vllm_rank_discovery,omitempty"`
+	// ClockOffsetMs is the listener clock's offset measured on the
+	// lowest round trip, as a vLLM decode keeps it (ClockRank says where).
+	ClockOffsetMs *float64         `json:"clock_offset_ms,omitempty"`
+	ClockRank     string           `json:"clock_offset_rank,omitempty"`
+	Accept        *Acceptance      `json:"acceptance,omitempty"`
+	SGLang        *SGLangBootstrap `json:"sglang,omitempty"`
+	Notes         []string         `json:"notes,omitempty"`
 }
 
 // VLLMHandshake is one handshake with a vLLM NIXL side channel.
@@ -153,6 +187,8 @@ type VLLMHandshake struct {
 	PayloadBytes   int `json:"payload_bytes"`
 	MetadataBytes  int `json:"metadata_bytes"`
 	AgentBlobBytes int `json:"agent_blob_bytes"`
+	// RegisteredBytes is what the rank's regions span: blocks x stride.
+	RegisteredBytes int64 `json:"registered_bytes"`
 
 	// RemoteClockS is the listener's perf_counter; ClockOffsetMs its
 	// offset to this host's CLOCK_MONOTONIC at the round trip's midpoint
@@ -207,9 +243,10 @@ func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResu
 	}
 	addr, _ := ParseTarget(o.Protocol, o.Target)
 	res := &SideChannelResult{Command: "probe sidechannel", Protocol: o.Protocol, Target: addr}
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
 	if o.Protocol == ProtoSGLang {
+		// SGLang: --timeout bounds the whole probe.
+		ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
 		res.Target = "http://" + addr
 		res.SGLang = &SGLangBootstrap{}
 		err := probeSGLang(ctx, addr, o.Timeout, res)
@@ -218,13 +255,74 @@ func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResu
 		}
 		return res, err
 	}
-	h, err := probeVLLM(ctx, addr, o)
+	// vLLM: each rank gets --timeout (a rank that does not answer is named).
+	return runVLLM(ctx, addr, o, res)
+}
+
+// runVLLM handshakes the ranks on one REQ socket, in vLLM's order
+// (product(range(pp), tp ranks)), then judges the decode spec if any.
+func runVLLM(ctx context.Context, addr string, o SideChannelOptions, res *SideChannelResult) (*SideChannelResult, error) {
+	conn, err := sidechannel.DialReq(addr)
+	if err != nil {
+		return nil, fmt.Errorf("vLLM side channel %s: %w", addr, err)
+	}
+	defer conn.Close()
+	pp0, tp0 := 0, 0
+	if o.OneRank {
+		pp0, tp0 = o.PPRank, o.TPRank
+	}
+	h, err := probeVLLM(ctx, conn, addr, o, pp0, tp0)
 	if err != nil {
 		return nil, err
 	}
-	res.VLLM = h
-	if h.TPSize == 0 {
-		res.Notes = append(res.Notes, "TP size: not in vLLM's handshake (the prefill's kv_transfer_params carry tp_size); probe each rank with --tp-rank")
+	res.VLLM, res.Ranks = h, []*VLLMHandshake{h}
+	facts := PrefillFacts{TP: h.TPSize, PP: h.PPSize, BlockSize: h.BlockSize, Layout: h.KVCacheLayout, AttnBackend: h.AttnBackend,
+		CompatHash: h.CompatHash, Regions: h.Regions}
+	if h.TPSize > 0 {
+		facts.PP = max(h.PPSize, 1)
+	}
+	tp, pp := discoverRanks(o, h, &facts, res)
+	var errs []error
+	for p := 0; p < pp && len(errs) == 0; p++ {
+		for t := 0; t < tp; t++ {
+			if p == 0 && t == 0 {
+				continue
+			}
+			r, err := probeVLLM(ctx, conn, addr, o, p, t)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			res.Ranks = append(res.Ranks, r)
+		}
+	}
+	best := res.Ranks[0]
+	for _, r := range res.Ranks {
+		facts.Ranks = append(facts.Ranks, RankLens{PP: r.PPRank, TP: r.TPRank, BlockLens: r.BlockLens})
+		if r.RTTMs < best.RTTMs {
+			best = r
+		}
+		if r.CompatHash != h.CompatHash {
+			res.Notes = append(res.Notes, fmt.Sprintf("rank (pp %d, tp %d) advertises compatibility hash %s, rank (pp %d, tp %d) %s: a decode accepts at most one of them",
+				r.PPRank, r.TPRank, sidechannel.ShortHash(r.CompatHash), h.PPRank, h.TPRank, sidechannel.ShortHash(h.CompatHash)))
+		}
+		if r.EngineID != h.EngineID {
+			res.Notes = append(res.Notes, fmt.Sprintf("rank (pp %d, tp %d) says engine %q, rank (pp %d, tp %d) %q: a decode checks the engine id and refuses one of them",
+				r.PPRank, r.TPRank, r.EngineID, h.PPRank, h.TPRank, h.EngineID))
+		}
+	}
+	off := best.ClockOffsetMs
+	res.ClockOffsetMs, res.ClockRank = &off, fmt.Sprintf("pp %d, tp %d", best.PPRank, best.TPRank)
+	if len(errs) > 0 {
+		return res, errs[0]
+	}
+	if o.Decode != nil {
+		a := Accept(facts, *o.Decode)
+		res.Accept = &a
+		if !a.Accepted {
+			return res, errkind.CheckFailedf("%s", a.Verdict)
+		}
+		return res, nil
 	}
 	if h.CompatMatch != nil && !*h.CompatMatch {
 		return res, errkind.CheckFailedf("compatibility hash mismatch: the engine advertises %s, %s gives %s: a vLLM decode with that hash refuses this engine",
@@ -233,43 +331,180 @@ func RunSideChannel(ctx context.Context, o SideChannelOptions) (*SideChannelResu
 	return res, nil
 }
 
-func probeVLLM(ctx context.Context, endpoint string, o SideChannelOptions) (*VLLMHandshake, error) {
-	req, err := sidechannel.EncodeGetMeta(o.PPRank, o.TPRank)
+// discoverRanks decides how many TP and PP ranks to ask, from the flags,
+// nixlctl's metadata extension or the model's block_len, and records in
+// facts what is known of the engine's sizes. It never guesses a rank into
+// existence: a vLLM listener asked for a rank it lacks fails its thread.
+func discoverRanks(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts, res *SideChannelResult) (tp, pp int) {
+	if o.OneRank {
+		res.Discovery = fmt.Sprintf("one rank (--pp-rank %d, --tp-rank %d)", o.PPRank, o.TPRank)
+		if facts.TP == 0 && o.Model != nil {
+			inferSizes(o, h, facts)
+		}
+		return 0, 0
+	}
+	switch {
+	case o.TP > 0 || o.PP > 0:
+		// What the flags leave out comes from the metadata or the model,
+		// else 1: rank 0 of a dimension always exists.
+		how, ppHow, askTP := "", "", 0
+		if facts.TP == 0 && facts.PP == 0 && o.Model != nil {
+			how, ppHow, askTP = inferSizes(o, h, facts)
+		}
+		if o.TP > 0 {
+			facts.TP, facts.TPLowerBound, askTP = o.TP, false, o.TP
+		}
+		if o.PP > 0 {
+			facts.PP = o.PP
+		}
+		askTP = max(askTP, 1)
+		switch {
+		case o.TP == 0 && how != "":
+			res.Discovery = fmt.Sprintf("given: pp %d; tp %s", facts.PP, how)
+			if strings.HasPrefix(ppHow, "; but") {
+				res.Discovery += ppHow // why only tp rank 0 is asked
+			}
+		case o.PP == 0 && facts.PP == 1:
+			res.Discovery = fmt.Sprintf("given: tp %d; pp 1 (rank 0's regions cover every layer of %s)", askTP, o.Model.Name)
+		case facts.PP == 0:
+			res.Discovery = fmt.Sprintf("given: tp %d; pp unknown, only pp rank 0 asked (give --pp)", askTP)
+		default:
+			res.Discovery = fmt.Sprintf("given: tp %d, pp %d", askTP, facts.PP)
+		}
+		return askTP, max(facts.PP, 1)
+	case h.TPSize > 0:
+		facts.PP = max(h.PPSize, 1)
+		res.Discovery = fmt.Sprintf("nixlctl metadata: tp %d, pp %d", h.TPSize, facts.PP)
+		return h.TPSize, facts.PP
+	case o.Model != nil:
+		why, ppHow, askTP := inferSizes(o, h, facts)
+		if facts.TP == 0 {
+			res.Discovery = "rank (0, 0) only: " + why
+			return 1, 1
+		}
+		res.Discovery = why + ppHow
+		return askTP, max(facts.PP, 1)
+	}
+	res.Discovery = "rank (0, 0) only: vLLM's handshake does not carry the TP size; give --tp N [--pp N], or --model to infer it"
+	return 1, 1
+}
+
+// inferSizes fills facts.TP (and PP when the regions cover every layer)
+// from rank 0's block_len, and says how, or why not. askTP is how many TP
+// ranks surely exist: with the cache dtype left to "auto", an fp8 cache
+// would explain the same block_len with half the TP, and a rank beyond
+// the engine's would fail a vLLM listener, so only the smaller TP's
+// ranks are asked.
+func inferSizes(o SideChannelOptions, h *VLLMHandshake, facts *PrefillFacts) (how, ppHow string, askTP int) {
+	m := *o.Model
+	if len(h.BlockLens) == 0 {
+		return "no block lengths to infer the TP size from", "", 1
+	}
+	tp, atLeast, layout, err := InferTP(m, o.KVDType, h.BlockSize, h.Regions, h.AttnBackend, h.BlockLens[0])
+	if err != nil {
+		return "TP not inferred: " + err.Error(), "", 1
+	}
+	facts.TP, facts.TPLowerBound = tp, atLeast
+	facts.PP = 0
+	if perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]; h.Regions == perLayer*m.NumLayers {
+		facts.PP = 1 // every layer is on pp rank 0; a larger PP is not guessed
+	}
+	dt := o.KVDType
+	if dt == "" {
+		dt = m.DType
+	}
+	s := fmt.Sprintf("inferred from rank 0's block_len %d B and %s with a %s cache: tp %d", h.BlockLens[0], m.Name, dt, tp)
+	if atLeast {
+		s = fmt.Sprintf("inferred from rank 0's block_len %d B and %s with a %s cache: tp ≥ %d (one replicated KV head a rank; ranks beyond %d are not asked)",
+			h.BlockLens[0], m.Name, dt, tp, tp)
+	}
+	askTP = tp
+	if o.KVDType == "" && m.DType != kv.FP8 {
+		if alt, _, _, err := InferTP(m, kv.FP8, h.BlockSize, h.Regions, h.AttnBackend, h.BlockLens[0]); err == nil && alt < tp {
+			askTP = alt
+			which := "only tp rank 0, which exists either way, is asked"
+			if alt > 1 {
+				which = fmt.Sprintf("only tp ranks 0-%d, which exist either way, are asked", alt-1)
+			}
+			s += fmt.Sprintf(" (tp %d with an fp8 cache: %s; give --kv-dtype or --tp)", alt, which)
+		}
+	}
+	// The TP is trusted only where the regions fit the model too (all its
+	// layers at pp 1, or its first stage at the --pp given): a block_len
+	// alone also fits another model at another TP.
+	perLayer := map[kv.AttnLayout]int{kv.FlashAttn: 2, kv.FlashInfer: 1}[layout]
+	switch {
+	case facts.PP == 1:
+		return s, ", pp 1 (its regions cover every layer)", askTP
+	case o.PP > 0 && o.PP <= m.NumLayers && h.Regions == perLayer*len(kv.Spec{Model: m, PP: o.PP}.StageLayers(0)):
+		return s, "", askTP
+	case h.Regions > perLayer*m.NumLayers:
+		return s, fmt.Sprintf("; but %d regions are more than %s's %d layers have (%s): another model? only rank (0, 0) asked", h.Regions, m.Name, m.NumLayers, layout), 1
+	}
+	return s, fmt.Sprintf("; but %d regions do not cover %s's %d layers (pp > 1, or another model whose blocks look alike): only rank (0, 0) asked; give --pp, or --tp and --pp", h.Regions, m.Name, m.NumLayers), 1
+}
+
+func probeVLLM(ctx context.Context, conn *sidechannel.ReqConn, endpoint string, o SideChannelOptions, pp, tp int) (*VLLMHandshake, error) {
+	req, err := sidechannel.EncodeGetMeta(pp, tp)
 	if err != nil {
 		return nil, err
 	}
 	t0 := mono.Now()
-	frames, err := sidechannel.Request(ctx, endpoint, [][]byte{req}, o.Timeout)
+	frames, err := conn.Request(ctx, [][]byte{req}, o.Timeout)
 	t1 := mono.Now()
 	if err != nil {
 		if (ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled)) || strings.Contains(err.Error(), "no reply within") {
 			err = fmt.Errorf("no reply within %v", o.Timeout)
 		}
 		return nil, fmt.Errorf("vLLM side channel %s: %w (nothing answered get_meta_msg for pp %d, tp %d: is this VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank of a running engine, and does it have that rank?)",
-			endpoint, err, o.PPRank, o.TPRank)
+			endpoint, err, pp, tp)
 	}
 	r, err := sidechannel.ReadReply(frames)
 	if err != nil {
-		return nil, fmt.Errorf("vLLM side channel %s answered, but not as vLLM does: %w", endpoint, err)
+		return nil, fmt.Errorf("vLLM side channel %s answered get_meta_msg for pp %d, tp %d, but not as vLLM does: %w", endpoint, pp, tp, err)
 	}
 	md := r.Meta
-	h := &VLLMHandshake{PPRank: o.PPRank, TPRank: o.TPRank, RTTMs: float64(t1-t0) / 1e6, EngineID: md.EngineID,
+	h := &VLLMHandshake{PPRank: pp, TPRank: tp, RTTMs: float64(t1-t0) / 1e6, EngineID: md.EngineID,
 		CompatHash: r.CompatibilityHash, KVCacheLayout: md.KVCacheLayout, BlockSize: md.BlockSize, NumBlocks: md.NumBlocks,
 		DeviceID: md.DeviceID, AttnBackend: md.AttnBackendName, Regions: len(md.KVCachesBaseAddr), BlockLens: md.BlockLens,
 		BlockStrides: md.BlockStrides, RegionMemTypes: md.RegionMemTypes, RegionNames: md.RegionNames, SSMSizes: md.SSMSizes,
 		PhysicalBlocksPerLogical: md.PhysicalBlocksPerLogical, DCPSize: md.DCPSize, PCPSize: md.PCPSize,
 		PayloadBytes: r.PayloadBytes, MetadataBytes: r.MetadataBytes, AgentBlobBytes: r.AgentBlobBytes,
 		RemoteClockS: r.RemoteClock, UnknownFields: r.Unknown}
+	h.RegisteredBytes = registeredBytes(md)
 	h.ClockOffsetMs = (r.RemoteClock - float64(t0+t1)/2/1e9) * 1e3
 	h.AgentName, h.AgentBlobFormat = AgentName(md.AgentMetadata)
 	if x := md.Nixlctl; x != nil {
-		h.TPSize, h.PPSize, h.Backend = x.TPSize, x.PPSize, x.Backend
+		h.Backend = x.Backend
+		// The extension is a peer's word: sizes out of range are not used.
+		if x.TPSize >= 1 && x.TPSize <= kv.MaxParallel && x.PPSize >= 0 && x.PPSize <= kv.MaxParallel && x.TPSize*max(x.PPSize, 1) <= maxVLLMRanks {
+			h.TPSize, h.PPSize = x.TPSize, x.PPSize
+		} else {
+			h.UnknownFields = append(h.UnknownFields, fmt.Sprintf("nixlctl.tp_size %d / pp_size %d (out of range, ignored)", x.TPSize, x.PPSize))
+		}
 	}
 	if o.WantHash != "" {
 		match := strings.EqualFold(o.WantHash, r.CompatibilityHash)
 		h.CompatExpected, h.CompatFrom, h.CompatMatch = o.WantHash, o.HashFrom, &match
 	}
 	return h, nil
+}
+
+// registeredBytes is what a rank's regions span: each region's blocks
+// (region_num_blocks where given) times its stride (block_len without one).
+func registeredBytes(md sidechannel.AgentMetadata) int64 {
+	var total int64
+	for i, l := range md.BlockLens {
+		n := int64(md.NumBlocks)
+		if len(md.RegionNumBlocks) == len(md.BlockLens) {
+			n = int64(md.RegionNumBlocks[i])
+		}
+		if i < len(md.BlockStrides) && md.BlockStrides[i] > 0 {
+			l = md.BlockStrides[i]
+		}
+		total += n * l
+	}
+	return total
 }
 
 // AgentName reads the agent's name from the blob an engine advertises,

@@ -9,8 +9,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// WriteSideChannel renders probe sidechannel: a screen for people, the
-// result as JSON, or its rows as key,value CSV.
+// WriteSideChannel renders probe sidechannel: a screen for people,
+// Markdown for a report, the result as JSON, or its rows as key,value CSV.
 func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) error {
 	switch f {
 	case report.FormatJSON:
@@ -20,29 +20,58 @@ func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) erro
 		for _, r := range sideChannelRows(res) {
 			t.AddRow(r[0], r[1])
 		}
+		if len(res.Ranks) > 1 {
+			for _, h := range res.Ranks {
+				t.AddRow(fmt.Sprintf("rank pp %d tp %d", h.PPRank, h.TPRank), rankSummary(h))
+			}
+		}
+		if a := res.Accept; a != nil {
+			for _, c := range a.Checks {
+				t.AddRow("check "+c.Check, fmt.Sprintf("%s (prefill %s, decode %s): %s", okWord(c.OK), c.Prefill, c.Decode, c.Why))
+			}
+			t.AddRow("verdict", a.Verdict)
+		}
 		return t.WriteCSV(w)
 	}
+	md := f == report.FormatMarkdown
 	var b strings.Builder
+	var title string
 	switch {
 	case res.VLLM != nil:
-		fmt.Fprintf(&b, "nixlctl probe sidechannel: vLLM NIXL handshake with %s (pp rank %d, tp rank %d)\n\n", res.Target, res.VLLM.PPRank, res.VLLM.TPRank)
+		title = fmt.Sprintf("nixlctl probe sidechannel: vLLM NIXL handshake with %s (pp rank %d, tp rank %d", res.Target, res.VLLM.PPRank, res.VLLM.TPRank)
+		if n := len(res.Ranks); n > 1 {
+			title += fmt.Sprintf(", then %d more", n-1)
+		}
+		title += ")"
 	default:
-		fmt.Fprintf(&b, "nixlctl probe sidechannel: SGLang bootstrap server %s\n\n", res.Target)
+		title = fmt.Sprintf("nixlctl probe sidechannel: SGLang bootstrap server %s", res.Target)
 	}
 	rows := sideChannelRows(res)
-	width := 0
-	for _, r := range rows {
-		width = max(width, len(r[0]))
-	}
-	for _, r := range rows {
-		fmt.Fprintf(&b, "  %-*s  %s\n", width, r[0], r[1])
-	}
-	if s := res.SGLang; s != nil && len(s.Ranks) > 0 {
-		t := &report.Table{Columns: []report.Column{{Name: "dp"}, {Name: "cp"}, {Name: "tp"}, {Name: "pp"}, {Name: "rank_ip"}, {Name: "rank_port"}}}
-		for _, r := range s.Ranks {
-			t.AddRow(strconv.Itoa(r.DPRank), strconv.Itoa(r.CPRank), strconv.Itoa(r.TPRank), strconv.Itoa(r.PPRank), r.RankIP, strconv.Itoa(r.RankPort))
+	if md {
+		fmt.Fprintf(&b, "### %s\n\n", title)
+		t := &report.Table{Columns: []report.Column{{Name: "key"}, {Name: "value"}}}
+		for _, r := range rows {
+			t.AddRow(r[0], r[1])
 		}
-		b.WriteString("\nranks (GET /route per rank)\n")
+		if err := t.WriteMarkdown(&b); err != nil {
+			return err
+		}
+	} else {
+		b.WriteString(title + "\n\n")
+		width := 0
+		for _, r := range rows {
+			width = max(width, len(r[0]))
+		}
+		for _, r := range rows {
+			fmt.Fprintf(&b, "  %-*s  %s\n", width, r[0], r[1])
+		}
+	}
+	section := func(name string, t *report.Table) error {
+		if md {
+			fmt.Fprintf(&b, "\n**%s**\n\n", name)
+			return t.WriteMarkdown(&b)
+		}
+		b.WriteString("\n" + name + "\n")
 		var tb strings.Builder
 		if err := t.WriteText(&tb); err != nil {
 			return err
@@ -50,8 +79,45 @@ func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) erro
 		for _, l := range strings.Split(strings.TrimRight(tb.String(), "\n"), "\n") {
 			b.WriteString("  " + l + "\n")
 		}
+		return nil
+	}
+	if len(res.Ranks) > 1 {
+		t := &report.Table{Columns: []report.Column{{Name: "pp", Align: report.Right}, {Name: "tp", Align: report.Right}, {Name: "engine id"},
+			{Name: "agent"}, {Name: "regions", Align: report.Right}, {Name: "registered", Align: report.Right}, {Name: "block len"},
+			{Name: "blocks", Align: report.Right}, {Name: "rtt ms", Align: report.Right}, {Name: "clock ms", Align: report.Right}}}
+		for _, h := range res.Ranks {
+			t.AddRow(strconv.Itoa(h.PPRank), strconv.Itoa(h.TPRank), h.EngineID, orDash(h.AgentName), strconv.Itoa(h.Regions),
+				report.Bytes(h.RegisteredBytes), runs(h.BlockLens, " B"), strconv.Itoa(h.NumBlocks),
+				fmt.Sprintf("%.3f", h.RTTMs), fmt.Sprintf("%+.3f", h.ClockOffsetMs))
+		}
+		if err := section("ranks (get_meta_msg per rank, in vLLM's order, one REQ socket)", t); err != nil {
+			return err
+		}
+	}
+	if s := res.SGLang; s != nil && len(s.Ranks) > 0 {
+		t := &report.Table{Columns: []report.Column{{Name: "dp"}, {Name: "cp"}, {Name: "tp"}, {Name: "pp"}, {Name: "rank_ip"}, {Name: "rank_port"}}}
+		for _, r := range s.Ranks {
+			t.AddRow(strconv.Itoa(r.DPRank), strconv.Itoa(r.CPRank), strconv.Itoa(r.TPRank), strconv.Itoa(r.PPRank), r.RankIP, strconv.Itoa(r.RankPort))
+		}
+		if err := section("ranks (GET /route per rank)", t); err != nil {
+			return err
+		}
 		if s.RanksOmitted > 0 {
 			fmt.Fprintf(&b, "  … %d more not listed\n", s.RanksOmitted)
+		}
+	}
+	if a := res.Accept; a != nil {
+		t := &report.Table{Columns: []report.Column{{Name: "check"}, {Name: "prefill"}, {Name: "decode"}, {Name: "ok"}, {Name: "why"}}}
+		for _, c := range a.Checks {
+			t.AddRow(c.Check, c.Prefill, c.Decode, okWord(c.OK), c.Why)
+		}
+		if err := section("acceptance (the rules a vLLM decode applies at handshake)", t); err != nil {
+			return err
+		}
+		if md {
+			fmt.Fprintf(&b, "\n**verdict:** %s\n", a.Verdict)
+		} else {
+			fmt.Fprintf(&b, "\nverdict: %s\n", a.Verdict)
 		}
 	}
 	if len(res.Notes) > 0 {
@@ -62,6 +128,29 @@ func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) erro
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func okWord(ok *bool) string {
+	switch {
+	case ok == nil:
+		return "?"
+	case *ok:
+		return "ok"
+	}
+	return "REFUSED"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// rankSummary is one rank on one line, for CSV.
+func rankSummary(h *VLLMHandshake) string {
+	return fmt.Sprintf("engine %s, agent %s, %d regions, %s registered, block len %s, %d blocks, rtt %.3f ms, clock %+.3f ms",
+		h.EngineID, orDash(h.AgentName), h.Regions, report.Bytes(h.RegisteredBytes), runs(h.BlockLens, " B"), h.NumBlocks, h.RTTMs, h.ClockOffsetMs)
 }
 
 // sideChannelRows is the screen as (key, value) rows.
@@ -90,6 +179,9 @@ func sideChannelRows(res *SideChannelResult) [][2]string {
 		} else {
 			add("TP size", "not in the handshake")
 		}
+		if res.Discovery != "" {
+			add("ranks asked", res.Discovery)
+		}
 		add("KV layout", fmt.Sprintf("%s, %d-token blocks, %d blocks, device %d, %s", h.KVCacheLayout, h.BlockSize, h.NumBlocks, h.DeviceID, h.AttnBackend))
 		add("regions", strconv.Itoa(h.Regions))
 		add("block lengths", runs(h.BlockLens, " B"))
@@ -101,8 +193,12 @@ func sideChannelRows(res *SideChannelResult) [][2]string {
 		}
 		add("parallel", fmt.Sprintf("dcp %d, pcp %d, %d physical blocks per logical", h.DCPSize, h.PCPSize, h.PhysicalBlocksPerLogical))
 		add("ssm sizes", fmt.Sprintf("%d, %d", h.SSMSizes[0], h.SSMSizes[1]))
+		add("registered", fmt.Sprintf("%s (%d B)", report.Bytes(h.RegisteredBytes), h.RegisteredBytes))
 		add("metadata size", fmt.Sprintf("payload %d B, NixlAgentMetadata %d B, agent blob %d B", h.PayloadBytes, h.MetadataBytes, h.AgentBlobBytes))
 		add("listener clock", fmt.Sprintf("%.6f s, %+.3f ms from this host's monotonic clock", h.RemoteClockS, h.ClockOffsetMs))
+		if res.ClockOffsetMs != nil && len(res.Ranks) > 1 {
+			add("clock offset", fmt.Sprintf("%+.3f ms (fastest round trip: %s)", *res.ClockOffsetMs, res.ClockRank))
+		}
 		if h.Backend != "" {
 			add("nixlctl backend", h.Backend)
 		}

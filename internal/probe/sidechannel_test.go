@@ -80,7 +80,7 @@ func TestProbeVLLMAgainstEngine(t *testing.T) {
 	const hash = "c5d032bc3fabbf32974fde0fbafa3cd4b7657e9c703fcab1739f79d71df8230f"
 	s := startEngine(t, engine.ProtoPull, 2, func(c *engine.Config) { c.CompatFactors = json.RawMessage(factors) })
 	res, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second,
-		TPRank: 1, WantHash: hash, HashFrom: "--compat-factors f.json"})
+		OneRank: true, TPRank: 1, WantHash: hash, HashFrom: "--compat-factors f.json"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestProbeVLLMAgainstEngine(t *testing.T) {
 	}
 	// A rank the engine does not have: nixlctl's engine says so.
 	if _, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second,
-		TPRank: 5}); err == nil || !strings.Contains(err.Error(), "no rank pp=0 tp=5") {
+		OneRank: true, TPRank: 5}); err == nil || !strings.Contains(err.Error(), "no rank pp=0 tp=5") {
 		t.Errorf("unknown rank: %v", err)
 	}
 }
@@ -189,7 +189,8 @@ func TestProbeVLLMFakePeers(t *testing.T) {
 	// The well-formed fake reads, with what it did not say left out.
 	res, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: fakePeer(t, func() [][]byte { return [][]byte{full, ts} }),
 		Timeout: time.Second})
-	if err != nil || res.VLLM.TPSize != 0 || res.VLLM.AgentBlobFormat != "opaque" || len(res.Notes) != 1 {
+	if err != nil || res.VLLM.TPSize != 0 || res.VLLM.AgentBlobFormat != "opaque" || len(res.Ranks) != 1 ||
+		!strings.HasPrefix(res.Discovery, "rank (0, 0) only: vLLM's handshake does not carry the TP size") {
 		t.Errorf("%v %+v", err, res)
 	}
 }
@@ -326,4 +327,193 @@ func FuzzReadPrefillInfo(f *testing.F) {
 			t.Fatalf("accepted %q:%d", ip, port)
 		}
 	})
+}
+
+// Every rank of nixlctl's own TP 2 prefill, found from its metadata, on
+// one REQ socket; then the verdict on decodes it accepts and refuses.
+func TestProbeVLLMEveryRankOfEngine(t *testing.T) {
+	s := startEngine(t, engine.ProtoPull, 2, nil)
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2 // as startEngine deploys it
+	res, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second,
+		Decode: &DecodeSpec{Model: &m, TP: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranks) != 2 || res.Ranks[1].TPRank != 1 || res.Ranks[1].AgentName != "prefill-probe-tp1" || res.VLLM != res.Ranks[0] ||
+		res.Discovery != "nixlctl metadata: tp 2, pp 1" || res.ClockOffsetMs == nil || res.Ranks[0].RegisteredBytes != 4*32*16384 {
+		t.Fatalf("%+v", res)
+	}
+	if a := res.Accept; a == nil || !a.Accepted || a.Verdict != "a decode with tp=4, block 16, HND would be accepted (not checked: compatibility hash)" {
+		t.Errorf("%+v", res.Accept)
+	}
+	for _, f := range []report.Format{report.FormatTable, report.FormatMarkdown} {
+		var out strings.Builder
+		if err := WriteSideChannel(&out, f, res); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"ranks asked | nixlctl metadata: tp 2, pp 1", "prefill-probe-tp1", "tp ratio", "tp_ratio 2",
+			"would be accepted (not checked: compatibility hash)"} {
+			if f == report.FormatTable {
+				want = strings.ReplaceAll(want, " | ", " ")
+			}
+			if !strings.Contains(squash(out.String()), want) {
+				t.Errorf("%s lacks %q:\n%s", f, want, out.String())
+			}
+		}
+	}
+	var csv strings.Builder
+	if err := WriteSideChannel(&csv, report.FormatCSV, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nranks asked,\"nixlctl metadata: tp 2, pp 1\"\n", "\nrank pp 0 tp 1,\"engine prefill-probe, agent prefill-probe-tp1, 4 regions,",
+		"\ncheck tp ratio,\"ok (prefill 2, decode 4): tp_ratio 2:", "\nverdict,\"a decode with tp=4, block 16, HND would be accepted"} {
+		if !strings.Contains(csv.String(), want) {
+			t.Errorf("csv lacks %q:\n%s", want, csv.String())
+		}
+	}
+	// A decode block smaller than the prefill's: refused, the reason first.
+	res, err = RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second,
+		Decode: &DecodeSpec{Model: &m, TP: 2, BlockSize: 8}})
+	if !errkind.IsCheckFailed(err) || !strings.Contains(err.Error(), "would be refused: block size: prefill block 16 larger than decode block 8") ||
+		res == nil || res.Accept == nil || res.Accept.Accepted {
+		t.Errorf("%v %+v", err, res)
+	}
+}
+
+// fakeVLLMEngine is a fake vLLM side channel of PP 2 x TP 2 over real ZMQ:
+// it answers get_meta_msg for the ranks it has, records the order it was
+// asked in, and, as vLLM's listener does for a rank it lacks, never answers
+// anything else. extra adds nixlctl's metadata extension.
+type fakeVLLMEngine struct {
+	ep    string
+	mu    chan struct{}
+	asked []string
+}
+
+func startFakeVLLMEngine(t *testing.T, extra bool) *fakeVLLMEngine {
+	t.Helper()
+	m, _ := kv.Preset("llama-3.1-8b")
+	spec := kv.Spec{Model: m, TP: 2, PP: 2}
+	f := &fakeVLLMEngine{mu: make(chan struct{}, 1)}
+	ranks := map[[2]int][]byte{}
+	for pp := 0; pp < 2; pp++ {
+		for tp := 0; tp < 2; tp++ {
+			r := spec.Rank(tp, pp)
+			md := sidechannel.AgentMetadata{EngineID: "fake-vllm", AgentMetadata: []byte("opaque"), NumBlocks: 8, KVCacheLayout: "HND",
+				BlockSize: 16, AttnBackendName: "FLASH_ATTN", PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1}
+			for i, reg := range r.Regions {
+				md.KVCachesBaseAddr = append(md.KVCachesBaseAddr, uint64(1<<30+i<<20))
+				md.BlockLens = append(md.BlockLens, reg.BlockBytes)
+				md.BlockStrides = append(md.BlockStrides, reg.BlockBytes)
+			}
+			if extra {
+				md.Nixlctl = &sidechannel.Extra{Backend: "fake", TPRank: tp, TPSize: 2, PPRank: pp, PPSize: 2}
+			}
+			b, err := sidechannel.EncodeAgentMetadata(md.Wire())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ranks[[2]int{pp, tp}], err = sidechannel.EncodeHandshakePayload("fakehash", b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r, err := sidechannel.ListenRouter(ctx, "tcp://127.0.0.1:0", func(frames [][]byte) ([][]byte, error) {
+		pp, tp, err := sidechannel.DecodeGetMeta(frames[0])
+		if err != nil {
+			return nil, err
+		}
+		f.mu <- struct{}{}
+		f.asked = append(f.asked, fmt.Sprintf("%d/%d", pp, tp))
+		<-f.mu
+		payload, ok := ranks[[2]int{pp, tp}]
+		if !ok {
+			return nil, fmt.Errorf("unknown rank pp %d tp %d", pp, tp) // vLLM's KeyError: no reply
+		}
+		return [][]byte{payload, sidechannel.EncodeClock(1)}, nil
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); r.Wait() })
+	f.ep = r.Endpoint()
+	return f
+}
+
+func (f *fakeVLLMEngine) order() string {
+	f.mu <- struct{}{}
+	defer func() { <-f.mu }()
+	return strings.Join(f.asked, " ")
+}
+
+func TestProbeVLLMEveryRankFake(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	other := m
+	other.Name, other.HeadDim = "head-96", 96
+	for _, tc := range []struct {
+		name      string
+		extra     bool
+		o         SideChannelOptions
+		asked     string
+		discovery string
+		err       string
+	}{
+		{"nixlctl metadata", true, SideChannelOptions{}, "0/0 0/1 1/0 1/1", "nixlctl metadata: tp 2, pp 2", ""},
+		{"vLLM, given", false, SideChannelOptions{TP: 2, PP: 2}, "0/0 0/1 1/0 1/1", "given: tp 2, pp 2", ""},
+		{"vLLM, TP inferred, PP not", false, SideChannelOptions{Model: &m, KVDType: kv.BF16}, "0/0",
+			"inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2; but 32 regions do not cover llama-3.1-8b's 32 layers (pp > 1, or another model whose blocks look alike): only rank (0, 0) asked; give --pp, or --tp and --pp$", ""},
+		{"vLLM, TP inferred, cache dtype not given", false, SideChannelOptions{Model: &m, PP: 2}, "0/0 1/0",
+			"given: pp 2; tp inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2 (tp 1 with an fp8 cache: only tp rank 0, which exists either way, is asked; give --kv-dtype or --tp)$", ""},
+		{"vLLM, PP given, TP inferred", false, SideChannelOptions{Model: &m, KVDType: kv.BF16, PP: 2}, "0/0 0/1 1/0 1/1",
+			"given: pp 2; tp inferred from rank 0's block_len 16384 B and llama-3.1-8b with a bf16 cache: tp 2$", ""},
+		{"vLLM, TP given, PP not", false, SideChannelOptions{Model: &m, TP: 2}, "0/0 0/1",
+			"given: tp 2; pp unknown, only pp rank 0 asked (give --pp)$", ""},
+		{"vLLM, nothing to go by", false, SideChannelOptions{}, "0/0", "rank (0, 0) only: vLLM's handshake does not carry the TP size", ""},
+		{"vLLM, another model", false, SideChannelOptions{Model: &other}, "0/0", "rank (0, 0) only: TP not inferred: block_len 16384 B is not a whole number of head-96's KV heads", ""},
+		{"one rank", true, SideChannelOptions{OneRank: true, PPRank: 1, TPRank: 1}, "1/1", "one rank (--pp-rank 1, --tp-rank 1)", ""},
+		{"a rank that does not answer", false, SideChannelOptions{TP: 3}, "0/0 0/1 0/2", "given: tp 3; pp unknown, only pp rank 0 asked (give --pp)",
+			"no reply within 300ms (nothing answered get_meta_msg for pp 0, tp 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startFakeVLLMEngine(t, tc.extra)
+			o := tc.o
+			o.Protocol, o.Target, o.Timeout = ProtoVLLM, f.ep, 300*time.Millisecond
+			start := time.Now()
+			res, err := RunSideChannel(context.Background(), o)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("err %v, want %q", err, tc.err)
+			}
+			if time.Since(start) > 3*time.Second {
+				t.Errorf("took %v", time.Since(start))
+			}
+			if got := f.order(); got != tc.asked {
+				t.Errorf("asked %s, want %s", got, tc.asked)
+			}
+			if want, whole := strings.CutSuffix(tc.discovery, "$"); res == nil || !strings.HasPrefix(res.Discovery, want) || whole && res.Discovery != want {
+				t.Fatalf("%+v, want discovery %q", res, tc.discovery)
+			}
+			if tc.err != "" {
+				return
+			}
+			if want := strings.Count(tc.asked, "/"); len(res.Ranks) != want {
+				t.Errorf("%d ranks, want %d", len(res.Ranks), want)
+			}
+			fastest := res.Ranks[0]
+			for _, r := range res.Ranks {
+				if r.RTTMs < fastest.RTTMs {
+					fastest = r
+				}
+			}
+			if res.ClockOffsetMs == nil || *res.ClockOffsetMs != fastest.ClockOffsetMs || res.ClockRank != fmt.Sprintf("pp %d, tp %d", fastest.PPRank, fastest.TPRank) {
+				t.Errorf("clock offset from %s, want the fastest round trip's (pp %d, tp %d)", res.ClockRank, fastest.PPRank, fastest.TPRank)
+			}
+			for i, r := range res.Ranks {
+				if got := fmt.Sprintf("%d/%d", r.PPRank, r.TPRank); got != strings.Fields(tc.asked)[i] || r.Regions != 32 || r.RegisteredBytes != 32*8*16384 {
+					t.Errorf("rank %d: %s, %d regions, %d B", i, got, r.Regions, r.RegisteredBytes)
+				}
+			}
+		})
+	}
 }

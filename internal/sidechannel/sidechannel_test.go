@@ -201,3 +201,38 @@ func TestAsyncRouterDeferredReplies(t *testing.T) {
 		t.Error("In still open after stop")
 	}
 }
+
+// One REQ socket carries several requests in turn, as vLLM's handshake
+// client asks every rank on one; after a request that got no reply it
+// refuses to send rather than breaking REQ's alternation.
+func TestReqConnSeveralRequests(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := ListenRouter(ctx, "tcp://127.0.0.1:0", func(frames [][]byte) ([][]byte, error) {
+		if string(frames[0]) == "silence" {
+			return nil, nil
+		}
+		return [][]byte{append([]byte("re:"), frames[0]...)}, nil
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); r.Wait() }()
+	c, err := DialReq(r.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, m := range []string{"a", "b", "c"} {
+		got, err := c.Request(ctx, [][]byte{[]byte(m)}, 2*time.Second)
+		if err != nil || len(got) != 1 || string(got[0]) != "re:"+m {
+			t.Fatalf("%s: %q %v", m, got, err)
+		}
+	}
+	if _, err := c.Request(ctx, [][]byte{[]byte("silence")}, 200*time.Millisecond); err == nil || !strings.Contains(err.Error(), "no reply within 200ms") {
+		t.Fatalf("silence: %v", err)
+	}
+	if _, err := c.Request(ctx, [][]byte{[]byte("d")}, time.Second); err == nil || !strings.Contains(err.Error(), "cannot send") {
+		t.Fatalf("after silence: %v", err)
+	}
+}

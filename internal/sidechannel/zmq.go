@@ -145,6 +145,58 @@ func Request(ctx context.Context, endpoint string, frames [][]byte, timeout time
 	return recvWithin(ctx, sock, endpoint, timeout)
 }
 
+// ReqConn is one REQ socket kept for several requests, as vLLM's
+// handshake client keeps one per remote engine and asks every (pp, tp)
+// rank on it in turn. REQ alternates strictly: after a request that got no
+// reply the socket cannot send again, so Request refuses once that happens.
+type ReqConn struct {
+	mu       sync.Mutex
+	sock     *zmq.Socket
+	endpoint string
+	stuck    bool
+}
+
+// DialReq connects a REQ socket to endpoint.
+func DialReq(endpoint string) (*ReqConn, error) {
+	sock, err := zmq.NewSocket(zmq.REQ)
+	if err != nil {
+		return nil, err
+	}
+	_ = sock.SetLinger(0)
+	if isIPv6(endpoint) {
+		_ = sock.SetIpv6(true)
+	}
+	if err := sock.Connect(endpoint); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
+	}
+	return &ReqConn{sock: sock, endpoint: endpoint}, nil
+}
+
+// Request sends frames and waits up to timeout for the reply.
+func (c *ReqConn) Request(ctx context.Context, frames [][]byte, timeout time.Duration) ([][]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stuck {
+		return nil, fmt.Errorf("%s: an earlier request got no reply, so this REQ socket cannot send", c.endpoint)
+	}
+	if _, err := c.sock.SendMessage(toAny(frames)...); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", c.endpoint, err)
+	}
+	reply, err := recvWithin(ctx, c.sock, c.endpoint, timeout)
+	if err != nil {
+		c.stuck = true
+	}
+	return reply, err
+}
+
+// Close closes the socket.
+func (c *ReqConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sock.Close()
+}
+
 func recvWithin(ctx context.Context, sock *zmq.Socket, endpoint string, timeout time.Duration) ([][]byte, error) {
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
