@@ -285,11 +285,17 @@ type sglPeer struct {
 	ready  bool
 }
 
-// sglRecv is a room decode is receiving: its tracker, and the channel
-// closed when the tracker says it is complete.
+// sglRecv is a room decode is receiving: its tracker, the channel closed
+// when the tracker says it is complete, the prefill it waits on (bootstrap
+// address), and the channel closed when that prefill is given up on (err
+// says why). complete and err are under sglState.mu.
 type sglRecv struct {
-	tr   *sglTracker
-	done chan struct{}
+	tr       *sglTracker
+	done     chan struct{}
+	addr     string
+	failed   chan struct{}
+	complete bool
+	err      error
 }
 
 type sglState struct {
@@ -380,7 +386,7 @@ func newSGLState(e *Engine) (*sglState, error) {
 		}
 		s.ranks = append(s.ranks, sr)
 		s.peers = append(s.peers, map[string]*sglPeer{})
-		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.RegTimeout)))
+		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.SGLBootstrapTimeout)))
 		s.waits = append(s.waits, map[uint64]chan struct{}{})
 		s.recv = append(s.recv, map[uint64]*sglRecv{})
 	}
@@ -388,6 +394,12 @@ func newSGLState(e *Engine) (*sglState, error) {
 		if err := s.serveBootstrap(host); err != nil {
 			return nil, err
 		}
+	} else {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			s.heartbeat(e.ctx)
+		}()
 	}
 	return s, nil
 }
@@ -542,7 +554,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 		s.mu.Unlock()
 	}()
-	timeout := time.NewTimer(e.cfg.RegTimeout)
+	timeout := time.NewTimer(e.cfg.SGLBootstrapTimeout)
 	defer timeout.Stop()
 	for i := range e.ranks {
 		s.mu.Lock()
@@ -560,7 +572,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		select {
 		case <-ready:
 		case <-timeout.C:
-			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.RegTimeout)
+			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.SGLBootstrapTimeout)
 		case <-ctx.Done():
 			return rep, ctx.Err()
 		}
@@ -799,7 +811,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			targets = append(targets, rd.PrefillRank)
 		}
 		targets = append(targets, plan.Decode[d].NotifyOnly...)
-		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{})}
+		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{}), addr: r.Bootstrap, failed: make(chan struct{})}
 		recvs[d] = rc
 		s.mu.Lock()
 		s.recv[d][r.Room] = rc
@@ -835,14 +847,30 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 	if first {
 		rep.HandshakeMS, rep.FirstHandshake = float64(mono.Since(t0))/1e6, true
 	}
-	timeout := time.NewTimer(e.cfg.RegTimeout)
+	// A prefill given up on while this room was set up took its rooms with
+	// it before this one was among them: this one would wait out the
+	// waiting timeout for a prefill no longer checked.
+	s.mu.Lock()
+	_, known := s.info[r.Bootstrap]
+	s.mu.Unlock()
+	if !known {
+		e.c.sglRoomsFailed.Add(1)
+		return fmt.Errorf("room %d: prefill %s lost while the room was set up", r.Room, r.Bootstrap)
+	}
+	timeout := time.NewTimer(e.cfg.SGLWaitingTimeout)
 	defer timeout.Stop()
 	for _, rc := range recvs {
 		select {
 		case <-rc.done:
+		case <-rc.failed:
+			s.mu.Lock()
+			err := rc.err
+			s.mu.Unlock()
+			e.c.sglRoomsFailed.Add(1)
+			return fmt.Errorf("room %d: %w", r.Room, err)
 		case <-timeout.C:
 			e.c.regTimeouts.Add(1)
-			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.RegTimeout)
+			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.SGLWaitingTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -983,6 +1011,7 @@ func (s *sglState) onNotif(rk *rank, from, m string) {
 	// with prefill's: the real clock, not the engine's.
 	switch rc.tr.Notif(n, mono.Now()) {
 	case notifComplete:
+		rc.complete = true
 		close(rc.done)
 	case notifDuplicate, notifLate:
 		s.e.c.duplicate.Add(1)
