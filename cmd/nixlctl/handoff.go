@@ -83,7 +83,19 @@ room; prefill runs the bootstrap HTTP server (/route, /health, /register_dp_rank
 the pages chunk by chunk (--chunk-tokens, page-aligned) with
 "{room}_kv_{chunk}_{last}_{rank}" notifications and the aux row with
 "{room}_aux"; decode polls until every chunk and the aux arrived and checks
-that the aux row carries its room.`,
+that the aux row carries its room.
+
+Timeouts are upstream's by default: a prefill room waits up to
+--sglang-bootstrap-timeout for decode's TransferInfo and a decode room up to
+--sglang-waiting-timeout for its KV, 300 s each. A dead prefill is noticed
+sooner: decode GETs /health on every prefill's bootstrap server each
+--sglang-heartbeat-interval (5 s, at least 2 s; connect 2 s, read 3 s) and
+after --sglang-heartbeat-max-failures (2) failed checks in a row it forgets
+that prefill and fails every room waiting on it, naming the prefill and the
+failures. Each default comes from SGLang's own environment variable when set
+(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, _WAITING_TIMEOUT, _HEARTBEAT_INTERVAL,
+_HEARTBEAT_MAX_FAILURE); a flag wins. The result counts the checks, the failed
+ones, the prefills given up on and the rooms that failed with them.`,
 }
 
 const handoffCommon = `
@@ -192,7 +204,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("num-blocks", d.NumBlocks, "KV blocks per engine (default: enough for the workload)")
 	f.Duration("prefill-time", d.PrefillPerTok, "modelled prefill compute per token (e.g. 20us)")
 	f.Duration("kv-lease-duration", d.Lease, "how long prefill keeps a finished request's blocks")
-	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog (bench default; upstream vLLM push: 480s)")
+	f.Duration("registration-timeout", d.RegTimeout, "push decode-side watchdog (bench default; upstream vLLM push: 480s)")
 	f.String("registration-watchdog", d.RegWatchdog.String(), "push: when the watchdog fires, fail the request (bench default) or drop the registration and keep waiting (upstream vLLM)")
 	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease, vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
 	f.Bool("allow-unsupported-tp", d.AllowUnsupportedTP, "run a prefill/decode TP pair vLLM refuses (non-MLA, --prefill-tp > --decode-tp, prefill TP > KV heads) instead of refusing it")
@@ -200,6 +212,10 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("compat-hash", "", "adopt this compatibility hash (sha256 hex) as a vLLM engine advertises it (pull, push)")
 	f.Bool("no-compat-check", false, "accept any peer's compatibility hash, as vLLM's enforce_handshake_compat=false (pull, push)")
 	f.Int("chunk-tokens", d.ChunkTokens, "SGLang chunked prefill size (default: one chunk)")
+	f.Duration("sglang-bootstrap-timeout", d.SGLBootstrapTimeout, "SGLang prefill: how long a room waits for decode's TransferInfo (default: $"+envSGLBootstrapTimeout+" seconds, else upstream's 300s)")
+	f.Duration("sglang-waiting-timeout", d.SGLWaitingTimeout, "SGLang decode: how long a room waits for its KV (default: $"+envSGLWaitingTimeout+" seconds, else upstream's 300s)")
+	f.Duration("sglang-heartbeat-interval", d.SGLHeartbeatInterval, "SGLang decode: GET /health on each prefill's bootstrap server this often, at least 2s (default: $"+envSGLHeartbeatIntvl+", else upstream's 5s)")
+	f.Int("sglang-heartbeat-max-failures", d.SGLHeartbeatMaxFailures, "SGLang decode: failed /health checks in a row that fail the rooms waiting on that prefill (default: $"+envSGLHeartbeatMax+", else upstream's 2)")
 	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece; NHD: 3 tokens per block) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
@@ -252,6 +268,11 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		}
 		h.OnRendezvous = func(addr string, r rendezvous.Roster) {
 			fmt.Fprintf(a.io.ErrOut, "rendezvous: waiting at %s for %s (run %q, up to %v)\n", addr, r, r.Run, h.JoinWindow)
+		}
+	}
+	if proto == engine.ProtoSGLang {
+		if err := applySGLEnv(&h, set, os.LookupEnv); err != nil {
+			return err
 		}
 	}
 	if err := h.Validate(); err != nil {

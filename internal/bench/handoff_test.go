@@ -145,6 +145,12 @@ func TestHandoffValidate(t *testing.T) {
 		{"verify", func(o *HandoffOptions) { o.Verify = 7 }, []string{"Verify"}, ""},
 		{"dram alloc", func(o *HandoffOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}, ""},
 		{"registration timeout", func(o *HandoffOptions) { o.RegTimeout = 0 }, []string{"RegTimeout"}, ""},
+		{"sglang timeouts", func(o *HandoffOptions) {
+			o.Protocol, o.SGLBootstrapTimeout, o.SGLWaitingTimeout = engine.ProtoSGLang, -time.Second, -time.Second
+		}, []string{"SGLBootstrapTimeout", "SGLWaitingTimeout"}, ""},
+		{"sglang heartbeat below upstream's floor", func(o *HandoffOptions) {
+			o.Protocol, o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.ProtoSGLang, time.Second, -1
+		}, []string{"SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}, ""},
 		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -1 }, []string{"Requests", "Warmup"}, ""},
 		{"prefill address without a port", func(o *HandoffOptions) { o.Prefill = "tcp://x" }, []string{"Prefill"}, ""},
 		{"inproc and one remote", func(o *HandoffOptions) { o.Decode, o.Inproc = "y:1", true }, []string{"Inproc"}, ""},
