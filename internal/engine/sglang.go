@@ -765,7 +765,7 @@ func b2i(b bool) int {
 // load is decode's side of a room: register with the prefill ranks it
 // needs (once), pre-allocate pages and an aux row, send TransferInfo, and
 // wait for SGLang's is_done.
-func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) error {
+func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loadErr error) {
 	e := s.e
 	info, err := s.prefillInfo(ctx, r.Bootstrap)
 	if err != nil {
@@ -841,7 +841,11 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			}
 		}
 		defer func(d int, row int) {
-			rep.CorruptBlocks += s.checkAux(d, row, r.Room)
+			// A room that failed never had its aux row written: that is
+			// the failure, not corruption.
+			if loadErr == nil {
+				rep.CorruptBlocks += s.checkAux(d, row, r.Room)
+			}
 		}(d, row[0])
 	}
 	if first {

@@ -166,6 +166,9 @@ func TestSGLangPrefillHealthLost(t *testing.T) {
 				t.Fatal("decode still waits a minute after its prefill stopped answering /health")
 			}
 			t.Logf("failed after %v: %s", r.took, r.lr.Error)
+			if r.lr.CorruptBlocks != 0 {
+				t.Errorf("a room that failed counts %d corrupt blocks (%s): its aux row was never written", r.lr.CorruptBlocks, r.lr.Corrupt)
+			}
 			for _, want := range []string{"prefill " + addr + " lost", "consecutive /health checks failed", tc.lastWord} {
 				if !strings.Contains(r.lr.Error, want) {
 					t.Errorf("reason %q does not say %q", r.lr.Error, want)
