@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
@@ -323,6 +325,41 @@ type serveEngineOptions struct {
 	RunID     string `mapstructure:"run-id"`
 	Rank      int    `mapstructure:"rank"`
 	WorldSize int    `mapstructure:"world-size"`
+	// The vLLM compatibility identity this endpoint stands for.
+	CompatFactors string `mapstructure:"compat-factors"`
+	CompatHash    string `mapstructure:"compat-hash"`
+	NoCompatCheck bool   `mapstructure:"no-compat-check"`
+}
+
+// identity reads the endpoint's compatibility flags, refusing bad ones
+// before the endpoint serves anything.
+func (o serveEngineOptions) identity() (engine.Identity, error) {
+	id := engine.Identity{HashHex: o.CompatHash, NoCheck: o.NoCompatCheck}
+	var srcs []string
+	switch {
+	case o.CompatFactors != "" && o.CompatHash != "":
+		return id, errkind.BadInputf("--compat-hash: give --compat-factors or --compat-hash, not both")
+	case o.CompatFactors != "":
+		b, err := os.ReadFile(o.CompatFactors)
+		if err != nil {
+			return id, errkind.BadInputf("--compat-factors: %v", err)
+		}
+		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
+			return id, errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
+		}
+		id.Factors = b
+		srcs = append(srcs, "--compat-factors "+o.CompatFactors)
+	case o.CompatHash != "":
+		if _, err := hex.DecodeString(o.CompatHash); err != nil || len(o.CompatHash) != 64 {
+			return id, errkind.BadInputf("--compat-hash: %q is not a sha256 in hex (64 characters)", o.CompatHash)
+		}
+		srcs = append(srcs, "--compat-hash")
+	}
+	if o.NoCompatCheck {
+		srcs = append(srcs, "--no-compat-check")
+	}
+	id.Source = "serve " + strings.Join(srcs, " ")
+	return id, nil
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -345,7 +382,14 @@ bootstrap server and inboxes, push notifications) bind on the same HOST, and
 every message names --advertise HOST (default: the listen host; for 0.0.0.0 or
 ::, the local address the driver's connection came in on). The driver dials
 the advertised addresses before the run and fails at once, naming the
-address, when it cannot reach them.`, role),
+address, when it cannot reach them.
+
+--compat-factors FILE, --compat-hash HEX and --no-compat-check make the
+endpoint stand for a vLLM engine whose compatibility identity you know
+(pull, push): it advertises and checks that hash in its handshakes whatever
+the driver is told. A driver that sends none lets the endpoint's stand; one
+that sends a different hash, or a different --no-compat-check, fails the
+setup with an error naming both.`, role),
 		Example: `  # on host A (10.0.0.1) and host B (10.0.0.2):
   nixlctl serve prefill --listen 0.0.0.0:7400
   nixlctl serve decode --listen 10.0.0.2:7401
@@ -362,6 +406,9 @@ address, when it cannot reach them.`, role),
 			var o serveEngineOptions
 			set, err := bindExplicit(cmd, &o)
 			if err != nil {
+				return err
+			}
+			if _, err := o.identity(); err != nil {
 				return err
 			}
 			if o.Register != "" {
@@ -382,6 +429,9 @@ address, when it cannot reach them.`, role),
 	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
 	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
 	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
+	cmd.Flags().String("compat-factors", "", "stand for a vLLM engine with these compatibility factors (JSON file, as bench pull|push --compat-factors): advertise and check the hash they give; a driver that sends another fails its setup")
+	cmd.Flags().String("compat-hash", "", "stand for a vLLM engine that advertises this compatibility hash (sha256 hex); a driver that sends another fails its setup")
+	cmd.Flags().Bool("no-compat-check", false, "accept any peer's compatibility hash (vLLM's enforce_handshake_compat=false); a driver that says otherwise fails its setup")
 	return cmd
 }
 
@@ -401,6 +451,10 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 	}
 	if o.Advertise != "" && strings.ContainsAny(o.Advertise, ":/ ") && net.ParseIP(o.Advertise) == nil {
 		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
+	}
+	var err error
+	if side.Identity, err = o.identity(); err != nil {
+		return err
 	}
 	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log, side))
 }
