@@ -76,7 +76,7 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 			return nil, err
 		}
 		if err := side.Identity.apply(&cfg); err != nil {
-			return nil, fmt.Errorf("setup: %w", err)
+			return nil, err
 		}
 		mu.Lock()
 		defer mu.Unlock()
