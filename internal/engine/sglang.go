@@ -86,6 +86,12 @@ func (r SGLRegistration) Encode() [][]byte {
 	return f
 }
 
+// sglAbort is decode's best-effort ABORT of a room (common/conn.py's
+// _send_abort_notification): no guard frame; room, decode ip and port.
+func sglAbort(room uint64, ip string, port int) [][]byte {
+	return [][]byte{[]byte("ABORT"), []byte(strconv.FormatUint(room, 10)), []byte(ip), []byte(strconv.Itoa(port))}
+}
+
 // Encode builds the ZMQ frames of a TransferInfo.
 func (t SGLTransferInfo) Encode() [][]byte {
 	pages := make([]byte, 4*len(t.DstPages))
@@ -796,6 +802,14 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 	t0 := mono.Now()
 	first := false
 	recvs := make([]*sglRecv, len(e.ranks))
+	// Where each TransferInfo went, so that a room given up can be
+	// aborted there.
+	type sent struct {
+		push *sidechannel.Push
+		ip   string
+		port int
+	}
+	var sentTo []sent
 	defer func() {
 		s.mu.Lock()
 		for d := range e.ranks {
@@ -839,6 +853,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			if err := push.Send(ti.Encode()); err != nil {
 				return fmt.Errorf("transfer info to prefill rank %d: %w", p, err)
 			}
+			sentTo = append(sentTo, sent{push, ip, port})
 		}
 		defer func(d int, row int) {
 			// A room that failed never had its aux row written: that is
@@ -874,6 +889,13 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			return fmt.Errorf("room %d: %w", r.Room, err)
 		case <-timeout.C:
 			e.c.regTimeouts.Add(1)
+			// As upstream's decode: the room fails here and prefill is
+			// told, best effort, so that it does not write it later.
+			for _, to := range sentTo {
+				if err := to.push.Send(sglAbort(r.Room, to.ip, to.port)); err != nil {
+					e.log.Debug("SGLang ABORT not sent", "room", r.Room, "err", err)
+				}
+			}
 			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.SGLWaitingTimeout)
 		case <-ctx.Done():
 			return ctx.Err()

@@ -235,3 +235,29 @@ func silentOn(t *testing.T, addr string) {
 		}
 	})
 }
+
+// A room decode gives up at its waiting timeout is aborted at prefill, as
+// upstream's decode does: prefill's room is aborted, not left to be
+// written into pages decode has freed.
+func TestSGLangWaitingTimeoutAborts(t *testing.T) {
+	p, d, _ := engines(t, ProtoSGLang, 1, 1, func(c *Config) { c.SGLWaitingTimeout = 300 * time.Millisecond })
+	const room = uint64(91)
+	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "r", Tokens: 100, Key: room, Room: room, Bootstrap: p.sgl.bootstrapAddr})
+	if !strings.Contains(lr.Error, "waiting timeout after 300ms") || lr.CorruptBlocks != 0 {
+		t.Fatalf("load: %q (corrupt %d)", lr.Error, lr.CorruptBlocks)
+	}
+	waitFor(t, "prefill to see the ABORT", func() bool {
+		p.sgl.mu.Lock()
+		defer p.sgl.mu.Unlock()
+		st, ok := p.sgl.rooms[0].State(room)
+		return ok && st == roomAborted
+	})
+	if st := d.Stats(); st.RegTimeouts != 1 || st.BlocksInUse != 0 {
+		t.Errorf("decode: %+v", st)
+	}
+	// The prefill call that comes after finds the room aborted.
+	if _, err := p.sgl.prefill(context.Background(), PrefillRequest{ID: "r", Tokens: 100, Key: room, Room: room}); err == nil ||
+		!strings.Contains(err.Error(), "aborted by decode") {
+		t.Errorf("prefill of an aborted room: %v", err)
+	}
+}
