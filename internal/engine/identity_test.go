@@ -5,6 +5,16 @@ import (
 	"testing"
 )
 
+// The factors and hash of the compatibility section of
+// docs/bench-pull-push-sglang.md (CPython's sha256 of json.dumps(sort_keys=True)).
+const (
+	factorsJSON = `{"vllm_version": "0.11.1", "nixl_connector_version": 12, "model": "meta-llama/Llama-3.1-8B-Instruct",
+ "dtype": "torch.bfloat16", "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32,
+ "attn_backend_name": "FLASH_ATTN", "cache_dtype": "auto", "is_hma_enabled": false,
+ "speculative_config": null, "transfer_mode": "pull"}`
+	factorsHash = "c5d032bc3fabbf32974fde0fbafa3cd4b7657e9c703fcab1739f79d71df8230f"
+)
+
 func TestIdentityApply(t *testing.T) {
 	t.Parallel()
 	const hashA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -29,7 +39,8 @@ func TestIdentityApply(t *testing.T) {
 		{"other hash", Identity{HashHex: hashA, Source: "serve --compat-hash"}, func(c *Config) { c.CompatHashHex = hashB }, "", false,
 			[]string{"the driver's --compat-hash gives " + hashB, "this endpoint's serve --compat-hash gives " + hashA}},
 		{"driver's factors differ", Identity{HashHex: hashA, Source: "serve --compat-hash"},
-			func(c *Config) { c.CompatFactors = []byte(`{"vllm_version": "x"}`) }, "", false, []string{"the driver's --compat-factors"}},
+			func(c *Config) { c.CompatFactors = []byte(factorsJSON) }, "", false,
+			[]string{"the driver's --compat-factors gives " + factorsHash, "this endpoint's serve --compat-hash gives " + hashA}},
 		{"check differs", Identity{HashHex: hashA, NoCheck: true, Source: "serve --compat-hash"}, func(c *Config) { c.CompatHashHex = hashA }, "", false,
 			[]string{"the driver's --no-compat-check=false", "this endpoint's serve --compat-hash has --no-compat-check=true"}},
 	} {
