@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
@@ -83,7 +85,19 @@ room; prefill runs the bootstrap HTTP server (/route, /health, /register_dp_rank
 the pages chunk by chunk (--chunk-tokens, page-aligned) with
 "{room}_kv_{chunk}_{last}_{rank}" notifications and the aux row with
 "{room}_aux"; decode polls until every chunk and the aux arrived and checks
-that the aux row carries its room.`,
+that the aux row carries its room.
+
+Timeouts are upstream's by default: a prefill room waits up to
+--sglang-bootstrap-timeout for decode's TransferInfo and a decode room up to
+--sglang-waiting-timeout for its KV, 300 s each. A dead prefill is noticed
+sooner: decode GETs /health on every prefill's bootstrap server each
+--sglang-heartbeat-interval (5 s, at least 2 s; connect 2 s, read 3 s) and
+after --sglang-heartbeat-max-failures (2) failed checks in a row it forgets
+that prefill and fails every room waiting on it, naming the prefill and the
+failures. Each default comes from SGLang's own environment variable when set
+(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, _WAITING_TIMEOUT, _HEARTBEAT_INTERVAL,
+_HEARTBEAT_MAX_FAILURE); a flag wins. The result counts the checks, the failed
+ones, the prefills given up on and the rooms that failed with them.`,
 }
 
 const handoffCommon = `
@@ -192,7 +206,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("num-blocks", d.NumBlocks, "KV blocks per engine (default: enough for the workload)")
 	f.Duration("prefill-time", d.PrefillPerTok, "modelled prefill compute per token (e.g. 20us)")
 	f.Duration("kv-lease-duration", d.Lease, "how long prefill keeps a finished request's blocks")
-	f.Duration("registration-timeout", d.RegTimeout, "push/SGLang decode-side watchdog (bench default; upstream vLLM push: 480s)")
+	f.Duration("registration-timeout", d.RegTimeout, "push decode-side watchdog (bench default; upstream vLLM push: 480s)")
 	f.String("registration-watchdog", d.RegWatchdog.String(), "push: when the watchdog fires, fail the request (bench default) or drop the registration and keep waiting (upstream vLLM)")
 	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease, vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
 	f.Bool("allow-unsupported-tp", d.AllowUnsupportedTP, "run a prefill/decode TP pair vLLM refuses (non-MLA, --prefill-tp > --decode-tp, prefill TP > KV heads) instead of refusing it")
@@ -200,6 +214,10 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("compat-hash", "", "adopt this compatibility hash (sha256 hex) as a vLLM engine advertises it (pull, push)")
 	f.Bool("no-compat-check", false, "accept any peer's compatibility hash, as vLLM's enforce_handshake_compat=false (pull, push)")
 	f.Int("chunk-tokens", d.ChunkTokens, "SGLang chunked prefill size (default: one chunk)")
+	f.Duration("sglang-bootstrap-timeout", d.SGLBootstrapTimeout, "SGLang prefill: how long a room waits for decode's TransferInfo (default: $"+envSGLBootstrapTimeout+" seconds, else upstream's 300s)")
+	f.Duration("sglang-waiting-timeout", d.SGLWaitingTimeout, "SGLang decode: how long a room waits for its KV (default: $"+envSGLWaitingTimeout+" seconds, else upstream's 300s)")
+	f.Duration("sglang-heartbeat-interval", d.SGLHeartbeatInterval, "SGLang decode: GET /health on each prefill's bootstrap server this often, at least 2s (default: $"+envSGLHeartbeatIntvl+", else upstream's 5s)")
+	f.Int("sglang-heartbeat-max-failures", d.SGLHeartbeatMaxFailures, "SGLang decode: failed /health checks in a row that fail the rooms waiting on that prefill (default: $"+envSGLHeartbeatMax+", else upstream's 2)")
 	f.String("verify", d.Verify.String(), "tag check: sparse (head, tail and every 4 KiB of each piece; NHD: 3 tokens per block) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
@@ -254,6 +272,11 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 			fmt.Fprintf(a.io.ErrOut, "rendezvous: waiting at %s for %s (run %q, up to %v)\n", addr, r, r.Run, h.JoinWindow)
 		}
 	}
+	if proto == engine.ProtoSGLang {
+		if err := applySGLEnv(&h, set, os.LookupEnv); err != nil {
+			return err
+		}
+	}
 	if err := h.Validate(); err != nil {
 		return flagErrors(err, h)
 	}
@@ -304,6 +327,41 @@ type serveEngineOptions struct {
 	WorldSize int    `mapstructure:"world-size"`
 	// The stand-in's flags (serve prefill only).
 	standinOptions `mapstructure:",squash"`
+	// The vLLM compatibility identity this endpoint stands for.
+	CompatFactors string `mapstructure:"compat-factors"`
+	CompatHash    string `mapstructure:"compat-hash"`
+	NoCompatCheck bool   `mapstructure:"no-compat-check"`
+}
+
+// identity reads the endpoint's compatibility flags, refusing bad ones
+// before the endpoint serves anything.
+func (o serveEngineOptions) identity() (engine.Identity, error) {
+	id := engine.Identity{HashHex: o.CompatHash, NoCheck: o.NoCompatCheck}
+	var srcs []string
+	switch {
+	case o.CompatFactors != "" && o.CompatHash != "":
+		return id, errkind.BadInputf("--compat-hash: give --compat-factors or --compat-hash, not both")
+	case o.CompatFactors != "":
+		b, err := os.ReadFile(o.CompatFactors)
+		if err != nil {
+			return id, errkind.BadInputf("--compat-factors: %v", err)
+		}
+		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
+			return id, errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
+		}
+		id.Factors = b
+		srcs = append(srcs, "--compat-factors "+o.CompatFactors)
+	case o.CompatHash != "":
+		if _, err := hex.DecodeString(o.CompatHash); err != nil || len(o.CompatHash) != 64 {
+			return id, errkind.BadInputf("--compat-hash: %q is not a sha256 in hex (64 characters)", o.CompatHash)
+		}
+		srcs = append(srcs, "--compat-hash")
+	}
+	if o.NoCompatCheck {
+		srcs = append(srcs, "--no-compat-check")
+	}
+	id.Source = "serve " + strings.Join(srcs, " ")
+	return id, nil
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {
@@ -326,7 +384,14 @@ bootstrap server and inboxes, push notifications) bind on the same HOST, and
 every message names --advertise HOST (default: the listen host; for 0.0.0.0 or
 ::, the local address the driver's connection came in on). The driver dials
 the advertised addresses before the run and fails at once, naming the
-address, when it cannot reach them.`, role),
+address, when it cannot reach them.
+
+--compat-factors FILE, --compat-hash HEX and --no-compat-check make the
+endpoint stand for a vLLM engine whose compatibility identity you know
+(pull, push): it advertises and checks that hash in its handshakes whatever
+the driver is told. A driver that sends none lets the endpoint's stand; one
+that sends a different hash, or a different --no-compat-check, fails the
+setup with an error naming both.`, role),
 		Example: `  # on host A (10.0.0.1) and host B (10.0.0.2):
   nixlctl serve prefill --listen 0.0.0.0:7400
   nixlctl serve decode --listen 10.0.0.2:7401
@@ -345,12 +410,15 @@ address, when it cannot reach them.`, role),
 			if err != nil {
 				return err
 			}
+			if _, err := o.identity(); err != nil {
+				return err
+			}
 			if role == "prefill" {
 				if o.SideChannel != "" {
 					if o.Stdio || o.Listen != "" || o.Register != "" {
 						return errkind.BadInputf("--side-channel runs without a driver: not with --stdio, --listen or --register")
 					}
-					return runStandin(cmd.Context(), a, o.standinOptions, o.Advertise)
+					return runStandin(cmd.Context(), a, o)
 				}
 				for _, f := range standinFlags[1:] {
 					if set(f) {
@@ -376,6 +444,9 @@ address, when it cannot reach them.`, role),
 	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
 	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
 	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
+	cmd.Flags().String("compat-factors", "", "stand for a vLLM engine with these compatibility factors (JSON file, as bench pull|push --compat-factors): advertise and check the hash they give; a driver that sends another fails its setup")
+	cmd.Flags().String("compat-hash", "", "stand for a vLLM engine that advertises this compatibility hash (sha256 hex); a driver that sends another fails its setup")
+	cmd.Flags().Bool("no-compat-check", false, "accept any peer's compatibility hash (vLLM's enforce_handshake_compat=false); a driver that says otherwise fails its setup")
 	if role == "prefill" {
 		cmd.Long += "\n" + standinHelp
 		cmd.Example += `
@@ -403,6 +474,10 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 	}
 	if o.Advertise != "" && strings.ContainsAny(o.Advertise, ":/ ") && net.ParseIP(o.Advertise) == nil {
 		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
+	}
+	var err error
+	if side.Identity, err = o.identity(); err != nil {
+		return err
 	}
 	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log, side))
 }

@@ -124,6 +124,9 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 	}
 	a.log.Info("driver connected", "from", conn.RemoteAddr())
 	side := engine.SideChannelHost{Bind: listenHost, Advertise: o.Advertise}
+	if side.Identity, err = o.identity(); err != nil {
+		return err
+	}
 	err = ctl.ServeConn(ctx, conn, engine.EndpointRole(a.log, side))
 	conn.Close()
 	if ctx.Err() != nil {
@@ -167,6 +170,9 @@ func serveReverse(ctx context.Context, a *app, o serveEngineOptions, h rendezvou
 	// Side channels bind everywhere and advertise the address this host
 	// reaches the driver from (the connection's local address).
 	side := engine.SideChannelHost{Bind: "0.0.0.0", Advertise: o.Advertise}
+	if side.Identity, err = o.identity(); err != nil {
+		return err
+	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	err = ctl.ServeConn(ctx, conn, engine.EndpointRole(a.log, side))

@@ -3,11 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -17,7 +15,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
-	"github.com/nixlctl/nixlctl/internal/sidechannel"
 	"github.com/nixlctl/nixlctl/internal/standin"
 )
 
@@ -25,27 +22,23 @@ import (
 // (--side-channel): the engine's own configuration, which a driver would
 // otherwise send.
 type standinOptions struct {
-	SideChannel   string `mapstructure:"side-channel"`
-	HTTP          string `mapstructure:"http"`
-	EngineID      string `mapstructure:"engine-id"`
-	ServedModel   string `mapstructure:"served-model-name"`
-	PromptTokens  int    `mapstructure:"prompt-tokens"`
-	TP            int    `mapstructure:"tp"`
-	NumBlocks     int    `mapstructure:"num-blocks"`
-	Backend       string `mapstructure:"backend"`
-	Mem           string `mapstructure:"mem"`
-	Device        int    `mapstructure:"device"`
-	Lease         string `mapstructure:"kv-lease-duration"`
-	CompatFactors string `mapstructure:"compat-factors"`
-	CompatHash    string `mapstructure:"compat-hash"`
-	NoCompatCheck bool   `mapstructure:"no-compat-check"`
-	specFlags     `mapstructure:",squash"`
+	SideChannel  string `mapstructure:"side-channel"`
+	HTTP         string `mapstructure:"http"`
+	EngineID     string `mapstructure:"engine-id"`
+	ServedModel  string `mapstructure:"served-model-name"`
+	PromptTokens int    `mapstructure:"prompt-tokens"`
+	TP           int    `mapstructure:"tp"`
+	NumBlocks    int    `mapstructure:"num-blocks"`
+	Backend      string `mapstructure:"backend"`
+	Mem          string `mapstructure:"mem"`
+	Device       int    `mapstructure:"device"`
+	Lease        string `mapstructure:"kv-lease-duration"`
+	specFlags    `mapstructure:",squash"`
 }
 
 // standinFlags are the flags only the stand-in reads.
 var standinFlags = []string{"side-channel", "http", "engine-id", "served-model-name", "prompt-tokens", "tp", "num-blocks",
-	"backend", "mem", "device", "kv-lease-duration", "compat-factors", "compat-hash", "no-compat-check",
-	"model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
+	"backend", "mem", "device", "kv-lease-duration", "model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
 
 const standinHelp = `
 Without a driver (--side-channel HOST:PORT), "serve prefill" stands in for a
@@ -87,9 +80,6 @@ func addStandinFlags(cmd *cobra.Command) {
 	f.String("mem", "dram", "with --side-channel: where the KV cache lives: dram or vram")
 	f.Int("device", 0, "with --side-channel --mem vram: the GPU")
 	f.String("kv-lease-duration", "30s", "with --side-channel: how long a finished request's blocks are held without heartbeats (vLLM's kv_lease_duration)")
-	f.String("compat-factors", "", "with --side-channel: JSON file of vLLM's compatibility factors; advertise and check the hash vLLM computes from them")
-	f.String("compat-hash", "", "with --side-channel: advertise and check this compatibility hash (sha256 hex)")
-	f.Bool("no-compat-check", false, "with --side-channel: accept any peer's hash (vLLM's enforce_handshake_compat=false)")
 	f.String("model", "", "with --side-channel: model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "with --side-channel: a HuggingFace config.json instead of --model")
 	f.String("kv-dtype", "", "with --side-channel: KV cache dtype (default: the model's)")
@@ -100,7 +90,8 @@ func addStandinFlags(cmd *cobra.Command) {
 
 // standinConfig checks the stand-in's flags and builds its engine's
 // configuration, before anything is allocated.
-func standinConfig(o standinOptions, advertise string) (engine.Config, kv.Spec, error) {
+func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
+	o, advertise := so.standinOptions, so.Advertise
 	var cfg engine.Config
 	side := strings.TrimPrefix(o.SideChannel, "tcp://")
 	host, port, err := net.SplitHostPort(side)
@@ -144,22 +135,14 @@ func standinConfig(o standinOptions, advertise string) (engine.Config, kv.Spec, 
 	cfg = engine.Config{Role: engine.RolePrefill, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
 		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: engine.Sparse, Lease: lease,
-		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise,
-		CompatHashHex: strings.ToLower(o.CompatHash), NoCompatCheck: o.NoCompatCheck}
-	switch {
-	case o.CompatFactors != "" && o.CompatHash != "":
-		return cfg, spec, errkind.BadInputf("give --compat-factors or --compat-hash, not both")
-	case o.CompatHash != "" && !isSHA256Hex(cfg.CompatHashHex):
-		return cfg, spec, errkind.BadInputf("--compat-hash %q is not a sha256 in hex (64 characters)", o.CompatHash)
-	case o.CompatFactors != "":
-		b, err := os.ReadFile(o.CompatFactors)
-		if err != nil {
-			return cfg, spec, errkind.BadInputf("--compat-factors: %v", err)
-		}
-		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
-			return cfg, spec, errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
-		}
-		cfg.CompatFactors = json.RawMessage(b)
+		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise}
+	id, err := so.identity()
+	if err != nil {
+		return cfg, spec, err
+	}
+	cfg.CompatHashHex, cfg.NoCompatCheck = strings.ToLower(id.HashHex), id.NoCheck
+	if len(id.Factors) > 0 {
+		cfg.CompatFactors = json.RawMessage(id.Factors)
 	}
 	if cfg.Advertise == "" {
 		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
@@ -170,8 +153,9 @@ func standinConfig(o standinOptions, advertise string) (engine.Config, kv.Spec, 
 }
 
 // runStandin serves until interrupted.
-func runStandin(ctx context.Context, a *app, o standinOptions, advertise string) error {
-	cfg, spec, err := standinConfig(o, advertise)
+func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
+	o := so.standinOptions
+	cfg, spec, err := standinConfig(so)
 	if err != nil {
 		return err
 	}
@@ -203,9 +187,4 @@ func runStandin(ctx context.Context, a *app, o standinOptions, advertise string)
 	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes; %d blocks still held\n",
 		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.Handshakes, st.BlocksInUse)
 	return err
-}
-
-func isSHA256Hex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil && len(s) == 64
 }

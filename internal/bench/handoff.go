@@ -62,7 +62,7 @@ type HandoffOptions struct {
 	NumBlocks     int                  `mapstructure:"num-blocks"` // per engine; 0 = enough for the workload
 	PrefillPerTok time.Duration        `mapstructure:"prefill-time"`
 	Lease         time.Duration        `mapstructure:"kv-lease-duration"`
-	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push/SGLang watchdog
+	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push watchdog
 	// RegWatchdog is what push's registration watchdog does when it
 	// fires: fail the request (this bench's default, so that a run ends)
 	// or drop the registration and keep waiting (upstream's).
@@ -72,15 +72,23 @@ type HandoffOptions struct {
 	PushHeartbeatKeys engine.HeartbeatKeys `mapstructure:"push-heartbeat-keys"`
 	// AllowUnsupportedTP runs a prefill/decode TP pair that vLLM refuses
 	// (kv.VLLMRefusesTP) instead of refusing it as bad input.
-	AllowUnsupportedTP bool             `mapstructure:"allow-unsupported-tp"`
-	ChunkTokens        int              `mapstructure:"chunk-tokens"` // SGLang chunked prefill; 0 = one chunk
-	Verify             engine.Verify    `mapstructure:"verify"`
-	DRAMAlloc          engine.DRAMAlloc `mapstructure:"dram-alloc"`
-	Mem                nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
-	Device             int              `mapstructure:"device"`         // prefill's GPU (VRAM)
-	DecodeDevice       int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
-	XferRef            bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
-	Inproc             bool             `mapstructure:"inproc"`
+	AllowUnsupportedTP bool `mapstructure:"allow-unsupported-tp"`
+	ChunkTokens        int  `mapstructure:"chunk-tokens"` // SGLang chunked prefill; 0 = one chunk
+	// SGLang's own timeouts, upstream's by default (the CLI reads
+	// upstream's environment variables for them): prefill's bootstrap
+	// timeout, decode's waiting timeout, and decode's /health heartbeat
+	// (interval, failures in a row that give a prefill up).
+	SGLBootstrapTimeout     time.Duration    `mapstructure:"sglang-bootstrap-timeout"`
+	SGLWaitingTimeout       time.Duration    `mapstructure:"sglang-waiting-timeout"`
+	SGLHeartbeatInterval    time.Duration    `mapstructure:"sglang-heartbeat-interval"`
+	SGLHeartbeatMaxFailures int              `mapstructure:"sglang-heartbeat-max-failures"`
+	Verify                  engine.Verify    `mapstructure:"verify"`
+	DRAMAlloc               engine.DRAMAlloc `mapstructure:"dram-alloc"`
+	Mem                     nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
+	Device                  int              `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice            int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef                 bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	Inproc                  bool             `mapstructure:"inproc"`
 	// Prefill and Decode are the engines' control addresses, comma
 	// separated (host:port of `serve prefill|decode --listen`, or "local"
 	// for a child of the driver); "" is Prefills or Decodes local children.
@@ -162,6 +170,8 @@ func DefaultHandoffOptions() HandoffOptions {
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
 		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: BenchRegTimeout,
 		RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: engine.HBKeysUpstream,
+		SGLBootstrapTimeout: engine.SGLDefaultBootstrapTimeout, SGLWaitingTimeout: engine.SGLDefaultWaitingTimeout,
+		SGLHeartbeatInterval: engine.SGLDefaultHeartbeatInterval, SGLHeartbeatMaxFailures: engine.SGLDefaultHeartbeatMaxFailures,
 		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
 		JoinWindow: 60 * time.Second}
 }
@@ -234,6 +244,7 @@ func (o *HandoffOptions) Validate() error {
 	if o.ChunkTokens < 0 {
 		bad("ChunkTokens", "must not be negative")
 	}
+	o.validateSGL(bad)
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
 	}
@@ -276,6 +287,32 @@ func (o *HandoffOptions) Validate() error {
 	}
 	errs = append(errs, o.checkTopologyTPs()...)
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// validateSGL checks SGLang's timeouts; options built without
+// DefaultHandoffOptions get upstream's.
+func (o *HandoffOptions) validateSGL(bad func(field, format string, a ...any)) {
+	if o.Protocol != engine.ProtoSGLang {
+		return
+	}
+	o.SGLBootstrapTimeout = cmpOr(o.SGLBootstrapTimeout, engine.SGLDefaultBootstrapTimeout)
+	o.SGLWaitingTimeout = cmpOr(o.SGLWaitingTimeout, engine.SGLDefaultWaitingTimeout)
+	o.SGLHeartbeatInterval = cmpOr(o.SGLHeartbeatInterval, engine.SGLDefaultHeartbeatInterval)
+	o.SGLHeartbeatMaxFailures = cmpOr(o.SGLHeartbeatMaxFailures, engine.SGLDefaultHeartbeatMaxFailures)
+	if o.SGLBootstrapTimeout < 0 {
+		bad("SGLBootstrapTimeout", "must be positive")
+	}
+	if o.SGLWaitingTimeout < 0 {
+		bad("SGLWaitingTimeout", "must be positive")
+	}
+	// SGLang's decode raises smaller settings to these floors; a flag
+	// that asks for less would be silently changed, so it is refused.
+	if o.SGLHeartbeatInterval < engine.SGLMinHeartbeatInterval {
+		bad("SGLHeartbeatInterval", "%v is below SGLang's floor of %v", o.SGLHeartbeatInterval, engine.SGLMinHeartbeatInterval)
+	}
+	if o.SGLHeartbeatMaxFailures < 1 {
+		bad("SGLHeartbeatMaxFailures", "must be at least 1")
+	}
 }
 
 // BenchRegTimeout is the bench's registration timeout by default, shorter
@@ -384,7 +421,9 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
 		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
-		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices}
+		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices,
+		SGLBootstrapTimeout: o.SGLBootstrapTimeout, SGLWaitingTimeout: o.SGLWaitingTimeout,
+		SGLHeartbeatInterval: o.SGLHeartbeatInterval, SGLHeartbeatMaxFailures: o.SGLHeartbeatMaxFailures}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
@@ -423,15 +462,20 @@ type HandoffConfig struct {
 	PushHeartbeatKeys engine.HeartbeatKeys  `json:"push_heartbeat_keys,omitempty"`
 	// UnsupportedTP: the TP pairs vLLM refuses that the run measured
 	// anyway (--allow-unsupported-tp), with vLLM's reason.
-	UnsupportedTP      []string         `json:"unsupported_tp,omitempty"`
-	ChunkTokens        int              `json:"chunk_tokens"`
-	Verify             engine.Verify    `json:"verify"`
-	DRAMAlloc          engine.DRAMAlloc `json:"dram_alloc"`
-	Mem                string           `json:"mem"`
-	Endpoints          string           `json:"endpoints"`
-	PoolBytesPerEngine int64            `json:"pool_bytes_per_engine"`
-	Alloc              string           `json:"alloc"`
-	XferReference      *XferReference   `json:"xfer_reference,omitempty"`
+	UnsupportedTP []string `json:"unsupported_tp,omitempty"`
+	ChunkTokens   int      `json:"chunk_tokens"`
+	// SGLang's timeouts and decode's /health heartbeat.
+	SGLBootstrapTimeout     Duration         `json:"sglang_bootstrap_timeout,omitempty"`
+	SGLWaitingTimeout       Duration         `json:"sglang_waiting_timeout,omitempty"`
+	SGLHeartbeatInterval    Duration         `json:"sglang_heartbeat_interval,omitempty"`
+	SGLHeartbeatMaxFailures int              `json:"sglang_heartbeat_max_failures,omitempty"`
+	Verify                  engine.Verify    `json:"verify"`
+	DRAMAlloc               engine.DRAMAlloc `json:"dram_alloc"`
+	Mem                     string           `json:"mem"`
+	Endpoints               string           `json:"endpoints"`
+	PoolBytesPerEngine      int64            `json:"pool_bytes_per_engine"`
+	Alloc                   string           `json:"alloc"`
+	XferReference           *XferReference   `json:"xfer_reference,omitempty"`
 	// CompatHash is the vLLM compatibility hash the endpoints advertised
 	// (from --compat-factors, --compat-hash or derived); NoCompatCheck
 	// that they accepted any peer's.
@@ -487,8 +531,13 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
 		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP()}
-	if o.Protocol == engine.ProtoPush {
+	switch o.Protocol {
+	case engine.ProtoPush:
 		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
+	case engine.ProtoSGLang:
+		c.RegTimeout = 0 // push's
+		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = Duration(o.SGLBootstrapTimeout), Duration(o.SGLWaitingTimeout)
+		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
 	}
 	ps, ds := o.engines()
 	switch {

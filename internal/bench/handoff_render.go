@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -137,7 +138,17 @@ func resultTable(res *HandoffResult) *report.Table {
 		k.AddRow("heartbeat ids renewed / unknown (prefill)", fmt.Sprintf("%d / %d of %d", l.Renewed, l.UnknownRenewals, l.HeartbeatIDs))
 	}
 	if d.RegTimeouts > 0 {
-		k.AddRow("registration watchdog fired (decode)", report.Int(d.RegTimeouts))
+		what := "registration watchdog fired (decode)"
+		if res.Config.Protocol == engine.ProtoSGLang {
+			what = "waiting timeout fired (decode)"
+		}
+		k.AddRow(what, report.Int(d.RegTimeouts))
+	}
+	if d.SGLHeartbeats > 0 {
+		k.AddRow("/health heartbeats failed / sent (decode)", fmt.Sprintf("%d / %d", d.SGLHeartbeatFailures, d.SGLHeartbeats))
+	}
+	if d.SGLPrefillsLost > 0 {
+		k.AddRow("prefills given up on / rooms failed (decode)", fmt.Sprintf("%d / %d", d.SGLPrefillsLost, d.SGLRoomsFailed))
 	}
 	k.AddRow("failed transfers / notifications", fmt.Sprintf("%d / %d", p.FailedTransfers+d.FailedTransfers, p.FailedNotifs+d.FailedNotifs))
 	k.AddRow("unknown-request / malformed messages", fmt.Sprintf("%d / %d", p.UnknownNotifs+d.UnknownNotifs, p.MalformedNotifs+d.MalformedNotifs+p.MalformedControl+d.MalformedControl))

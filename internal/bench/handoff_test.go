@@ -145,6 +145,12 @@ func TestHandoffValidate(t *testing.T) {
 		{"verify", func(o *HandoffOptions) { o.Verify = 7 }, []string{"Verify"}, ""},
 		{"dram alloc", func(o *HandoffOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}, ""},
 		{"registration timeout", func(o *HandoffOptions) { o.RegTimeout = 0 }, []string{"RegTimeout"}, ""},
+		{"sglang timeouts", func(o *HandoffOptions) {
+			o.Protocol, o.SGLBootstrapTimeout, o.SGLWaitingTimeout = engine.ProtoSGLang, -time.Second, -time.Second
+		}, []string{"SGLBootstrapTimeout", "SGLWaitingTimeout"}, ""},
+		{"sglang heartbeat below upstream's floor", func(o *HandoffOptions) {
+			o.Protocol, o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.ProtoSGLang, time.Second, -1
+		}, []string{"SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}, ""},
 		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -1 }, []string{"Requests", "Warmup"}, ""},
 		{"prefill address without a port", func(o *HandoffOptions) { o.Prefill = "tcp://x" }, []string{"Prefill"}, ""},
 		{"inproc and one remote", func(o *HandoffOptions) { o.Decode, o.Inproc = "y:1", true }, []string{"Inproc"}, ""},
@@ -609,5 +615,53 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 				t.Fatalf("reference %+v, summary xfer %.3g GB/s, efficiency %.3g", ref, s.XferGBps, s.EfficiencyXfer)
 			}
 		})
+	}
+}
+
+// SGLang with a prefill killed mid-run and --on-endpoint-death drain: the
+// decode rooms that waited on it fail through decode's /health heartbeat
+// within seconds, not at the 300 s waiting timeout, and the run goes on
+// with the other prefill and ends.
+func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoSGLang, 1, 1)
+	o.Prefills, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 24, 0, 4, DeathDrain
+	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 256}, 2*time.Millisecond
+	o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.SGLMinHeartbeatInterval, 2
+	var killed atomic.Int64
+	o.OnStart = func(p, _ *Endpoint) {
+		time.AfterFunc(700*time.Millisecond, func() {
+			killed.Store(time.Now().UnixNano())
+			_ = p.Signal(syscall.SIGKILL)
+		})
+	}
+	done := make(chan struct{})
+	var res *HandoffResult
+	go func() {
+		defer close(done)
+		res, _ = RunHandoff(context.Background(), o)
+	}()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the run still goes 90 s after a prefill died: decode waits for the waiting timeout")
+	}
+	if res == nil || killed.Load() == 0 {
+		t.Fatalf("no result (%v) or prefill never killed", res)
+	}
+	t.Logf("the run ended %v after prefill-0 was killed; decode: %d checks, %d failed, %d prefills lost, %d rooms failed",
+		time.Since(time.Unix(0, killed.Load())), res.Decode.SGLHeartbeats, res.Decode.SGLHeartbeatFailures,
+		res.Decode.SGLPrefillsLost, res.Decode.SGLRoomsFailed)
+	if !strings.HasPrefix(res.EndpointDied, "prefill-0") {
+		t.Errorf("endpoint_died %q, want prefill-0", res.EndpointDied)
+	}
+	s := res.Summary
+	if s.Requests != 24 || s.Failed == 0 || s.Failed >= 12 || s.CorruptBlocks != 0 || res.Decode.BlocksInUse != 0 {
+		t.Errorf("summary: %d requests, %d failed, %d corrupt; decode holds %d blocks", s.Requests, s.Failed, s.CorruptBlocks, res.Decode.BlocksInUse)
+	}
+	if d := res.Decode; d.SGLPrefillsLost != 1 || d.SGLHeartbeatFailures < 2 || d.RegTimeouts != 0 {
+		t.Errorf("decode did not give the dead prefill up by its heartbeat: %+v", d)
+	}
+	if c := res.Config; c.SGLWaitingTimeout != Duration(engine.SGLDefaultWaitingTimeout) || c.SGLHeartbeatInterval != Duration(2*time.Second) {
+		t.Errorf("config: waiting %v, heartbeat %v", c.SGLWaitingTimeout, c.SGLHeartbeatInterval)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
+// sglOnly are the options only bench sglang reads.
+var sglOnly = []string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}
+
 // IgnoredField is an option that the chosen protocol or mode does not
 // read: Field is its Go field path in the options (as errkind.FieldError
 // names it), Why the mode that ignores it.
@@ -29,14 +32,15 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 	case engine.ProtoPull:
 		// The chunks are SGLang's (the prefill request's ChunkTokens); the
 		// registration watchdog is decode's wait for pushed KV.
-		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
-		ig("bench "+p+" does not use it (push and SGLang only)", "RegTimeout")
-		ig("bench "+p+" does not use it (push only)", "RegWatchdog", "PushHeartbeatKeys")
+		ig("bench "+p+" does not use it (SGLang only)", sglOnly...)
+		ig("bench "+p+" does not use it (push only)", "RegTimeout", "RegWatchdog", "PushHeartbeatKeys")
 	case engine.ProtoPush:
-		ig("bench "+p+" does not use it (SGLang only)", "ChunkTokens")
+		ig("bench "+p+" does not use it (SGLang only)", sglOnly...)
 	case engine.ProtoSGLang:
-		// SGLang's rooms have no lease: prefill frees on the aux row.
-		ig("bench "+p+" does not use it (pull and push only)", "Lease", "RegWatchdog", "PushHeartbeatKeys", "AllowUnsupportedTP")
+		// SGLang's rooms have no lease: prefill frees on the aux row. Its
+		// decode waits for its KV up to --sglang-waiting-timeout.
+		ig("bench "+p+" does not use it (pull and push only)", "Lease", "AllowUnsupportedTP")
+		ig("bench "+p+" does not use it (push only; SGLang has --sglang-waiting-timeout)", "RegTimeout", "RegWatchdog", "PushHeartbeatKeys")
 	}
 	if o.Mem != nixl.VRAM {
 		ig("only with --mem vram", "Device", "DecodeDevice")

@@ -28,8 +28,9 @@ func TestHandoffIgnored(t *testing.T) {
 		want, not []string
 	}{
 		{"pull", func(o *HandoffOptions) { o.Protocol = engine.ProtoPull }, []string{"ChunkTokens", "RegTimeout", "ISL.Min", "Device"}, []string{"Lease", "ISL.Fixed", "Concurrency"}},
-		{"push", func(o *HandoffOptions) { o.Protocol = engine.ProtoPush }, []string{"ChunkTokens"}, []string{"RegTimeout", "Lease"}},
-		{"sglang", func(o *HandoffOptions) { o.Protocol = engine.ProtoSGLang }, []string{"Lease"}, []string{"ChunkTokens", "RegTimeout"}},
+		{"push", func(o *HandoffOptions) { o.Protocol = engine.ProtoPush }, []string{"ChunkTokens", "SGLWaitingTimeout", "SGLHeartbeatInterval"}, []string{"RegTimeout", "Lease"}},
+		{"sglang", func(o *HandoffOptions) { o.Protocol = engine.ProtoSGLang }, []string{"Lease", "RegTimeout", "RegWatchdog"},
+			[]string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}},
 		{"vram", func(o *HandoffOptions) { o.Mem = nixl.VRAM }, []string{"DRAMAlloc"}, []string{"Device", "DecodeDevice"}},
 		{"dram", func(o *HandoffOptions) { o.Mem = nixl.DRAM }, []string{"Device", "DecodeDevice"}, []string{"DRAMAlloc"}},
 		{"uniform", func(o *HandoffOptions) { o.ISL.Dist = ISLUniform }, []string{"ISL.Fixed", "ISL.Mean", "ISL.Std"}, []string{"ISL.Min", "ISL.Max"}},

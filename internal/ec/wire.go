@@ -10,6 +10,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // The encoder-cache (EC) control plane of vLLM's ECCPUConnector: a
@@ -287,6 +288,13 @@ func DecodeAck(b []byte) (Ack, error) {
 // decodeTagged walks a msgpack map whose "type" must equal tag, handing
 // every other key to field. Trailing bytes are an error, as in msgspec.
 func decodeTagged(b []byte, tag string, field func(d *ecReader, key string) error) error {
+	// The decoder skips unknown fields by recursing into them: a peer's
+	// value nested a few million levels deep would overflow the stack and
+	// abort the process, which no recover() catches. A scan without
+	// recursion refuses it first, as the vLLM side channel does.
+	if err := sidechannel.CheckMsgpack(b); err != nil {
+		return err
+	}
 	rd := bytes.NewReader(b)
 	d := &ecReader{d: msgpack.NewDecoder(rd), rd: rd}
 	n, err := d.d.DecodeMapLen()
@@ -469,6 +477,9 @@ func EncodeMemDescriptor(descs []nixl.Desc) ([]byte, error) {
 // DecodeMemDescriptor parses EncodeMemDescriptor's output; every
 // descriptor needs a length above zero that does not wrap the address.
 func DecodeMemDescriptor(b []byte) ([]nixl.Desc, error) {
+	if err := sidechannel.CheckMsgpack(b); err != nil {
+		return nil, fmt.Errorf("mem descriptor: %w", err)
+	}
 	rd := bytes.NewReader(b)
 	r := &ecReader{d: msgpack.NewDecoder(rd), rd: rd}
 	n, err := r.d.DecodeArrayLen()

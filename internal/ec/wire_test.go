@@ -238,6 +238,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	}
 	w, _ := (&Request{MMHash: "m", CompatibilityHash: "c", ReqID: 3, DstBlockIndices: []int{1, 2}, AgentMetadata: []byte{1}, MemDescriptor: []byte{2}}).Encode()
 	f.Add(w)
+	addDeepSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := DecodeRequest(data)
 		if err != nil {
@@ -264,6 +265,7 @@ func FuzzDecodeAck(f *testing.F) {
 	for _, v := range []string{vecAckFull, vecAckNack} {
 		f.Add(wirefixture.Hex(f, v))
 	}
+	addDeepSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, err := DecodeAck(data)
 		if err != nil {
@@ -282,6 +284,7 @@ func FuzzDecodeAck(f *testing.F) {
 
 func FuzzDecodeMemDescriptor(f *testing.F) {
 	f.Add(wirefixture.Hex(f, vecMemDesc))
+	addDeepSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := DecodeMemDescriptor(data)
 		if err != nil {

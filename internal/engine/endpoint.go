@@ -33,6 +33,9 @@ type SideChannelHost struct {
 	// Advertise is the host messages name; empty: Bind, or for 0.0.0.0
 	// and :: the address the driver's connection came in on.
 	Advertise string
+	// Identity is the endpoint's own vLLM compatibility identity, which
+	// a driver's setup must agree with (the zero value: the driver's).
+	Identity Identity
 }
 
 // apply sets cfg's side channel from h, for a session whose control
@@ -70,6 +73,9 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 		if err := side.apply(&cfg, srv.LocalAddr()); err != nil {
+			return nil, err
+		}
+		if err := side.Identity.apply(&cfg); err != nil {
 			return nil, err
 		}
 		mu.Lock()

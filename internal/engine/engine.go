@@ -75,9 +75,9 @@ type Config struct {
 	// configuration (LeaseConfig). RegTimeout is push mode's decode-side
 	// registration watchdog (0: upstream's push_registration_timeout,
 	// DefaultRegTimeout) and RegWatchdog what it does when it fires ("":
-	// upstream's, drop); for SGLang RegTimeout is its bootstrap and
-	// waiting timeout. PushHeartbeatKeys is what push mode's heartbeats
-	// are keyed by ("": upstream's, which never renew: vLLM #53095).
+	// upstream's, drop).
+	// PushHeartbeatKeys is what push mode's heartbeats are keyed by ("":
+	// upstream's, which never renew: vLLM #53095).
 	Lease             time.Duration    `json:"lease"`
 	LeasePolicy       lease.Policy     `json:"lease_policy,omitempty"`
 	FixedTimeout      time.Duration    `json:"fixed_timeout,omitempty"`
@@ -85,6 +85,16 @@ type Config struct {
 	RegTimeout        time.Duration    `json:"reg_timeout"`
 	RegWatchdog       WatchdogAction   `json:"reg_watchdog,omitempty"`
 	PushHeartbeatKeys HeartbeatKeys    `json:"push_heartbeat_keys,omitempty"`
+	// SGLang's timeouts (0: upstream's defaults, see SGLDefaults):
+	// prefill's bootstrap timeout (a room whose TransferInfos do not all
+	// come), decode's waiting timeout (a room whose KV does not come), and
+	// decode's /health heartbeat to each prefill's bootstrap server, every
+	// SGLHeartbeatInterval, that fails the rooms waiting on a prefill after
+	// SGLHeartbeatMaxFailures consecutive failed checks.
+	SGLBootstrapTimeout     time.Duration `json:"sglang_bootstrap_timeout,omitempty"`
+	SGLWaitingTimeout       time.Duration `json:"sglang_waiting_timeout,omitempty"`
+	SGLHeartbeatInterval    time.Duration `json:"sglang_heartbeat_interval,omitempty"`
+	SGLHeartbeatMaxFailures int           `json:"sglang_heartbeat_max_failures,omitempty"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got
@@ -220,12 +230,21 @@ type Stats struct {
 	// StaleControl counts SGLang TransferInfos and ABORTs that came twice
 	// or after their room was taken: ignored, as a retrying peer's are.
 	StaleControl int64 `json:"stale_side_channel_msgs,omitempty"`
+	// SGLang decode's liveness checks (GET /health on each prefill's
+	// bootstrap server): checks made, checks that failed, prefills given up
+	// on (SGLHeartbeatMaxFailures failures in a row), and the rooms that
+	// failed because their prefill was given up on.
+	SGLHeartbeats        int64 `json:"sglang_heartbeats,omitempty"`
+	SGLHeartbeatFailures int64 `json:"sglang_heartbeat_failures,omitempty"`
+	SGLPrefillsLost      int64 `json:"sglang_prefills_lost,omitempty"`
+	SGLRoomsFailed       int64 `json:"sglang_rooms_failed_prefill_lost,omitempty"`
 }
 
 type counters struct {
 	requests, handshakes, handshakeFails, malformed, unknown, duplicate, expired atomic.Int64
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
 	heartbeatsSent, aborted, staleControl                                        atomic.Int64
+	sglHeartbeats, sglHeartbeatFails, sglPrefillsLost, sglRoomsFailed            atomic.Int64
 	// inFlight counts prefill and load calls still running: a driver that
 	// stopped a run waits for them before it counts blocks still held.
 	inFlight atomic.Int64
@@ -300,8 +319,13 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if cfg.Protocol == ProtoPush && cfg.RegTimeout == 0 {
 		cfg.RegTimeout = DefaultRegTimeout
 	}
-	if cfg.Protocol != ProtoPull && cfg.RegTimeout <= 0 {
+	if cfg.Protocol == ProtoPush && cfg.RegTimeout <= 0 {
 		return nil, fmt.Errorf("reg_timeout must be > 0 for %s", cfg.Protocol)
+	}
+	if cfg.Protocol == ProtoSGLang {
+		if err := cfg.sglDefaults(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.RegWatchdog == "" {
 		cfg.RegWatchdog = WatchdogDrop
@@ -483,7 +507,9 @@ func (e *Engine) Stats() Stats {
 		ExpiredLeases: e.c.expired.Load(), FailedTransfers: e.c.failedXfers.Load(), FailedNotifs: e.c.failedNotifs.Load(),
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
-		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load()}
+		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load(),
+		SGLHeartbeats: e.c.sglHeartbeats.Load(), SGLHeartbeatFailures: e.c.sglHeartbeatFails.Load(),
+		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load()}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)

@@ -145,9 +145,11 @@ func TestFixtureSGLNotifs(t *testing.T) {
 	}
 }
 
-// nixlctl's decode sends no ABORT; its prefill reads SGLang's.
+// Decode's ABORT (sent on its waiting timeout) is SGLang's, and prefill
+// reads SGLang's.
 func TestFixtureSGLAbort(t *testing.T) {
 	t.Parallel()
+	sameFrames(t, "ABORT", sglAbort(12345678901234567, "10.0.0.2", 41235), wirefixture.Frames(t, "sglang_abort.hex"))
 	reg, info, room, err := DecodeSGLMessage(wirefixture.Frames(t, "sglang_abort.hex"))
 	if err != nil || reg != nil || info != nil || room != 12345678901234567 {
 		t.Errorf("ABORT decoded to room %d, %v %v %v", room, reg, info, err)

@@ -86,6 +86,12 @@ func (r SGLRegistration) Encode() [][]byte {
 	return f
 }
 
+// sglAbort is decode's best-effort ABORT of a room (common/conn.py's
+// _send_abort_notification): no guard frame; room, decode ip and port.
+func sglAbort(room uint64, ip string, port int) [][]byte {
+	return [][]byte{[]byte("ABORT"), []byte(strconv.FormatUint(room, 10)), []byte(ip), []byte(strconv.Itoa(port))}
+}
+
 // Encode builds the ZMQ frames of a TransferInfo.
 func (t SGLTransferInfo) Encode() [][]byte {
 	pages := make([]byte, 4*len(t.DstPages))
@@ -285,11 +291,17 @@ type sglPeer struct {
 	ready  bool
 }
 
-// sglRecv is a room decode is receiving: its tracker, and the channel
-// closed when the tracker says it is complete.
+// sglRecv is a room decode is receiving: its tracker, the channel closed
+// when the tracker says it is complete, the prefill it waits on (bootstrap
+// address), and the channel closed when that prefill is given up on (err
+// says why). complete and err are under sglState.mu.
 type sglRecv struct {
-	tr   *sglTracker
-	done chan struct{}
+	tr       *sglTracker
+	done     chan struct{}
+	addr     string
+	failed   chan struct{}
+	complete bool
+	err      error
 }
 
 type sglState struct {
@@ -380,7 +392,7 @@ func newSGLState(e *Engine) (*sglState, error) {
 		}
 		s.ranks = append(s.ranks, sr)
 		s.peers = append(s.peers, map[string]*sglPeer{})
-		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.RegTimeout)))
+		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.SGLBootstrapTimeout)))
 		s.waits = append(s.waits, map[uint64]chan struct{}{})
 		s.recv = append(s.recv, map[uint64]*sglRecv{})
 	}
@@ -388,6 +400,12 @@ func newSGLState(e *Engine) (*sglState, error) {
 		if err := s.serveBootstrap(host); err != nil {
 			return nil, err
 		}
+	} else {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			s.heartbeat(e.ctx)
+		}()
 	}
 	return s, nil
 }
@@ -542,7 +560,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 		s.mu.Unlock()
 	}()
-	timeout := time.NewTimer(e.cfg.RegTimeout)
+	timeout := time.NewTimer(e.cfg.SGLBootstrapTimeout)
 	defer timeout.Stop()
 	for i := range e.ranks {
 		s.mu.Lock()
@@ -560,7 +578,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		select {
 		case <-ready:
 		case <-timeout.C:
-			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.RegTimeout)
+			return rep, fmt.Errorf("room %d: bootstrap timeout after %v", r.Room, e.cfg.SGLBootstrapTimeout)
 		case <-ctx.Done():
 			return rep, ctx.Err()
 		}
@@ -753,7 +771,7 @@ func b2i(b bool) int {
 // load is decode's side of a room: register with the prefill ranks it
 // needs (once), pre-allocate pages and an aux row, send TransferInfo, and
 // wait for SGLang's is_done.
-func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) error {
+func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loadErr error) {
 	e := s.e
 	info, err := s.prefillInfo(ctx, r.Bootstrap)
 	if err != nil {
@@ -784,6 +802,14 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 	t0 := mono.Now()
 	first := false
 	recvs := make([]*sglRecv, len(e.ranks))
+	// Where each TransferInfo went, so that a room given up can be
+	// aborted there.
+	type sent struct {
+		push *sidechannel.Push
+		ip   string
+		port int
+	}
+	var sentTo []sent
 	defer func() {
 		s.mu.Lock()
 		for d := range e.ranks {
@@ -799,7 +825,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			targets = append(targets, rd.PrefillRank)
 		}
 		targets = append(targets, plan.Decode[d].NotifyOnly...)
-		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{})}
+		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{}), addr: r.Bootstrap, failed: make(chan struct{})}
 		recvs[d] = rc
 		s.mu.Lock()
 		s.recv[d][r.Room] = rc
@@ -827,22 +853,50 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) erro
 			if err := push.Send(ti.Encode()); err != nil {
 				return fmt.Errorf("transfer info to prefill rank %d: %w", p, err)
 			}
+			sentTo = append(sentTo, sent{push, ip, port})
 		}
 		defer func(d int, row int) {
-			rep.CorruptBlocks += s.checkAux(d, row, r.Room)
+			// A room that failed never had its aux row written: that is
+			// the failure, not corruption.
+			if loadErr == nil {
+				rep.CorruptBlocks += s.checkAux(d, row, r.Room)
+			}
 		}(d, row[0])
 	}
 	if first {
 		rep.HandshakeMS, rep.FirstHandshake = float64(mono.Since(t0))/1e6, true
 	}
-	timeout := time.NewTimer(e.cfg.RegTimeout)
+	// A prefill given up on while this room was set up took its rooms with
+	// it before this one was among them: this one would wait out the
+	// waiting timeout for a prefill no longer checked.
+	s.mu.Lock()
+	_, known := s.info[r.Bootstrap]
+	s.mu.Unlock()
+	if !known {
+		e.c.sglRoomsFailed.Add(1)
+		return fmt.Errorf("room %d: prefill %s lost while the room was set up", r.Room, r.Bootstrap)
+	}
+	timeout := time.NewTimer(e.cfg.SGLWaitingTimeout)
 	defer timeout.Stop()
 	for _, rc := range recvs {
 		select {
 		case <-rc.done:
+		case <-rc.failed:
+			s.mu.Lock()
+			err := rc.err
+			s.mu.Unlock()
+			e.c.sglRoomsFailed.Add(1)
+			return fmt.Errorf("room %d: %w", r.Room, err)
 		case <-timeout.C:
 			e.c.regTimeouts.Add(1)
-			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.RegTimeout)
+			// As upstream's decode: the room fails here and prefill is
+			// told, best effort, so that it does not write it later.
+			for _, to := range sentTo {
+				if err := to.push.Send(sglAbort(r.Room, to.ip, to.port)); err != nil {
+					e.log.Debug("SGLang ABORT not sent", "room", r.Room, "err", err)
+				}
+			}
+			return fmt.Errorf("room %d: waiting timeout after %v", r.Room, e.cfg.SGLWaitingTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -983,6 +1037,7 @@ func (s *sglState) onNotif(rk *rank, from, m string) {
 	// with prefill's: the real clock, not the engine's.
 	switch rc.tr.Notif(n, mono.Now()) {
 	case notifComplete:
+		rc.complete = true
 		close(rc.done)
 	case notifDuplicate, notifLate:
 		s.e.c.duplicate.Add(1)

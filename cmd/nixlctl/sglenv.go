@@ -1,0 +1,70 @@
+package main
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+)
+
+// SGLang's environment variables for the settings bench sglang has flags
+// for, read as upstream reads them (python/sglang/srt/environ.py): the
+// timeouts as whole seconds, the heartbeat interval as seconds (float) and
+// raised to 2, the failures as an integer raised to 1. So a bench run in an
+// SGLang deployment's environment behaves as that deployment would; a flag
+// given on the command line wins.
+const (
+	envSGLBootstrapTimeout = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+	envSGLWaitingTimeout   = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"
+	envSGLHeartbeatIntvl   = "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"
+	envSGLHeartbeatMax     = "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"
+)
+
+// applySGLEnv sets each SGLang setting whose flag was not given from its
+// environment variable, when that is set.
+// A variable set to blanks counts as unset, as SGLang's get_*_env_var
+// helpers have it.
+func applySGLEnv(h *bench.HandoffOptions, set explicitOptions, getenv func(string) (string, bool)) error {
+	lookup := func(env string) (string, bool) {
+		v, ok := getenv(env)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	seconds := func(flag, env string, dst *time.Duration) error {
+		v, ok := lookup(env)
+		if !ok || set(flag) {
+			return nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return errkind.BadInputf("$%s %q: want a positive whole number of seconds (or give --%s)", env, v, flag)
+		}
+		*dst = time.Duration(n) * time.Second
+		return nil
+	}
+	if err := seconds("sglang-bootstrap-timeout", envSGLBootstrapTimeout, &h.SGLBootstrapTimeout); err != nil {
+		return err
+	}
+	if err := seconds("sglang-waiting-timeout", envSGLWaitingTimeout, &h.SGLWaitingTimeout); err != nil {
+		return err
+	}
+	if v, ok := lookup(envSGLHeartbeatIntvl); ok && !set("sglang-heartbeat-interval") {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(f) || f > 1e6 {
+			return errkind.BadInputf("$%s %q: want seconds (or give --sglang-heartbeat-interval)", envSGLHeartbeatIntvl, v)
+		}
+		h.SGLHeartbeatInterval = max(time.Duration(f*float64(time.Second)), engine.SGLMinHeartbeatInterval)
+	}
+	if v, ok := lookup(envSGLHeartbeatMax); ok && !set("sglang-heartbeat-max-failures") {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errkind.BadInputf("$%s %q: want an integer (or give --sglang-heartbeat-max-failures)", envSGLHeartbeatMax, v)
+		}
+		h.SGLHeartbeatMaxFailures = max(n, 1)
+	}
+	return nil
+}
