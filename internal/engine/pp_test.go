@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -157,5 +158,29 @@ func TestPipelineRefused(t *testing.T) {
 			e.Close()
 			t.Errorf("%s pp %d accepted", c.Protocol, c.PP)
 		}
+	}
+}
+
+// TestPipelineHeartbeats: a heartbeat reaches every (pp, tp) agent of the
+// prefill engine from every decode rank, as upstream sends one to every
+// handshaken agent of an engine.
+func TestPipelineHeartbeats(t *testing.T) {
+	p, d, _ := engines(t, ProtoPull, 2, 1, func(c *Config) { c.PP, c.Model = 2, ppModel() })
+	host, port, _ := splitEndpoint(p.side.Endpoint())
+	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 2, PPSize: 2}
+	target := lease.HeartbeatTarget{EngineID: p.cfg.EngineID, Endpoint: params.SideEndpoint(), TPSize: 2, PPSize: 2}
+	peer := &hbPeer{busy: true}
+	d.dec.heartbeatHandshake(target, peer)
+	if !peer.ready {
+		t.Fatal("heartbeat handshake failed")
+	}
+	d.dec.sendHeartbeat(lease.HeartbeatBatch{Target: target, IDs: []string{"cmpl-x-0"}})
+	want := int64(len(d.ranks) * len(p.ranks)) // 2 decode ranks x 4 prefill agents
+	if got := d.Stats().HeartbeatsSent; got != want {
+		t.Errorf("decode sent %d heartbeats, want %d", got, want)
+	}
+	waitFor(t, "every prefill agent's heartbeats", func() bool { return p.Stats().Heartbeats == want })
+	if st := d.Stats(); st.Handshakes != 1 {
+		t.Errorf("%d handshakes for one engine", st.Handshakes)
 	}
 }
