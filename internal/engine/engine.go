@@ -480,6 +480,13 @@ func (e *Engine) Stats() Stats {
 		RegTimeouts: e.c.regTimeouts.Load(), MalformedControl: e.c.malformedControl.Load(), Heartbeats: e.c.heartbeats.Load(),
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
 		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load()}
+	if e.side != nil {
+		// A handshake request the side channel could not answer (malformed,
+		// or for a rank this engine lacks, where vLLM's listener would
+		// raise) is a misbehaving peer's message too.
+		n, _ := e.side.Errors()
+		st.MalformedControl += int64(n)
+	}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)

@@ -134,6 +134,9 @@ func TestPipelineSideChannel(t *testing.T) {
 	if after, _ := p.side.Errors(); after != before+1 {
 		t.Errorf("side channel counted %d bad requests, want %d", after, before+1)
 	}
+	if st := p.Stats(); st.MalformedControl != 1 {
+		t.Errorf("engine counted %d malformed side-channel messages, want 1", st.MalformedControl)
+	}
 	if _, err := sidechannel.FetchRanks(context.Background(), ep, [][2]int{{1, 1}}, p.hash, 5*time.Second); err != nil {
 		t.Errorf("listener after an unknown rank: %v", err)
 	}
