@@ -605,7 +605,6 @@ type remoteEngine struct {
 	ranks    map[rkey]sidechannel.AgentMetadata
 	loaded   map[lpair]string // (local rank idx, remote rank) -> agent name
 	took     time.Duration
-	clock    time.Duration // the peer's clock minus ours, lowest-RTT sample
 	mu       sync.Mutex
 }
 
@@ -723,7 +722,6 @@ func (re *remoteEngine) fetchLocked(ctx context.Context, e *Engine, ranks []rkey
 		}
 		re.ranks[ranks[i]] = h.Meta
 	}
-	re.clock = sidechannel.BestClock(hs)
 	return nil
 }
 
