@@ -43,6 +43,7 @@ type specFlags struct {
 	Layout        string `mapstructure:"layout"`
 	KVCacheLayout string `mapstructure:"kv-cache-layout"`
 	PrefillTP     int    `mapstructure:"prefill-tp"`
+	PP            int    `mapstructure:"pp"`
 }
 
 var protocolHelp = map[engine.Protocol]string{
@@ -117,6 +118,15 @@ heads, "num_kv_heads > tp_size with P_TP > D_TP not supported for non-mamba")
 is refused as bad input unless --allow-unsupported-tp, which runs it, records
 it in the result (config.unsupported_tp) and warns.
 
+--pp N gives prefill and decode N pipeline stages each (pull and push; sglang
+refuses it): every (pp, tp) rank is its own agent holding its stage's layers,
+decode handshakes every (pp, target tp) prefill rank on one socket in vLLM's
+order, decode stage k reads (push: receives) its layers from prefill stage k,
+heartbeats and registrations reach every pp x tp rank, and prefill frees a
+request's blocks once every rank of every stage reported. Both sides have the
+same pp, as vLLM's pull requires; vLLM's push rejects pp on decode, so push
+with --pp > 1 warns that it is not upstream behaviour.
+
 Workload: --requests of --isl tokens (or --isl-dist uniform|normal with
 --isl-min/--isl-max/--isl-mean/--isl-std, or --trace FILE of JSON lines
 {"arrival": seconds, "isl": tokens}); closed loop with --concurrency, or open
@@ -189,6 +199,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("kv-cache-layout", "HND", "order inside a block: HND or NHD (SGLang is always NHD)")
 	f.Int("prefill-tp", 1, "prefill tensor-parallel size")
 	f.Int("decode-tp", d.DecodeTP, "decode tensor-parallel size")
+	f.Int("pp", 1, "pipeline-parallel size of both prefill and decode: each (pp, tp) rank is its own agent holding its stage's layers (pull and push)")
 	f.Int("requests", d.Requests, "measured requests")
 	f.Int("warmup", d.Warmup, "requests run first and left out of the summary")
 	f.Int("isl", d.ISL.Fixed, "prompt tokens (fixed distribution)")
@@ -250,7 +261,16 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	if err != nil {
 		return err
 	}
-	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, 1, false); err != nil {
+	switch {
+	case o.PP < 1:
+		return errkind.BadInputf("--pp must be at least 1 (got %d)", o.PP)
+	case o.PP > m.NumLayers:
+		return errkind.BadInputf("--pp %d: more pipeline stages than the %d layers of %s (each stage holds at least one)", o.PP, m.NumLayers, m.Name)
+	}
+	if o.PP > 1 && proto == engine.ProtoSGLang {
+		return errkind.BadInputf("--pp %d: nixlctl's SGLang engines have no pipeline stages (--pp is for bench pull and push)", o.PP)
+	}
+	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, o.PP, false); err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
 	if o.Trace != "" {

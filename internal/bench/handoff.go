@@ -248,6 +248,9 @@ func (o *HandoffOptions) Validate() error {
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
 	}
+	if o.Spec.PP > 1 && o.Protocol == engine.ProtoSGLang {
+		bad("PP", "%d: nixlctl's SGLang engines have no pipeline stages (pp > 1 is for pull and push)", o.Spec.PP)
+	}
 	o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)
 	if o.Inproc && o.remote() {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
@@ -322,7 +325,8 @@ const BenchRegTimeout = 60 * time.Second
 
 // notUpstream says, one warning each, where the run does not behave as
 // upstream vLLM would: push heartbeats that renew, a push watchdog other
-// than 480 s drop-and-log, TP pairs vLLM refuses.
+// than 480 s drop-and-log, TP pairs vLLM refuses, push with pipeline
+// stages on decode.
 func (o *HandoffOptions) notUpstream() []string {
 	var out []string
 	if o.Protocol == engine.ProtoPush {
@@ -333,6 +337,10 @@ func (o *HandoffOptions) notUpstream() []string {
 		if o.RegWatchdog != engine.WatchdogDrop || o.RegTimeout != engine.DefaultRegTimeout {
 			out = append(out, fmt.Sprintf("registration watchdog: %s after %v, not upstream behaviour (vLLM drops the registration after 480s, logs, and the request keeps waiting; --registration-timeout 480s --registration-watchdog drop)",
 				o.RegWatchdog, o.RegTimeout))
+		}
+		if o.Spec.PP > 1 {
+			out = append(out, fmt.Sprintf("--pp %d with push: not upstream behaviour; vLLM's push connector rejects pipeline parallelism on decode "+
+				"(its prefill-only PP writes every stage into one decode), nixlctl runs both sides with %d stages, stage k writing into stage k", o.Spec.PP, o.Spec.PP))
 		}
 	}
 	for _, r := range o.unsupportedTP() {
@@ -418,7 +426,7 @@ func (o *HandoffOptions) usesTrace() {
 func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlocks int) engine.Config {
 	spec := o.Spec
 	c := engine.Config{Role: role, Backend: backend, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType,
-		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
+		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, PP: spec.PP, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
 		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
 		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
 		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices,
@@ -436,14 +444,16 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 // HandoffConfig is what a handoff result says was asked: the options as
 // run, under the JSON names results have always used.
 type HandoffConfig struct {
-	Protocol        engine.Protocol      `json:"protocol"`
-	Model           string               `json:"model"`
-	KVDType         kv.DType             `json:"kv_dtype"`
-	BlockSize       int                  `json:"block_size"`
-	Layout          kv.AttnLayout        `json:"layout"`
-	Order           kv.CacheOrder        `json:"kv_cache_layout"`
-	PrefillTP       int                  `json:"prefill_tp"`
-	DecodeTP        int                  `json:"decode_tp"`
+	Protocol  engine.Protocol `json:"protocol"`
+	Model     string          `json:"model"`
+	KVDType   kv.DType        `json:"kv_dtype"`
+	BlockSize int             `json:"block_size"`
+	Layout    kv.AttnLayout   `json:"layout"`
+	Order     kv.CacheOrder   `json:"kv_cache_layout"`
+	PrefillTP int             `json:"prefill_tp"`
+	DecodeTP  int             `json:"decode_tp"`
+	// PP is both sides' pipeline stages (absent: 1).
+	PP              int                  `json:"pp,omitempty"`
 	Requests        int                  `json:"requests"`
 	Warmup          int                  `json:"warmup"`
 	ISL             ISL                  `json:"isl"`
@@ -526,7 +536,7 @@ func (d *Duration) UnmarshalText(b []byte) error {
 func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 	s := o.Spec
 	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
-		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
+		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
@@ -1471,7 +1481,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 	case engine.ProtoPush:
 		host, port, _ := splitHostPort(psetup.SideChannel)
 		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
-			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: "push"}
+			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: max(psetup.PP, 1), TransferMode: "push"}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
@@ -1537,13 +1547,16 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 	return rec
 }
 
-// blockBytesAllRanks is what one block weighs on all ranks of an engine.
+// blockBytesAllRanks is what one block weighs on all ranks of an engine,
+// every TP rank of every pipeline stage.
 func blockBytesAllRanks(spec kv.Spec, tp int) int64 {
 	spec.TP = tp
 	var b int64
-	for r := 0; r < tp; r++ {
-		for _, reg := range spec.Rank(r, 0).Regions {
-			b += reg.BlockBytes
+	for pp := 0; pp < max(spec.PP, 1); pp++ {
+		for r := 0; r < tp; r++ {
+			for _, reg := range spec.Rank(r, pp).Regions {
+				b += reg.BlockBytes
+			}
 		}
 	}
 	return b
@@ -1781,4 +1794,13 @@ func (o *HandoffOptions) validateCompat(bad func(field, format string, a ...any)
 		}
 		o.compatFactors = b
 	}
+}
+
+// ppOrOmit is pp as results record it: absent for one stage, so results
+// without pipeline stages read as they always have.
+func ppOrOmit(pp int) int {
+	if pp <= 1 {
+		return 0
+	}
+	return pp
 }

@@ -26,8 +26,8 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 	}
 	s := res.Summary
 	c := res.Config
-	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), TP %v -> %v, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
-		res.Protocol, res.Model, c.ISL.label(), c.KVDType, c.PrefillTP, c.DecodeTP, c.BlockSize, c.Fragmentation,
+	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), %s, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
+		res.Protocol, res.Model, c.ISL.label(), c.KVDType, c.parallelLabel(), c.BlockSize, c.Fragmentation,
 		res.Backend, res.Env.BackendVersion, c.DRAMAlloc, c.Endpoints)
 	if r := c.Rendezvous; r != nil {
 		fmt.Fprintf(w, "rendezvous: %s\n", r.label())
@@ -64,8 +64,8 @@ func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
 
 func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	c := res.Config
-	fmt.Fprintf(w, "**bench %s** %s, %v tokens, TP %v -> %v, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
-		c.PrefillTP, c.DecodeTP, res.Backend, res.Env.BackendVersion)
+	fmt.Fprintf(w, "**bench %s** %s, %v tokens, %s, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
+		c.parallelLabel(), res.Backend, res.Env.BackendVersion)
 	if p := pathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
@@ -278,8 +278,8 @@ func (res *HandoffResult) Figure() (report.Figure, error) {
 			return report.Figure{}, err
 		}
 	}
-	title := fmt.Sprintf("bench %s: %s, %s tokens, TP %v -> %v, %d requests", res.Protocol, res.Model, res.Config.ISL.label(),
-		res.Config.PrefillTP, res.Config.DecodeTP, res.Summary.Requests)
+	title := fmt.Sprintf("bench %s: %s, %s tokens, %s, %d requests", res.Protocol, res.Model, res.Config.ISL.label(),
+		res.Config.parallelLabel(), res.Summary.Requests)
 	series := []report.LatencySeries{ser}
 	if len(xfer.Values) > 0 || (xfer.Hist != nil && xfer.Hist.Count() > 0) {
 		series = append(series, xfer)
@@ -434,4 +434,12 @@ func hostsLine(res *HandoffResult) string {
 		parts = append(parts, fmt.Sprintf("%s on %s (%s)", e.Role, where, clock))
 	}
 	return strings.Join(parts, ", ") + "; " + res.Placement
+}
+
+// parallelLabel is "TP p -> d", with the pipeline stages when there are.
+func (c HandoffConfig) parallelLabel() string {
+	if c.PP > 1 {
+		return fmt.Sprintf("TP %d -> %d, PP %d", c.PrefillTP, c.DecodeTP, c.PP)
+	}
+	return fmt.Sprintf("TP %d -> %d", c.PrefillTP, c.DecodeTP)
 }

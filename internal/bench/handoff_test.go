@@ -162,6 +162,8 @@ func TestHandoffValidate(t *testing.T) {
 		{"heartbeat keys", func(o *HandoffOptions) { o.PushHeartbeatKeys = "router" }, []string{"PushHeartbeatKeys"}, ""},
 		{"tp vLLM refuses", func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 2, 4, 2 },
 			[]string{"DecodeTP"}, "--prefill-tp 4 > --decode-tp 2 with the 2 KV heads"},
+		{"pp with sglang", func(o *HandoffOptions) { o.Protocol, o.Spec.PP = engine.ProtoSGLang, 2 }, []string{"PP"}, "no pipeline stages"},
+		{"pp above the layers", func(o *HandoffOptions) { o.Spec.PP = o.Spec.Model.NumLayers + 1 }, nil, "prefill: "},
 		{"tp vLLM refuses in a topology", func(o *HandoffOptions) {
 			o.Spec.Model.NumKVHeads, o.Topology = 2, writeTopology(t, `{"prefill": [{"addr": "local", "tp": 4}], "decode": [{"addr": "local", "tp": 1}]}`)
 		}, []string{"Topology"}, kv.VLLMTPRefusal},
@@ -663,5 +665,32 @@ func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 	}
 	if c := res.Config; c.SGLWaitingTimeout != Duration(engine.SGLDefaultWaitingTimeout) || c.SGLHeartbeatInterval != Duration(2*time.Second) {
 		t.Errorf("config: waiting %v, heartbeat %v", c.SGLWaitingTimeout, c.SGLHeartbeatInterval)
+	}
+}
+
+// TestHandoffPP: --pp reaches every engine's config and the result, and a
+// block weighs the whole model whichever way the stages split it.
+func TestHandoffPP(t *testing.T) {
+	one := handoffOpts(t, engine.ProtoPull, 2, 1)
+	for _, c := range []struct {
+		pp, recorded int
+		label        string
+	}{{1, 0, "TP 2 -> 1"}, {2, 2, "TP 2 -> 1, PP 2"}, {4, 4, "TP 2 -> 1, PP 4"}} {
+		t.Run(fmt.Sprint(c.pp), func(t *testing.T) {
+			o := handoffOpts(t, engine.ProtoPull, 2, 1)
+			o.Spec.PP = c.pp
+			cfg := o.config(8)
+			if cfg.PP != c.recorded || cfg.parallelLabel() != c.label {
+				t.Errorf("config pp %d label %q, want %d %q", cfg.PP, cfg.parallelLabel(), c.recorded, c.label)
+			}
+			for _, role := range []engine.Role{engine.RolePrefill, engine.RoleDecode} {
+				if got := o.EngineConfig(role, "ucx", 8).PP; got != c.pp {
+					t.Errorf("%s engine pp %d, want %d", role, got, c.pp)
+				}
+			}
+			if got, want := blockBytesAllRanks(o.Spec, 2), blockBytesAllRanks(one.Spec, 2); got != want {
+				t.Errorf("a block on all ranks weighs %d with pp %d, %d with pp 1", got, c.pp, want)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -106,7 +107,7 @@ func (s *decodeState) track(local string, p TransferParams) {
 		key = local
 	}
 	s.mu.Lock()
-	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize}, key)
+	s.tracker.Track(local, lease.HeartbeatTarget{EngineID: p.RemoteEngineID, Endpoint: p.SideEndpoint(), TPSize: p.TPSize, PPSize: p.PPSize}, key)
 	s.mu.Unlock()
 }
 
@@ -308,15 +309,8 @@ func (s *decodeState) heartbeatStep(now int64) {
 
 func (s *decodeState) heartbeatHandshake(t lease.HeartbeatTarget, p *hbPeer) {
 	e := s.e
-	var ranks []int
-	var pairs [][2]int
-	for pr := 0; pr < max(t.TPSize, 1); pr++ {
-		ranks = append(ranks, pr)
-		for d := range e.ranks {
-			pairs = append(pairs, [2]int{d, pr})
-		}
-	}
-	_, _, err := e.handshake(e.ctx, t.EngineID, t.Endpoint, ranks, pairs)
+	ranks, pairs := e.everyRemoteRank(t.PPSize, t.TPSize)
+	_, _, err := e.handshakeRanks(e.ctx, t.EngineID, t.Endpoint, ranks, pairs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p.busy = false
@@ -328,8 +322,8 @@ func (s *decodeState) heartbeatHandshake(t lease.HeartbeatTarget, p *hbPeer) {
 	p.ready, p.failedAt = true, 0
 }
 
-// sendHeartbeat sends one batch from every local rank to every rank of
-// the prefill engine (a rank that gets it twice just renews twice).
+// sendHeartbeat sends one batch from every local rank to every (pp, tp)
+// rank of the prefill engine (a rank that gets it twice just renews twice).
 func (s *decodeState) sendHeartbeat(b lease.HeartbeatBatch) {
 	e := s.e
 	e.remotesMu.Lock()
@@ -344,9 +338,10 @@ func (s *decodeState) sendHeartbeat(b lease.HeartbeatBatch) {
 		return
 	}
 	msg := b.Message()
-	for d, rk := range e.ranks {
-		for pr := 0; pr < max(b.Target.TPSize, 1); pr++ {
-			name := re.agentName(d, pr)
+	remotes, _ := e.everyRemoteRank(b.Target.PPSize, b.Target.TPSize)
+	for _, rk := range e.ranks {
+		for _, pr := range remotes {
+			name := re.stageAgent(rk.idx, pr)
 			if name == "" {
 				continue
 			}
@@ -384,7 +379,7 @@ func (s *decodeState) verify(r LoadRequest, local []int, start int, rep *LoadRep
 		bad, first := rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify)
 		rep.CorruptBlocks += bad
 		if first != nil && rep.Corrupt == "" {
-			rep.Corrupt = fmt.Sprintf("rank %d: %v", rk.idx, first)
+			rep.Corrupt = fmt.Sprintf("rank %s: %v", rk, first)
 		}
 	}
 }
@@ -392,6 +387,11 @@ func (s *decodeState) verify(r LoadRequest, local []int, start int, rep *LoadRep
 func (s *decodeState) plan(p TransferParams) (kv.TransferPlan, error) {
 	if p.TPSize <= 0 {
 		return kv.TransferPlan{}, fmt.Errorf("transfer params: tp_size %d", p.TPSize)
+	}
+	if pp := max(p.PPSize, 1); pp != s.e.spec.PP {
+		// vLLM's pull reads each decode stage's layers from the prefill
+		// stage that holds the same layers: with unequal pp no stage does.
+		return kv.TransferPlan{}, fmt.Errorf("prefill has pp %d and this decode pp %d: both sides must have the same pipeline stages, as vLLM's NIXL connector reads stage k's layers from stage k", pp, s.e.spec.PP)
 	}
 	ps := s.e.spec
 	ps.TP = p.TPSize
@@ -421,26 +421,8 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	remote := p.RemoteBlockIDs[start:]
 	rep.Blocks = len(local)
-	var sources []int
-	var pairs [][2]int
-	seen := map[int]bool{}
-	for d, dr := range plan.Decode {
-		for _, rd := range dr.Reads {
-			pairs = append(pairs, [2]int{d, rd.PrefillRank})
-			if !seen[rd.PrefillRank] {
-				seen[rd.PrefillRank] = true
-				sources = append(sources, rd.PrefillRank)
-			}
-		}
-		for _, o := range dr.NotifyOnly {
-			pairs = append(pairs, [2]int{d, o})
-			if !seen[o] {
-				seen[o] = true
-				sources = append(sources, o)
-			}
-		}
-	}
-	took, re, err := e.handshake(ctx, p.RemoteEngineID, p.SideEndpoint(), sources, pairs)
+	sources, pairs := e.pullPeers(plan)
+	took, re, err := e.handshakeRanks(ctx, p.RemoteEngineID, p.SideEndpoint(), sources, pairs)
 	if err != nil {
 		return err
 	}
@@ -453,12 +435,12 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	results := make([]result, len(e.ranks))
 	var wg sync.WaitGroup
-	for d, dr := range plan.Decode {
+	for _, rk := range e.ranks {
+		dr := plan.Decode[rk.tp]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rk := e.ranks[d]
-			res := &results[d]
+			res := &results[rk.idx]
 			var reqs []nixl.XferReq
 			defer func() {
 				for _, x := range reqs {
@@ -468,7 +450,8 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 			res.postStart = mono.Now()
 			for _, rd := range dr.Reads {
 				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
-				name := re.agentName(d, rd.PrefillRank)
+				src := rkey{rk.pp, rd.PrefillRank} // the stage holding this rank's layers
+				name := re.stageAgent(rk.idx, src)
 				if len(local) == 0 { // full prefix hit: nothing to read, say so
 					if err := rk.agent.SendNotif(name, notif); err != nil {
 						e.c.failedNotifs.Add(1)
@@ -476,7 +459,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					}
 					continue
 				}
-				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
+				ml, err := buildMoves(rk.pool, re.stageMeta(src), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
 					LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge})
 				if err != nil {
 					res.err = err
@@ -491,7 +474,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					// self-kill lands.
 					notif = nil
 				}
-				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.meta(rd.PrefillRank), mem), ml.remote, name, notif)
+				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.stageMeta(src), mem), ml.remote, name, notif)
 				if err != nil {
 					res.err = err
 					return
@@ -510,12 +493,12 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				if crashing {
 					break
 				}
-				if err := rk.agent.SendNotif(re.agentName(d, o), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
+				if err := rk.agent.SendNotif(re.stageAgent(rk.idx, rkey{rk.pp, o}), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
 					e.c.failedNotifs.Add(1)
 				}
 			}
 			res.postEnd = mono.Now()
-			if d == 0 {
+			if rk.idx == 0 {
 				s.crashPoint(r.ID)
 			}
 			for _, x := range reqs {
@@ -568,16 +551,10 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		return err
 	}
 	rep.Blocks = len(local)
-	// Notification-only handshake: every decode rank talks to every prefill rank.
-	var ranks []int
-	var pairs [][2]int
-	for pr := 0; pr < p.TPSize; pr++ {
-		ranks = append(ranks, pr)
-		for d := range e.ranks {
-			pairs = append(pairs, [2]int{d, pr})
-		}
-	}
-	took, re, err := e.handshake(ctx, p.RemoteEngineID, p.SideEndpoint(), ranks, pairs)
+	// Notification-only handshake: every decode rank talks to every
+	// prefill (pp, tp) rank.
+	remotes, pairs := e.everyRemoteRank(p.PPSize, p.TPSize)
+	took, re, err := e.handshakeRanks(ctx, p.RemoteEngineID, p.SideEndpoint(), remotes, pairs)
 	if err != nil {
 		s.release(local)
 		return err
@@ -586,15 +563,16 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	host, port := e.advertised(e.side.Endpoint())
 	reg := PushReg{RequestID: rep.RequestID, DecodeEngineID: e.cfg.EngineID, DecodeHost: host, DecodePort: port,
 		DecodeTPSize: e.spec.TP, LocalBlockIDs: [][]int{local}, RemoteEngineID: p.RemoteEngineID, RemoteHost: p.RemoteHost,
-		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: 1}
+		RemotePort: p.RemotePort, RemoteTPSize: p.TPSize, RemotePPSize: max(p.PPSize, 1)}
 	msg, err := EncodePushReg(reg)
 	if err != nil {
 		s.release(local)
 		return err
 	}
 	want := make([]int, len(e.ranks))
-	for d := range e.ranks {
-		want[d] = len(plan.Decode[d].Reads) // one WRITE (and notification) per prefill rank that serves this rank
+	for _, rk := range e.ranks {
+		// One WRITE (and notification) per prefill rank of this stage that serves this rank.
+		want[rk.idx] = len(plan.Decode[rk.tp].Reads)
 	}
 	id, done := rep.RequestID, make(chan struct{})
 	s.mu.Lock()
@@ -603,11 +581,11 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	s.mu.Unlock()
 	rep.TRegSent = mono.Now()
 	sent := 0
-	for d, rk := range e.ranks {
-		for pr := 0; pr < p.TPSize; pr++ {
-			if err := rk.agent.SendNotif(re.agentName(d, pr), msg); err != nil {
+	for _, rk := range e.ranks {
+		for _, pr := range remotes {
+			if err := rk.agent.SendNotif(re.stageAgent(rk.idx, pr), msg); err != nil {
 				e.c.failedNotifs.Add(1)
-				e.log.Warn("PUSH_REG not sent", "request", id, "prefill_rank", pr, "err", err)
+				e.log.Warn("PUSH_REG not sent", "request", id, "prefill_pp", pr.pp, "prefill_tp", pr.tp, "err", err)
 				continue
 			}
 			sent++
@@ -677,4 +655,58 @@ func (s *decodeState) watchdog(now int64) {
 		s.e.log.Warn("push registration watchdog expired; dropping the registration (the request keeps waiting)",
 			"request", id, "timeout", s.e.cfg.RegTimeout)
 	}
+}
+
+// pullPeers lists the prefill ranks decode handshakes, in vLLM's order
+// (itertools.product over the prefill stages and the target TP ranks), and
+// which local rank talks to which: decode rank (pp, tp) to the ranks of
+// stage pp its plan reads from or notifies.
+func (e *Engine) pullPeers(plan kv.TransferPlan) ([]rkey, []lpair) {
+	var targets []int
+	for _, dr := range plan.Decode {
+		for _, rd := range dr.Reads {
+			if !slices.Contains(targets, rd.PrefillRank) {
+				targets = append(targets, rd.PrefillRank)
+			}
+		}
+		for _, o := range dr.NotifyOnly {
+			if !slices.Contains(targets, o) {
+				targets = append(targets, o)
+			}
+		}
+	}
+	var sources []rkey
+	for pp := 0; pp < e.spec.PP; pp++ {
+		for _, t := range targets {
+			sources = append(sources, rkey{pp, t})
+		}
+	}
+	var pairs []lpair
+	for _, rk := range e.ranks {
+		dr := plan.Decode[rk.tp]
+		for _, rd := range dr.Reads {
+			pairs = append(pairs, lpair{rk.idx, rkey{rk.pp, rd.PrefillRank}})
+		}
+		for _, o := range dr.NotifyOnly {
+			pairs = append(pairs, lpair{rk.idx, rkey{rk.pp, o}})
+		}
+	}
+	return sources, pairs
+}
+
+// everyRemoteRank is every (pp, tp) rank of a peer with those sizes, in
+// vLLM's order, each paired with every local rank: heartbeats and push
+// registrations go to all of them.
+func (e *Engine) everyRemoteRank(pp, tp int) ([]rkey, []lpair) {
+	var ranks []rkey
+	var pairs []lpair
+	for p := 0; p < max(pp, 1); p++ {
+		for t := 0; t < max(tp, 1); t++ {
+			ranks = append(ranks, rkey{p, t})
+			for _, rk := range e.ranks {
+				pairs = append(pairs, lpair{rk.idx, rkey{p, t}})
+			}
+		}
+	}
+	return ranks, pairs
 }

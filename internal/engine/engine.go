@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,8 +50,11 @@ type Config struct {
 	Layout    kv.AttnLayout `json:"layout"`
 	Order     kv.CacheOrder `json:"kv_cache_layout"`
 	TP        int           `json:"tp"`
-	NumBlocks int           `json:"num_blocks"`
-	DRAMAlloc DRAMAlloc     `json:"dram_alloc"`
+	// PP is the number of pipeline stages; each (pp, tp) rank is its own
+	// agent holding its stage's layers (0 means 1).
+	PP        int       `json:"pp,omitempty"`
+	NumBlocks int       `json:"num_blocks"`
+	DRAMAlloc DRAMAlloc `json:"dram_alloc"`
 	// Mem is where the KV pools live: DRAM, or VRAM on GPU Device.
 	Mem       nixl.MemType `json:"mem"`
 	Device    int          `json:"device"`
@@ -137,7 +141,7 @@ func (c Config) LeaseConfig() lease.Config {
 
 // Spec is the engine's KV layout.
 func (c Config) Spec() kv.Spec {
-	return kv.Spec{Model: c.Model, DType: c.KVDType, BlockSize: c.BlockSize, Layout: c.Layout, Order: c.Order, TP: c.TP, PP: 1}
+	return kv.Spec{Model: c.Model, DType: c.KVDType, BlockSize: c.BlockSize, Layout: c.Layout, Order: c.Order, TP: c.TP, PP: c.PP}
 }
 
 // CompatHash is vLLM's compatibility hash for this engine's layout: what
@@ -250,9 +254,14 @@ type counters struct {
 	inFlight atomic.Int64
 }
 
-// rank is one TP rank: its own agent and pool.
+// rank is one (pp, tp) rank: its own agent and pool. idx is its place in
+// Engine.ranks (stage-major), which per-rank state is indexed by; tp and pp
+// are what it is to a peer.
 type rank struct {
 	idx   int
+	tp    int
+	pp    int
+	name  string
 	agent nixl.Agent
 	pool  *Pool
 	buf   *nixl.Buffer
@@ -385,10 +394,17 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			e.Close()
 		}
 	}()
-	for r := 0; r < spec.TP; r++ {
-		rk := &rank{idx: r}
+	if err := checkPP(cfg.Protocol, spec.PP); err != nil {
+		return nil, err
+	}
+	for i := 0; i < spec.TP*spec.PP; i++ {
+		rk := &rank{idx: i, tp: i % spec.TP, pp: i / spec.TP}
+		rk.name = fmt.Sprintf("tp%d", rk.tp)
+		if spec.PP > 1 {
+			rk.name = fmt.Sprintf("pp%d.tp%d", rk.pp, rk.tp)
+		}
 		e.ranks = append(e.ranks, rk)
-		a, err := nixl.Open(cfg.Backend, nixl.Config{Name: fmt.Sprintf("%s-tp%d", cfg.EngineID, r)})
+		a, err := nixl.Open(cfg.Backend, nixl.Config{Name: rankName(cfg.EngineID, spec.PP, rk.pp, rk.tp)})
 		if err != nil {
 			return nil, err
 		}
@@ -401,14 +417,14 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			// served endpoint's later session cannot change its devices.
 			return nil, fmt.Errorf("net_devices %q: this endpoint's transport started with UCX_NET_DEVICES=%q and cannot change it; restart the endpoint (or set UCX_NET_DEVICES in its environment)", cfg.NetDevices, pinned)
 		}
-		size := PoolBytes(spec, r, 0, cfg.NumBlocks)
+		size := PoolBytes(spec, rk.tp, rk.pp, cfg.NumBlocks)
 		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), string(cfg.DRAMAlloc), false); err != nil {
-			return nil, fmt.Errorf("rank %d pool of %d bytes: %w", r, size, err)
+			return nil, fmt.Errorf("rank %s pool of %d bytes: %w", rk, size, err)
 		}
 		if err := a.RegisterMem(rk.buf); err != nil {
 			return nil, err
 		}
-		if rk.pool, err = NewPool(spec, r, 0, cfg.NumBlocks, rk.buf); err != nil {
+		if rk.pool, err = NewPool(spec, rk.tp, rk.pp, cfg.NumBlocks, rk.buf); err != nil {
 			return nil, err
 		}
 	}
@@ -423,7 +439,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		am := sidechannel.AgentMetadata{EngineID: cfg.EngineID, AgentMetadata: md, NumBlocks: cfg.NumBlocks,
 			KVCacheLayout: string(spec.Order), BlockSize: spec.BlockSize, AttnBackendName: cfg.AttnBackendName(spec),
 			PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
-			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.idx, TPSize: spec.TP, PPSize: 1}}
+			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.tp, TPSize: spec.TP, PPRank: rk.pp, PPSize: spec.PP}}
 		for i, reg := range rk.pool.Rank.Regions {
 			am.KVCachesBaseAddr = append(am.KVCachesBaseAddr, rk.pool.RegionBase(i))
 			am.BlockLens = append(am.BlockLens, reg.BlockBytes)
@@ -432,7 +448,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			am.RegionMemTypes = append(am.RegionMemTypes, rk.buf.Mem.String())
 			am.DeviceID = int(rk.buf.Dev)
 		}
-		if err := e.side.Set(0, rk.idx, am); err != nil {
+		if err := e.side.Set(rk.pp, rk.tp, am); err != nil {
 			return nil, err
 		}
 	}
@@ -463,6 +479,7 @@ type SetupReply struct {
 	SideChannel string            `json:"side_channel"`
 	Bootstrap   string            `json:"bootstrap,omitempty"`
 	TP          int               `json:"tp"`
+	PP          int               `json:"pp,omitempty"`
 	PoolBytes   int64             `json:"pool_bytes"`
 	NumBlocks   int               `json:"num_blocks"`
 	Backend     string            `json:"backend"`
@@ -476,7 +493,7 @@ type SetupReply struct {
 
 // Setup describes the running engine.
 func (e *Engine) Setup() SetupReply {
-	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.advertisedEndpoint(e.side.Endpoint()), TP: e.spec.TP, NumBlocks: e.cfg.NumBlocks,
+	rep := SetupReply{EngineID: e.cfg.EngineID, SideChannel: e.advertisedEndpoint(e.side.Endpoint()), TP: e.spec.TP, PP: e.spec.PP, NumBlocks: e.cfg.NumBlocks,
 		CompatHash: e.hash, PID: int(nixl.Self().PID)}
 	e.role.setup(&rep)
 	for _, rk := range e.ranks {
@@ -494,7 +511,7 @@ func (e *Engine) Info() map[string]string {
 	out := map[string]string{}
 	for _, rk := range e.ranks {
 		for k, v := range rk.agent.Info().Details {
-			out[fmt.Sprintf("tp%d %s", rk.idx, k)] = v
+			out[fmt.Sprintf("%s %s", rk, k)] = v
 		}
 	}
 	return out
@@ -510,6 +527,13 @@ func (e *Engine) Stats() Stats {
 		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load(),
 		SGLHeartbeats: e.c.sglHeartbeats.Load(), SGLHeartbeatFailures: e.c.sglHeartbeatFails.Load(),
 		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load()}
+	if e.side != nil {
+		// A handshake request the side channel could not answer (malformed,
+		// or for a rank this engine lacks, where vLLM's listener would
+		// raise) is a misbehaving peer's message too.
+		n, _ := e.side.Errors()
+		st.MalformedControl += int64(n)
+	}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {
 			st.HeartbeatsLost += int64(fa.Stats().DroppedSends)
@@ -618,29 +642,54 @@ func parseCompletion(s string) (string, int, bool) {
 	return s[:i], n, true
 }
 
-// remoteEngine is what an engine learned about a peer engine by handshake.
+// remoteEngine is what an engine learned about a peer engine by handshake:
+// its agents keyed by (pp, tp), as vLLM's _remote_agents[engine_id] is.
 type remoteEngine struct {
 	id       string
 	endpoint string
 	once     sync.Once
 	err      error
-	ranks    map[int]sidechannel.AgentMetadata // remote tp rank -> metadata
-	loaded   map[[2]int]string                 // (local rank, remote rank) -> agent name
+	ranks    map[rkey]sidechannel.AgentMetadata
+	loaded   map[lpair]string // (local rank idx, remote rank) -> agent name
 	took     time.Duration
 	mu       sync.Mutex
+}
+
+// rkey is a remote rank: its pipeline stage and TP rank.
+type rkey struct{ pp, tp int }
+
+// lpair is a local rank (by idx) talking to a remote rank.
+type lpair struct {
+	local  int
+	remote rkey
 }
 
 // ErrHandshake wraps handshake failures.
 var ErrHandshake = errors.New("handshake failed")
 
-// handshake fetches the metadata of the given remote ranks from an
-// engine's side channel once, and loads it into the local ranks that talk
-// to them. It reports how long the first fetch took (0 when already done).
+// handshake is handshakeRanks for stage 0 of a peer: what the protocols
+// whose peers have no pipeline stages (push prefill, SGLang) ask for.
 func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remoteRanks []int, pairs [][2]int) (time.Duration, *remoteEngine, error) {
+	ranks := make([]rkey, len(remoteRanks))
+	for i, r := range remoteRanks {
+		ranks[i] = rkey{0, r}
+	}
+	lp := make([]lpair, len(pairs))
+	for i, pr := range pairs {
+		lp[i] = lpair{pr[0], rkey{0, pr[1]}}
+	}
+	return e.handshakeRanks(ctx, engineID, endpoint, ranks, lp)
+}
+
+// handshakeRanks fetches the metadata of the given remote (pp, tp) ranks
+// from an engine's side channel once, in the given order on one REQ
+// socket, and loads it into the local ranks that talk to them. It reports
+// how long the first fetch took (0 when already done).
+func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, remoteRanks []rkey, pairs []lpair) (time.Duration, *remoteEngine, error) {
 	e.remotesMu.Lock()
 	re := e.remotes[engineID]
 	if re == nil || re.endpoint != endpoint {
-		re = &remoteEngine{id: engineID, endpoint: endpoint, ranks: map[int]sidechannel.AgentMetadata{}, loaded: map[[2]int]string{}}
+		re = &remoteEngine{id: engineID, endpoint: endpoint, ranks: map[rkey]sidechannel.AgentMetadata{}, loaded: map[lpair]string{}}
 		e.remotes[engineID] = re
 	}
 	e.remotesMu.Unlock()
@@ -649,18 +698,7 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 	re.once.Do(func() {
 		first = true
 		t0 := mono.Now()
-		for _, r := range remoteRanks {
-			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, r, e.wantHash(), sidechannel.HandshakeTimeout)
-			if err != nil {
-				re.err = fmt.Errorf("%w with %s: %v", ErrHandshake, engineID, err)
-				break
-			}
-			if h.Meta.EngineID != engineID {
-				re.err = fmt.Errorf("%w: %s answered as engine %q", ErrHandshake, endpoint, h.Meta.EngineID)
-				break
-			}
-			re.ranks[r] = h.Meta
-		}
+		re.err = re.fetch(ctx, e, remoteRanks)
 		re.took = mono.Since(t0)
 		if re.err != nil {
 			e.c.handshakeFails.Add(1)
@@ -684,31 +722,68 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 	// fetched by an earlier handshake with other pairs).
 	re.mu.Lock()
 	defer re.mu.Unlock()
+	var missing []rkey
+	for _, pr := range pairs {
+		if _, ok := re.ranks[pr.remote]; !ok && !slices.Contains(missing, pr.remote) {
+			missing = append(missing, pr.remote)
+		}
+	}
+	if len(missing) > 0 {
+		if err := re.fetchLocked(ctx, e, missing); err != nil {
+			return 0, nil, err
+		}
+	}
 	for _, pr := range pairs {
 		if _, ok := re.loaded[pr]; ok {
 			continue
 		}
-		md, ok := re.ranks[pr[1]]
-		if !ok {
-			h, err := sidechannel.FetchAgentMetadata(ctx, endpoint, 0, pr[1], e.wantHash(), sidechannel.HandshakeTimeout)
-			if err != nil {
-				return 0, nil, fmt.Errorf("%w with %s rank %d: %v", ErrHandshake, engineID, pr[1], err)
-			}
-			md = h.Meta
-			re.ranks[pr[1]] = md
-		}
-		name, err := e.ranks[pr[0]].agent.LoadRemoteMD(md.AgentMetadata)
+		name, err := e.ranks[pr.local].agent.LoadRemoteMD(re.ranks[pr.remote].AgentMetadata)
 		if err != nil {
-			return 0, nil, fmt.Errorf("%w: loading %s rank %d: %v", ErrHandshake, engineID, pr[1], err)
+			return 0, nil, fmt.Errorf("%w: loading %s rank pp %d tp %d: %v", ErrHandshake, engineID, pr.remote.pp, pr.remote.tp, err)
 		}
 		re.loaded[pr] = name
 	}
 	return took, re, nil
 }
 
-// shaken returns the remote engine when an earlier handshake already
+func (re *remoteEngine) fetch(ctx context.Context, e *Engine, ranks []rkey) error {
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	return re.fetchLocked(ctx, e, ranks)
+}
+
+// fetchLocked handshakes ranks on one socket and checks each answered as
+// the engine the request named (vLLM: engine_id must match).
+func (re *remoteEngine) fetchLocked(ctx context.Context, e *Engine, ranks []rkey) error {
+	want := make([][2]int, len(ranks))
+	for i, r := range ranks {
+		want[i] = [2]int{r.pp, r.tp}
+	}
+	hs, err := sidechannel.FetchRanks(ctx, re.endpoint, want, e.wantHash(), sidechannel.HandshakeTimeout)
+	if err != nil {
+		return fmt.Errorf("%w with %s: %v", ErrHandshake, re.id, err)
+	}
+	for i, h := range hs {
+		if h.Meta.EngineID != re.id {
+			return fmt.Errorf("%w: %s answered as engine %q", ErrHandshake, re.endpoint, h.Meta.EngineID)
+		}
+		re.ranks[ranks[i]] = h.Meta
+	}
+	return nil
+}
+
+// stageRanks is the given TP ranks of one stage.
+func stageRanks(pp int, tps []int) []rkey {
+	out := make([]rkey, len(tps))
+	for i, t := range tps {
+		out[i] = rkey{pp, t}
+	}
+	return out
+}
+
+// shakenRanks returns the remote engine when an earlier handshake already
 // loaded every pair (nil: a handshake is needed), without any I/O.
-func (e *Engine) shaken(engineID, endpoint string, pairs [][2]int) *remoteEngine {
+func (e *Engine) shakenRanks(engineID, endpoint string, pairs []lpair) *remoteEngine {
 	e.remotesMu.Lock()
 	re := e.remotes[engineID]
 	e.remotesMu.Unlock()
@@ -725,14 +800,19 @@ func (e *Engine) shaken(engineID, endpoint string, pairs [][2]int) *remoteEngine
 	return re
 }
 
-// agentName is the loaded name of a remote rank for a local rank.
+// agentName is the loaded name of a stage-0 remote rank for a local rank.
 func (re *remoteEngine) agentName(local, remote int) string {
-	re.mu.Lock()
-	defer re.mu.Unlock()
-	return re.loaded[[2]int{local, remote}]
+	return re.stageAgent(local, rkey{0, remote})
 }
 
-func (re *remoteEngine) meta(remote int) sidechannel.AgentMetadata {
+// stageAgent is the loaded name of a remote (pp, tp) rank for a local rank.
+func (re *remoteEngine) stageAgent(local int, remote rkey) string {
+	re.mu.Lock()
+	defer re.mu.Unlock()
+	return re.loaded[lpair{local, remote}]
+}
+
+func (re *remoteEngine) stageMeta(remote rkey) sidechannel.AgentMetadata {
 	re.mu.Lock()
 	defer re.mu.Unlock()
 	return re.ranks[remote]
@@ -837,4 +917,26 @@ func (e *Engine) advertisedEndpoint(bound string) string {
 func (e *Engine) advertised(bound string) (string, int) {
 	_, port, _ := splitEndpoint(bound)
 	return e.cfg.Advertise, port
+}
+
+// String names a rank in logs and info keys: tpN, or ppM.tpN when the
+// engine has pipeline stages.
+func (rk *rank) String() string { return rk.name }
+
+func rankName(engineID string, stages, pp, tp int) string {
+	if stages > 1 {
+		return fmt.Sprintf("%s-pp%d-tp%d", engineID, pp, tp)
+	}
+	return fmt.Sprintf("%s-tp%d", engineID, tp)
+}
+
+// checkPP refuses pipeline stages where nixlctl has none: its SGLang
+// engines. (vLLM's push connector rejects a pipeline-parallel decode;
+// nixlctl runs push with equal pp on both sides, each prefill stage
+// writing its layers into the same decode stage.)
+func checkPP(p Protocol, pp int) error {
+	if pp > 1 && p == ProtoSGLang {
+		return fmt.Errorf("pp %d: nixlctl's SGLang engines have no pipeline stages", pp)
+	}
+	return nil
 }

@@ -216,7 +216,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	host, port := e.advertised(e.side.Endpoint())
 	return PrefillReply{RequestID: q.id, Blocks: n, TStart: t0, TFinish: q.tFinish, Params: TransferParams{
 		DoRemotePrefill: true, RemoteBlockIDs: blocks, RemoteEngineID: e.cfg.EngineID, RemoteRequestID: q.id,
-		RemoteHost: host, RemotePort: port, TPSize: e.spec.TP, PPSize: 1, RemoteNumTokens: r.Tokens, TransferMode: string(e.cfg.Protocol)}}, nil
+		RemoteHost: host, RemotePort: port, TPSize: e.spec.TP, PPSize: e.spec.PP, RemoteNumTokens: r.Tokens, TransferMode: string(e.cfg.Protocol)}}, nil
 }
 
 // onConsumed counts a pull-mode completion notification "<id>:<n>": the
@@ -505,24 +505,24 @@ func (s *prefillState) startHandshake(rk *rank, j pushJob) {
 		return
 	}
 	h := pushHandshake{job: j, plan: plan}
-	var pairs [][2]int
+	var pairs []lpair
 	for d, dr := range plan.Decode {
 		for _, rd := range dr.Reads {
-			if rd.PrefillRank == rk.idx {
+			if rd.PrefillRank == rk.tp {
 				h.targets = append(h.targets, d)
-				pairs = append(pairs, [2]int{rk.idx, d})
+				pairs = append(pairs, lpair{rk.idx, rkey{rk.pp, d}}) // the decode rank of this stage
 			}
 		}
 	}
 	endpoint := "tcp://" + net.JoinHostPort(reg.DecodeHost, strconv.Itoa(reg.DecodePort))
-	if h.re = e.shaken(reg.DecodeEngineID, endpoint, pairs); h.re != nil {
+	if h.re = e.shakenRanks(reg.DecodeEngineID, endpoint, pairs); h.re != nil {
 		s.postWrites(rk, h) // the usual case: hands were shaken for an earlier request
 		return
 	}
 	e.wg.Add(1) // the owner is counted, so the group is not at zero here
 	go func() {
 		defer e.wg.Done()
-		_, h.re, h.err = e.handshake(e.ctx, reg.DecodeEngineID, endpoint, h.targets, pairs)
+		_, h.re, h.err = e.handshakeRanks(e.ctx, reg.DecodeEngineID, endpoint, stageRanks(rk.pp, h.targets), pairs)
 		s.mu.Lock()
 		s.handshaken[rk.idx] = append(s.handshaken[rk.idx], h)
 		s.mu.Unlock()
@@ -568,11 +568,11 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 	for _, d := range h.targets {
 		var chunks []kv.Chunk
 		for _, rd := range h.plan.Decode[d].Reads {
-			if rd.PrefillRank == rk.idx {
+			if rd.PrefillRank == rk.tp {
 				chunks = rd.Chunks
 			}
 		}
-		ml, err := buildMoves(rk.pool, h.re.meta(d), moveOpts{Chunks: chunks, LocalBlocks: src, RemoteBlocks: dblocks,
+		ml, err := buildMoves(rk.pool, h.re.stageMeta(rkey{rk.pp, d}), moveOpts{Chunks: chunks, LocalBlocks: src, RemoteBlocks: dblocks,
 			LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
 		if err != nil {
 			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", err)
@@ -580,7 +580,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 			break
 		}
 		mem := rk.buf.Mem
-		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(h.re.meta(d), mem), ml.remote, h.re.agentName(rk.idx, d), notif)
+		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(h.re.stageMeta(rkey{rk.pp, d}), mem), ml.remote, h.re.stageAgent(rk.idx, rkey{rk.pp, d}), notif)
 		if err == nil {
 			var st nixl.Status
 			if st, err = rk.agent.PostXferReq(x); st == nixl.Failed && err == nil {

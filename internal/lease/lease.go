@@ -364,11 +364,13 @@ func (h *leaseHeap) Pop() any {
 }
 
 // HeartbeatTarget is a prefill engine decode heartbeats: where its side
-// channel is and how many ranks it has (every rank gets each heartbeat).
+// channel is and how many ranks it has (every pp x tp rank gets each
+// heartbeat).
 type HeartbeatTarget struct {
 	EngineID string `json:"engine_id"`
 	Endpoint string `json:"endpoint"` // side channel, tcp://host:port
 	TPSize   int    `json:"tp_size"`
+	PPSize   int    `json:"pp_size,omitempty"` // pipeline stages (0: 1)
 }
 
 // HeartbeatBatch is one heartbeat: the prefill-side ids of every request

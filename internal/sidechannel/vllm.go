@@ -349,3 +349,53 @@ func DecodeHandshakeReply(frames [][]byte, wantHash string) (AgentMetadata, floa
 	}
 	return md, ts, nil
 }
+
+// FetchRanks handshakes the given (pp, tp) ranks of one engine in order on
+// one REQ socket, as vLLM's client does (itertools.product over pp ranks
+// and target tp ranks, strict send/recv). Each Handshake carries its own
+// RTT and clock sample; vLLM keeps the lowest-RTT one (BestClock).
+func FetchRanks(ctx context.Context, endpoint string, ranks [][2]int, wantHash string, timeout time.Duration) ([]Handshake, error) {
+	c, err := dialReq(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("handshake with %s: %w", endpoint, err)
+	}
+	defer c.Close()
+	out := make([]Handshake, 0, len(ranks))
+	for _, r := range ranks {
+		req, err := EncodeGetMeta(r[0], r[1])
+		if err != nil {
+			return nil, err
+		}
+		t0 := mono.Now()
+		if _, err := c.SendMessage(toAny([][]byte{req})...); err != nil {
+			return nil, fmt.Errorf("handshake with %s (pp %d, tp %d): send: %w", endpoint, r[0], r[1], err)
+		}
+		frames, err := recvWithin(ctx, c, endpoint, timeout)
+		t1 := mono.Now()
+		if err != nil {
+			// A REQ socket that missed its reply cannot send again.
+			return nil, fmt.Errorf("handshake with %s (pp %d, tp %d): %w", endpoint, r[0], r[1], err)
+		}
+		md, remoteTS, err := DecodeHandshakeReply(frames, wantHash)
+		if err != nil {
+			return nil, fmt.Errorf("handshake with %s (pp %d, tp %d): %w", endpoint, r[0], r[1], err)
+		}
+		mid := float64(t0+t1) / 2 / 1e9
+		out = append(out, Handshake{Meta: md, RTT: time.Duration(t1 - t0), ClockOffset: time.Duration((remoteTS - mid) * 1e9)})
+	}
+	return out, nil
+}
+
+// BestClock is the clock offset of the lowest-RTT handshake (zero for none).
+func BestClock(hs []Handshake) time.Duration {
+	best := -1
+	for i, h := range hs {
+		if best < 0 || h.RTT < hs[best].RTT {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0
+	}
+	return hs[best].ClockOffset
+}

@@ -127,22 +127,32 @@ func (r *Router) fail(log *slog.Logger, err error) {
 // Request sends frames on a fresh REQ socket and waits for the reply (the
 // way vLLM's handshake client does), failing after timeout.
 func Request(ctx context.Context, endpoint string, frames [][]byte, timeout time.Duration) ([][]byte, error) {
-	sock, err := zmq.NewSocket(zmq.REQ)
+	sock, err := dialReq(endpoint)
 	if err != nil {
 		return nil, err
 	}
 	defer sock.Close()
+	if _, err := sock.SendMessage(toAny(frames)...); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", endpoint, err)
+	}
+	return recvWithin(ctx, sock, endpoint, timeout)
+}
+
+// dialReq connects a REQ socket the way vLLM's make_zmq_socket does.
+func dialReq(endpoint string) (*zmq.Socket, error) {
+	sock, err := zmq.NewSocket(zmq.REQ)
+	if err != nil {
+		return nil, err
+	}
 	_ = sock.SetLinger(0)
 	if isIPv6(endpoint) {
 		_ = sock.SetIpv6(true) // as vLLM's make_zmq_socket does for such hosts
 	}
 	if err := sock.Connect(endpoint); err != nil {
+		sock.Close()
 		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
 	}
-	if _, err := sock.SendMessage(toAny(frames)...); err != nil {
-		return nil, fmt.Errorf("send to %s: %w", endpoint, err)
-	}
-	return recvWithin(ctx, sock, endpoint, timeout)
+	return sock, nil
 }
 
 // ReqConn is one REQ socket kept for several requests, as vLLM's
