@@ -381,6 +381,33 @@ func TestProbeVLLMEveryRankOfEngine(t *testing.T) {
 	}
 }
 
+// Every rank of a real PP 2 x TP 2 prefill, found from nixlctl's metadata:
+// four agents asked in vLLM's order (pp outer), each stage holding one of
+// the two layers (K and V: 2 regions).
+func TestProbeVLLMEveryRankOfPipelinedEngine(t *testing.T) {
+	s := startEngine(t, engine.ProtoPull, 2, func(c *engine.Config) { c.PP = 2 })
+	res, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoVLLM, Target: s.SideChannel, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Discovery != "nixlctl metadata: tp 2, pp 2" || len(res.Ranks) != 4 {
+		t.Fatalf("discovery %q, %d ranks", res.Discovery, len(res.Ranks))
+	}
+	agents := map[string]bool{}
+	for i, r := range res.Ranks {
+		if r.PPRank != i/2 || r.TPRank != i%2 {
+			t.Errorf("rank %d asked as pp %d tp %d, want pp %d tp %d", i, r.PPRank, r.TPRank, i/2, i%2)
+		}
+		if n := r.Regions; n != 2 {
+			t.Errorf("pp %d tp %d: %d regions, want 2 (one layer, K and V)", r.PPRank, r.TPRank, n)
+		}
+		agents[r.AgentName] = true
+	}
+	if len(agents) != 4 {
+		t.Errorf("agents %v: want four distinct", agents)
+	}
+}
+
 // fakeVLLMEngine is a fake vLLM side channel of PP 2 x TP 2 over real ZMQ:
 // it answers get_meta_msg for the ranks it has, records the order it was
 // asked in, and, as vLLM's listener does for a rank it lacks, never answers
