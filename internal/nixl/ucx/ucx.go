@@ -761,6 +761,10 @@ func (r *request) inFlight() bool {
 }
 
 func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote nixl.Dlist, remoteIdx []int, notif []byte) (nixl.XferReq, error) {
+	return a.makeXferReq(op, local, localIdx, remote, remoteIdx, notif, true)
+}
+
+func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote nixl.Dlist, remoteIdx []int, notif []byte, merge bool) (nixl.XferReq, error) {
 	l, ok1 := local.(*dlist)
 	rm, ok2 := remote.(*dlist)
 	if !ok1 || !ok2 || l.a != a || rm.a != a {
@@ -769,12 +773,20 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
-	ops := make([]C.nx_op_t, len(localIdx))
+	// Like NIXL's makeXferReq, a run of indices that follow one another on
+	// both sides over memory contiguous on both sides (and one remote key)
+	// becomes one operation: paged KV posts whole block runs, not blocks.
+	ops := make([]C.nx_op_t, 0, len(localIdx))
 	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.descs), len(rm.descs),
 		func(i int) uint64 { return l.descs[i].Len }, func(i int) uint64 { return rm.descs[i].Len },
 		func(i, li, ri int) {
 			ld, rd := l.descs[li], rm.descs[ri]
-			ops[i] = C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]}
+			if n := len(ops); merge && n > 0 && li == localIdx[i-1]+1 && ri == remoteIdx[i-1]+1 && rm.rkeys[ri] == ops[n-1].rkey &&
+				uint64(ops[n-1].local+ops[n-1].len) == ld.Addr && uint64(ops[n-1].remote+ops[n-1].len) == rd.Addr {
+				ops[n-1].len += C.uint64_t(ld.Len)
+				return
+			}
+			ops = append(ops, C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]})
 		})
 	if err != nil {
 		return nil, err
@@ -815,7 +827,24 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 }
 
 func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, remoteMem nixl.MemType, remote []nixl.Desc, remoteName string, notif []byte) (nixl.XferReq, error) {
-	return nixl.CreateXferReqByPrep(a, op, mem, local, remoteMem, remote, remoteName, notif)
+	// NIXL's createXferReq posts the descriptors as given (it does not
+	// merge; --no-merge relies on that), so neither does this.
+	if len(local) != len(remote) {
+		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
+	}
+	ld, err := a.PrepXferDlist("", mem, local)
+	if err != nil {
+		return nil, err
+	}
+	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
+	if err != nil {
+		return nil, err
+	}
+	idx := make([]int, len(local))
+	for i := range idx {
+		idx[i] = i
+	}
+	return a.makeXferReq(op, ld, idx, rd, idx, notif, false)
 }
 
 func (a *agent) req(x nixl.XferReq) (*request, error) {
