@@ -465,8 +465,20 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					_ = rk.agent.ReleaseXferReq(x)
 				}
 			}()
+			// The lists are prepared the first time this rank reads from
+			// that agent (vLLM: at handshake), outside the post time.
+			pps := make([]*preppedPair, len(dr.Reads))
+			for i, rd := range dr.Reads {
+				if len(local) == 0 {
+					break
+				}
+				rm := re.meta(rd.PrefillRank)
+				if pps[i], res.err = e.prepped(rk, re.agentName(d, rd.PrefillRank), rm, remoteMem(rm, rk.buf.Mem), rd.Chunks, false); res.err != nil {
+					return
+				}
+			}
 			res.postStart = mono.Now()
-			for _, rd := range dr.Reads {
+			for i, rd := range dr.Reads {
 				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
 				name := re.agentName(d, rd.PrefillRank)
 				if len(local) == 0 { // full prefix hit: nothing to read, say so
@@ -476,13 +488,6 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					}
 					continue
 				}
-				ml, err := buildMoves(rk.pool, re.meta(rd.PrefillRank), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
-					LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge})
-				if err != nil {
-					res.err = err
-					return
-				}
-				mem := rk.buf.Mem
 				if crashing {
 					// lease-chaos's crash lands inside this transfer: a
 					// decode that dies mid-READ never reports the KV
@@ -491,7 +496,9 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					// self-kill lands.
 					notif = nil
 				}
-				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.meta(rd.PrefillRank), mem), ml.remote, name, notif)
+				rm := re.meta(rd.PrefillRank)
+				x, ml, err := e.makeMove(rk, nixl.Read, pps[i], name, rm, remoteMem(rm, rk.buf.Mem), moveOpts{Chunks: rd.Chunks, LocalBlocks: local,
+					RemoteBlocks: remote, LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge}, notif)
 				if err != nil {
 					res.err = err
 					return
@@ -502,7 +509,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					res.err = fmt.Errorf("post READ: %w", err)
 					return
 				}
-				res.descs += len(ml.local)
+				res.descs += ml.descs
 				res.logical += ml.logical
 				res.bytes += ml.bytes
 			}
