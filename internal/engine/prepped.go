@@ -61,7 +61,28 @@ type preppedList struct {
 	// (region*blocks + block)*chunks + chunk, vLLM's region-major order
 	// with the TP plan's chunks innermost.
 	blocks, chunks int
-	err            error
+	// cont[region*chunks + c] says whether chunk c starts where the one
+	// before it ends (chunk 0: the previous block's last chunk), so the
+	// per-request loop counts merged runs without reading descriptors.
+	cont []bool
+	err  error
+}
+
+// setCont fills cont from the list's first two blocks of each region.
+func (l *preppedList) setCont(regions int) {
+	l.cont = make([]bool, regions*l.chunks)
+	for i := 0; i < regions; i++ {
+		first := i * l.blocks * l.chunks
+		for c := 0; c < l.chunks; c++ {
+			at := first + c
+			if c == 0 {
+				at += l.chunks // block 1's chunk 0, after block 0's last
+			}
+			if at < (i+1)*l.blocks*l.chunks {
+				l.cont[i*l.chunks+c] = contiguous(l.descs, at)
+			}
+		}
+	}
 }
 
 // preppedPair is what a request needs to be made by index.
@@ -156,6 +177,7 @@ func (c *preppedCache) pair(rk *rank, agent string, rm sidechannel.AgentMetadata
 				}
 			}
 		}
+		l.setCont(len(regions))
 		l.dl, l.err = rk.agent.PrepXferDlist("", rk.buf.Mem, l.descs)
 		c.made.Add(1)
 	})
@@ -176,6 +198,7 @@ func (c *preppedCache) pair(rk *rank, agent string, rm sidechannel.AgentMetadata
 				}
 			}
 		}
+		r.setCont(len(regions))
 		r.dl, r.err = rk.agent.PrepXferDlist(agent, rmem, r.descs)
 		c.made.Add(1)
 	})
@@ -270,8 +293,11 @@ type moveStats struct {
 	bytes          int64
 }
 
-// indexPool recycles the per-request index lists (MakeXferReq copies them).
-var indexPool = sync.Pool{New: func() any { return new([2][]int) }}
+// moveScratch is one request's index lists (MakeXferReq copies them) and
+// run counts, recycled: they are thousands of entries per request.
+type moveScratch struct{ li, ri, starts []int }
+
+var scratchPool = sync.Pool{New: func() any { return new(moveScratch) }}
 
 // makeMove makes the request that moves o's blocks between rk and the
 // remote agent: by index into pp's prepared lists, or, with pp nil, from
@@ -294,43 +320,88 @@ func (e *Engine) makeMove(rk *rank, op nixl.Op, pp *preppedPair, agent string, r
 		return nil, st, layoutError{fmt.Errorf("%d local blocks for %d remote blocks", len(o.LocalBlocks), len(o.RemoteBlocks))}
 	}
 	L, R := pp.local, pp.remote
-	for _, b := range o.RemoteBlocks {
-		if b < 0 || b >= R.blocks {
-			return nil, st, layoutError{fmt.Errorf("remote block %d outside the peer's %d blocks", b, R.blocks)}
+	sc := scratchPool.Get().(*moveScratch)
+	defer scratchPool.Put(sc)
+	// starts[j] counts the pairs up to j that do not continue the pair
+	// before them in both block tables: with whole blocks contiguous in
+	// their regions, a region's runs come out of it without a loop.
+	n := len(o.LocalBlocks)
+	starts := sc.starts[:0]
+	acc := 0
+	for j, lb := range o.LocalBlocks {
+		rb := o.RemoteBlocks[j]
+		if uint(rb) >= uint(R.blocks) {
+			return nil, st, layoutError{fmt.Errorf("remote block %d outside the peer's %d blocks", rb, R.blocks)}
 		}
-	}
-	for _, b := range o.LocalBlocks {
-		if b < 0 || b >= L.blocks {
-			return nil, st, layoutError{fmt.Errorf("local block %d outside this rank's %d blocks", b, L.blocks)}
+		if uint(lb) >= uint(L.blocks) {
+			return nil, st, layoutError{fmt.Errorf("local block %d outside this rank's %d blocks", lb, L.blocks)}
 		}
+		if j == 0 || lb != o.LocalBlocks[j-1]+1 || rb != o.RemoteBlocks[j-1]+1 {
+			acc++
+		}
+		starts = append(starts, acc)
 	}
-	idx := indexPool.Get().(*[2][]int)
-	defer indexPool.Put(idx)
-	li, ri := idx[0][:0], idx[1][:0]
-	total := o.LogicalStart + len(o.LocalBlocks)
+	sc.starts = starts
 	nc := L.chunks
+	need := len(lp.Rank.Regions) * n * nc
+	li, ri := sc.li[:0], sc.ri[:0]
+	if cap(li) < need {
+		li, ri = make([]int, 0, need), make([]int, 0, need)
+	}
+	var perBlock int64
+	for _, ch := range o.Chunks {
+		perBlock += ch.Length
+	}
+	total := o.LogicalStart + n
 	for i, reg := range lp.Rank.Regions {
-		keep := lp.Spec.BlocksFor(reg.Kind, o.Tokens)
-		for j, lb := range o.LocalBlocks {
-			if o.LogicalStart+j < total-keep {
-				continue
+		j0 := max(0, total-lp.Spec.BlocksFor(reg.Kind, o.Tokens)-o.LogicalStart)
+		if j0 >= n {
+			continue
+		}
+		lcc, rcc := L.cont[i*nc:(i+1)*nc], R.cont[i*nc:(i+1)*nc]
+		st.bytes += perBlock * int64(n-j0)
+		// The region's first index may continue the last one posted
+		// (the previous region's), if memory runs on across them.
+		l, r := (i*L.blocks+o.LocalBlocks[j0])*nc, (i*R.blocks+o.RemoteBlocks[j0])*nc
+		if k := len(li); k > 0 && l == li[k-1]+1 && r == ri[k-1]+1 && contiguous(L.descs, l) && contiguous(R.descs, r) {
+			st.descs--
+		}
+		if nc == 1 {
+			// One whole block per index: NIXL's runs are the block
+			// tables' runs where blocks follow one another in memory.
+			if lcc[0] && rcc[0] {
+				st.descs += starts[n-1] - starts[j0] + 1
+			} else {
+				st.descs += n - j0
 			}
-			l0 := (i*L.blocks + lb) * nc
-			r0 := (i*R.blocks + o.RemoteBlocks[j]) * nc
+			lbase, rbase := i*L.blocks, i*R.blocks
+			for j := j0; j < n; j++ {
+				li, ri = append(li, lbase+o.LocalBlocks[j]), append(ri, rbase+o.RemoteBlocks[j])
+			}
+			continue
+		}
+		// Several chunks per block (a TP head slice): chunk c continues
+		// chunk c-1 where the layout says so, chunk 0 the previous block's
+		// last where the block tables and the layout both do.
+		for j := j0; j < n; j++ {
+			lb, rb := o.LocalBlocks[j], o.RemoteBlocks[j]
+			l0, r0 := (i*L.blocks+lb)*nc, (i*R.blocks+rb)*nc
 			for c := 0; c < nc; c++ {
-				l, r := l0+c, r0+c
-				st.bytes += int64(L.descs[l].Len)
-				// NIXL merges runs whose indices follow one another on
-				// both sides over memory that is contiguous on both
-				// sides; count what it will post.
-				if n := len(li); n == 0 || l != li[n-1]+1 || r != ri[n-1]+1 || !contiguous(L.descs, l) || !contiguous(R.descs, r) {
+				var run bool
+				switch {
+				case c > 0:
+					run = lcc[c] && rcc[c]
+				case j > j0:
+					run = starts[j] == starts[j-1] && lcc[0] && rcc[0]
+				}
+				if !run {
 					st.descs++
 				}
-				li, ri = append(li, l), append(ri, r)
+				li, ri = append(li, l0+c), append(ri, r0+c)
 			}
 		}
 	}
-	idx[0], idx[1] = li, ri
+	sc.li, sc.ri = li, ri
 	st.logical = len(li)
 	x, err := rk.agent.MakeXferReq(op, L.dl, li, R.dl, ri, notif)
 	return x, st, err

@@ -773,23 +773,37 @@ func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
+	if len(localIdx) != len(remoteIdx) {
+		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
+	}
 	// Like NIXL's makeXferReq, a run of indices that follow one another on
 	// both sides over memory contiguous on both sides (and one remote key)
 	// becomes one operation: paged KV posts whole block runs, not blocks.
-	ops := make([]C.nx_op_t, 0, len(localIdx))
-	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.descs), len(rm.descs),
-		func(i int) uint64 { return l.descs[i].Len }, func(i int) uint64 { return rm.descs[i].Len },
-		func(i, li, ri int) {
-			ld, rd := l.descs[li], rm.descs[ri]
-			if n := len(ops); merge && n > 0 && li == localIdx[i-1]+1 && ri == remoteIdx[i-1]+1 && rm.rkeys[ri] == ops[n-1].rkey &&
-				uint64(ops[n-1].local+ops[n-1].len) == ld.Addr && uint64(ops[n-1].remote+ops[n-1].len) == rd.Addr {
-				ops[n-1].len += C.uint64_t(ld.Len)
-				return
+	// Runs are the rule, so ops starts small. One pass checks and builds:
+	// a request carries an index per block and region, thousands.
+	ops := make([]C.nx_op_t, 0, min(len(localIdx), 64))
+	var total int64
+	pl, pr := -2, -2
+	remoteIdx = remoteIdx[:len(localIdx)]
+	for i, li := range localIdx {
+		ri := remoteIdx[i]
+		if uint(li) >= uint(len(l.descs)) || uint(ri) >= uint(len(rm.descs)) {
+			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(l.descs), len(rm.descs))
+		}
+		ld, rd, rkey := &l.descs[li], &rm.descs[ri], rm.rkeys[ri]
+		if ld.Len != rd.Len {
+			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ld.Len, rd.Len, nixl.ErrLengthMismatch)
+		}
+		total += int64(ld.Len)
+		if n := len(ops); merge && li == pl+1 && ri == pr+1 && n > 0 {
+			if o := &ops[n-1]; o.rkey == rkey && uint64(o.local+o.len) == ld.Addr && uint64(o.remote+o.len) == rd.Addr {
+				o.len += C.uint64_t(ld.Len)
+				pl, pr = li, ri
+				continue
 			}
-			ops = append(ops, C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rm.rkeys[ri]})
-		})
-	if err != nil {
-		return nil, err
+		}
+		ops = append(ops, C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rkey})
+		pl, pr = li, ri
 	}
 	return a.newRequest(op, rm.remote, ops, total, notif)
 }
