@@ -659,6 +659,27 @@ type dlist struct {
 	mem    nixl.MemType
 	descs  []nixl.Desc
 	rkeys  []unsafe.Pointer // per descriptor, remote lists only
+	// meta is each descriptor's length, with contBit set where it starts
+	// where the one before it ends (under the same remote key): what
+	// making a request reads per index, a quarter of the descriptors'
+	// bytes, since a request's thousands of indices miss the cache.
+	meta []uint64
+}
+
+const contBit = 1 << 63
+
+func (d *dlist) setMeta() error {
+	d.meta = make([]uint64, len(d.descs))
+	for i, ds := range d.descs {
+		if ds.Len >= contBit {
+			return fmt.Errorf("descriptor %d: length %d", i, ds.Len)
+		}
+		d.meta[i] = ds.Len
+		if i > 0 && d.descs[i-1].Addr+d.descs[i-1].Len == ds.Addr && (d.rkeys == nil || d.rkeys[i-1] == d.rkeys[i]) {
+			d.meta[i] |= contBit
+		}
+	}
+	return nil
 }
 
 func (d *dlist) Len() int { return len(d.descs) }
@@ -680,7 +701,7 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 		if err := a.checkLocalLocked(descs); err != nil {
 			return nil, err
 		}
-		return d, nil
+		return d, d.setMeta()
 	}
 	p, ok := a.peers[remote]
 	if !ok || p.invalid {
@@ -705,7 +726,7 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 			return nil, fmt.Errorf("remote descriptor %d (%#x+%d) of %s: %w", i, ds.Addr, ds.Len, remote, nixl.ErrNotRegistered)
 		}
 	}
-	return d, nil
+	return d, d.setMeta()
 }
 
 func (a *agent) checkLocalLocked(descs []nixl.Desc) error {
@@ -790,19 +811,17 @@ func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 		if uint(li) >= uint(len(l.descs)) || uint(ri) >= uint(len(rm.descs)) {
 			return nil, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(l.descs), len(rm.descs))
 		}
-		ld, rd, rkey := &l.descs[li], &rm.descs[ri], rm.rkeys[ri]
-		if ld.Len != rd.Len {
-			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ld.Len, rd.Len, nixl.ErrLengthMismatch)
+		lm, rmm := l.meta[li], rm.meta[ri]
+		n := lm &^ contBit
+		if n != rmm&^contBit {
+			return nil, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, n, rmm&^contBit, nixl.ErrLengthMismatch)
 		}
-		total += int64(ld.Len)
-		if n := len(ops); merge && li == pl+1 && ri == pr+1 && n > 0 {
-			if o := &ops[n-1]; o.rkey == rkey && uint64(o.local+o.len) == ld.Addr && uint64(o.remote+o.len) == rd.Addr {
-				o.len += C.uint64_t(ld.Len)
-				pl, pr = li, ri
-				continue
-			}
+		total += int64(n)
+		if k := len(ops); merge && k > 0 && li == pl+1 && ri == pr+1 && lm&rmm&contBit != 0 {
+			ops[k-1].len += C.uint64_t(n)
+		} else {
+			ops = append(ops, C.nx_op_t{local: C.uint64_t(l.descs[li].Addr), remote: C.uint64_t(rm.descs[ri].Addr), len: C.uint64_t(n), rkey: rm.rkeys[ri]})
 		}
-		ops = append(ops, C.nx_op_t{local: C.uint64_t(ld.Addr), remote: C.uint64_t(rd.Addr), len: C.uint64_t(ld.Len), rkey: rkey})
 		pl, pr = li, ri
 	}
 	return a.newRequest(op, rm.remote, ops, total, notif)
