@@ -658,7 +658,11 @@ type dlist struct {
 	remote *peer
 	mem    nixl.MemType
 	descs  []nixl.Desc
-	rkeys  []unsafe.Pointer // per descriptor, remote lists only
+	// region is each descriptor's region of the remote peer (remote lists
+	// only): an index, not the key itself, so the garbage collector has
+	// no pointer per descriptor to scan in lists kept for the run.
+	region []int32
+	rkeys  []unsafe.Pointer // per remote region, as prepared
 	// meta is each descriptor's length, with contBit set where it starts
 	// where the one before it ends (under the same remote key): what
 	// making a request reads per index, a quarter of the descriptors'
@@ -675,7 +679,7 @@ func (d *dlist) setMeta() error {
 			return fmt.Errorf("descriptor %d: length %d", i, ds.Len)
 		}
 		d.meta[i] = ds.Len
-		if i > 0 && d.descs[i-1].Addr+d.descs[i-1].Len == ds.Addr && (d.rkeys == nil || d.rkeys[i-1] == d.rkeys[i]) {
+		if i > 0 && d.descs[i-1].Addr+d.descs[i-1].Len == ds.Addr && (d.region == nil || d.region[i-1] == d.region[i]) {
 			d.meta[i] |= contBit
 		}
 	}
@@ -708,17 +712,20 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
 	}
 	d.remote = p
-	d.rkeys = make([]unsafe.Pointer, len(descs))
+	d.region = make([]int32, len(descs))
+	for _, r := range p.regions {
+		d.rkeys = append(d.rkeys, r.rkey)
+	}
 	last := -1
 	for i, ds := range descs {
 		if last >= 0 && p.regions[last].Contains(ds) && p.regions[last].Mem == mem {
-			d.rkeys[i] = p.regions[last].rkey
+			d.region[i] = int32(last)
 			continue
 		}
 		found := false
 		for j, r := range p.regions {
 			if r.Mem == mem && r.Contains(ds) {
-				d.rkeys[i], last, found = r.rkey, j, true
+				d.region[i], last, found = int32(j), j, true
 				break
 			}
 		}
@@ -820,7 +827,7 @@ func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 		if k := len(ops); merge && k > 0 && li == pl+1 && ri == pr+1 && lm&rmm&contBit != 0 {
 			ops[k-1].len += C.uint64_t(n)
 		} else {
-			ops = append(ops, C.nx_op_t{local: C.uint64_t(l.descs[li].Addr), remote: C.uint64_t(rm.descs[ri].Addr), len: C.uint64_t(n), rkey: rm.rkeys[ri]})
+			ops = append(ops, C.nx_op_t{local: C.uint64_t(l.descs[li].Addr), remote: C.uint64_t(rm.descs[ri].Addr), len: C.uint64_t(n), rkey: rm.rkeys[rm.region[ri]]})
 		}
 		pl, pr = li, ri
 	}
