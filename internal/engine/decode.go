@@ -447,8 +447,21 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					_ = rk.agent.ReleaseXferReq(x)
 				}
 			}()
+			// The lists are prepared the first time this rank reads from
+			// that agent (vLLM: at handshake), outside the post time.
+			pps := make([]*preppedPair, len(dr.Reads))
+			for i, rd := range dr.Reads {
+				if len(local) == 0 {
+					break
+				}
+				src := rkey{rk.pp, rd.PrefillRank}
+				rm := re.stageMeta(src)
+				if pps[i], res.err = e.prepped(rk, re.stageAgent(rk.idx, src), rm, remoteMem(rm, rk.buf.Mem), rd.Chunks, false); res.err != nil {
+					return
+				}
+			}
 			res.postStart = mono.Now()
-			for _, rd := range dr.Reads {
+			for i, rd := range dr.Reads {
 				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
 				src := rkey{rk.pp, rd.PrefillRank} // the stage holding this rank's layers
 				name := re.stageAgent(rk.idx, src)
@@ -459,13 +472,6 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					}
 					continue
 				}
-				ml, err := buildMoves(rk.pool, re.stageMeta(src), moveOpts{Chunks: rd.Chunks, LocalBlocks: local, RemoteBlocks: remote,
-					LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge})
-				if err != nil {
-					res.err = err
-					return
-				}
-				mem := rk.buf.Mem
 				if crashing {
 					// lease-chaos's crash lands inside this transfer: a
 					// decode that dies mid-READ never reports the KV
@@ -474,7 +480,9 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					// self-kill lands.
 					notif = nil
 				}
-				x, err := rk.agent.CreateXferReq(nixl.Read, mem, ml.local, remoteMem(re.stageMeta(src), mem), ml.remote, name, notif)
+				rm := re.stageMeta(src)
+				x, ml, err := e.makeMove(rk, nixl.Read, pps[i], name, rm, remoteMem(rm, rk.buf.Mem), moveOpts{Chunks: rd.Chunks, LocalBlocks: local,
+					RemoteBlocks: remote, LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge}, notif)
 				if err != nil {
 					res.err = err
 					return
@@ -485,7 +493,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					res.err = fmt.Errorf("post READ: %w", err)
 					return
 				}
-				res.descs += len(ml.local)
+				res.descs += ml.descs
 				res.logical += ml.logical
 				res.bytes += ml.bytes
 			}

@@ -283,6 +283,7 @@ type Engine struct {
 
 	remotesMu sync.Mutex
 	remotes   map[string]*remoteEngine
+	prep      *preppedCache
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -382,7 +383,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
-		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, info: map[string]string{}}
+		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, prep: newPreppedCache(), info: map[string]string{}}
 	e.clock = cfg.Clock
 	if e.clock == nil {
 		e.clock = monoClock{}
@@ -553,6 +554,7 @@ func (e *Engine) Close() {
 	if e.role != nil {
 		e.role.close()
 	}
+	e.prep.close()
 	for _, rk := range e.ranks {
 		if rk.agent != nil {
 			rk.agent.Close()
@@ -689,6 +691,9 @@ func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, 
 	e.remotesMu.Lock()
 	re := e.remotes[engineID]
 	if re == nil || re.endpoint != endpoint {
+		if re != nil {
+			e.dropPrepped(re) // the peer moved: its agents' lists go with it
+		}
 		re = &remoteEngine{id: engineID, endpoint: endpoint, ranks: map[rkey]sidechannel.AgentMetadata{}, loaded: map[lpair]string{}}
 		e.remotes[engineID] = re
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -563,24 +564,38 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 	}
 	start := len(q.blocks) - len(src)
 	notif := completionNotif(reg.RequestID, e.spec.TP)
-	post := pushPost{tStart: mono.Now()}
-	var writes []nixl.XferReq
-	for _, d := range h.targets {
-		var chunks []kv.Chunk
+	chunks := make([][]kv.Chunk, len(h.targets))
+	pps := make([]*preppedPair, len(h.targets))
+	var prepErr error
+	for i, d := range h.targets {
 		for _, rd := range h.plan.Decode[d].Reads {
 			if rd.PrefillRank == rk.tp {
-				chunks = rd.Chunks
+				chunks[i] = rd.Chunks
 			}
 		}
-		ml, err := buildMoves(rk.pool, h.re.stageMeta(rkey{rk.pp, d}), moveOpts{Chunks: chunks, LocalBlocks: src, RemoteBlocks: dblocks,
-			LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
-		if err != nil {
+		// Prepared once per decode agent (vLLM: at handshake), outside
+		// the post time.
+		if prepErr == nil && len(src) > 0 {
+			rm := h.re.stageMeta(rkey{rk.pp, d})
+			pps[i], prepErr = e.prepped(rk, h.re.stageAgent(rk.idx, rkey{rk.pp, d}), rm, remoteMem(rm, rk.buf.Mem), chunks[i], true)
+		}
+	}
+	post := pushPost{tStart: mono.Now()}
+	var writes []nixl.XferReq
+	for i, d := range h.targets {
+		if prepErr != nil {
+			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", prepErr)
+			post.failed = true
+			break
+		}
+		rm := h.re.stageMeta(rkey{rk.pp, d})
+		x, ml, err := e.makeMove(rk, nixl.Write, pps[i], h.re.stageAgent(rk.idx, rkey{rk.pp, d}), rm, remoteMem(rm, rk.buf.Mem), moveOpts{Chunks: chunks[i],
+			LocalBlocks: src, RemoteBlocks: dblocks, LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge}, notif)
+		if le := (layoutError{}); errors.As(err, &le) {
 			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", err)
 			post.failed = true
 			break
 		}
-		mem := rk.buf.Mem
-		x, err := rk.agent.CreateXferReq(nixl.Write, mem, ml.local, remoteMem(h.re.stageMeta(rkey{rk.pp, d}), mem), ml.remote, h.re.stageAgent(rk.idx, rkey{rk.pp, d}), notif)
 		if err == nil {
 			var st nixl.Status
 			if st, err = rk.agent.PostXferReq(x); st == nixl.Failed && err == nil {
@@ -599,7 +614,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 			continue
 		}
 		writes = append(writes, x)
-		post.descs += len(ml.local)
+		post.descs += ml.descs
 		post.logical += ml.logical
 		post.bytes += ml.bytes
 	}

@@ -696,19 +696,23 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			}
 			continue
 		}
+		var pp *preppedPair
+		if peer.reg.DstNumSlots > 0 && len(src) > 0 {
+			// Only a decode that says how many slots it has can be
+			// prepared for (SGLang's own NIXL path builds descriptors per
+			// transfer). Slots it counts but did not register fail the
+			// whole list, not the pages this room uses: build per request.
+			pp, _ = e.prepped(rk, peer.remote, rm, rk.buf.Mem, chunks, true)
+		}
 		// Chunked prefill: every chunk but the last ends on a page boundary.
 		pagesPerChunk := max(1, chunk/bs)
 		for c, from := 0, 0; from < len(src) || (c == 0 && len(src) == 0); c++ {
 			to := min(from+pagesPerChunk, len(src))
 			last := to == len(src)
-			ml, err := buildMoves(rk.pool, rm, moveOpts{Chunks: chunks, LocalBlocks: src[from:to], RemoteBlocks: dst[from:to],
-				LogicalStart: prefixPages + from, Tokens: r.Tokens, LocalIsPrefill: true, Merge: e.cfg.Merge})
-			if err != nil {
-				return descs, logical, err
-			}
 			notif := sglKVNotif(r.Room, c, last, rk.idx)
 			// SGLang registers KV as the pool's memory (VRAM on GPUs) and the aux rows as DRAM.
-			x, err := rk.agent.CreateXferReq(nixl.Write, rk.buf.Mem, ml.local, rk.buf.Mem, ml.remote, peer.remote, notif)
+			x, ml, err := e.makeMove(rk, nixl.Write, pp, peer.remote, rm, rk.buf.Mem, moveOpts{Chunks: chunks, LocalBlocks: src[from:to],
+				RemoteBlocks: dst[from:to], LogicalStart: prefixPages + from, Tokens: r.Tokens, LocalIsPrefill: true, Merge: e.cfg.Merge}, notif)
 			if err != nil {
 				return descs, logical, err
 			}
@@ -716,7 +720,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
 				return descs, logical, fmt.Errorf("post chunk %d: %w", c, err)
 			}
-			descs += len(ml.local)
+			descs += ml.descs
 			logical += ml.logical
 			from = to
 			if last {

@@ -50,3 +50,25 @@ func PairIndices(localIdx, remoteIdx []int, nLocal, nRemote int, localLen, remot
 	}
 	return total, nil
 }
+
+// CheckPairs is PairIndices for prepared lists held as descriptors, in a
+// loop without a call per pair: requests made by index carry an index per
+// block and region (thousands per request), on the post path.
+func CheckPairs(localIdx, remoteIdx []int, local, remote []Desc) (int64, error) {
+	if len(localIdx) != len(remoteIdx) {
+		return 0, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
+	}
+	var total int64
+	remoteIdx = remoteIdx[:len(localIdx)]
+	for i, li := range localIdx {
+		ri := remoteIdx[i]
+		if uint(li) >= uint(len(local)) || uint(ri) >= uint(len(remote)) {
+			return 0, fmt.Errorf("make request: index pair %d (%d, %d) out of range (%d local, %d remote)", i, li, ri, len(local), len(remote))
+		}
+		if ll, rl := local[li].Len, remote[ri].Len; ll != rl {
+			return 0, fmt.Errorf("descriptor pair %d: %d vs %d bytes: %w", i, ll, rl, ErrLengthMismatch)
+		}
+		total += int64(local[li].Len)
+	}
+	return total, nil
+}

@@ -616,6 +616,8 @@ func xferOp(op nixl.Op) C.int {
 	return C.NXC_OP_READ
 }
 
+var indexScratch = sync.Pool{New: func() any { return new([2][]C.int) }}
+
 func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remoteList nixl.Dlist, remoteIdx []int, notif []byte) (nixl.XferReq, error) {
 	l, ok1 := local.(*dlist)
 	rm, ok2 := remoteList.(*dlist)
@@ -625,14 +627,19 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if l.remote != nil || rm.remote == nil {
 		return nil, fmt.Errorf("make request: need a local list and a remote list")
 	}
-	li := make([]C.int, len(localIdx))
-	ri := make([]C.int, len(remoteIdx))
-	total, err := nixl.PairIndices(localIdx, remoteIdx, len(l.descs), len(rm.descs),
-		func(i int) uint64 { return l.descs[i].Len }, func(i int) uint64 { return rm.descs[i].Len },
-		func(i, x, y int) { li[i], ri[i] = C.int(x), C.int(y) })
+	total, err := nixl.CheckPairs(localIdx, remoteIdx, l.descs, rm.descs)
 	if err != nil {
 		return nil, err
 	}
+	// NIXL copies the indices into the request: the C arrays are scratch,
+	// kept between requests (thousands of indices each).
+	sc := indexScratch.Get().(*[2][]C.int)
+	defer indexScratch.Put(sc)
+	li, ri := sc[0][:0], sc[1][:0]
+	for i, x := range localIdx {
+		li, ri = append(li, C.int(x)), append(ri, C.int(remoteIdx[i]))
+	}
+	sc[0], sc[1] = li, ri
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {

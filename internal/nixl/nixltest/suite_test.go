@@ -381,6 +381,84 @@ func TestThousandsInFlight(t *testing.T) {
 	})
 }
 
+// Requests made by index from prepared lists move runs of indices that
+// follow one another over contiguous memory as one operation, as NIXL's
+// makeXferReq merges them; runs broken in either index list or in memory
+// stay apart. Every byte must land where its index pair says either way.
+func TestMakeXferReqMergesRuns(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		const blk, slots = 4096, 64
+		p := localPair(t, backend, blk*slots)
+		var dense, gapped []nixl.Desc // gapped: every other block
+		for s := 0; s < slots; s++ {
+			dense = append(dense, p.tb.Desc(s*blk, blk))
+			if s%2 == 0 {
+				gapped = append(gapped, p.tb.Desc(s*blk, blk))
+			}
+		}
+		var local []nixl.Desc
+		for s := 0; s < slots; s++ {
+			local = append(local, p.ib.Desc(s*blk, blk))
+		}
+		ld, err := p.init.PrepXferDlist("", p.mem, local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd, err := p.init.PrepXferDlist(p.remote, p.mem, dense)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gd, err := p.init.PrepXferDlist(p.remote, p.mem, gapped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := func(from, n, step int) []int {
+			out := make([]int, n)
+			for i := range out {
+				out[i] = from + i*step
+			}
+			return out
+		}
+		for i, tc := range []struct {
+			name        string
+			remote      nixl.Dlist
+			remoteDescs []nixl.Desc
+			li, ri      []int
+			ops         int // operations the ucx backend posts
+		}{
+			{"one run", rd, dense, seq(0, 16, 1), seq(16, 16, 1), 1},
+			{"two runs", rd, dense, append(seq(0, 8, 1), seq(20, 8, 1)...), append(seq(32, 8, 1), seq(48, 8, 1)...), 2},
+			{"remote reversed", rd, dense, seq(0, 8, 1), seq(40, 8, -1), 8},
+			{"indices follow, memory does not", gd, gapped, seq(0, 8, 1), seq(0, 8, 1), 8},
+		} {
+			src := make([]nixl.Span, len(tc.li))
+			dst := make([]nixl.Span, len(tc.li))
+			for j := range tc.li {
+				src[j] = nixl.Span{Off: tc.li[j] * blk, Len: blk}
+				dst[j] = nixl.Span{Off: int(tc.remoteDescs[tc.ri[j]].Addr - p.tb.Addr), Len: blk}
+			}
+			fill(t, p.ib, src, keyOf(uint64(i)))
+			r, err := p.init.MakeXferReq(nixl.Write, ld, tc.li, tc.remote, tc.ri, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			post(t, p.init, r)
+			if bad := check(t, p.tb, dst, keyOf(uint64(i))); bad != "" {
+				t.Errorf("%s: %s", tc.name, bad)
+			}
+			if r.Bytes() != int64(len(tc.li)*blk) {
+				t.Errorf("%s: %d bytes, want %d", tc.name, r.Bytes(), len(tc.li)*blk)
+			}
+			if backend == "ucx" && r.Descs() != tc.ops {
+				t.Errorf("%s: %d operations, want %d", tc.name, r.Descs(), tc.ops)
+			}
+			if err := p.init.ReleaseXferReq(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 func TestErrors(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
 		p := localPair(t, backend, 1<<20)
