@@ -506,6 +506,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				}
 			}
 			res.postEnd = mono.Now()
+			var telPostEnd int64 // the last post's end, on the telemetry's clock
 			if rk.idx == 0 {
 				s.crashPoint(r.ID)
 			}
@@ -515,12 +516,19 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 					res.err = err
 					return
 				}
-				if done := rk.agent.Telemetry(x).Done(); done > 0 {
-					res.done = max(res.done, done)
+				if t := rk.agent.Telemetry(x); t.Done() > 0 {
+					res.done = max(res.done, t.Done())
+					telPostEnd = max(telPostEnd, t.Start+int64(t.PostDuration))
 				}
 			}
 			if res.done == 0 {
 				res.done = mono.Now()
+			} else if telPostEnd > 0 {
+				// Both ends of the transfer stage from the agent's own
+				// telemetry: a READ can land before this goroutine's
+				// stamp after its posts (and NIXL's microsecond stamps
+				// round down), which made the stage negative.
+				res.postEnd = telPostEnd
 			}
 		}()
 	}
