@@ -390,9 +390,12 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		}
 	}
 	live.Emit(o.Live, live.Phase{Text: "warm-up"})
-	if err := r.warmup(ctx, consumers); err != nil {
+	if err := r.warmup(ctx, consumers); err != nil && ctx.Err() == nil {
 		return nil, err
 	}
+	// Interrupted during the warm-up: nothing is measured below, and the
+	// result still comes out, saying so (interrupted, no requests), as it
+	// does for an interrupt a second later.
 	live.Emit(o.Live, live.Start{Title: "bench ec " + c.Direction, Total: o.Requests * o.ImagesPerRequest, Unit: "images"})
 	live.Emit(o.Live, live.Phase{Text: "measuring"})
 

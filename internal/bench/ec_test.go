@@ -155,6 +155,26 @@ func TestRunECInterrupted(t *testing.T) {
 	}
 }
 
+// Interrupted during the warm-up (a slow host reaches it seconds in): the
+// result still comes, marked interrupted with nothing measured, instead of
+// a "warm-up transfer failed" error and no result on stdout.
+func TestRunECInterruptedInWarmup(t *testing.T) {
+	o := smallEC(nixl.Read)
+	o.Producer = ProducerSpec{Inproc: true}
+	o.Warmup = 2
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o.Live = live.Func(func(e live.Event) {
+		if p, ok := e.(live.Phase); ok && p.Text == "warm-up" {
+			cancel()
+		}
+	})
+	res, err := RunEC(ctx, o)
+	if err == nil || res == nil || !res.Interrupted || res.Summary.Requests != 0 {
+		t.Fatalf("interrupted in warm-up: err %v, result %+v", err, res)
+	}
+}
+
 func TestECValidate(t *testing.T) {
 	tests := []struct {
 		name string
