@@ -667,8 +667,14 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if a.closed.Load() {
 		return nixl.Failed, nixl.ErrClosed
 	}
+	// The posting's number before its state: a repost numbers itself
+	// before its copies re-record the event and marks itself running only
+	// after, so running seen after this number belongs to it (or a later
+	// one, which finish refuses). Read the other way round, a poller that
+	// saw the previous posting running could take the new number and the
+	// old event's "done" and notify before the new copies ran.
+	gen := r.gen.Load()
 	if r.state.Load() == stRunning {
-		gen := r.gen.Load()
 		a.life.RLock()
 		done, qerr := false, error(nil)
 		if !r.released.Load() && !a.closed.Load() {
