@@ -9,6 +9,18 @@ import "fmt"
 // made from prepared lists: it prepares both sides and makes the request
 // pairing descriptor i with descriptor i.
 func CreateXferReqByPrep(a Agent, op Op, mem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteName string, notif []byte) (XferReq, error) {
+	return CreateXferReqWith(a, op, mem, local, remoteMem, remote, remoteName, notif, a.MakeXferReq)
+}
+
+// MakeFunc makes a request from prepared lists by index, as
+// Agent.MakeXferReq does.
+type MakeFunc func(op Op, local Dlist, localIdx []int, remote Dlist, remoteIdx []int, notif []byte) (XferReq, error)
+
+// CreateXferReqWith is CreateXferReqByPrep with the request made by makeReq:
+// a backend whose MakeXferReq merges runs of consecutive indices passes a
+// maker that does not, since NIXL's createXferReq posts descriptors as
+// given.
+func CreateXferReqWith(a Agent, op Op, mem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteName string, notif []byte, makeReq MakeFunc) (XferReq, error) {
 	if len(local) != len(remote) {
 		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
 	}
@@ -24,7 +36,7 @@ func CreateXferReqByPrep(a Agent, op Op, mem MemType, local []Desc, remoteMem Me
 	for i := range idx {
 		idx[i] = i
 	}
-	return a.MakeXferReq(op, ld, idx, rd, idx, notif)
+	return makeReq(op, ld, idx, rd, idx, notif)
 }
 
 // PairIndices checks MakeXferReq's index lists against prepared lists of

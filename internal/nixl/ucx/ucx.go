@@ -869,22 +869,10 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, remoteMem nixl.MemType, remote []nixl.Desc, remoteName string, notif []byte) (nixl.XferReq, error) {
 	// NIXL's createXferReq posts the descriptors as given (it does not
 	// merge; --no-merge relies on that), so neither does this.
-	if len(local) != len(remote) {
-		return nil, fmt.Errorf("create request: %d local descriptors but %d remote", len(local), len(remote))
-	}
-	ld, err := a.PrepXferDlist("", mem, local)
-	if err != nil {
-		return nil, err
-	}
-	rd, err := a.PrepXferDlist(remoteName, remoteMem, remote)
-	if err != nil {
-		return nil, err
-	}
-	idx := make([]int, len(local))
-	for i := range idx {
-		idx[i] = i
-	}
-	return a.makeXferReq(op, ld, idx, rd, idx, notif, false)
+	return nixl.CreateXferReqWith(a, op, mem, local, remoteMem, remote, remoteName, notif,
+		func(op nixl.Op, ld nixl.Dlist, li []int, rd nixl.Dlist, ri []int, notif []byte) (nixl.XferReq, error) {
+			return a.makeXferReq(op, ld, li, rd, ri, notif, false)
+		})
 }
 
 func (a *agent) req(x nixl.XferReq) (*request, error) {
