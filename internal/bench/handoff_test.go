@@ -287,6 +287,24 @@ func TestHandoffEngineConfig(t *testing.T) {
 	}
 }
 
+// runWithin runs a handoff whose endpoints a test kills, failing with hung
+// if it has not ended within limit; its error is the kill's and not checked.
+func runWithin(t *testing.T, o HandoffOptions, limit time.Duration, hung string) *HandoffResult {
+	t.Helper()
+	done := make(chan struct{})
+	var res *HandoffResult
+	go func() {
+		defer close(done)
+		res, _ = RunHandoff(context.Background(), o)
+	}()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatal(hung)
+	}
+	return res
+}
+
 // A decode killed while requests are in flight: those requests fail, the
 // run ends, and prefill gets every block back, through the lease or the
 // cancellation of the requests it was still filling, within a bound: the
@@ -303,17 +321,7 @@ func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 			_ = d.Signal(syscall.SIGKILL)
 		})
 	}
-	done := make(chan struct{})
-	var res *HandoffResult
-	go func() {
-		defer close(done)
-		res, _ = RunHandoff(context.Background(), o)
-	}()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the run hung after decode died")
-	}
+	res := runWithin(t, o, 60*time.Second, "the run hung after decode died")
 	if res == nil || res.Summary.Failed == 0 {
 		t.Fatalf("killing decode failed no request: %+v", res)
 	}
@@ -636,17 +644,7 @@ func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 			_ = p.Signal(syscall.SIGKILL)
 		})
 	}
-	done := make(chan struct{})
-	var res *HandoffResult
-	go func() {
-		defer close(done)
-		res, _ = RunHandoff(context.Background(), o)
-	}()
-	select {
-	case <-done:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the run still goes 90 s after a prefill died: decode waits for the waiting timeout")
-	}
+	res := runWithin(t, o, 90*time.Second, "the run still goes 90 s after a prefill died: decode waits for the waiting timeout")
 	if res == nil || killed.Load() == 0 {
 		t.Fatalf("no result (%v) or prefill never killed", res)
 	}
