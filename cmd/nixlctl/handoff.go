@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
-	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
@@ -356,26 +354,17 @@ type serveEngineOptions struct {
 // identity reads the endpoint's compatibility flags, refusing bad ones
 // before the endpoint serves anything.
 func (o serveEngineOptions) identity() (engine.Identity, error) {
-	id := engine.Identity{HashHex: o.CompatHash, NoCheck: o.NoCompatCheck}
+	cf, err := readCompatFlags(o.CompatFactors, o.CompatHash)
+	if err != nil {
+		return engine.Identity{}, err
+	}
+	id := engine.Identity{Factors: cf.raw, NoCheck: o.NoCompatCheck}
+	if cf.raw == nil {
+		id.HashHex = cf.hash
+	}
 	var srcs []string
-	switch {
-	case o.CompatFactors != "" && o.CompatHash != "":
-		return id, errkind.BadInputf("--compat-hash: give --compat-factors or --compat-hash, not both")
-	case o.CompatFactors != "":
-		b, err := os.ReadFile(o.CompatFactors)
-		if err != nil {
-			return id, errkind.BadInputf("--compat-factors: %v", err)
-		}
-		if _, _, err := sidechannel.ParseCompatFactors(b); err != nil {
-			return id, errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
-		}
-		id.Factors = b
-		srcs = append(srcs, "--compat-factors "+o.CompatFactors)
-	case o.CompatHash != "":
-		if _, err := hex.DecodeString(o.CompatHash); err != nil || len(o.CompatHash) != 64 {
-			return id, errkind.BadInputf("--compat-hash: %q is not a sha256 in hex (64 characters)", o.CompatHash)
-		}
-		srcs = append(srcs, "--compat-hash")
+	if cf.from != "" {
+		srcs = append(srcs, cf.from)
 	}
 	if o.NoCompatCheck {
 		srcs = append(srcs, "--no-compat-check")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"os"
 	"strings"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
-	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 func newProbeCmd(a *app) *cobra.Command {
@@ -446,24 +444,11 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 		return err
 	}
 	var d probe.DecodeSpec
-	switch {
-	case o.CompatFactors != "" && o.CompatHash != "":
-		return errkind.BadInputf("give --compat-factors or --compat-hash, not both")
-	case o.CompatHash != "":
-		if _, err := hex.DecodeString(o.CompatHash); err != nil || len(o.CompatHash) != 64 {
-			return errkind.BadInputf("--compat-hash %q is not a sha256 in hex (64 characters)", o.CompatHash)
-		}
-		x.WantHash, x.HashFrom = strings.ToLower(o.CompatHash), "--compat-hash"
-	case o.CompatFactors != "":
-		b, err := os.ReadFile(o.CompatFactors)
-		if err != nil {
-			return errkind.BadInputf("--compat-factors: %v", err)
-		}
-		if d.Factors, x.WantHash, err = sidechannel.ParseCompatFactors(b); err != nil {
-			return errkind.BadInputf("--compat-factors %s: %v", o.CompatFactors, err)
-		}
-		x.HashFrom = "--compat-factors " + o.CompatFactors
+	cf, err := readCompatFlags(o.CompatFactors, o.CompatHash)
+	if err != nil {
+		return err
 	}
+	d.Factors, x.WantHash, x.HashFrom = cf.factors, cf.hash, cf.from
 	if x.TP < 0 || x.PP < 0 {
 		return errkind.BadInputf("--tp and --pp must be > 0 (got %d and %d)", x.TP, x.PP)
 	}

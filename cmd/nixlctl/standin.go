@@ -140,7 +140,7 @@ func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 	if err != nil {
 		return cfg, spec, err
 	}
-	cfg.CompatHashHex, cfg.NoCompatCheck = strings.ToLower(id.HashHex), id.NoCheck
+	cfg.CompatHashHex, cfg.NoCompatCheck = id.HashHex, id.NoCheck
 	if len(id.Factors) > 0 {
 		cfg.CompatFactors = json.RawMessage(id.Factors)
 	}

@@ -12,6 +12,7 @@
 package standin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -149,7 +150,7 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 			s.reject(w, r, err.Error())
 			return
 		}
-		id := cmpOr(r.Header.Get("X-Request-Id"), req.RequestID)
+		id := cmp.Or(r.Header.Get("X-Request-Id"), req.RequestID)
 		if id == "" {
 			id = fmt.Sprintf("cmpl-%016x", TagKey(fmt.Sprint(time.Now().UnixNano(), r.RemoteAddr)))
 		}
@@ -164,13 +165,6 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 		s.log.Info("prefill leg", "request_id", id, "remote_request_id", rep.RequestID, "tokens", tokens, "blocks", rep.Blocks)
 		writeJSON(w, http.StatusOK, s.response(chat, id, req.Model, tokens, rep.Params))
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func (s *Server) reject(w http.ResponseWriter, r *http.Request, msg string) {
@@ -257,7 +251,7 @@ func checkTokens(n int) (int, error) {
 // token (empty text here), its usage, and the kv_transfer_params the
 // proxy forwards to the decode.
 func (s *Server) response(chat bool, id, model string, tokens int, p engine.TransferParams) any {
-	model = cmpOr(model, s.o.ServedModel)
+	model = cmp.Or(model, s.o.ServedModel)
 	usage := map[string]int{"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}
 	created := time.Now().Unix()
 	if chat {
