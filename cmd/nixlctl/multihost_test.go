@@ -185,18 +185,7 @@ func TestMultiHost(t *testing.T) {
 		time.Sleep(time.Second)
 		killed := time.Now()
 		dec.kill()
-		err := cmd.Wait()
-		took := time.Since(killed)
-		if err == nil {
-			t.Errorf("bench push exited 0 with its decode killed")
-		}
-		if took > 15*time.Second {
-			t.Errorf("took %v after the kill to stop", took)
-		}
-		var res handoffJSON
-		if json.Unmarshal(out.Bytes(), &res) != nil || !strings.Contains(res.EndpointDied, "decode") {
-			t.Errorf("endpoint_died %q; stderr %s", res.EndpointDied, lastLines(errb.String(), 4))
-		}
+		decodeDied(t, cmd, out, errb, killed, 15*time.Second, "its decode killed")
 	})
 
 	t.Run("decode's host drops off the network", func(t *testing.T) {
@@ -215,18 +204,7 @@ func TestMultiHost(t *testing.T) {
 				t.Errorf("link up: %v %s", err, out)
 			}
 		}()
-		err := cmd.Wait()
-		took := time.Since(down)
-		if err == nil {
-			t.Errorf("bench push exited 0 with its decode's host gone")
-		}
-		if took > 30*time.Second {
-			t.Errorf("took %v after the link went down to stop", took)
-		}
-		var res handoffJSON
-		if json.Unmarshal(out.Bytes(), &res) != nil || !strings.Contains(res.EndpointDied, "decode") {
-			t.Errorf("endpoint_died %q; stderr %s", res.EndpointDied, lastLines(errb.String(), 4))
-		}
+		took := decodeDied(t, cmd, out, errb, down, 30*time.Second, "its decode's host gone")
 		t.Logf("the run stopped %v after the link went down", took.Round(100*time.Millisecond))
 	})
 
@@ -507,6 +485,26 @@ func lastLines(s string, n int) string {
 }
 
 // syncBuffer is a bytes.Buffer a process writes while the test reads it.
+// decodeDied waits for a bench whose decode was lost at since: it must
+// exit non-zero within limit, its result naming the decode in
+// endpoint_died. It returns how long the bench took to stop.
+func decodeDied(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer, errb *syncBuffer, since time.Time, limit time.Duration, what string) time.Duration {
+	t.Helper()
+	err := cmd.Wait()
+	took := time.Since(since)
+	if err == nil {
+		t.Errorf("bench exited 0 with %s", what)
+	}
+	if took > limit {
+		t.Errorf("took %v to stop with %s", took, what)
+	}
+	var res handoffJSON
+	if json.Unmarshal(out.Bytes(), &res) != nil || !strings.Contains(res.EndpointDied, "decode") {
+		t.Errorf("endpoint_died %q; stderr %s", res.EndpointDied, lastLines(errb.String(), 4))
+	}
+	return took
+}
+
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
