@@ -139,14 +139,14 @@ func pieceKey(bk uint64, pc piece) uint64 {
 }
 
 // Verify says how much of each block tags cover. Sparse writes the first
-// and last word of a piece and one word per 4 KiB in between, for every
-// piece of HND and MLA blocks; token-major (NHD) blocks have a piece per
-// head per token (a million a request), so Sparse tags there only the
-// pieces of three of a block's tokens, every head of each: the first, the
-// last, and one in between that moves on from block to block (sparseRows).
-// That is still enough to catch a misplaced, stale or torn block, or a
-// wrong head slice, in every block, and a token-position error that
-// repeats across blocks; Full writes every word of every piece.
+// and last word of every piece of HND and MLA blocks; token-major (NHD)
+// blocks have a piece per head per token (a million a request), so Sparse
+// tags there only the pieces of three of a block's tokens, every head of
+// each: the first, the last, and one in between that moves on from block
+// to block (sparseRows). A sparse check reads four of those words per row
+// (checkRowEnds). That catches a misplaced, stale or torn block in every
+// block, and a head-slice or token-position error that repeats across
+// blocks; Full writes and checks every word of every piece.
 type Verify int
 
 // Verification depths.
@@ -195,7 +195,7 @@ func (p *Pool) FillCtx(ctx context.Context, reqKey uint64, blocks []int, logical
 	// Both depths without a call per piece: token-major layouts have a
 	// million pieces a request, and the endpoints' CPU is the limit on
 	// small machines.
-	fill := blocktag.FillSparse
+	fill := blocktag.FillEnds
 	if v == Full {
 		fill = blocktag.Fill
 	}
@@ -243,6 +243,39 @@ func (p *Pool) sparseRows(reqKey uint64, logical int, rows *[3][]piece) [][]piec
 	mid := 1 + int((reqKey>>1+uint64(logical))%uint64(n-2))
 	rows[0], rows[1], rows[2] = p.rows[0], p.rows[mid], p.rows[n-1]
 	return rows[:]
+}
+
+// checkRowEnds reads what a sparse check reads of one row of a block
+// (block holds the block and what follows): the first word of its first
+// piece and the last word of its last piece, which a block from elsewhere,
+// a stale or a truncated block fails; and both end words of one piece that
+// moves on by one per logical block (from a point the request's key
+// picks), which a per-head or per-piece descriptor error fails within a
+// row's length of blocks, since such an error repeats over blocks. Four
+// words a row, against a word per 4 KiB and two a piece before: on a host
+// where the copy itself is bound by memory, those cache lines cost the
+// handoff a quarter of its bandwidth. --verify full reads every word.
+func checkRowEnds(block []byte, row []piece, bk, reqKey uint64, logical int) (*piece, *blocktag.Mismatch) {
+	if len(row) == 0 {
+		return nil, nil
+	}
+	at := func(pc *piece) []byte { return block[pc.off : pc.off+pc.len] }
+	first, last := &row[0], &row[len(row)-1]
+	if m := blocktag.CheckFirst(at(first), blocktag.Key(bk^first.salt)); m != nil {
+		return first, m
+	}
+	if m := blocktag.CheckLast(at(last), blocktag.Key(bk^last.salt)); m != nil {
+		return last, m
+	}
+	mv := &row[int((reqKey>>9+uint64(logical))%uint64(len(row)))]
+	key := blocktag.Key(bk ^ mv.salt)
+	if m := blocktag.CheckFirst(at(mv), key); m != nil {
+		return mv, m
+	}
+	if m := blocktag.CheckLast(at(mv), key); m != nil {
+		return mv, m
+	}
+	return nil, nil
 }
 
 // eachBlock calls f for every (region, request block) the request holds
@@ -300,14 +333,10 @@ func (p *Pool) Check(reqKey uint64, blocks []int, logicalStart, tokens int, v Ve
 		}
 		var rows [3][]piece
 		p.eachBlock(reqKey, blocks, logicalStart, tokens, func(i, logical int, bk uint64, off int64) bool {
-		block:
 			for _, row := range p.sparseRows(reqKey, logical, &rows) {
-				for k := range row {
-					pc := &row[k]
-					if blocktag.CheckSparse(data[off+pc.off:off+pc.off+pc.len], blocktag.Key(bk^pc.salt)) != nil {
-						onBad(i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data", pc.off, pc.head))
-						break block
-					}
+				if pc, m := checkRowEnds(data[off:], row, bk, reqKey, logical); m != nil {
+					onBad(i, logical, fmt.Errorf("piece at +%d (head %d) holds another block's data: %w", pc.off, pc.head, m))
+					break
 				}
 			}
 			return true

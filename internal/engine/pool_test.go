@@ -135,10 +135,10 @@ func TestPoolSlidingWindowTail(t *testing.T) {
 	}
 }
 
-// Sparse checks of token-major blocks sample three tokens a block, and
-// still count every kind of corrupt block: one from another request, a
-// torn tail, a stale or wrong head slice, a poisoned (freed) block, and a
-// token position that is wrong in every block, whichever it is. Full
+// Sparse checks of token-major blocks sample three tokens a block, four
+// words each, and still count every kind of corrupt block: one from
+// another request, a torn tail, a poisoned (freed) block, and a head slice
+// or a token position that is wrong in every block, whichever it is. Full
 // checks catch a single wrong byte anywhere.
 func TestPoolSparseNHDCatchesCorruption(t *testing.T) {
 	m, _ := kv.Preset("llama-3.1-8b")
@@ -184,12 +184,28 @@ func TestPoolSparseNHDCatchesCorruption(t *testing.T) {
 			region0(9)[int64(len(region0(9)))-rowBytes] ^= 0xff
 			check("torn tail", 1)
 			refill()
-			// Head 3 of every token of block 11 came from another head.
+			// Head 3 of every token of every block came from head 2 (a
+			// head-slice descriptor error repeats over blocks): sparse
+			// checks one moving piece a row, so it catches the error once
+			// in every row's length of blocks; full catches every block.
 			hb := int64(m.HeadDim * 2)
+			for _, b := range blocks {
+				for tok := int64(0); tok < bs; tok++ {
+					copy(region0(b)[tok*rowBytes+3*hb:][:hb], region0(b)[tok*rowBytes+2*hb:][:hb])
+				}
+			}
+			if bad, err := p.Check(7, blocks, 0, tokens, v); bad < nblocks/len(p.rows[0]) || v == Full && bad != nblocks {
+				t.Errorf("%s %v, head 3 wrong in every block: %d bad of %d (%v)", layout, v, bad, nblocks, err)
+			}
+			refill()
+			// One block's head 3 wrong: full catches it; sparse only when
+			// its moving piece is there (not asserted).
 			for tok := int64(0); tok < bs; tok++ {
 				copy(region0(11)[tok*rowBytes+3*hb:][:hb], region0(11)[tok*rowBytes+2*hb:][:hb])
 			}
-			check("wrong head slice", 1)
+			if v == Full {
+				check("wrong head slice in one block", 1)
+			}
 			refill()
 			// A freed (poisoned) block read late.
 			p.Poison(blocks[13:14])
@@ -214,6 +230,55 @@ func TestPoolSparseNHDCatchesCorruption(t *testing.T) {
 				check("one byte", 1)
 				refill()
 			}
+		}
+	}
+}
+
+// Sparse checks of head-major (HND) blocks read four words a block and
+// still count a block from another request, two swapped blocks, a torn
+// tail, a poisoned block, and a head slice wrong in every block (within a
+// row's length of blocks); one head wrong in one block is full's job.
+func TestPoolSparseHNDCatchesCorruption(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2
+	const nblocks = 32
+	p := pool(t, kv.Spec{Model: m, BlockSize: 16, Order: kv.HND}, 0, nblocks)
+	blocks := make([]int, nblocks)
+	for i := range blocks {
+		blocks[i] = i
+	}
+	tokens := nblocks * 16
+	data := p.Buf.Bytes()
+	region0 := func(b int) []byte { return data[p.BlockAddr(0, b)-p.Buf.Addr:][:p.BlockLen(0)] }
+	hb := int(p.pieces[0].len) // one head's slice of a block
+	heads := len(p.pieces)
+	for _, tc := range []struct {
+		name     string
+		v        Verify
+		corrupt  func()
+		min, max int
+	}{
+		{"intact", Sparse, func() {}, 0, 0},
+		{"another request's block", Sparse, func() { p.Fill(8, blocks[3:4], 3, tokens, Sparse) }, len(p.Rank.Regions), len(p.Rank.Regions)},
+		{"two swapped blocks", Sparse, func() {
+			tmp := append([]byte(nil), region0(5)...)
+			copy(region0(5), region0(6))
+			copy(region0(6), tmp)
+		}, 2, 2},
+		{"torn tail", Sparse, func() { b := region0(9); b[len(b)-1] ^= 0xff }, 1, 1},
+		{"poisoned block", Sparse, func() { p.Poison(blocks[13:14]) }, len(p.Rank.Regions), len(p.Rank.Regions)},
+		{"head 3 wrong in every block", Sparse, func() {
+			for _, b := range blocks {
+				copy(region0(b)[3*hb:][:hb], region0(b)[2*hb:][:hb])
+			}
+		}, nblocks / heads, nblocks},
+		{"head 3 wrong in one block", Full, func() { copy(region0(11)[3*hb:][:hb], region0(11)[2*hb:][:hb]) }, 1, 1},
+		{"one byte in the middle", Full, func() { region0(17)[hb+hb/2] ^= 1 }, 1, 1},
+	} {
+		p.Fill(7, blocks, 0, tokens, tc.v)
+		tc.corrupt()
+		if bad, err := p.Check(7, blocks, 0, tokens, tc.v); bad < tc.min || bad > tc.max {
+			t.Errorf("%s (%v): %d bad blocks, want %d..%d (%v)", tc.name, tc.v, bad, tc.min, tc.max, err)
 		}
 	}
 }

@@ -529,9 +529,15 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	if err != nil {
 		return rep, err
 	}
+	sent := false
 	defer func() {
-		for _, rk := range e.ranks {
-			rk.pool.Poison(blocks)
+		if !sent {
+			// A WRITE abandoned part way may still read them: poison.
+			// Sent, every WRITE from them finished and nobody reads them
+			// again (see prefillState.free).
+			for _, rk := range e.ranks {
+				rk.pool.Poison(blocks)
+			}
 		}
 		_ = e.alloc.Free(blocks)
 	}()
@@ -631,6 +637,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		rep.Descriptors += descs[i]
 		rep.LogicalDescs += logical[i]
 	}
+	sent = true
 	return rep, nil
 }
 

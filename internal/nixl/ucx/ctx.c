@@ -163,7 +163,7 @@ int nx_ctx_address(nx_ctx_t *c, void **addr, size_t *len)
 {
     ucp_address_t *a;
     size_t         l;
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucs_status_t st = ucp_worker_get_address(c->worker, &a, &l);
     if (st == UCS_OK) {
         *addr = malloc(l);
@@ -187,7 +187,7 @@ void nx_ctx_destroy(nx_ctx_t *c)
     atomic_store(&c->stop, 1);
     wake_eventfd(c->wakefd);
     pthread_join(c->thread, NULL);
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     /* Let what can still finish finish, then release the rest. */
     uint64_t deadline = nx_now_ns() + 1000000000ull;
     do {

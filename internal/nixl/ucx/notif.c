@@ -178,7 +178,7 @@ static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size
 
 int nx_send_notif(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucs_status_t st = atomic_load(&p->status);
     if (st == UCS_OK) {
         ucs_status_ptr_t sp = send_am(c, p, msg, len);

@@ -102,7 +102,7 @@ nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mo
     ep.err_handler.cb  = ep_failed;
     ep.err_handler.arg = p;
     p->peer_mode       = peer_mode;
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucs_status_t st = ucp_ep_create(c->worker, &ep, &p->ep);
     if (st != UCS_OK) {
         pthread_mutex_unlock(&c->mu);
@@ -178,7 +178,7 @@ nx_peer_t *nx_peer_create(nx_ctx_t *c, const void *addr, size_t len, int peer_mo
 int nx_rkey_mapped(nx_ctx_t *c, void *rkey, uint64_t raddr)
 {
     void *ptr = NULL;
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucs_status_t st = ucp_rkey_ptr((ucp_rkey_h)rkey, raddr, &ptr);
     pthread_mutex_unlock(&c->mu);
     return st == UCS_OK && ptr != NULL;
@@ -186,7 +186,7 @@ int nx_rkey_mapped(nx_ctx_t *c, void *rkey, uint64_t raddr)
 
 int nx_peer_rkey(nx_ctx_t *c, nx_peer_t *p, const void *packed, void **rkey, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucs_status_t st = ucp_ep_rkey_unpack(p->ep, packed, (ucp_rkey_h *)rkey);
     pthread_mutex_unlock(&c->mu);
     if (st != UCS_OK) {
@@ -198,7 +198,7 @@ int nx_peer_rkey(nx_ctx_t *c, nx_peer_t *p, const void *packed, void **rkey, cha
 
 void nx_rkey_destroy(nx_ctx_t *c, void *rkey)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucp_rkey_destroy((ucp_rkey_h)rkey);
     pthread_mutex_unlock(&c->mu);
 }
@@ -214,7 +214,7 @@ int nx_peer_info(nx_ctx_t *c, nx_peer_t *p, char *buf, size_t cap)
     if (f == NULL) {
         return -1;
     }
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucp_ep_print_info(p->ep, f);
     pthread_mutex_unlock(&c->mu);
     fclose(f);
@@ -230,7 +230,7 @@ int nx_peer_info(nx_ctx_t *c, nx_peer_t *p, char *buf, size_t cap)
  * of transfers still in flight on the worker afterwards. */
 int nx_peer_destroy(nx_ctx_t *c, nx_peer_t *p)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof(prm));
     /* Force-closing (which fails in-flight requests) needs peer error
@@ -277,7 +277,7 @@ int nx_peer_destroy(nx_ctx_t *c, nx_peer_t *p)
  * exit) and fails every transfer in flight towards it. */
 void nx_peer_fail(nx_ctx_t *c, nx_peer_t *p, int status)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     atomic_store(&p->status, (ucs_status_t)status);
     nx_xfer_t *x = c->active;
     while (x) {

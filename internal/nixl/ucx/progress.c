@@ -3,6 +3,7 @@
 #include "shim_internal.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 
 /* ---- progress thread -------------------------------------------------- */
@@ -14,8 +15,18 @@ unsigned nx_progress_locked(nx_ctx_t *c)
         n = ucp_worker_progress(c->worker);
         total += n;
         nx_process_ready(c);
-    } while (n > 0);
+    } while (n > 0 && atomic_load(&c->waiters) == 0);
     return total;
+}
+
+/* yield_to_waiters lets API calls that wait for mu take it before the
+ * progress thread does again (a mutex is not fair: the thread that just
+ * unlocked usually wins), for a bounded number of yields. */
+static void yield_to_waiters(nx_ctx_t *c)
+{
+    for (int i = 0; i < 64 && atomic_load(&c->waiters) > 0; i++) {
+        sched_yield();
+    }
 }
 
 /* ---- paced progress (nixlctl probe ucx-leak --progress-interval) ------
@@ -64,6 +75,7 @@ void *nx_progress_main(void *arg)
         nx_progress_locked(c);
         ucs_status_t st = c->efd >= 0 ? ucp_worker_arm(c->worker) : UCS_OK;
         pthread_mutex_unlock(&c->mu);
+        yield_to_waiters(c);
         if (st == UCS_ERR_BUSY) {
             continue; /* more events already pending */
         }

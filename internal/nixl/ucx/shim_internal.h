@@ -52,6 +52,7 @@ struct nx_ctx {
     uint64_t        ping_token; /* next token (under mu) */
 
     atomic_int      pace_ms; /* >0: progress only every pace_ms (nx_ctx_set_progress_pace) */
+    atomic_int      waiters; /* API calls waiting for mu (nx_lock) */
 
     pthread_mutex_t qmu; /* notification queue */
     struct nx_notif *qhead, *qtail;
@@ -143,6 +144,19 @@ static inline void done_req(void *req)
 
 /* A transfer's state is published with release stores, after its times,
  * so that Go can read both without a call into C. */
+/* nx_lock takes mu for an API call, counted in waiters while it waits, so
+ * a progress loop holding mu lets go between two ucp_worker_progress calls
+ * (nx_progress_locked). Without that, a worker streaming fragments (UCX's
+ * emulated RMA moves 256 MiB as tens of thousands of them) kept mu for as
+ * long as data came: posts and notifications waited up to 95 ms, and the
+ * pipeline drained before the next transfer could start. */
+static inline void nx_lock(nx_ctx_t *c)
+{
+    atomic_fetch_add(&c->waiters, 1);
+    pthread_mutex_lock(&c->mu);
+    atomic_fetch_sub(&c->waiters, 1);
+}
+
 static inline int  xstate(nx_xfer_t *x) { return __atomic_load_n(&x->pub.state, __ATOMIC_ACQUIRE); }
 static inline void set_state(nx_xfer_t *x, int st)
 {

@@ -240,7 +240,7 @@ nx_xfer_t *nx_xfer_create(nx_ctx_t *c, nx_peer_t *p, int op, const nx_op_t *ops,
 
 int nx_xfer_post(nx_ctx_t *c, nx_xfer_t *x)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     int st = xstate(x);
     if (st != NX_IDLE && st != NX_DONE && st != NX_ERROR) {
         pthread_mutex_unlock(&c->mu);
@@ -298,7 +298,7 @@ int nx_xfer_state(nx_ctx_t *c, nx_xfer_t *x, int progress)
 
 int nx_xfer_release(nx_ctx_t *c, nx_xfer_t *x)
 {
-    pthread_mutex_lock(&c->mu);
+    nx_lock(c);
     int st = xstate(x);
     if (st != NX_IDLE && st != NX_DONE && st != NX_ERROR) {
         pthread_mutex_unlock(&c->mu);
