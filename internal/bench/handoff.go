@@ -969,6 +969,10 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	// watchdogs (push) or fail a wave at a time (SGLang).
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
+	// The watchers stop with the run: the endpoints closed afterwards
+	// (for --xfer-reference, and at the end) did not die.
+	watchCtx, stopWatching := context.WithCancel(runCtx)
+	defer stopWatching()
 	var died atomic.Pointer[string]
 	type watched struct {
 		name, role string
@@ -999,7 +1003,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 				}
 				stopRun(d)
 				o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
-			case <-runCtx.Done():
+			case <-watchCtx.Done():
 			}
 		}()
 	}
@@ -1015,6 +1019,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	path := watchPath(ctx, o.remote(), ends...)
 	runErr := h.run(runCtx)
+	stopWatching()
 	path.stop(ctx)
 	if d := died.Load(); d != nil {
 		res.EndpointDied = *d

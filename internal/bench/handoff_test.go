@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -614,9 +616,15 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 		t.Run(string(proto), func(t *testing.T) {
 			o := handoffOpts(t, proto, 1, 1)
 			o.Inproc, o.XferRef, o.Verify = true, true, engine.Sparse
+			var log bytes.Buffer
+			o.Log = slog.New(slog.NewTextHandler(&log, nil))
 			res, err := RunHandoff(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The endpoints closed for the reference did not die.
+			if strings.Contains(log.String(), "endpoint died") || res.EndpointDied != "" {
+				t.Errorf("a clean run reported a dead endpoint (%q):\n%s", res.EndpointDied, log.String())
 			}
 			ref, s := res.Config.XferReference, res.Summary
 			want := map[engine.Protocol]string{engine.ProtoPull: "READ", engine.ProtoPush: "WRITE"}[proto]
