@@ -580,6 +580,12 @@ type request struct {
 	descs  int
 	posted bool
 	freed  bool
+	// settled: a status call saw the request end since its last post,
+	// and NIXL's status stays so until the next post, so a post need not
+	// ask again. tele holds the telemetry read with that status.
+	settled bool
+	tele    C.nxc_telemetry_t
+	teleOK  bool
 }
 
 func (r *request) Op() nixl.Op    { return r.op }
@@ -739,7 +745,7 @@ func (a *agent) reqLocked(x nixl.XferReq) (*request, error) {
 
 // inFlightLocked asks NIXL whether a posted request is still running.
 func (a *agent) inFlightLocked(r *request) bool {
-	return r.posted && !r.freed && C.nxc_get_xfer_status(a.h, r.h) == C.NXC_IN_PROG
+	return r.posted && !r.freed && !r.settled && C.nxc_get_xfer_status(a.h, r.h) == C.NXC_IN_PROG
 }
 
 func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
@@ -752,8 +758,10 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 	if a.inFlightLocked(r) {
 		return nixl.InProgress, fmt.Errorf("post: %w", nixl.ErrInFlight)
 	}
-	r.posted = true
-	return r.status(C.nxc_post_xfer_req(a.h, r.h, r.opt), "post")
+	r.posted, r.teleOK = true, false
+	st := C.nxc_post_xfer_req(a.h, r.h, r.opt)
+	r.settled = st != C.NXC_IN_PROG
+	return r.status(st, "post")
 }
 
 // status maps what NIXL says about a posted request. NIXL folds a
@@ -786,7 +794,12 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if !r.posted {
 		return nixl.Failed, fmt.Errorf("request was never posted")
 	}
-	return r.status(C.nxc_get_xfer_status(a.h, r.h), "status")
+	var ok C.bool
+	st := C.nxc_status_telemetry(a.h, r.h, &r.tele, &ok)
+	if st != C.NXC_IN_PROG {
+		r.settled, r.teleOK = true, bool(ok)
+	}
+	return r.status(st, "status")
 }
 
 // ReleaseXferReq frees a request that is not running. NIXL itself would
@@ -846,8 +859,8 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if a.closed || r.freed || !r.posted {
 		return t
 	}
-	var ct C.nxc_telemetry_t
-	if C.nxc_get_xfer_telemetry(a.h, r.h, &ct) != C.NXC_SUCCESS {
+	ct := r.tele // read with the status that saw the request end
+	if !r.teleOK && C.nxc_get_xfer_telemetry(a.h, r.h, &ct) != C.NXC_SUCCESS {
 		return t
 	}
 	// NIXL's start_time_us is on the monotonic clock (despite its header's
@@ -908,14 +921,14 @@ func (a *agent) GetNotifs() (nixl.Notifs, error) {
 // says how many there were. NIXL's map lends its bytes only until the next
 // call, so they are copied at once.
 func (a *agent) fetchLocked() (int, error) {
-	if st := C.nxc_get_notifs(a.h, a.nmap, nil); st != C.NXC_SUCCESS {
+	var senders C.size_t
+	if st := C.nxc_poll_notifs(a.h, a.nmap, &senders); st != C.NXC_SUCCESS {
 		return 0, fmt.Errorf("get notifications: NIXL: %s", statusText(st))
+	}
+	if senders == 0 {
+		return 0, nil // nxc_poll_notifs cleared the map
 	}
 	defer C.nxc_notif_map_clear(a.nmap)
-	var senders C.size_t
-	if st := C.nxc_notif_map_size(a.nmap, &senders); st != C.NXC_SUCCESS {
-		return 0, fmt.Errorf("get notifications: NIXL: %s", statusText(st))
-	}
 	got := 0
 	// Indices stay below the size NIXL reported: past it NIXL would walk
 	// off the end of its map.
@@ -958,13 +971,20 @@ func (a *agent) pollNotifs() {
 	// progresses its worker (NIXL's get_notifs does without a progress
 	// thread), as nixlbench's target does.
 	spin := a.progress == nixl.ProgressSpin
+	if spin {
+		// A thread of its own, without yielding to the scheduler between
+		// polls: a Gosched per poll spent as much of the target's CPU in
+		// Go's scheduler as in NIXL, on a host where the initiator spins
+		// too and two cores are all there is.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	for {
 		if spin {
 			select {
 			case <-a.stop:
 				return
 			default:
-				runtime.Gosched()
 			}
 		} else {
 			select {
@@ -973,7 +993,17 @@ func (a *agent) pollNotifs() {
 			case <-t.C:
 			}
 		}
-		a.mu.Lock()
+		if !spin && !a.mu.TryLock() {
+			// The agent is in use: its caller's calls progress NIXL
+			// anyway, and waiting here for the mutex turned every unlock
+			// of a caller polling a transfer into a wake-up of this
+			// goroutine's thread (thousands a second, each preempting the
+			// caller on a small host). Look again at the next tick.
+			t.Reset(wait)
+			continue
+		} else if spin {
+			a.mu.Lock()
+		}
 		if a.closed {
 			a.mu.Unlock()
 			return
@@ -986,6 +1016,9 @@ func (a *agent) pollNotifs() {
 			case a.notifyCh <- struct{}{}:
 			default:
 			}
+		}
+		if spin {
+			continue // no timer: resetting one per poll cost the spin its pace
 		}
 		if n > 0 {
 			wait = notifPollMin

@@ -104,6 +104,29 @@ int nxc_path_of(const nxc_lib_t *lib, char *buf, size_t len) {
 
 void nxc_free(void *p) { free(p); }
 
+nxc_status_t nxc_status_telemetry(nxc_agent_t a, nxc_xfer_req_t r, nxc_telemetry_t *t, bool *tele_ok) {
+    *tele_ok = false;
+    if (!current)
+        return NXC_ERR_NOT_LOADED;
+    nxc_status_t st = current->get_xfer_status(a, r);
+    if (st != NXC_IN_PROG)
+        *tele_ok = current->get_xfer_telemetry(a, r, t) == NXC_SUCCESS;
+    return st;
+}
+
+nxc_status_t nxc_poll_notifs(nxc_agent_t a, nxc_notif_map_t m, size_t *senders) {
+    *senders = 0;
+    if (!current)
+        return NXC_ERR_NOT_LOADED;
+    nxc_status_t st = current->get_notifs(a, m, NULL);
+    if (st != NXC_SUCCESS)
+        return st;
+    st = current->notif_map_size(m, senders);
+    if (st != NXC_SUCCESS || *senders == 0)
+        current->notif_map_clear(m);
+    return st;
+}
+
 #define NXC_WRAP(name, params, args)     \
     nxc_status_t nxc_##name params {      \
         if (!current)                     \

@@ -165,4 +165,14 @@ int nxc_path_of(const nxc_lib_t *lib, char *buf, size_t len);
 
 void nxc_free(void *p);
 
+/* nxc_poll_notifs is get_notifs into m and notif_map_size in one call, and
+ * clears m itself when it holds nothing: a spinning poll that finds no
+ * notification costs one cgo call, not three. */
+nxc_status_t nxc_poll_notifs(nxc_agent_t a, nxc_notif_map_t m, size_t *senders);
+
+/* nxc_status_telemetry is get_xfer_status, and once the request has ended
+ * its telemetry too (*tele_ok says whether NIXL had any): a polling loop
+ * pays one cgo call per poll and none more per request. */
+nxc_status_t nxc_status_telemetry(nxc_agent_t a, nxc_xfer_req_t r, nxc_telemetry_t *t, bool *tele_ok);
+
 #endif
