@@ -971,11 +971,12 @@ func (a *agent) pollNotifs() {
 	// progresses its worker (NIXL's get_notifs does without a progress
 	// thread), as nixlbench's target does.
 	spin := a.progress == nixl.ProgressSpin
+	spinN := 0
 	if spin {
-		// A thread of its own, without yielding to the scheduler between
-		// polls: a Gosched per poll spent as much of the target's CPU in
-		// Go's scheduler as in NIXL, on a host where the initiator spins
-		// too and two cores are all there is.
+		// A thread of its own, yielding to the scheduler only every
+		// 1,024 polls: a Gosched per poll spent as much of the target's
+		// CPU in Go's scheduler as in NIXL, on a host where the initiator
+		// spins too and two cores are all there is.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 	}
@@ -985,6 +986,9 @@ func (a *agent) pollNotifs() {
 			case <-a.stop:
 				return
 			default:
+			}
+			if spinN++; spinN&1023 == 0 {
+				runtime.Gosched() // see bench's xfer loop: sysmon storms otherwise
 			}
 		} else {
 			select {
