@@ -972,14 +972,6 @@ func (a *agent) pollNotifs() {
 	// thread), as nixlbench's target does.
 	spin := a.progress == nixl.ProgressSpin
 	spinN := 0
-	if spin {
-		// A thread of its own, yielding to the scheduler only every
-		// 1,024 polls: a Gosched per poll spent as much of the target's
-		// CPU in Go's scheduler as in NIXL, on a host where the initiator
-		// spins too and two cores are all there is.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
 	for {
 		if spin {
 			select {
@@ -987,8 +979,16 @@ func (a *agent) pollNotifs() {
 				return
 			default:
 			}
+			// Yield to the scheduler every 1,024 polls (about a
+			// millisecond): a Gosched per poll spent as much of the
+			// target's CPU in Go's scheduler as in NIXL, on a host where
+			// the initiator spins too and two cores are all there is;
+			// never yielding, sysmon takes the spinner for stuck and
+			// preempts it and hands its P around, waking threads a
+			// thousand times a second (see bench's xfer loop). Not on a
+			// locked thread: there every yield is two thread switches.
 			if spinN++; spinN&1023 == 0 {
-				runtime.Gosched() // see bench's xfer loop: sysmon storms otherwise
+				runtime.Gosched()
 			}
 		} else {
 			select {
