@@ -1479,7 +1479,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 	var perr, derr error
 	switch o.Protocol {
 	case engine.ProtoPull:
-		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, CheckTP: h.dtp[d]}, &pr)
 		if perr == nil {
 			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: pr.Params}, &lr)
 		}
@@ -1493,7 +1493,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 			defer wg.Done()
 			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: coords}, &lr)
 		}()
-		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, CheckTP: h.dtp[d]}, &pr)
 		wg.Wait()
 	case engine.ProtoSGLang:
 		room := rand.Uint64() >> 1 // 63 bits, as the router draws it
@@ -1503,7 +1503,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 			defer wg.Done()
 			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: psetup.Bootstrap}, &lr)
 		}()
-		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, Room: room, ChunkTokens: o.ChunkTokens}, &pr)
+		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, CheckTP: h.dtp[d], Room: room, ChunkTokens: o.ChunkTokens}, &pr)
 		wg.Wait()
 	}
 	// Every stamp onto the driver's clock before anything subtracts

@@ -92,6 +92,20 @@ func FillEnds(b []byte, key uint64) {
 	binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
 }
 
+// FillFirst writes only the first word FillEnds writes.
+func FillFirst(b []byte, key uint64) {
+	if len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, mix(key))
+	}
+}
+
+// FillLast writes only the last word FillEnds writes.
+func FillLast(b []byte, key uint64) {
+	if n := int64(len(b)); n >= 8 {
+		binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
+	}
+}
+
 // CheckFirst checks the first word FillEnds (or Fill) wrote into b; nil
 // when it is there.
 func CheckFirst(b []byte, key uint64) *Mismatch {

@@ -139,6 +139,10 @@ type PrefillRequest struct {
 	ID     string `json:"id"` // the router's request id
 	Tokens int    `json:"tokens"`
 	Key    uint64 `json:"key"` // tag key of the request's content
+	// CheckTP is the TP size of the decode that will check the tags
+	// (nixlctl's router knows it); equal to prefill's, sparse tags write
+	// only what its checks read (Pool.FillFor). 0: unknown.
+	CheckTP int `json:"check_tp,omitempty"`
 	// SGLang: the rendezvous room and the chunked-prefill chunk size.
 	Room        uint64 `json:"room,omitempty"`
 	ChunkTokens int    `json:"chunk_tokens,omitempty"`

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -43,6 +44,11 @@ func BenchmarkPoolTags(b *testing.B) {
 		b.Run(string(order)+"/fill", func(b *testing.B) {
 			for b.Loop() {
 				p.Fill(7, blocks, 0, tokens, Sparse)
+			}
+		})
+		b.Run(string(order)+"/fill-same-layout", func(b *testing.B) {
+			for b.Loop() {
+				_ = p.FillFor(context.Background(), 7, blocks, 0, tokens, Sparse, true)
 			}
 		})
 		b.Run(string(order)+"/check", func(b *testing.B) {

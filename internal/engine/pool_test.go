@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -108,6 +109,36 @@ func TestPoolTagsAcrossTPPlans(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// Tags written for a checker of the same layout (FillFor) verify, and a
+// block from another request or a poisoned one still fails, with every
+// layout's rows.
+func TestPoolFillForSameLayout(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2
+	for _, order := range []kv.CacheOrder{kv.HND, kv.NHD} {
+		p := pool(t, kv.Spec{Model: m, BlockSize: 16, Order: order}, 0, 24)
+		blocks := make([]int, 24)
+		for i := range blocks {
+			blocks[i] = 23 - i
+		}
+		tokens := 24*16 - 5
+		ctx := context.Background()
+		if err := p.FillFor(ctx, 7, blocks, 0, tokens, Sparse, true); err != nil {
+			t.Fatal(err)
+		}
+		if bad, err := p.Check(7, blocks, 0, tokens, Sparse); bad != 0 {
+			t.Fatalf("%s: %d bad (%v)", order, bad, err)
+		}
+		if bad, _ := p.Check(8, blocks, 0, tokens, Sparse); bad != len(blocks)*len(p.Rank.Regions) {
+			t.Errorf("%s: another key: %d bad of %d", order, bad, len(blocks)*len(p.Rank.Regions))
+		}
+		p.Poison(blocks[4:6])
+		if bad, _ := p.Check(7, blocks, 0, tokens, Sparse); bad != 2*len(p.Rank.Regions) {
+			t.Errorf("%s: two poisoned blocks: %d bad", order, bad)
 		}
 	}
 }
@@ -252,33 +283,40 @@ func TestPoolSparseHNDCatchesCorruption(t *testing.T) {
 	region0 := func(b int) []byte { return data[p.BlockAddr(0, b)-p.Buf.Addr:][:p.BlockLen(0)] }
 	hb := int(p.pieces[0].len) // one head's slice of a block
 	heads := len(p.pieces)
-	for _, tc := range []struct {
-		name     string
-		v        Verify
-		corrupt  func()
-		min, max int
-	}{
-		{"intact", Sparse, func() {}, 0, 0},
-		{"another request's block", Sparse, func() { p.Fill(8, blocks[3:4], 3, tokens, Sparse) }, len(p.Rank.Regions), len(p.Rank.Regions)},
-		{"two swapped blocks", Sparse, func() {
-			tmp := append([]byte(nil), region0(5)...)
-			copy(region0(5), region0(6))
-			copy(region0(6), tmp)
-		}, 2, 2},
-		{"torn tail", Sparse, func() { b := region0(9); b[len(b)-1] ^= 0xff }, 1, 1},
-		{"poisoned block", Sparse, func() { p.Poison(blocks[13:14]) }, len(p.Rank.Regions), len(p.Rank.Regions)},
-		{"head 3 wrong in every block", Sparse, func() {
-			for _, b := range blocks {
-				copy(region0(b)[3*hb:][:hb], region0(b)[2*hb:][:hb])
+	for _, same := range []bool{false, true} { // checked by a rank of another layout, or of this one
+		fill := func(key uint64, bs []int, start int, v Verify) {
+			if err := p.FillFor(context.Background(), key, bs, start, tokens, v, same); err != nil {
+				t.Fatal(err)
 			}
-		}, nblocks / heads, nblocks},
-		{"head 3 wrong in one block", Full, func() { copy(region0(11)[3*hb:][:hb], region0(11)[2*hb:][:hb]) }, 1, 1},
-		{"one byte in the middle", Full, func() { region0(17)[hb+hb/2] ^= 1 }, 1, 1},
-	} {
-		p.Fill(7, blocks, 0, tokens, tc.v)
-		tc.corrupt()
-		if bad, err := p.Check(7, blocks, 0, tokens, tc.v); bad < tc.min || bad > tc.max {
-			t.Errorf("%s (%v): %d bad blocks, want %d..%d (%v)", tc.name, tc.v, bad, tc.min, tc.max, err)
+		}
+		for _, tc := range []struct {
+			name     string
+			v        Verify
+			corrupt  func()
+			min, max int
+		}{
+			{"intact", Sparse, func() {}, 0, 0},
+			{"another request's block", Sparse, func() { fill(8, blocks[3:4], 3, Sparse) }, len(p.Rank.Regions), len(p.Rank.Regions)},
+			{"two swapped blocks", Sparse, func() {
+				tmp := append([]byte(nil), region0(5)...)
+				copy(region0(5), region0(6))
+				copy(region0(6), tmp)
+			}, 2, 2},
+			{"torn tail", Sparse, func() { b := region0(9); b[len(b)-1] ^= 0xff }, 1, 1},
+			{"poisoned block", Sparse, func() { p.Poison(blocks[13:14]) }, len(p.Rank.Regions), len(p.Rank.Regions)},
+			{"head 3 wrong in every block", Sparse, func() {
+				for _, b := range blocks {
+					copy(region0(b)[3*hb:][:hb], region0(b)[2*hb:][:hb])
+				}
+			}, nblocks / heads, nblocks},
+			{"head 3 wrong in one block", Full, func() { copy(region0(11)[3*hb:][:hb], region0(11)[2*hb:][:hb]) }, 1, 1},
+			{"one byte in the middle", Full, func() { region0(17)[hb+hb/2] ^= 1 }, 1, 1},
+		} {
+			fill(7, blocks, 0, tc.v)
+			tc.corrupt()
+			if bad, err := p.Check(7, blocks, 0, tokens, tc.v); bad < tc.min || bad > tc.max {
+				t.Errorf("%s (%v, same layout %v): %d bad blocks, want %d..%d (%v)", tc.name, tc.v, same, bad, tc.min, tc.max, err)
+			}
 		}
 	}
 }

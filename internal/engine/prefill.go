@@ -174,7 +174,10 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	var wg sync.WaitGroup
 	for _, rk := range e.ranks {
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = rk.pool.FillCtx(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify) }()
+		go func() {
+			defer wg.Done()
+			_ = rk.pool.FillFor(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify, r.CheckTP == e.spec.TP)
+		}()
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
