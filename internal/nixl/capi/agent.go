@@ -31,6 +31,9 @@ import (
 const (
 	notifPollMin = 50 * time.Microsecond
 	notifPollMax = 5 * time.Millisecond
+	// maxBusySkips is how many ticks in a row the poller leaves a busy
+	// agent alone before it waits for the agent's mutex after all.
+	maxBusySkips = 8
 )
 
 // progressDelayUS bounds how long NIXL's UCX progress thread sleeps in its
@@ -971,7 +974,7 @@ func (a *agent) pollNotifs() {
 	// progresses its worker (NIXL's get_notifs does without a progress
 	// thread), as nixlbench's target does.
 	spin := a.progress == nixl.ProgressSpin
-	spinN := 0
+	spinN, busy := 0, 0
 	for {
 		if spin {
 			select {
@@ -997,16 +1000,25 @@ func (a *agent) pollNotifs() {
 			case <-t.C:
 			}
 		}
-		if !spin && !a.mu.TryLock() {
+		switch {
+		case spin:
+			a.mu.Lock()
+		case a.mu.TryLock():
+			busy = 0
+		case busy < maxBusySkips:
 			// The agent is in use: its caller's calls progress NIXL
 			// anyway, and waiting here for the mutex turned every unlock
 			// of a caller polling a transfer into a wake-up of this
 			// goroutine's thread (thousands a second, each preempting the
-			// caller on a small host). Look again at the next tick.
+			// caller on a small host). Look again at the next tick, but
+			// not forever: a consumer waiting on NotifReady behind a
+			// caller that never lets go would wait for good.
+			busy++
 			t.Reset(wait)
 			continue
-		} else if spin {
+		default:
 			a.mu.Lock()
+			busy = 0
 		}
 		if a.closed {
 			a.mu.Unlock()
