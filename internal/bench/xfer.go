@@ -808,8 +808,9 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				// Yield about every millisecond: a goroutine that never
 				// reschedules looks stuck to Go's sysmon, which then
 				// preempts it and hands its P around every 10 ms and wakes
-				// 1,000-1,400 times a second, each wake-up taking a core
-				// from this loop or from the target (4 KiB requests: 0.77x
+				// 400-1,900 times a second (sched_switch stacks of both
+				// processes), each wake-up taking a core from this loop or
+				// from the target (4 KiB requests: 0.77x
 				// nixlbench without, 0.91x with, alternated six times).
 				// By time, not by count: a 1 MiB pass takes 80 us, a
 				// 4 KiB one under 1 us. The loop is not locked to a

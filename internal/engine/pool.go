@@ -261,6 +261,21 @@ func (p *Pool) sparseRows(reqKey uint64, logical int, rows *[3][]piece) [][]piec
 	return rows[:]
 }
 
+// rowEnds picks the pieces a sparse check reads of one row of a block:
+// the first word of the first piece and the last word of the last piece,
+// which a block from elsewhere, a stale or a truncated block fails; and
+// both end words of a moving piece, one that moves on by one per logical
+// block (from a point the request's key picks), which a per-head or
+// per-piece descriptor error fails within a row's length of blocks, since
+// such an error repeats over blocks. Four words a row, against a word per
+// 4 KiB and two a piece before: on a host where the copy itself is bound
+// by memory, those cache lines cost the handoff a quarter of its
+// bandwidth. --verify full reads every word.
+func rowEnds(row []piece, reqKey uint64, logical int) (first, last, moving *piece) {
+	n := len(row)
+	return &row[0], &row[n-1], &row[int((reqKey>>9+uint64(logical))%uint64(n))]
+}
+
 // fillRowEnds writes what checkRowEnds reads of one row of a block, and
 // nothing else.
 func fillRowEnds(block []byte, row []piece, bk, reqKey uint64, logical int) {
@@ -268,42 +283,27 @@ func fillRowEnds(block []byte, row []piece, bk, reqKey uint64, logical int) {
 		return
 	}
 	at := func(pc *piece) []byte { return block[pc.off : pc.off+pc.len] }
-	first, last := &row[0], &row[len(row)-1]
-	mv := &row[movingPiece(reqKey, logical, len(row))]
+	first, last, mv := rowEnds(row, reqKey, logical)
 	blocktag.FillFirst(at(first), blocktag.Key(bk^first.salt))
 	blocktag.FillLast(at(last), blocktag.Key(bk^last.salt))
 	blocktag.FillEnds(at(mv), blocktag.Key(bk^mv.salt))
 }
 
-// movingPiece is the index in a row of the piece whose both ends a sparse
-// check reads in a request's logical block (checkRowEnds).
-func movingPiece(reqKey uint64, logical, n int) int {
-	return int((reqKey>>9 + uint64(logical)) % uint64(n))
-}
-
 // checkRowEnds reads what a sparse check reads of one row of a block
-// (block holds the block and what follows): the first word of its first
-// piece and the last word of its last piece, which a block from elsewhere,
-// a stale or a truncated block fails; and both end words of one piece that
-// moves on by one per logical block (from a point the request's key
-// picks), which a per-head or per-piece descriptor error fails within a
-// row's length of blocks, since such an error repeats over blocks. Four
-// words a row, against a word per 4 KiB and two a piece before: on a host
-// where the copy itself is bound by memory, those cache lines cost the
-// handoff a quarter of its bandwidth. --verify full reads every word.
+// (block holds the block and what follows; rowEnds says which words) and
+// returns the first piece that fails.
 func checkRowEnds(block []byte, row []piece, bk, reqKey uint64, logical int) (*piece, *blocktag.Mismatch) {
 	if len(row) == 0 {
 		return nil, nil
 	}
 	at := func(pc *piece) []byte { return block[pc.off : pc.off+pc.len] }
-	first, last := &row[0], &row[len(row)-1]
+	first, last, mv := rowEnds(row, reqKey, logical)
 	if m := blocktag.CheckFirst(at(first), blocktag.Key(bk^first.salt)); m != nil {
 		return first, m
 	}
 	if m := blocktag.CheckLast(at(last), blocktag.Key(bk^last.salt)); m != nil {
 		return last, m
 	}
-	mv := &row[movingPiece(reqKey, logical, len(row))]
 	key := blocktag.Key(bk ^ mv.salt)
 	if m := blocktag.CheckFirst(at(mv), key); m != nil {
 		return mv, m

@@ -746,7 +746,8 @@ func (a *agent) reqLocked(x nixl.XferReq) (*request, error) {
 	return r, nil
 }
 
-// inFlightLocked asks NIXL whether a posted request is still running.
+// inFlightLocked says whether a posted request is still running: no once
+// a status call saw it end (settled), else NIXL is asked.
 func (a *agent) inFlightLocked(r *request) bool {
 	return r.posted && !r.freed && !r.settled && C.nxc_get_xfer_status(a.h, r.h) == C.NXC_IN_PROG
 }
@@ -987,9 +988,10 @@ func (a *agent) pollNotifs() {
 			// target's CPU in Go's scheduler as in NIXL, on a host where
 			// the initiator spins too and two cores are all there is;
 			// never yielding, sysmon takes the spinner for stuck and
-			// preempts it and hands its P around, waking threads a
-			// thousand times a second (see bench's xfer loop). Not on a
-			// locked thread: there every yield is two thread switches.
+			// preempts it and hands its P around, waking threads
+			// hundreds to thousands of times a second (see bench's xfer
+			// loop). Not on a locked thread: there every yield is two
+			// thread switches.
 			if spinN++; spinN&1023 == 0 {
 				runtime.Gosched()
 			}

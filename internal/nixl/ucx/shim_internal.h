@@ -142,8 +142,6 @@ static inline void done_req(void *req)
     }
 }
 
-/* A transfer's state is published with release stores, after its times,
- * so that Go can read both without a call into C. */
 /* nx_lock takes mu for an API call, counted in waiters while it waits, so
  * a progress loop holding mu lets go between two ucp_worker_progress calls
  * (nx_progress_locked). Without that, a worker streaming fragments (UCX's
@@ -157,6 +155,8 @@ static inline void nx_lock(nx_ctx_t *c)
     atomic_fetch_sub(&c->waiters, 1);
 }
 
+/* A transfer's state is published with release stores, after its times,
+ * so that Go can read both without a call into C. */
 static inline int  xstate(nx_xfer_t *x) { return __atomic_load_n(&x->pub.state, __ATOMIC_ACQUIRE); }
 static inline void set_state(nx_xfer_t *x, int st)
 {
