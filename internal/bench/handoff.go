@@ -1739,7 +1739,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// (pull's READ, push's and SGLang's WRITEs), so every reference
 	// request does too.
 	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential, Paced: true, Notif: true,
+		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential, Paced: true, Notif: true, NoCopyReference: true,
 		// Progressed as the engines are, so the reference is the same path.
 		Progress:        XferThread,
 		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}

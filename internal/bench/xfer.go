@@ -60,6 +60,11 @@ type XferOptions struct {
 	// between polls) instead of spinning as nixlbench does; not a flag:
 	// the handoffs' --xfer-reference sets it (see xferReference).
 	Paced bool `mapstructure:"-"`
+	// NoCopyReference leaves out the same-run copy each point is judged
+	// against (memcpy_gbps, up to a second of copying per point): the
+	// handoffs' --xfer-reference keeps only the point's bandwidth, and
+	// the handoff measures its own memcpy.
+	NoCopyReference bool `mapstructure:"-"`
 
 	Target TargetSpec `mapstructure:",squash"`
 	// ChildStderr receives the target child's stderr (nil: this process's
@@ -871,13 +876,15 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	p.Histogram, _ = lat.Encode()
 	p.TxHistogram, _ = tx.Encode()
 	p.PostHistogram, _ = post.Encode()
-	ref, err := r.reference(block, slotOffs[0], elapsed)
-	if err != nil {
-		return XferPoint{}, fmt.Errorf("reference copy (%s): %w", r.ref, err)
-	}
-	p.MemcpyGBps = ref
-	if p.MemcpyGBps > 0 {
-		p.Efficiency = p.BandwidthGBps / p.MemcpyGBps
+	if !o.NoCopyReference {
+		ref, err := r.reference(block, slotOffs[0], elapsed)
+		if err != nil {
+			return XferPoint{}, fmt.Errorf("reference copy (%s): %w", r.ref, err)
+		}
+		p.MemcpyGBps = ref
+		if p.MemcpyGBps > 0 {
+			p.Efficiency = p.BandwidthGBps / p.MemcpyGBps
+		}
 	}
 	if o.CheckConsistency {
 		p.Consistency = r.check(ctx, idx, block, batch)

@@ -319,17 +319,25 @@ func TestMixedReference(t *testing.T) {
 
 // Paced polling (the handoff reference's) moves and verifies the same
 // bytes as spinning.
+// TestRunXferPaced runs the handoff reference's settings: paced polling,
+// notifications, and (without, then with) the copy reference the handoff
+// leaves out because it measures its own.
 func TestRunXferPaced(t *testing.T) {
-	o := smallXfer(nixl.Read)
-	o.Target = TargetSpec{Inproc: true}
-	o.Paced, o.Notif, o.MaxBlock, o.MaxBatch = true, true, 4<<10, 2
-	res, err := RunXfer(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range res.Points {
-		if p.BandwidthGBps <= 0 || p.TxUS.Count != int64(p.Iterations) || !strings.HasPrefix(p.Consistency, "ok") {
-			t.Errorf("point %+v", p)
+	for _, noCopy := range []bool{false, true} {
+		o := smallXfer(nixl.Read)
+		o.Target = TargetSpec{Inproc: true}
+		o.Paced, o.Notif, o.MaxBlock, o.MaxBatch, o.NoCopyReference = true, true, 4<<10, 2, noCopy
+		res, err := RunXfer(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range res.Points {
+			if p.BandwidthGBps <= 0 || p.TxUS.Count != int64(p.Iterations) || !strings.HasPrefix(p.Consistency, "ok") {
+				t.Errorf("NoCopyReference %v: point %+v", noCopy, p)
+			}
+			if copied := p.MemcpyGBps > 0 && p.Efficiency > 0; copied == noCopy {
+				t.Errorf("NoCopyReference %v: memcpy_gbps %v, efficiency %v", noCopy, p.MemcpyGBps, p.Efficiency)
+			}
 		}
 	}
 }
