@@ -88,21 +88,29 @@ func FillEnds(b []byte, key uint64) {
 	if n < 8 {
 		return
 	}
-	binary.LittleEndian.PutUint64(b, mix(key))
-	binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
+	binary.LittleEndian.PutUint64(b, FirstWord(key))
+	binary.LittleEndian.PutUint64(b[n-8:], LastWord(key, n))
 }
+
+// FirstWord is the word FillEnds (and Fill) writes at the start of a piece
+// keyed key: what a caller batching many pieces' words writes or expects.
+func FirstWord(key uint64) uint64 { return mix(key) }
+
+// LastWord is the word FillEnds writes at the end of a piece of n >= 8
+// bytes keyed key.
+func LastWord(key uint64, n int64) uint64 { return mix(key + uint64(n-8)) }
 
 // FillFirst writes only the first word FillEnds writes.
 func FillFirst(b []byte, key uint64) {
 	if len(b) >= 8 {
-		binary.LittleEndian.PutUint64(b, mix(key))
+		binary.LittleEndian.PutUint64(b, FirstWord(key))
 	}
 }
 
 // FillLast writes only the last word FillEnds writes.
 func FillLast(b []byte, key uint64) {
 	if n := int64(len(b)); n >= 8 {
-		binary.LittleEndian.PutUint64(b[n-8:], mix(key+uint64(n-8)))
+		binary.LittleEndian.PutUint64(b[n-8:], LastWord(key, n))
 	}
 }
 
@@ -112,7 +120,7 @@ func CheckFirst(b []byte, key uint64) *Mismatch {
 	if len(b) < 8 {
 		return nil
 	}
-	if got, want := binary.LittleEndian.Uint64(b), mix(key); got != want {
+	if got, want := binary.LittleEndian.Uint64(b), FirstWord(key); got != want {
 		return &Mismatch{Offset: 0, Want: want, Got: got}
 	}
 	return nil
@@ -125,7 +133,7 @@ func CheckLast(b []byte, key uint64) *Mismatch {
 	if n < 8 {
 		return nil
 	}
-	if got, want := binary.LittleEndian.Uint64(b[n-8:]), mix(key+uint64(n-8)); got != want {
+	if got, want := binary.LittleEndian.Uint64(b[n-8:]), LastWord(key, n); got != want {
 		return &Mismatch{Offset: int(n - 8), Want: want, Got: got}
 	}
 	return nil

@@ -143,6 +143,60 @@ func TestPoolFillForSameLayout(t *testing.T) {
 	}
 }
 
+// TestPoolSparseWordsAreWhatCheckReads: the word list the fast check and
+// the same-layout fill use holds exactly the words checkRowEnds reads, so
+// the fast pass misses nothing the per-row check would catch. Every listed
+// word, flipped alone, fails its one block; a byte next to each, flipped,
+// fails none.
+func TestPoolSparseWordsAreWhatCheckReads(t *testing.T) {
+	m, _ := kv.Preset("llama-3.1-8b")
+	m.NumLayers = 2
+	for _, order := range []kv.CacheOrder{kv.HND, kv.NHD} {
+		p := pool(t, kv.Spec{Model: m, BlockSize: 16, Order: order}, 0, 12)
+		blocks := []int{5, 2, 9, 0}
+		tokens := len(blocks)*16 - 3
+		if err := p.FillFor(context.Background(), 7, blocks, 0, tokens, Sparse, true); err != nil {
+			t.Fatal(err)
+		}
+		words, ok := p.sparseWords(nil, 7, blocks, 0, tokens, nil)
+		if !ok || len(words) == 0 {
+			t.Fatalf("%s: %d words, ok %v", order, len(words), ok)
+		}
+		// Four words a row, as checkRowEnds reads: none left out.
+		rows := 0
+		var scratch [3][]piece
+		p.eachBlock(7, blocks, 0, tokens, func(_, logical int, _ uint64, _ int64) bool {
+			rows += len(p.sparseRows(7, logical, &scratch))
+			return true
+		})
+		if len(words) != 4*rows {
+			t.Fatalf("%s: %d words for %d rows, want 4 a row", order, len(words), rows)
+		}
+		data := p.Buf.Bytes()
+		listed := map[int64]bool{}
+		for _, w := range words {
+			listed[w.off] = true
+		}
+		for i, w := range words {
+			data[w.off] ^= 1
+			if checkWords(data, words) {
+				t.Fatalf("%s: word %d at %d flipped, checkWords passes", order, i, w.off)
+			}
+			if bad, _ := p.Check(7, blocks, 0, tokens, Sparse); bad != 1 {
+				t.Fatalf("%s: word %d at %d flipped: %d bad blocks, want 1", order, i, w.off, bad)
+			}
+			data[w.off] ^= 1
+			if next := w.off + 8; !listed[next] {
+				data[next] ^= 1
+				if bad, err := p.Check(7, blocks, 0, tokens, Sparse); bad != 0 {
+					t.Fatalf("%s: the word after word %d flipped: %d bad (%v), want 0: sparse reads only listed words", order, i, bad, err)
+				}
+				data[next] ^= 1
+			}
+		}
+	}
+}
+
 func TestPoolSlidingWindowTail(t *testing.T) {
 	m, _ := kv.Preset("gpt-oss-20b") // window 128, layer 0 sliding
 	m.NumLayers, m.LayerTypes = 2, m.LayerTypes[:2]
