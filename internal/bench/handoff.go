@@ -1294,7 +1294,14 @@ func (h *handoff) waitFreed(id string, d time.Duration) (engine.FreedEvent, bool
 	}
 }
 
+// drainFreed waits up to d for vLLM prefill's release of every request
+// that did not fail, and applies the releases to the records. SGLang's
+// prefill reports no releases (its blocks go back when the transfer
+// ends): waiting for them cost every SGLang run the whole 2 s.
 func (h *handoff) drainFreed(d time.Duration) {
+	if h.o.Protocol == engine.ProtoSGLang {
+		return
+	}
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		h.mu.Lock()

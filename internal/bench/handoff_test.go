@@ -700,3 +700,30 @@ func TestHandoffPP(t *testing.T) {
 		})
 	}
 }
+
+// TestDrainFreedWaitsOnlyForVLLM: vLLM's prefill reports each release and
+// the driver waits (up to its limit) for the ones still missing; SGLang's
+// reports none, and waiting for them added the whole limit to every run.
+func TestDrainFreedWaitsOnlyForVLLM(t *testing.T) {
+	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoSGLang} {
+		h := &handoff{o: &HandoffOptions{Protocol: proto}, records: []HandoffRecord{{ID: "cmpl-000000-0"}}, freed: map[string]engine.FreedEvent{}}
+		limit := 50 * time.Millisecond
+		if proto == engine.ProtoSGLang {
+			limit = time.Hour // a wait would time the test out
+		}
+		done := make(chan time.Duration, 1)
+		go func() {
+			t0 := time.Now()
+			h.drainFreed(limit)
+			done <- time.Since(t0)
+		}()
+		select {
+		case took := <-done:
+			if proto == engine.ProtoPull && took < limit {
+				t.Errorf("pull: drainFreed returned after %v with a release missing, want the whole %v", took, limit)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: drainFreed still waiting after 30 s for releases this protocol never sends", proto)
+		}
+	}
+}
