@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -158,9 +159,19 @@ func TestPoolSparseWordsAreWhatCheckReads(t *testing.T) {
 		if err := p.FillFor(context.Background(), 7, blocks, 0, tokens, Sparse, true); err != nil {
 			t.Fatal(err)
 		}
-		words, ok := p.sparseWords(nil, 7, blocks, 0, tokens, nil)
-		if !ok || len(words) == 0 {
-			t.Fatalf("%s: %d words, ok %v", order, len(words), ok)
+		list := func(chunk int) (words []tagWord, chunks int) {
+			ok := p.sparseWordChunks(chunk, 7, blocks, 0, tokens, nil, func(c []tagWord) bool {
+				words, chunks = append(words, c...), chunks+1
+				return true
+			})
+			if !ok || len(words) == 0 {
+				t.Fatalf("%s: %d words, ok %v", order, len(words), ok)
+			}
+			return words, chunks
+		}
+		words, _ := list(tagChunk)
+		if small, chunks := list(5); chunks < 2 || !slices.Equal(small, words) {
+			t.Fatalf("%s: in chunks of 5, %d chunks list %d words, want the %d of one chunk", order, chunks, len(small), len(words))
 		}
 		// Four words a row, as checkRowEnds reads: none left out.
 		rows := 0
