@@ -76,43 +76,48 @@ func BenchmarkPoolTagsCold(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	spec, err := kv.Spec{Model: m, BlockSize: 16, TP: 1, Order: kv.HND}.Normalize()
-	if err != nil {
-		b.Fatal(err)
-	}
-	const per, sets = 128, 8
-	buf, err := nixl.AllocDRAM(int(PoolBytes(spec, 0, 0, per*sets)), false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { buf.Free() })
-	p, err := NewPool(spec, 0, 0, per*sets, buf)
-	if err != nil {
-		b.Fatal(err)
-	}
-	reqs := make([][]int, sets)
-	for s := range reqs {
-		for i := range per {
-			reqs[s] = append(reqs[s], s*per+i)
-		}
-		if err := p.FillFor(context.Background(), uint64(s), reqs[s], 0, per*16, Sparse, true); err != nil {
+	for _, order := range []kv.CacheOrder{kv.HND, kv.NHD} {
+		spec, err := kv.Spec{Model: m, BlockSize: 16, TP: 1, Order: order}.Normalize()
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
-	b.Run("fill-same-layout", func(b *testing.B) {
-		s := 0
-		for b.Loop() {
-			_ = p.FillFor(context.Background(), uint64(s), reqs[s], 0, per*16, Sparse, true)
-			s = (s + 1) % sets
+		const per, sets = 128, 8
+		buf, err := nixl.AllocDRAM(int(PoolBytes(spec, 0, 0, per*sets)), false)
+		if err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("check", func(b *testing.B) {
-		s := 0
-		for b.Loop() {
-			if bad, err := p.Check(uint64(s), reqs[s], 0, per*16, Sparse); bad != 0 {
-				b.Fatal(err)
+		p, err := NewPool(spec, 0, 0, per*sets, buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		reqs := make([][]int, sets)
+		for s := range reqs {
+			for i := range per {
+				reqs[s] = append(reqs[s], s*per+i)
 			}
-			s = (s + 1) % sets
 		}
-	})
+		for _, same := range []bool{false, true} {
+			name := string(order) + "/fill"
+			if same {
+				name += "-same-layout"
+			}
+			b.Run(name, func(b *testing.B) {
+				s := 0
+				for b.Loop() {
+					_ = p.FillFor(context.Background(), uint64(s), reqs[s], 0, per*16, Sparse, same)
+					s = (s + 1) % sets
+				}
+			})
+		}
+		b.Run(string(order)+"/check", func(b *testing.B) {
+			s := 0
+			for b.Loop() {
+				if bad, err := p.Check(uint64(s), reqs[s], 0, per*16, Sparse); bad != 0 {
+					b.Fatal(err)
+				}
+				s = (s + 1) % sets
+			}
+		})
+		buf.Free()
+	}
 }

@@ -160,7 +160,7 @@ func TestPoolSparseWordsAreWhatCheckReads(t *testing.T) {
 			t.Fatal(err)
 		}
 		list := func(chunk int) (words []tagWord, chunks int) {
-			ok := p.sparseWordChunks(chunk, 7, blocks, 0, tokens, nil, func(c []tagWord) bool {
+			ok := p.sparseWordChunks(chunk, false, 7, blocks, 0, tokens, nil, func(c []tagWord) bool {
 				words, chunks = append(words, c...), chunks+1
 				return true
 			})
