@@ -317,11 +317,10 @@ func TestMixedReference(t *testing.T) {
 	}
 }
 
-// Paced polling (the handoff reference's) moves and verifies the same
-// bytes as spinning.
-// TestRunXferPaced runs the handoff reference's settings: paced polling,
-// notifications, and (without, then with) the copy reference the handoff
-// leaves out because it measures its own.
+// TestRunXferPaced runs the handoff reference's settings: paced polling
+// moves and verifies the same bytes as spinning, with notifications, and
+// without, then with, the copy reference the handoff leaves out because
+// it measures its own.
 func TestRunXferPaced(t *testing.T) {
 	for _, noCopy := range []bool{false, true} {
 		o := smallXfer(nixl.Read)

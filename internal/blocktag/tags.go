@@ -100,20 +100,6 @@ func FirstWord(key uint64) uint64 { return mix(key) }
 // bytes keyed key.
 func LastWord(key uint64, n int64) uint64 { return mix(key + uint64(n-8)) }
 
-// FillFirst writes only the first word FillEnds writes.
-func FillFirst(b []byte, key uint64) {
-	if len(b) >= 8 {
-		binary.LittleEndian.PutUint64(b, FirstWord(key))
-	}
-}
-
-// FillLast writes only the last word FillEnds writes.
-func FillLast(b []byte, key uint64) {
-	if n := int64(len(b)); n >= 8 {
-		binary.LittleEndian.PutUint64(b[n-8:], LastWord(key, n))
-	}
-}
-
 // CheckFirst checks the first word FillEnds (or Fill) wrote into b; nil
 // when it is there.
 func CheckFirst(b []byte, key uint64) *Mismatch {

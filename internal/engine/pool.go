@@ -321,8 +321,8 @@ type tagWord struct {
 
 // tagChunk is how many words are listed before they are touched: enough
 // misses to keep in flight, in 64 KiB of list that stays in L2 (a 2048-token
-// request of an 8B model has 32,768 words; a 128k-token 70B request, 100
-// times as many).
+// request of an 8B model has 32,768 words; a 128k-token request of a
+// 70B model, with 80 layers to 32, 160 times as many).
 const tagChunk = 4096
 
 // tagWordsPool recycles the chunks.
