@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
@@ -44,6 +47,10 @@ func TestScripts(t *testing.T) {
 			}
 			return nil
 		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"waitport": waitPort,
+			"waitfile": waitFile,
+		},
 		Condition: func(cond string) (bool, error) {
 			switch cond {
 			case "cuda":
@@ -55,6 +62,50 @@ func TestScripts(t *testing.T) {
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 	})
+}
+
+// scriptWait bounds waitport and waitfile: generous, because the
+// scripts' nixlctl is built with the race detector and CI machines are
+// busy; a healthy run passes in well under a second.
+const scriptWait = 2 * time.Minute
+
+// waitPort is the scripts' "waitport HOST:PORT": it returns once a TCP
+// connection to the address succeeds, so that a script starts its driver
+// after the endpoint listens instead of after a guessed sleep.
+func waitPort(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: waitport HOST:PORT")
+	}
+	for end := time.Now().Add(scriptWait); ; time.Sleep(50 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", args[0], time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(end) {
+			ts.Fatalf("nothing listens on %s after %v: %v", args[0], scriptWait, err)
+		}
+	}
+}
+
+// waitFile is the scripts' "waitfile FILE PATTERN": it returns once FILE
+// (relative to the work directory) holds a match of the regular
+// expression PATTERN, such as the first record of a run that is
+// measuring, so a fault is injected mid-run rather than mid-setup.
+func waitFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: waitfile FILE PATTERN")
+	}
+	re, err := regexp.Compile(args[1])
+	ts.Check(err)
+	for end := time.Now().Add(scriptWait); ; time.Sleep(50 * time.Millisecond) {
+		if b, err := os.ReadFile(ts.MkAbs(args[0])); err == nil && re.Match(b) {
+			return
+		}
+		if time.Now().After(end) {
+			ts.Fatalf("%s holds no match of %q after %v", args[0], args[1], scriptWait)
+		}
+	}
 }
 
 // runCLI runs nixlctl in-process with buffers for its streams.

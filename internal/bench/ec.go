@@ -573,7 +573,10 @@ func (r *ecRun) request(ctx context.Context, q, i int, cons *ec.Consumer) {
 		wants = append(wants, ec.Want{MMHash: img.hash, Peer: r.endpoint, Bytes: img.bytes})
 	}
 	if len(wants) > 0 {
-		for _, out := range cons.Step(ctx, wants) {
+		// A request in flight finishes after Ctrl-C (only new ones stop):
+		// its waits are bounded by the ack and READ timeouts, and cutting
+		// them short would count an interrupt as a failed fetch.
+		for _, out := range cons.Step(context.WithoutCancel(ctx), wants) {
 			recs = append(recs, ECRecord{Request: q, Consumer: i, MMHash: out.MMHash, Outcome: out.Outcome, Status: out.Status,
 				Bytes: out.Bytes, Blocks: out.Blocks, AckMS: ms(out.AckNS), TransferMS: ms(out.XferNS), TotalMS: ms(out.TotalNS),
 				Retries: out.Retries, Error: out.Err, ackBytes: out.AckBytes})

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,6 +156,55 @@ func TestRunECInterrupted(t *testing.T) {
 		t.Fatalf("interrupted run: err %v, result %+v", err, res)
 	}
 }
+
+// A fetch in flight when Ctrl-C comes finishes instead of failing as
+// INTERRUPTED (which a busy CI machine once hit in stdout_clean.txtar):
+// the cancel comes from the consumer's own "Request sent" log line, so
+// the consumer is always between its Request and the Ack.
+func TestRunECInterruptedFetchFinishes(t *testing.T) {
+	for _, dir := range []nixl.Op{nixl.Read, nixl.Write} {
+		t.Run(dir.String(), func(t *testing.T) {
+			o := smallEC(dir)
+			o.Producer = ProducerSpec{Inproc: true}
+			o.Requests, o.Consumers, o.ImagesPerRequest = 50, 1, 1
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var measuring atomic.Bool
+			o.Live = live.Func(func(e live.Event) {
+				if p, ok := e.(live.Phase); ok && p.Text == "measuring" {
+					measuring.Store(true)
+				}
+			})
+			o.Log = slog.New(cancelOnMessage{msg: "encoder cache: Request sent", armed: &measuring, cancel: cancel})
+			res, err := RunEC(ctx, o)
+			if err == nil || res == nil || !res.Interrupted {
+				t.Fatalf("want an interrupted run: err %v, result %+v", err, res)
+			}
+			s := res.Summary
+			if s.Requests != 1 || s.Failed != 0 || s.Hits+s.Transfers != 1 || len(s.FailuresByStatus) != 0 {
+				t.Errorf("the request in flight should finish: %+v", s)
+			}
+		})
+	}
+}
+
+// cancelOnMessage is a fake slog handler for tests: it calls cancel at the
+// first record whose message is msg once armed is set.
+type cancelOnMessage struct {
+	msg    string
+	armed  *atomic.Bool
+	cancel context.CancelFunc
+}
+
+func (h cancelOnMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOnMessage) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg && h.armed.Load() {
+		h.cancel()
+	}
+	return nil
+}
+func (h cancelOnMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h cancelOnMessage) WithGroup(string) slog.Handler      { return h }
 
 // Interrupted during the warm-up (a slow host reaches it seconds in): the
 // result still comes, marked interrupted with nothing measured, instead of
