@@ -1,6 +1,7 @@
 package live
 
 import (
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -99,5 +100,21 @@ func TestSparkline(t *testing.T) {
 	}
 	if Sparkline(nil, 3) != "" || Sparkline([]float64{1}, 0) != "" {
 		t.Error("empty")
+	}
+}
+
+// BenchmarkProgressEmitRequest is the cost a non-terminal progress bar
+// adds to every finished request of a long run (a handoff driver sends
+// one per request while its endpoints copy): it must not walk the
+// latency histogram each time (184 µs with 10,000 latencies recorded
+// when it did, 0.12 µs now).
+func BenchmarkProgressEmitRequest(b *testing.B) {
+	p := newProgress(io.Discard, false, 0, nil)
+	p.Emit(Start{Title: "bench", Total: 1 << 40, Unit: "requests"})
+	for i := range 10000 {
+		p.Emit(Request{OK: true, Bytes: 1 << 28, Latency: time.Duration(i+1) * time.Microsecond})
+	}
+	for i := 0; b.Loop(); i++ {
+		p.Emit(Request{OK: true, Bytes: 1 << 28, Latency: time.Duration(i%10000+1) * time.Microsecond})
 	}
 }

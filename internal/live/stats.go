@@ -177,6 +177,15 @@ func appendBoundedDur(xs []time.Duration, x time.Duration) []time.Duration {
 	return xs
 }
 
+// progress is the part of a Snapshot that decides whether a progress
+// line is due: cheap enough for every request, where a Snapshot walks the
+// latency histogram for its percentiles.
+func (st *Stats) progress() (elapsed time.Duration, fraction float64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.now().Sub(st.began), st.s.Fraction()
+}
+
 // Snapshot returns the current state.
 func (st *Stats) Snapshot() Snapshot {
 	st.mu.Lock()
