@@ -654,6 +654,7 @@ type remoteEngine struct {
 	ranks    map[rkey]sidechannel.AgentMetadata
 	loaded   map[lpair]string // (local rank idx, remote rank) -> agent name
 	took     time.Duration
+	doneAt   int64 // mono time the first handshake ended
 	mu       sync.Mutex
 }
 
@@ -686,7 +687,8 @@ func (e *Engine) handshake(ctx context.Context, engineID, endpoint string, remot
 // handshakeRanks fetches the metadata of the given remote (pp, tp) ranks
 // from an engine's side channel once, in the given order on one REQ
 // socket, and loads it into the local ranks that talk to them. It reports
-// how long the first fetch took (0 when already done).
+// how long the caller waited for the first fetch (0 when it had ended
+// before the caller came).
 func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, remoteRanks []rkey, pairs []lpair) (time.Duration, *remoteEngine, error) {
 	e.remotesMu.Lock()
 	re := e.remotes[engineID]
@@ -699,12 +701,12 @@ func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, 
 	}
 	e.remotesMu.Unlock()
 	var took time.Duration
-	first := false
+	arrived := mono.Now()
 	re.once.Do(func() {
-		first = true
 		t0 := mono.Now()
 		re.err = re.fetch(ctx, e, remoteRanks)
 		re.took = mono.Since(t0)
+		re.doneAt = mono.Now()
 		if re.err != nil {
 			e.c.handshakeFails.Add(1)
 		} else {
@@ -720,8 +722,13 @@ func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, 
 		e.remotesMu.Unlock()
 		return 0, nil, re.err
 	}
-	if first {
-		took = re.took
+	// A request that arrived before the first handshake with this engine
+	// ended waited for it, whoever ran it: itself, a concurrent request,
+	// or decode's proactive heartbeat handshake, which on a busy host can
+	// start between a request's arrival and its own handshake (the run
+	// then reported no first handshake at all).
+	if arrived < re.doneAt {
+		took = time.Duration(re.doneAt - arrived)
 	}
 	// Load metadata into the local ranks that need it (also for ranks
 	// fetched by an earlier handshake with other pairs).
