@@ -76,14 +76,22 @@ func waitPort(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 1 {
 		ts.Fatalf("usage: waitport HOST:PORT")
 	}
-	for end := time.Now().Add(scriptWait); ; time.Sleep(50 * time.Millisecond) {
+	scriptWaitFor(ts, "nothing listens on "+args[0], func() bool {
 		c, err := net.DialTimeout("tcp", args[0], time.Second)
 		if err == nil {
 			c.Close()
-			return
 		}
+		return err == nil
+	})
+}
+
+// scriptWaitFor polls done every 50 ms until it holds, failing the
+// script with what after scriptWait (waitFor in multihost_test.go does
+// the same for a *testing.T, which a script command does not have).
+func scriptWaitFor(ts *testscript.TestScript, what string, done func() bool) {
+	for end := time.Now().Add(scriptWait); !done(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(end) {
-			ts.Fatalf("nothing listens on %s after %v: %v", args[0], scriptWait, err)
+			ts.Fatalf("%s after %v", what, scriptWait)
 		}
 	}
 }
@@ -98,14 +106,10 @@ func waitFile(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	re, err := regexp.Compile(args[1])
 	ts.Check(err)
-	for end := time.Now().Add(scriptWait); ; time.Sleep(50 * time.Millisecond) {
-		if b, err := os.ReadFile(ts.MkAbs(args[0])); err == nil && re.Match(b) {
-			return
-		}
-		if time.Now().After(end) {
-			ts.Fatalf("%s holds no match of %q after %v", args[0], args[1], scriptWait)
-		}
-	}
+	scriptWaitFor(ts, fmt.Sprintf("%s holds no match of %q", args[0], args[1]), func() bool {
+		b, err := os.ReadFile(ts.MkAbs(args[0]))
+		return err == nil && re.Match(b)
+	})
 }
 
 // runCLI runs nixlctl in-process with buffers for its streams.

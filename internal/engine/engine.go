@@ -653,8 +653,7 @@ type remoteEngine struct {
 	err      error
 	ranks    map[rkey]sidechannel.AgentMetadata
 	loaded   map[lpair]string // (local rank idx, remote rank) -> agent name
-	took     time.Duration
-	doneAt   int64 // mono time the first handshake ended
+	doneAt   int64            // mono time the first handshake ended
 	mu       sync.Mutex
 }
 
@@ -703,9 +702,7 @@ func (e *Engine) handshakeRanks(ctx context.Context, engineID, endpoint string, 
 	var took time.Duration
 	arrived := mono.Now()
 	re.once.Do(func() {
-		t0 := mono.Now()
 		re.err = re.fetch(ctx, e, remoteRanks)
-		re.took = mono.Since(t0)
 		re.doneAt = mono.Now()
 		if re.err != nil {
 			e.c.handshakeFails.Add(1)
