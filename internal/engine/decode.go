@@ -511,7 +511,7 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 				s.crashPoint(r.ID)
 			}
 			for _, x := range reqs {
-				if err := nixl.WaitXfer(ctx, rk.agent, x, 0); err != nil {
+				if err := rk.waits.Wait(ctx, x, 0); err != nil {
 					e.c.failedXfers.Add(1)
 					res.err = err
 					return

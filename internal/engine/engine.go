@@ -263,6 +263,10 @@ type rank struct {
 	pp    int
 	name  string
 	agent nixl.Agent
+	// waits waits for the rank's posted transfers from one goroutine
+	// (decode's READs, SGLang prefill's WRITEs; push's owner goroutine
+	// polls its own).
+	waits *nixl.Poller
 	pool  *Pool
 	buf   *nixl.Buffer
 }
@@ -413,6 +417,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			a = nixl.WithFaults(a, *cfg.Faults)
 		}
 		rk.agent = a
+		rk.waits = nixl.NewPoller(a)
 		if pinned := a.Info().Details[nixl.DetailNetDevices]; cfg.NetDevices != "" && pinned != cfg.NetDevices {
 			// One UCP context per process, made by its first agent: a
 			// served endpoint's later session cannot change its devices.
@@ -556,6 +561,9 @@ func (e *Engine) Close() {
 	}
 	e.prep.close()
 	for _, rk := range e.ranks {
+		if rk.waits != nil {
+			rk.waits.Close()
+		}
 		if rk.agent != nil {
 			rk.agent.Close()
 		}

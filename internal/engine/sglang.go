@@ -765,7 +765,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		}
 	}
 	for _, x := range xfers {
-		if err := nixl.WaitXfer(ctx, rk.agent, x, 0); err != nil {
+		if err := rk.waits.Wait(ctx, x, 0); err != nil {
 			return descs, logical, err
 		}
 	}

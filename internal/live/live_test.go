@@ -90,6 +90,25 @@ func TestProgressLines(t *testing.T) {
 	}
 }
 
+// Before the first complete rate interval there is no current rate: the
+// line shows the average alone, not "0 B/s now" beside it.
+func TestLineWithoutACompleteInterval(t *testing.T) {
+	t.Parallel()
+	clk := &fakeClock{t: time.Unix(0, 0)}
+	st := NewStats(clk.now)
+	st.Emit(Start{Title: "bench pull", Total: 10, Unit: "requests"})
+	clk.add(RateInterval / 2)
+	st.Emit(Request{Bytes: 1e9, Latency: time.Millisecond, OK: true})
+	line := Line(st.Snapshot(), 10)
+	if strings.Contains(line, "now") || !strings.Contains(line, "avg") {
+		t.Errorf("half an interval in: %q", line)
+	}
+	clk.add(RateInterval)
+	if line := Line(st.Snapshot(), 10); !strings.Contains(line, " now, ") {
+		t.Errorf("one interval in: %q", line)
+	}
+}
+
 func TestSparkline(t *testing.T) {
 	t.Parallel()
 	if got := Sparkline([]float64{0, 1, 2, 4, 8}, 5); got != "▁▂▃▅█" {

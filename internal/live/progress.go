@@ -126,7 +126,12 @@ func Line(s Snapshot, width int) string {
 	} else {
 		fmt.Fprintf(&b, "%d %s", s.Done, s.Unit)
 	}
-	if s.AvgGBps > 0 {
+	switch {
+	case s.AvgGBps > 0 && len(s.Rate) == 0:
+		// No complete interval yet: "0 GB/s now" beside a positive
+		// average read as a stall.
+		fmt.Fprintf(&b, "  %s avg", report.GBps(s.AvgGBps*1e9))
+	case s.AvgGBps > 0:
 		fmt.Fprintf(&b, "  %s now, %s avg", report.GBps(s.CurGBps*1e9), report.GBps(s.AvgGBps*1e9))
 	}
 	if s.Latency.P50 > 0 {

@@ -162,7 +162,11 @@ func (m Model) Render() string {
 	}
 	if s.AvgGBps > 0 || anyPositive(s.Rate) { // runs that move no bytes (lease-chaos) have no bandwidth line
 		spark := live.Sparkline(s.Rate, max(10, min(60, m.width-50)))
-		fmt.Fprintf(&b, "%s%s now  %s avg  %s\n", label("bandwidth"), report.GBps(s.CurGBps*1e9), report.GBps(s.AvgGBps*1e9), sparkStyle.Render(spark))
+		now := report.GBps(s.CurGBps*1e9) + " now  "
+		if len(s.Rate) == 0 {
+			now = "" // no complete interval yet (see live.Line)
+		}
+		fmt.Fprintf(&b, "%s%s%s avg  %s\n", label("bandwidth"), now, report.GBps(s.AvgGBps*1e9), sparkStyle.Render(spark))
 	}
 	if l := s.Latency; l.P50 > 0 {
 		ms := func(x float64) string { return report.Seconds(x / 1e3) }

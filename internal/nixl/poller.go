@@ -1,0 +1,177 @@
+package nixl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Poller waits for the posted requests of one agent from one goroutine,
+// as bench xfer's loop does: each pass asks every waiting request's
+// status once, then, when none finished, yields for 200 µs and sleeps
+// 20 µs between passes (WaitXfer's pacing).
+//
+// A goroutine per request, each polling with WaitXfer, woke four times as
+// often with four requests in flight: on two cores the timer wake-ups,
+// futex hand-offs and status calls took a twentieth of the core that
+// decode's receiving progress thread needs, and bench pull moved
+// 6.19 -> 6.37 GB/s, bench sglang 5.58 -> 5.84 GB/s (llama-3.1-8b, 2048
+// tokens, concurrency 4, four runs each, alternated).
+type Poller struct {
+	agent Agent
+	wake  chan struct{} // a wait was added while the poller slept
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu    sync.Mutex // held for a whole pass: a wait abandoned under it is never polled again
+	waits []*pollWait
+}
+
+type pollWait struct {
+	x  XferReq
+	ch chan error // buffered: the poller never blocks on it
+}
+
+// NewPoller starts a's poller; Close stops it.
+func NewPoller(a Agent) *Poller {
+	p := &Poller{agent: a, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go p.loop()
+	return p
+}
+
+// Close stops the poller (before its agent closes); a wait still
+// registered ends with ErrClosed. Calling it again does nothing.
+func (p *Poller) Close() {
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.mu.Unlock()
+	<-p.done
+}
+
+// Wait is WaitXfer through the poller: it returns when x leaves
+// InProgress, ctx ends or timeout (0: none) passes. After a ctx or
+// timeout return x is no longer polled, and the caller owns it again.
+func (p *Poller) Wait(ctx context.Context, x XferReq, timeout time.Duration) error {
+	w := &pollWait{x: x, ch: make(chan error, 1)}
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+		p.mu.Unlock()
+		return ErrClosed
+	default:
+	}
+	p.waits = append(p.waits, w)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case err := <-w.ch:
+		return err
+	case <-ctx.Done():
+		if err, answered := p.abandon(w); answered {
+			return err
+		}
+		return ctx.Err()
+	case <-expired:
+		if err, answered := p.abandon(w); answered {
+			return err
+		}
+		return fmt.Errorf("%w after %v", ErrStillRunning, timeout)
+	}
+}
+
+// abandon stops polling w; when the poller had answered it first, it
+// returns that answer instead.
+func (p *Poller) abandon(w *pollWait) (err error, answered bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, o := range p.waits {
+		if o == w {
+			p.waits = append(p.waits[:i], p.waits[i+1:]...)
+			return nil, false
+		}
+	}
+	return <-w.ch, true
+}
+
+func (p *Poller) loop() {
+	defer close(p.done)
+	var idleSince time.Time // when the passes that found nothing finished began
+	for {
+		finished, left, stopped := p.pass()
+		if stopped {
+			return
+		}
+		if left == 0 {
+			idleSince = time.Time{}
+			select {
+			case <-p.wake:
+			case <-p.stop:
+				p.pass() // ends what was added meanwhile
+				return
+			}
+			continue
+		}
+		switch {
+		case finished > 0:
+			idleSince = time.Time{}
+		case idleSince.IsZero():
+			idleSince = time.Now()
+		case time.Since(idleSince) < 200*time.Microsecond:
+			runtime.Gosched()
+		default:
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// pass asks every waiting request's status once and answers those that
+// ended (after Close: every one, with ErrClosed).
+func (p *Poller) pass() (finished, left int, stopped bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.stop:
+		for _, w := range p.waits {
+			w.ch <- ErrClosed
+		}
+		p.waits = nil
+		return 0, 0, true
+	default:
+	}
+	kept := p.waits[:0]
+	for _, w := range p.waits {
+		st, err := p.agent.XferStatus(w.x)
+		switch st {
+		case InProgress:
+			kept = append(kept, w)
+			continue
+		case Done:
+			err = nil
+		default:
+			if err == nil {
+				err = errors.New("transfer failed")
+			}
+		}
+		w.ch <- err
+		finished++
+	}
+	clear(p.waits[len(kept):])
+	p.waits = kept
+	return finished, len(kept), false
+}
