@@ -588,3 +588,37 @@ func TestPolledAndSpinningAgents(t *testing.T) {
 		t.Error("the target's buffer does not hold what was written")
 	}
 }
+
+// A spinning target polls for notifications hundreds of thousands of
+// times a second and an initiator asks a request's status as often: a
+// poll that allocates runs Go's GC every few tens of milliseconds, and
+// its mark worker takes a core from the transfer (1 MiB WRITEs lost a
+// tenth of nixlbench's bandwidth to the latency tail).
+func TestPollsDoNotAllocate(t *testing.T) {
+	needNIXL(t)
+	init, target := open(t, "initiator"), open(t, "target")
+	ib, tb := buffer(t, init, 4096), buffer(t, target, 4096)
+	remote := connect(t, init, target)
+	r, err := init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{ib.Desc(0, 4096)}, nixl.DRAM, []nixl.Desc{tb.Desc(0, 4096)}, remote, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, init, r)
+	if n := testing.AllocsPerRun(1000, func() { _, _ = init.XferStatus(r) }); n != 0 {
+		t.Errorf("a status poll allocates %.1f times", n)
+	}
+	ta, ok := target.(*agent)
+	if !ok {
+		t.Fatalf("open returned a %T", target)
+	}
+	fetch := func() {
+		ta.mu.Lock()
+		defer ta.mu.Unlock()
+		if _, err := ta.fetchLocked(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(1000, fetch); n != 0 {
+		t.Errorf("a notification poll that finds none allocates %.1f times", n)
+	}
+}
