@@ -1738,7 +1738,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// it. One round of warm-up fills the pipeline first.
 	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
 	// Paced: the endpoints wait for their transfers with sleeps between
-	// polls (WaitXfer; push's owner polls every millisecond), which
+	// polls (a nixl.Poller per rank; push's owner polls every millisecond), which
 	// leaves the CPU to the copy; a reference spinning on its requests
 	// took a core from a copy that needs both on small hosts (UCX's
 	// emulated RMA copies on both sides), and push ran 1.12-1.16x it.

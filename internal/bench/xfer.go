@@ -56,9 +56,10 @@ type XferOptions struct {
 	Progress         XferProgress     `mapstructure:"progress"`
 	Shape            string           `mapstructure:"-"` // e.g. "llama-3.1-70b, 4096 tokens, TP 8" when derived from a model
 	// Paced polls the requests in flight as the handoff endpoints wait
-	// for theirs (nixl.WaitXfer: yield for 200 µs, then sleep 20 µs
-	// between polls) instead of spinning as nixlbench does; not a flag:
-	// the handoffs' --xfer-reference sets it (see xferReference).
+	// for theirs (nixl.PollPacer, as their nixl.Poller: yield for 200 µs
+	// without an end, then sleep 20 µs between passes) instead of
+	// spinning as nixlbench does; not a flag: the handoffs'
+	// --xfer-reference sets it (see xferReference).
 	Paced bool `mapstructure:"-"`
 	// NoCopyReference leaves out the same-run copy each point is judged
 	// against (memcpy_gbps, up to a second of copying per point): the
@@ -777,7 +778,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				return err
 			}
 		}
-		var idleSince time.Time // Paced: when the last pass that found nothing began
+		var pace nixl.PollPacer // Paced
 		lastYield := time.Now()
 		for spins := 0; done < n; spins++ {
 			before := done
@@ -827,16 +828,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 				}
 			}
 			if o.Paced && done < n {
-				switch {
-				case done > before:
-					idleSince = time.Time{}
-				case idleSince.IsZero():
-					idleSince = time.Now()
-				case time.Since(idleSince) < 200*time.Microsecond:
-					runtime.Gosched()
-				default:
-					time.Sleep(20 * time.Microsecond)
-				}
+				pace.After(done > before)
 			}
 		}
 		return nil
