@@ -138,3 +138,35 @@ func TestPollerCloseEndsWaits(t *testing.T) {
 	}
 	p.Close() // twice: no panic
 }
+
+// WaitXfer, the one-request wait, ends as Poller.Wait does.
+func TestWaitXfer(t *testing.T) {
+	a := newScripted()
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i, tc := range []struct {
+		name    string
+		polls   int
+		fail    bool
+		ctx     context.Context
+		timeout time.Duration
+		want    error // nil: success; else errors.Is
+	}{
+		{"done after polls", 5, false, context.Background(), 0, nil},
+		{"failed", 2, true, context.Background(), 0, errors.New("remote access error")},
+		{"timeout", -1, false, context.Background(), 10 * time.Millisecond, ErrStillRunning},
+		{"cancelled", -1, false, cancelled, 0, context.Canceled},
+	} {
+		id := 1000 + i
+		err := WaitXfer(tc.ctx, a, a.add(id, tc.polls, tc.fail), tc.timeout)
+		switch {
+		case tc.want == nil && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != nil && (err == nil || !errors.Is(err, tc.want) && err.Error() != tc.want.Error()):
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
+		}
+		if tc.polls >= 0 && a.timesAsked(id) != tc.polls+1 {
+			t.Errorf("%s: asked %d times, want %d", tc.name, a.timesAsked(id), tc.polls+1)
+		}
+	}
+}

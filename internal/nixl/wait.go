@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 )
 
@@ -13,35 +12,40 @@ import (
 var ErrStillRunning = errors.New("transfer still running")
 
 // WaitXfer polls a posted request until it leaves InProgress, ctx ends, or
-// timeout (0: none) passes. It yields for the first 200 µs (most transfers
-// end by then) and then sleeps 20 µs between polls, so many requests in
-// flight share the CPU.
+// timeout (0: none) passes, paced as PollPacer paces (yield for the first
+// 200 µs, when most transfers have ended, then sleep 20 µs between
+// polls), so many requests in flight share the CPU. Many waits on one
+// agent belong on a Poller.
 func WaitXfer(ctx context.Context, a Agent, x XferReq, timeout time.Duration) error {
 	start := time.Now()
+	var pace PollPacer
 	for {
-		st, err := a.XferStatus(x)
-		switch st {
-		case Done:
-			return nil
-		case Failed:
-			if err == nil {
-				err = errors.New("transfer failed")
-			}
+		if end, err := waitEnded(a.XferStatus(x)); end {
 			return err
 		}
-		el := time.Since(start)
-		if timeout > 0 && el > timeout {
+		if timeout > 0 && time.Since(start) > timeout {
 			return fmt.Errorf("%w after %v", ErrStillRunning, timeout)
 		}
-		if el < 200*time.Microsecond {
-			runtime.Gosched()
-			continue
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		time.Sleep(20 * time.Microsecond)
+		pace.After(false)
 	}
+}
+
+// waitEnded says whether a status ends a wait, and with what: nil when
+// Done, the status's error (or a generic one) when Failed.
+func waitEnded(st Status, err error) (bool, error) {
+	switch st {
+	case InProgress:
+		return false, nil
+	case Done:
+		return true, nil
+	}
+	if err == nil {
+		err = errors.New("transfer failed")
+	}
+	return true, err
 }
 
 // AllocBuffer allocates a DRAM buffer the way --dram-alloc asks: plain

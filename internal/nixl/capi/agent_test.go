@@ -590,26 +590,15 @@ func TestPolledAndSpinningAgents(t *testing.T) {
 }
 
 // A spinning target polls for notifications hundreds of thousands of
-// times a second and an initiator asks a request's status as often: a
-// poll that allocates runs Go's GC every few tens of milliseconds, and
-// its mark worker takes a core from the transfer (1 MiB WRITEs lost a
-// tenth of nixlbench's bandwidth to the latency tail).
-func TestPollsDoNotAllocate(t *testing.T) {
+// times a second: a poll that allocates runs Go's GC every few tens of
+// milliseconds, and its mark worker takes a core from the transfer (1 MiB
+// x 1 WRITEs read 0.89 of nixlbench with the allocation, 0.93-0.97
+// without). nixltest's TestStatusPollsDoNotAllocate covers status polls.
+func TestNotifPollDoesNotAllocate(t *testing.T) {
 	needNIXL(t)
-	init, target := open(t, "initiator"), open(t, "target")
-	ib, tb := buffer(t, init, 4096), buffer(t, target, 4096)
-	remote := connect(t, init, target)
-	r, err := init.CreateXferReq(nixl.Write, nixl.DRAM, []nixl.Desc{ib.Desc(0, 4096)}, nixl.DRAM, []nixl.Desc{tb.Desc(0, 4096)}, remote, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, init, r)
-	if n := testing.AllocsPerRun(1000, func() { _, _ = init.XferStatus(r) }); n != 0 {
-		t.Errorf("a status poll allocates %.1f times", n)
-	}
-	ta, ok := target.(*agent)
+	ta, ok := open(t, "target").(*agent)
 	if !ok {
-		t.Fatalf("open returned a %T", target)
+		t.Fatal("open returned another agent type")
 	}
 	fetch := func() {
 		ta.mu.Lock()
