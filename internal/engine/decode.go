@@ -376,7 +376,9 @@ func (s *decodeState) release(blocks []int) {
 
 func (s *decodeState) verify(r LoadRequest, local []int, start int, rep *LoadReply) {
 	for _, rk := range s.e.ranks {
-		bad, first := rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify)
+		var bad int
+		var first error
+		s.e.onHarness(rk, func() { bad, first = rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify) })
 		rep.CorruptBlocks += bad
 		if first != nil && rep.Corrupt == "" {
 			rep.Corrupt = fmt.Sprintf("rank %s: %v", rk, first)

@@ -288,6 +288,7 @@ type Engine struct {
 	remotesMu sync.Mutex
 	remotes   map[string]*remoteEngine
 	prep      *preppedCache
+	harness   *harnessCPU // tag fill and check, at idle priority
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -388,6 +389,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	}
 	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
 		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, prep: newPreppedCache(), info: map[string]string{}}
+	e.harness = newHarnessCPU(spec.TP*spec.PP, e.log)
 	e.clock = cfg.Clock
 	if e.clock == nil {
 		e.clock = monoClock{}
@@ -553,6 +555,7 @@ func (e *Engine) Stats() Stats {
 func (e *Engine) Close() {
 	e.cancel()
 	e.wg.Wait()
+	e.harness.close()
 	if e.side != nil {
 		e.side.Wait()
 	}

@@ -1,0 +1,75 @@
+package engine
+
+import (
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+func schedPolicy(t *testing.T) uint32 {
+	t.Helper()
+	attr, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		t.Fatalf("sched_getattr: %v", err)
+	}
+	return attr.Policy
+}
+
+// TestHarnessRunsAtIdlePriority: the tag work runs on a SCHED_IDLE
+// thread, and the caller's thread keeps its priority.
+func TestHarnessRunsAtIdlePriority(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHarnessCPU(2, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer h.close()
+	var inside uint32
+	var insideErr error
+	h.Do(func() {
+		attr, err := unix.SchedGetAttr(0, 0)
+		if err != nil {
+			insideErr = err
+			return
+		}
+		inside = attr.Policy
+	})
+	if insideErr != nil {
+		t.Fatalf("sched_getattr on the worker: %v", insideErr)
+	}
+	if inside != unix.SCHED_IDLE {
+		t.Errorf("the work ran under policy %d, want SCHED_IDLE (%d)", inside, unix.SCHED_IDLE)
+	}
+	if p := schedPolicy(t); p == unix.SCHED_IDLE {
+		t.Errorf("the caller's thread is in SCHED_IDLE after Do")
+	}
+}
+
+// TestHarnessDoesEveryJob: concurrent callers each get their own job
+// done before Do returns, and a Do after close still runs its job.
+func TestHarnessDoesEveryJob(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHarnessCPU(2, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	const callers = 16
+	done := make([]bool, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.Do(func() { done[i] = true })
+			if !done[i] {
+				t.Errorf("Do %d returned before its job ran", i)
+			}
+		}()
+	}
+	wg.Wait()
+	h.close()
+	ran := false
+	h.Do(func() { ran = true })
+	if !ran {
+		t.Error("a Do after close did not run its job")
+	}
+	h.close() // a second close does nothing
+}
