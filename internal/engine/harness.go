@@ -20,7 +20,7 @@ import (
 // 256 MiB request from them: bench pull moved 6.25 GB/s with them and
 // 6.60 without (a measurement only; llama-3.1-8b, 2048 tokens,
 // concurrency 4, four runs each, alternated). At idle priority it moves
-// 6.35-6.46 against 6.15-6.18 (three runs each, alternated), push 5.68-5.90
+// 6.35-6.46 against 6.15-6.18 (three runs and two, alternated), push 5.68-5.90
 // against 5.58-5.82. A real prefill computes on its GPU; a check that
 // waits for idle CPU delays only decode's reply, not the transfer it
 // checks (TReady is stamped before it). nice 10 changed nothing: a
