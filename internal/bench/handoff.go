@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -1057,6 +1058,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			res.Warn(engineName("decode", i, m) + " stats: " + err.Error())
 		}
 	}
+	if w := tagWorkWarning(slices.Concat(pstats, dstats)); w != "" {
+		res.Warn(w)
+	}
 	if n*m == 1 {
 		res.Prefill, res.Decode = pstats[0], dstats[0]
 	} else {
@@ -1765,6 +1769,18 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	}
 	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters, Polling: "paced"}
 	return xr.Points[0].BandwidthGBps, nil
+}
+
+// tagWorkWarning is the result's warning when an endpoint ran its tag
+// fill and check at normal priority, taking CPU from the transfers it
+// measured; "" when every one ran them at idle priority.
+func tagWorkWarning(stats []engine.Stats) string {
+	for _, st := range stats {
+		if strings.HasPrefix(st.TagWork, "normal") {
+			return "an endpoint ran its tag fill and check at " + st.TagWork + ": they took CPU from the transfers, which may read slower than the link allows"
+		}
+	}
+	return ""
 }
 
 // endpointDeath is why a run stopped when an endpoint died.

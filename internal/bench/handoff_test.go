@@ -727,3 +727,30 @@ func TestDrainFreedWaitsOnlyForVLLM(t *testing.T) {
 		}
 	}
 }
+
+// TestTagWorkWarning: a result warns when any endpoint ran its tag work
+// at normal priority, and only then.
+func TestTagWorkWarning(t *testing.T) {
+	idle := engine.Stats{TagWork: "idle priority"}
+	normal := engine.Stats{TagWork: "normal priority (sched_setattr SCHED_IDLE: operation not permitted)"}
+	for _, tc := range []struct {
+		name  string
+		stats []engine.Stats
+		warns bool
+	}{
+		{"every endpoint idle", []engine.Stats{idle, idle}, false},
+		{"an older endpoint that does not say", []engine.Stats{idle, {}}, false},
+		{"decode at normal priority", []engine.Stats{idle, normal}, true},
+		{"prefill at normal priority", []engine.Stats{normal, idle}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := tagWorkWarning(tc.stats)
+			if got := w != ""; got != tc.warns {
+				t.Fatalf("warning %q, want one: %v", w, tc.warns)
+			}
+			if tc.warns && !strings.Contains(w, "operation not permitted") {
+				t.Errorf("warning %q does not say why", w)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"golang.org/x/sys/unix"
@@ -27,10 +28,11 @@ import (
 // niced thread still takes its share of a busy core, an idle one only
 // what nobody else wants.
 type harnessCPU struct {
-	jobs   chan func()
-	closed chan struct{}
-	once   sync.Once
-	wg     sync.WaitGroup
+	jobs    chan func()
+	closed  chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+	refused atomic.Pointer[string] // why a worker runs at normal priority
 }
 
 // newHarnessCPU starts n workers, each on an OS thread of its own at
@@ -38,21 +40,27 @@ type harnessCPU struct {
 // normal priority, logged once per worker: the work still runs.
 func newHarnessCPU(n int, log *slog.Logger) *harnessCPU {
 	h := &harnessCPU{jobs: make(chan func()), closed: make(chan struct{})}
+	var started sync.WaitGroup // so priority() knows from the start
 	h.wg.Add(n)
+	started.Add(n)
 	for range n {
-		go h.work(log)
+		go h.work(log, &started)
 	}
+	started.Wait()
 	return h
 }
 
-func (h *harnessCPU) work(log *slog.Logger) {
+func (h *harnessCPU) work(log *slog.Logger, started *sync.WaitGroup) {
 	defer h.wg.Done()
 	// Never unlocked: when this goroutine ends its thread ends with it,
 	// so no other goroutine ever runs at this priority.
 	runtime.LockOSThread()
 	if err := setIdlePriority(); err != nil {
+		why := err.Error()
+		h.refused.Store(&why)
 		log.Warn("tag fill and check run at normal priority and take CPU from the transfers", "err", err)
 	}
+	started.Done()
 	for {
 		select {
 		case job := <-h.jobs:
@@ -95,6 +103,15 @@ func (h *harnessCPU) Do(f func()) {
 	case <-h.closed:
 		f()
 	}
+}
+
+// priority says where the tag work runs, for Stats.TagWork: "idle
+// priority", or "normal priority (why)".
+func (h *harnessCPU) priority() string {
+	if why := h.refused.Load(); why != nil {
+		return "normal priority (" + *why + ")"
+	}
+	return "idle priority"
 }
 
 // close stops the workers once their jobs are done.

@@ -44,6 +44,20 @@ func TestHarnessRunsAtIdlePriority(t *testing.T) {
 	if p := schedPolicy(t); p == unix.SCHED_IDLE {
 		t.Errorf("the caller's thread is in SCHED_IDLE after Do")
 	}
+	if got := h.priority(); got != "idle priority" {
+		t.Errorf("priority() = %q, want %q", got, "idle priority")
+	}
+}
+
+// TestHarnessReportsARefusal: a worker the kernel kept at normal
+// priority says so, with the reason, for the run's warning.
+func TestHarnessReportsARefusal(t *testing.T) {
+	h := &harnessCPU{}
+	why := "sched_setattr SCHED_IDLE: operation not permitted"
+	h.refused.Store(&why)
+	if got, want := h.priority(), "normal priority ("+why+")"; got != want {
+		t.Errorf("priority() = %q, want %q", got, want)
+	}
 }
 
 // TestHarnessDoesEveryJob: concurrent callers each get their own job
