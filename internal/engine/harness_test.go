@@ -3,8 +3,10 @@ package engine
 import (
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -86,4 +88,38 @@ func TestHarnessDoesEveryJob(t *testing.T) {
 		t.Error("a Do after close did not run its job")
 	}
 	h.close() // a second close does nothing
+}
+
+// TestHarnessRaisesAStarvedJob: a job that gets no CPU for a window
+// (here it sleeps, which a starved thread cannot tell apart from
+// waiting for a core) runs the rest at normal priority, the next job
+// is back at idle priority, and priority() counts the raise.
+func TestHarnessRaisesAStarvedJob(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHarnessCPU(1, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer h.close()
+	h.window = 10 * time.Millisecond
+	policy := func() uint32 {
+		attr, err := unix.SchedGetAttr(0, 0)
+		if err != nil {
+			t.Errorf("sched_getattr: %v", err)
+			return 0
+		}
+		return attr.Policy
+	}
+	var during, next uint32
+	h.Do(func() {
+		time.Sleep(5 * h.window)
+		during = policy()
+	})
+	h.Do(func() { next = policy() })
+	if during != unix.SCHED_NORMAL {
+		t.Errorf("a job that got no CPU for a window still runs under policy %d, want SCHED_NORMAL", during)
+	}
+	if next != unix.SCHED_IDLE {
+		t.Errorf("the job after a raised one runs under policy %d, want SCHED_IDLE", next)
+	}
+	if got := h.priority(); !strings.Contains(got, "1 of 2 jobs raised") {
+		t.Errorf("priority() = %q, want it to count 1 of 2 jobs raised", got)
+	}
 }
