@@ -243,8 +243,9 @@ type Stats struct {
 	SGLPrefillsLost      int64 `json:"sglang_prefills_lost,omitempty"`
 	SGLRoomsFailed       int64 `json:"sglang_rooms_failed_prefill_lost,omitempty"`
 	// TagWork is where the tag fill and check ran: "idle priority"
-	// (SCHED_IDLE threads), or "normal priority (why)" where the kernel
-	// refused, and they took CPU from the transfers.
+	// (SCHED_IDLE threads), "normal priority (why)" where the kernel
+	// refused, and they took CPU from the transfers, or the caller's
+	// thread for VRAM pools.
 	TagWork string `json:"tag_work,omitempty"`
 }
 
@@ -538,7 +539,7 @@ func (e *Engine) Stats() Stats {
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
 		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load(),
 		SGLHeartbeats: e.c.sglHeartbeats.Load(), SGLHeartbeatFailures: e.c.sglHeartbeatFails.Load(),
-		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load(), TagWork: e.harness.priority()}
+		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load(), TagWork: e.tagWork()}
 	if e.side != nil {
 		// A handshake request the side channel could not answer (malformed,
 		// or for a rank this engine lacks, where vLLM's listener would

@@ -46,8 +46,9 @@ type harnessCPU struct {
 	jobsRun atomic.Int64
 	raised  atomic.Int64 // jobs raised to normal priority
 
-	window time.Duration // starveWindow; tests shorten it
-	share  float64       // starvedShare
+	window    time.Duration // starveWindow; tests shorten it
+	share     float64       // starvedShare
+	setPolicy func(tid int, policy uint32) error
 }
 
 // The starvation guard: a window long enough that the idle moments
@@ -74,33 +75,59 @@ type harnessWorker struct {
 }
 
 // newHarnessCPU starts n workers, each on an OS thread of its own at
-// idle priority. A kernel that refuses SCHED_IDLE leaves a worker at
-// normal priority, logged once per worker: the work still runs.
+// idle priority. Where the kernel refuses SCHED_IDLE, or would not let
+// a starved job back out of it (an unprivileged process with
+// RLIMIT_NICE below 20, without CAP_SYS_NICE), the workers run at
+// normal priority, with a warning: the work still runs, and never
+// starves.
 func newHarnessCPU(n int, log *slog.Logger) *harnessCPU {
-	h := &harnessCPU{jobs: make(chan *harnessJob), closed: make(chan struct{}), window: starveWindow, share: starvedShare}
-	var started sync.WaitGroup // so priority() knows from the start
-	h.wg.Add(n)
-	started.Add(n)
-	for range n {
-		go h.work(log, &started)
+	return newHarnessCPUWith(n, log, setSchedPolicy)
+}
+
+func newHarnessCPUWith(n int, log *slog.Logger, setPolicy func(tid int, policy uint32) error) *harnessCPU {
+	h := &harnessCPU{jobs: make(chan *harnessJob), closed: make(chan struct{}), window: starveWindow, share: starvedShare, setPolicy: setPolicy}
+	if err := h.probe(); err != nil {
+		why := err.Error()
+		h.refused.Store(&why)
+		log.Warn("tag fill and check run at normal priority and take CPU from the transfers", "err", err)
 	}
-	started.Wait()
+	idle := h.refused.Load() == nil
+	h.wg.Add(n)
+	for range n {
+		go h.work(idle)
+	}
 	return h
 }
 
-func (h *harnessCPU) work(log *slog.Logger, started *sync.WaitGroup) {
+// probe tries the round trip a starved job needs, into SCHED_IDLE and
+// back, on a thread of its own that ends with it (it may be left idle).
+func (h *harnessCPU) probe() error {
+	res := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends here
+		tid := unix.Gettid()
+		if err := h.setPolicy(tid, unix.SCHED_IDLE); err != nil {
+			res <- err
+			return
+		}
+		if err := h.setPolicy(tid, unix.SCHED_NORMAL); err != nil {
+			res <- fmt.Errorf("a starved job could not leave SCHED_IDLE again (that needs CAP_SYS_NICE or RLIMIT_NICE 20: ulimit -e 20, or nice 0 in limits.conf): %w", err)
+			return
+		}
+		res <- nil
+	}()
+	return <-res
+}
+
+func (h *harnessCPU) work(idle bool) {
 	defer h.wg.Done()
 	// Never unlocked: when this goroutine ends its thread ends with it,
 	// so no other goroutine ever runs at this priority.
 	runtime.LockOSThread()
 	w := &harnessWorker{tid: unix.Gettid()}
-	err := setPolicy(w.tid, unix.SCHED_IDLE)
-	if err != nil {
-		why := err.Error()
-		h.refused.Store(&why)
-		log.Warn("tag fill and check run at normal priority and take CPU from the transfers", "err", err)
+	if idle {
+		_ = h.setPolicy(w.tid, unix.SCHED_IDLE) // the probe did the same
 	}
-	started.Done()
 	for {
 		select {
 		case job := <-h.jobs:
@@ -109,7 +136,7 @@ func (h *harnessCPU) work(log *slog.Logger, started *sync.WaitGroup) {
 			w.mu.Lock()
 			close(job.done)
 			if job.raised {
-				_ = setPolicy(w.tid, unix.SCHED_IDLE) // back down for the next job
+				_ = h.setPolicy(w.tid, unix.SCHED_IDLE) // back down for the next job
 			}
 			w.mu.Unlock()
 		case <-h.closed:
@@ -118,8 +145,8 @@ func (h *harnessCPU) work(log *slog.Logger, started *sync.WaitGroup) {
 	}
 }
 
-// setPolicy puts thread tid in policy (SCHED_IDLE or SCHED_NORMAL).
-func setPolicy(tid int, policy uint32) error {
+// setSchedPolicy puts thread tid in policy (SCHED_IDLE or SCHED_NORMAL).
+func setSchedPolicy(tid int, policy uint32) error {
 	attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
 	if err := unix.SchedSetAttr(tid, &attr, 0); err != nil {
 		name := "SCHED_IDLE"
@@ -197,7 +224,7 @@ func (h *harnessCPU) guard(job *harnessJob, w *harnessWorker) {
 			select {
 			case <-job.done: // ended meanwhile: nothing to raise
 			default:
-				if setPolicy(w.tid, unix.SCHED_NORMAL) == nil {
+				if h.setPolicy(w.tid, unix.SCHED_NORMAL) == nil {
 					job.raised = true
 					h.raised.Add(1)
 				}
@@ -210,8 +237,18 @@ func (h *harnessCPU) guard(job *harnessJob, w *harnessWorker) {
 	}
 }
 
-// priority says where the tag work runs, for Stats.TagWork: "idle
-// priority", or "normal priority (why)".
+// tagWork is Stats.TagWork: where this engine's tag work runs.
+func (e *Engine) tagWork() string {
+	for _, rk := range e.ranks {
+		if rk.buf != nil && rk.buf.Mem == nixl.VRAM {
+			return "the caller's thread (VRAM pools: staged copies)"
+		}
+	}
+	return e.harness.priority()
+}
+
+// priority says where the tag work runs: "idle priority", or "normal
+// priority (why)".
 func (h *harnessCPU) priority() string {
 	if why := h.refused.Load(); why != nil {
 		return "normal priority (" + *why + ")"

@@ -51,14 +51,32 @@ func TestHarnessRunsAtIdlePriority(t *testing.T) {
 	}
 }
 
-// TestHarnessReportsARefusal: a worker the kernel kept at normal
-// priority says so, with the reason, for the run's warning.
-func TestHarnessReportsARefusal(t *testing.T) {
-	h := &harnessCPU{}
-	why := "sched_setattr SCHED_IDLE: operation not permitted"
-	h.refused.Store(&why)
-	if got, want := h.priority(), "normal priority ("+why+")"; got != want {
-		t.Errorf("priority() = %q, want %q", got, want)
+// TestHarnessStaysNormalWhereIdleIsOneWay: where a thread could enter
+// SCHED_IDLE but not leave it (an unprivileged process without
+// RLIMIT_NICE), a starved job could never be raised, so the workers run
+// at normal priority and say why. fakeNoReturnFromIdle stands in for
+// such a kernel.
+func TestHarnessStaysNormalWhereIdleIsOneWay(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	fakeNoReturnFromIdle := func(tid int, policy uint32) error {
+		if policy == unix.SCHED_NORMAL {
+			return unix.EPERM
+		}
+		return setSchedPolicy(tid, policy)
+	}
+	h := newHarnessCPUWith(1, slog.New(slog.NewTextHandler(io.Discard, nil)), fakeNoReturnFromIdle)
+	defer h.close()
+	var policy uint32 = 99
+	h.Do(func() {
+		if attr, err := unix.SchedGetAttr(0, 0); err == nil {
+			policy = attr.Policy
+		}
+	})
+	if policy != unix.SCHED_NORMAL {
+		t.Errorf("the job ran under policy %d, want SCHED_NORMAL", policy)
+	}
+	if got := h.priority(); !strings.HasPrefix(got, "normal priority (") || !strings.Contains(got, "could not leave SCHED_IDLE") {
+		t.Errorf("priority() = %q, want normal priority and why", got)
 	}
 }
 
