@@ -378,7 +378,7 @@ func (s *decodeState) verify(r LoadRequest, local []int, start int, rep *LoadRep
 	for _, rk := range s.e.ranks {
 		var bad int
 		var first error
-		s.e.onHarness(rk, func() { bad, first = rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify) })
+		s.e.onHarness(func() { bad, first = rk.pool.Check(r.Key, local, start, r.Tokens, s.e.cfg.Verify) })
 		rep.CorruptBlocks += bad
 		if first != nil && rep.Corrupt == "" {
 			rep.Corrupt = fmt.Sprintf("rank %s: %v", rk, first)

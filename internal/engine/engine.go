@@ -293,7 +293,7 @@ type Engine struct {
 	remotesMu sync.Mutex
 	remotes   map[string]*remoteEngine
 	prep      *preppedCache
-	harness   *harnessCPU // tag fill and check, at idle priority
+	harness   *harnessCPU // tag fill and check at idle priority; nil with VRAM pools
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -394,7 +394,9 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	}
 	e := &Engine{cfg: cfg, spec: spec, hash: hash, log: log.With("engine", cfg.EngineID), emit: emit,
 		alloc: NewBlockAllocator(cfg.NumBlocks, cfg.Scattered, cfg.Seed), remotes: map[string]*remoteEngine{}, prep: newPreppedCache(), info: map[string]string{}}
-	e.harness = newHarnessCPU(spec.TP*spec.PP, e.log)
+	if cfg.Mem != nixl.VRAM {
+		e.harness = newHarnessCPU(spec.TP*spec.PP, e.log)
+	}
 	e.clock = cfg.Clock
 	if e.clock == nil {
 		e.clock = monoClock{}

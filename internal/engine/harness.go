@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,7 +18,8 @@ import (
 // of CPU the transfer needs. On two cores UCX's emulated READ keeps both
 // busy (prefill's progress thread copies into the FIFO, decode's copies
 // out), and the fill and check at normal priority took 1.6 ms of CPU a
-// 256 MiB request from them: bench pull moved 6.25 GB/s with them and
+// 256 MiB request from them (BenchmarkPoolTagsCold, HND: fill 0.82 ms,
+// check 0.78): bench pull moved 6.25 GB/s with them and
 // 6.60 without (a measurement only; llama-3.1-8b, 2048 tokens,
 // concurrency 4, four runs each, alternated). At idle priority it moves
 // 6.35-6.46 against 6.15-6.18 (three runs and two, alternated), push 5.68-5.90
@@ -169,11 +169,11 @@ func threadCPU(tid int) (time.Duration, error) {
 	return time.Duration(ts.Nano()), nil
 }
 
-// onHarness runs rk's tag work f on a harness worker; with a pool in
-// device memory f stays on the caller's thread, which holds the CUDA
-// context its staged copies need.
-func (e *Engine) onHarness(rk *rank, f func()) {
-	if rk.buf != nil && rk.buf.Mem == nixl.VRAM {
+// onHarness runs tag work f on a harness worker, or on the caller's
+// thread in an engine without one (VRAM pools: the staged copies need
+// the caller's CUDA context).
+func (e *Engine) onHarness(f func()) {
+	if e.harness == nil {
 		f()
 		return
 	}
@@ -239,10 +239,8 @@ func (h *harnessCPU) guard(job *harnessJob, w *harnessWorker) {
 
 // tagWork is Stats.TagWork: where this engine's tag work runs.
 func (e *Engine) tagWork() string {
-	for _, rk := range e.ranks {
-		if rk.buf != nil && rk.buf.Mem == nixl.VRAM {
-			return "the caller's thread (VRAM pools: staged copies)"
-		}
+	if e.harness == nil {
+		return "the caller's thread (VRAM pools: staged copies)"
 	}
 	return e.harness.priority()
 }
@@ -259,8 +257,12 @@ func (h *harnessCPU) priority() string {
 	return "idle priority"
 }
 
-// close stops the workers once their jobs are done.
+// close stops the workers once their jobs are done; nil (no harness)
+// does nothing.
 func (h *harnessCPU) close() {
+	if h == nil {
+		return
+	}
 	h.once.Do(func() { close(h.closed) })
 	h.wg.Wait()
 }

@@ -176,7 +176,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.onHarness(rk, func() { _ = rk.pool.FillFor(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify, r.CheckTP == e.spec.TP) })
+			e.onHarness(func() { _ = rk.pool.FillFor(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify, r.CheckTP == e.spec.TP) })
 		}()
 	}
 	wg.Wait()

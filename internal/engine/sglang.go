@@ -543,7 +543,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	}()
 	for _, rk := range e.ranks {
 		var err error
-		e.onHarness(rk, func() { err = rk.pool.FillFor(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify, r.CheckTP == e.spec.TP) })
+		e.onHarness(func() { err = rk.pool.FillFor(ctx, r.Key, blocks, 0, r.Tokens, e.cfg.Verify, r.CheckTP == e.spec.TP) })
 		if err != nil {
 			return rep, err // the router gave up: stop filling, free the blocks now
 		}
