@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -10,6 +11,11 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 )
+
+// The tests' CUDA driver is chosen before anything loads CUDA (the fake
+// where there is no GPU; NIXLCTL_TEST_CUDA picks): without it this
+// package's VRAM test skipped on every host without an NVIDIA driver.
+var _ = cudatest.MustSetup()
 
 // KV pools in GPU memory, moved between processes' GPUs by cuda-ipc (the
 // tests' fake driver where there is no GPU): pull and push, hetero TP,
@@ -22,6 +28,9 @@ func TestHandoffInVRAM(t *testing.T) {
 				p, d, rec := engines(t, proto, tps[0], tps[1], func(c *Config) { c.Backend, c.Mem = "cuda-ipc", nixl.VRAM })
 				if p.ranks[0].buf.Mem != nixl.VRAM {
 					t.Fatal("pool is not in VRAM")
+				}
+				if got := d.Stats().TagWork; !strings.HasPrefix(got, "the caller's thread") {
+					t.Errorf("decode's tag work with VRAM pools: %q, want the caller's thread", got)
 				}
 				ctx := context.Background()
 				host, port, _ := splitEndpoint(p.side.Endpoint())
@@ -47,9 +56,16 @@ func TestHandoffInVRAM(t *testing.T) {
 					t.Fatalf("%s (corrupt %d: %s)", lr.Error, lr.CorruptBlocks, lr.Corrupt)
 				}
 				waitFreed(t, rec, map[Protocol]FreedReason{ProtoPull: FreedConsumed, ProtoPush: FreedPushed}[proto])
-				// Poisoned after the free: the same request no longer verifies.
-				if bad, _ := p.ranks[0].pool.Check(3, pr.Params.RemoteBlockIDs, 0, 100, Full); bad == 0 {
-					t.Error("freed VRAM blocks still hold the request's tags")
+				// Blocks every reader confirmed are freed as they are (nobody
+				// reads them again); a free nobody confirmed poisons them,
+				// through the same staged device copies.
+				blocks := pr.Params.RemoteBlockIDs
+				if bad, err := p.ranks[0].pool.Check(3, blocks, 0, 100, Full); bad != 0 {
+					t.Fatalf("prefill's VRAM blocks lost their tags before a poison: %v", err)
+				}
+				p.ranks[0].pool.Poison(blocks)
+				if bad, _ := p.ranks[0].pool.Check(3, blocks, 0, 100, Full); bad == 0 {
+					t.Error("poisoned VRAM blocks still hold the request's tags")
 				}
 			})
 		}
