@@ -45,7 +45,11 @@ func TestMain(m *testing.M) {
 
 // testRole: echo (upper-cases, emits "saw"), wait (blocks until release
 // is closed), die (exits 3), and a close answer of {"bye":true}.
-func testRole(release <-chan struct{}) Role {
+func testRole(release <-chan struct{}) Role { return testRoleStarted(release, nil) }
+
+// testRoleStarted is testRole whose "wait" says on started (when not
+// nil) that it is running.
+func testRoleStarted(release <-chan struct{}, started chan<- struct{}) Role {
 	return func(s *Server) func() {
 		s.Handle("echo", Typed(func(_ context.Context, in string) (any, error) {
 			s.Emit("saw", in)
@@ -55,6 +59,9 @@ func testRole(release <-chan struct{}) Role {
 			return strings.ToUpper(in), nil
 		}))
 		s.Handle("wait", func(ctx context.Context, _ json.RawMessage) (any, error) {
+			if started != nil {
+				started <- struct{}{}
+			}
 			select {
 			case <-release:
 				return "released", nil
@@ -87,8 +94,8 @@ func child(t *testing.T, mode string) *Client {
 
 func TestOutOfOrder(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	release := make(chan struct{})
-	c := StartInProcess(context.Background(), testRole(release))
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	c := StartInProcess(context.Background(), testRoleStarted(release, started))
 	var order []string
 	var mu sync.Mutex
 	note := func(s string) {
@@ -104,6 +111,7 @@ func TestOutOfOrder(t *testing.T) {
 		waited <- err
 	}()
 	// The first request is still running: later ones are answered first.
+	<-started
 	for _, s := range []string{"a", "b"} {
 		var out string
 		if err := c.Call(context.Background(), "echo", s, &out); err != nil {
@@ -164,14 +172,14 @@ func TestErrorsAndEvents(t *testing.T) {
 
 func TestCloseWaitsForRunning(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	release := make(chan struct{})
-	c := StartInProcess(context.Background(), testRole(release))
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	c := StartInProcess(context.Background(), testRoleStarted(release, started))
 	waited := make(chan error, 1)
 	go func() { waited <- c.Call(context.Background(), "wait", nil, nil) }()
-	// Make sure "wait" is running before "close" goes out.
-	if err := c.Call(context.Background(), "echo", "x", nil); err != nil {
-		t.Fatal(err)
-	}
+	// "wait" is running before "close" goes out. (An "echo" answered
+	// first did not say so: the goroutine sending "wait" may not have
+	// run yet, and CI once saw close return at once.)
+	<-started
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close(5*time.Second, nil) }()
 	select {
