@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"sort"
 	"strings"
 )
 
@@ -44,8 +43,12 @@ type GateRow struct {
 	Test     string    `json:"noise_test"` // the distribution test, "-" when there was none
 	Verdict  Verdict   `json:"verdict"`    //
 	Why      string    `json:"why"`        // one line
-	shift    *Shift    `json:"-"`          //
-	spread   [2]float64
+	// BaselineRuns are the baseline's runs when it was measured with
+	// --repeat (Baseline is then their median).
+	BaselineRuns []float64 `json:"baseline_runs,omitempty"`
+	shift        *Shift
+	runs         *RunsShift
+	spread       [2]float64
 }
 
 // GateReport is the gate's whole judgement.
@@ -112,13 +115,21 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 	}
 	for _, bm := range sel {
 		row := GateRow{Name: bm.Name(), Unit: bm.Unit, Better: bm.Better.String(), Baseline: bm.Value}
+		if vs, ok := bh.Repeats.values(bm.Name()); ok {
+			row.BaselineRuns = vs
+			row.Baseline = Median(vs)
+		}
 		var dist *Histogram
 		for i := range runs {
 			m, ok := runMetrics[i][bm.Name()]
 			if !ok {
 				return nil, fmt.Errorf("result %d has no %s (is it the same sweep as the baseline?)", i+1, bm.Name())
 			}
-			row.Runs = append(row.Runs, m.Value)
+			if vs, ok := runs[i].Header().Repeats.values(bm.Name()); ok {
+				row.Runs = append(row.Runs, vs...)
+			} else {
+				row.Runs = append(row.Runs, m.Value)
+			}
 			if m.Dist != nil {
 				if dist == nil {
 					dist = NewHistogram()
@@ -126,9 +137,14 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 				dist.Merge(m.Dist)
 			}
 		}
-		row.Result = medianOf(row.Runs)
+		row.Result = Median(row.Runs)
 		row.spread = [2]float64{slicesMin(row.Runs), slicesMax(row.Runs)}
-		if bm.Dist != nil && dist != nil {
+		if len(row.BaselineRuns) >= MinRuns && len(row.Runs) >= MinRuns {
+			// Runs on both sides: test the numbers themselves.
+			rs := CompareRuns(row.BaselineRuns, row.Runs, bm.Better)
+			row.runs = &rs
+			row.Test = rs.String()
+		} else if bm.Dist != nil && dist != nil {
 			s := CompareDists(bm.Dist, dist)
 			row.shift = &s
 			row.Test = s.String()
@@ -162,6 +178,12 @@ func (row *GateRow) judge(bm Metric, allowed float64) {
 	switch {
 	case row.Worse <= allowed && row.Worse >= -allowed:
 		row.Verdict, row.Why = Pass, "within "+limit
+	case row.runs != nil && row.Worse < 0 && row.runs.PBetter > RunsAlpha:
+		row.Verdict, row.Why = Noise, fmt.Sprintf("better by %s, but the runs overlap the baseline's (%s)", pct(-row.Worse), row.runs)
+	case row.runs != nil && row.Worse > 0 && row.runs.PWorse > RunsAlpha:
+		row.Verdict, row.Why = Noise, fmt.Sprintf("worse by %s, but the runs overlap the baseline's (%s)", pct(row.Worse), row.runs)
+	case row.runs != nil && row.Worse > 0:
+		row.Verdict, row.Why = Regression, fmt.Sprintf("worse by %s (allowed %s), and the runs are worse than the baseline's (%s)", pct(row.Worse), limit, row.runs)
 	case row.Worse < 0 && row.shift != nil && !row.shift.Faster():
 		// Symmetric with regressions: a gain the distributions do not
 		// show is not claimed either.
@@ -227,19 +249,6 @@ func metricKeys(all []Metric) []string {
 		}
 	}
 	return keys
-}
-
-func medianOf(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 func slicesMin(xs []float64) float64 {
@@ -314,7 +323,7 @@ func (g *GateReport) WriteMarkdown(w io.Writer) error {
 	if err := g.Table().WriteMarkdown(w); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\nNoise test: Mann-Whitney U on the latency histograms behind each metric; \"slower\" or \"faster\" needs p < %g and Cliff's |δ| ≥ %g.\n", ShiftAlpha, ShiftMinDelta)
+	_, err := fmt.Fprintf(w, "\nNoise test: with %d runs or more on both sides (--repeat), a one-sided Mann-Whitney U test on the runs' values, \"worse\" or \"better\" at p ≤ %g; otherwise Mann-Whitney U on the latency histograms behind each metric, \"slower\" or \"faster\" needs p < %g and Cliff's |δ| ≥ %g.\n", MinRuns, RunsAlpha, ShiftAlpha, ShiftMinDelta)
 	return err
 }
 

@@ -37,6 +37,9 @@ type Meta struct {
 	// records file holds what it had measured. Loading a partial records
 	// file sets it too.
 	Partial bool `json:"partial,omitempty"`
+	// Repeats holds every run's metrics when the command ran with
+	// --repeat N; this result is their representative.
+	Repeats *Repeats `json:"repeats,omitempty"`
 }
 
 // RecordsRef links a result to the raw per-request records it was
