@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 )
 
 // BlockAllocator hands out block ids of a pool, shared by all TP ranks of
@@ -16,6 +18,8 @@ type BlockAllocator struct {
 	scattered bool
 	rng       *rand.Rand
 	hint      int // where the next first-fit search starts
+	// freed is closed (and replaced) by every Free, waking AllocWait.
+	freed chan struct{}
 }
 
 // NewBlockAllocator manages blocks 0..n-1. Contiguous allocation gives a
@@ -23,7 +27,45 @@ type BlockAllocator struct {
 // so descriptors can merge; scattered allocation picks random free blocks,
 // a fragmented block table whose descriptors cannot merge.
 func NewBlockAllocator(n int, scattered bool, seed uint64) *BlockAllocator {
-	return &BlockAllocator{used: make([]bool, n), nfree: n, scattered: scattered, rng: rand.New(rand.NewPCG(seed, 0xb10c))}
+	return &BlockAllocator{used: make([]bool, n), nfree: n, scattered: scattered, rng: rand.New(rand.NewPCG(seed, 0xb10c)), freed: make(chan struct{})}
+}
+
+// AllocWait is Alloc for a request that may wait for blocks, as an
+// engine's scheduler keeps a request queued until blocks are free rather
+// than failing it: up to wait for frees (releases the peer already
+// earned: a decode's READ done, a lease that runs out), then an error.
+// waited says whether it had to. A request larger than the pool fails at
+// once.
+func (a *BlockAllocator) AllocWait(ctx context.Context, n int, wait time.Duration) (blocks []int, waited bool, err error) {
+	if n > len(a.used) {
+		blocks, err = a.Alloc(n)
+		return blocks, false, err
+	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		a.mu.Lock()
+		ok, ch := n <= a.nfree, a.freed
+		a.mu.Unlock()
+		if ok {
+			if blocks, err = a.Alloc(n); err == nil {
+				return blocks, waited, nil
+			}
+			continue // taken meanwhile
+		}
+		waited = true
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, waited, ctx.Err()
+		case <-deadline.C:
+			blocks, err = a.Alloc(n)
+			if err != nil {
+				err = fmt.Errorf("%w (after waiting %v for frees)", err, wait)
+			}
+			return blocks, waited, err
+		}
+	}
 }
 
 // Alloc returns n free blocks or an error when too few are free.
@@ -101,6 +143,8 @@ func (a *BlockAllocator) Free(blocks []int) error {
 		a.used[b] = false
 	}
 	a.nfree += len(blocks)
+	close(a.freed)
+	a.freed = make(chan struct{})
 	return nil
 }
 

@@ -202,8 +202,11 @@ func (c Config) AttnBackendName(spec kv.Spec) string {
 
 // Stats are an engine's counters; a misbehaving peer shows up here.
 type Stats struct {
-	Requests         int64 `json:"requests"`
-	InFlight         int64 `json:"in_flight,omitempty"` // prefill/load calls still running
+	Requests int64 `json:"requests"`
+	InFlight int64 `json:"in_flight,omitempty"` // prefill/load calls still running
+	// AllocWaits counts prefill requests that waited for blocks that
+	// pending releases freed (AllocWait) instead of failing at once.
+	AllocWaits       int64 `json:"alloc_waits,omitempty"`
 	Handshakes       int64 `json:"handshakes"`
 	HandshakeFails   int64 `json:"handshake_failures"`
 	MalformedNotifs  int64 `json:"malformed_notifs"`
@@ -254,6 +257,7 @@ type counters struct {
 	failedXfers, failedNotifs, regTimeouts, malformedControl, heartbeats         atomic.Int64
 	heartbeatsSent, aborted, staleControl                                        atomic.Int64
 	sglHeartbeats, sglHeartbeatFails, sglPrefillsLost, sglRoomsFailed            atomic.Int64
+	allocWaits                                                                   atomic.Int64
 	// inFlight counts prefill and load calls still running: a driver that
 	// stopped a run waits for them before it counts blocks still held.
 	inFlight atomic.Int64
@@ -541,7 +545,8 @@ func (e *Engine) Stats() Stats {
 		BlocksInUse: int64(e.alloc.InUse()), BlocksTotal: int64(e.alloc.Total()),
 		HeartbeatsSent: e.c.heartbeatsSent.Load(), Aborted: e.c.aborted.Load(), StaleControl: e.c.staleControl.Load(),
 		SGLHeartbeats: e.c.sglHeartbeats.Load(), SGLHeartbeatFailures: e.c.sglHeartbeatFails.Load(),
-		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load(), TagWork: e.tagWork()}
+		SGLPrefillsLost: e.c.sglPrefillsLost.Load(), SGLRoomsFailed: e.c.sglRoomsFailed.Load(), TagWork: e.tagWork(),
+		AllocWaits: e.c.allocWaits.Load()}
 	if e.side != nil {
 		// A handshake request the side channel could not answer (malformed,
 		// or for a rank this engine lacks, where vLLM's listener would

@@ -156,6 +156,14 @@ func (s *prefillState) wakeRank(r int) {
 	}
 }
 
+// allocWait bounds how long a prefill request waits for blocks that
+// releases still pending will free (decode's READs done but not yet
+// reported; leases running out): a closed loop starts its next request
+// when decode is ready, which can be before prefill hears of it, and with
+// a pool sized for the load that race failed requests "out of KV blocks"
+// on busy hosts (92 of 2000 in one pull run).
+const allocWait = 5 * time.Second
+
 // Prefill allocates the request's blocks, "computes" them (writes their
 // tags, and waits out the modelled compute time), arms the lease and
 // returns what decode needs.
@@ -167,7 +175,10 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	e.c.requests.Add(1)
 	t0 := mono.Now()
 	n := e.spec.BlocksFor(kv.FullAttention, r.Tokens)
-	blocks, err := e.alloc.Alloc(n)
+	blocks, waited, err := e.alloc.AllocWait(ctx, n, allocWait)
+	if waited {
+		e.c.allocWaits.Add(1)
+	}
 	if err != nil {
 		return PrefillReply{}, err
 	}
