@@ -200,17 +200,15 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		return err
 	}
 	x.ChildStderr = a.childStderr(o.measureOptions)
-	var res *bench.XferResult
-	_, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	got, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
-		var err error
-		res, err = bench.RunXfer(ctx, x)
+		res, err := bench.RunXfer(ctx, x)
 		if res == nil {
 			return nil, err
 		}
 		return res, err
 	})
-	if res != nil {
+	if res, _ := got.(*bench.XferResult); res != nil {
 		if err := a.render(res); err != nil {
 			return err
 		}

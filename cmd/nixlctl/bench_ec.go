@@ -146,6 +146,9 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	if err := mo.validate(); err != nil {
 		return err
 	}
+	if mo.Records != "" && mo.Repeat > 1 {
+		return errkind.BadInputf("--records with --repeat: bench ec streams every image's line as it goes, which would mix the runs; use --save DIR (the representative run's records)")
+	}
 	if o.measureOptions.Records != "" {
 		f, err := os.Create(o.measureOptions.Records)
 		if err != nil {
@@ -159,15 +162,15 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	}
 	mo.Records = "" // bench ec writes its own records (x.Records)
 	x.ChildStderr = a.childStderr(mo)
-	var res *bench.ECResult
-	_, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
+	got, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
-		var err error
-		if res, err = bench.RunEC(ctx, x); res == nil {
+		res, err := bench.RunEC(ctx, x)
+		if res == nil {
 			return nil, err
 		}
 		return res, err
 	})
+	res, _ := got.(*bench.ECResult)
 	if res != nil {
 		if err := a.render(res); err != nil {
 			return err

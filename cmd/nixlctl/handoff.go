@@ -232,7 +232,8 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")
 	f.Int("device", d.Device, "prefill's GPU for --mem vram")
 	f.Int("decode-device", d.DecodeDevice, "decode's GPU for --mem vram")
-	f.Bool("xfer-reference", d.XferRef, "also run bench xfer on the same bytes for an efficiency ratio")
+	f.Bool("xfer-reference", d.XferRef, "also run bench xfer on the same bytes, in rounds between the handoff's, for an efficiency ratio (and, on one host with the ucx backend, against UCX's fastest shared-memory path)")
+	f.Int("xfer-rounds", d.XferRounds, "with --xfer-reference in a closed loop: alternate this many handoff rounds with bench xfer rounds (at most one per 4 x --concurrency requests); the ratio is the median of the rounds'")
 	f.Bool("inproc", d.Inproc, "run both endpoints in this process")
 	f.String("prefill", d.Prefill, "use prefill endpoints started with serve prefill --listen (host:port, comma separated; \"local\" for a child here); alone, decode runs here as a child")
 	f.String("decode", d.Decode, "use decode endpoints started with serve decode --listen (host:port, comma separated; \"local\" for a child here); alone, prefill runs here as a child")
@@ -314,7 +315,11 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	h.ChildStderr = a.childStderr(o.measureOptions)
 	var res *bench.HandoffResult
 	mo := o.measureOptions
-	h.Records = mo.streamRecords(a.args)
+	if mo.Repeat <= 1 {
+		// Streamed as they come; with --repeat the representative run's
+		// records are written at the end (keep), not every run's.
+		h.Records = mo.streamRecords(a.args)
+	}
 	_, err = a.measureAndRender(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		h.Live = sink
 		var err error

@@ -35,6 +35,8 @@ type measureOptions struct {
 	Save          string `mapstructure:"save"`
 	Records       string `mapstructure:"records"`
 	AllowFailures bool   `mapstructure:"allow-failures"`
+	// Repeat runs the command this many times and reports their spread.
+	Repeat int `mapstructure:"repeat"`
 
 	// stream is set by streamRecords for a runner that streams its
 	// records; keep then completes what it wrote instead of writing them.
@@ -125,6 +127,7 @@ func addMeasureFlags(cmd *cobra.Command, records bool) {
 	f.Lookup("tui").NoOptDefVal = "on"
 	f.String("plot", "", "draw the result into this .png or .svg file")
 	f.String("save", "", "keep result.json, records.jsonl and manifest.json in this directory (see nixlctl report show)")
+	f.Int("repeat", 1, "run the whole measurement this many times, one after another: the result is the run at the median of its main metric, with every metric's min, median, max and 95% interval over the runs (gate judges them all)")
 	f.Bool("allow-failures", false, "exit 0 even when requests failed, blocks leaked or were corrupt, or the run was interrupted (the result still lists them, and gate still refuses it)")
 	if records {
 		f.String("records", "", "write one JSON line per request to this file (a header line first)")
@@ -132,6 +135,9 @@ func addMeasureFlags(cmd *cobra.Command, records bool) {
 }
 
 func (o *measureOptions) validate() error {
+	if o.Repeat < 1 {
+		return errkind.BadInputf("--repeat %d: want 1 or more runs", o.Repeat)
+	}
 	switch strings.ToLower(o.TUI) {
 	case "auto", "":
 		o.TUI = "auto"
@@ -276,6 +282,9 @@ func (a *app) measureAndRender(ctx context.Context, mo measureOptions, run runne
 // records, the saved directory and the plot that were asked for; the
 // caller renders the result to stdout.
 func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (report.Result, error) {
+	if mo.Repeat > 1 {
+		run = a.repeated(mo.Repeat, run)
+	}
 	useTUI := a.wantsTUI(mo)
 	if mo.TUI == "on" && !useTUI {
 		a.log.Info("--tui needs stdin and stdout to be terminals; showing progress on stderr instead")
@@ -309,6 +318,31 @@ func (a *app) measure(ctx context.Context, mo measureOptions, run runner) (repor
 		a.log.Warn("the run had failures, allowed by --allow-failures", "problems", strings.Join(p, "; "))
 	}
 	return res, err
+}
+
+// repeated runs run n times and returns their representative with the
+// spread of every metric (report.WithRepeats). A run that fails, or has
+// problems (failed requests, corrupt or leaked blocks), ends the series
+// and is returned itself, so that nothing hides it.
+func (a *app) repeated(n int, run runner) runner {
+	return func(ctx context.Context, sink live.Sink) (report.Result, error) {
+		var runs []report.Result
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(a.io.ErrOut, "nixlctl: run %d of %d\n", i, n)
+			r, err := run(ctx, sink)
+			if r == nil {
+				return nil, err
+			}
+			if p := report.Problems(r); err != nil || len(p) > 0 {
+				if i > 1 {
+					r.Header().Warn(fmt.Sprintf("run %d of %d (--repeat) failed; the runs before it did not", i, n))
+				}
+				return r, err
+			}
+			runs = append(runs, r)
+		}
+		return report.WithRepeats(runs)
+	}
 }
 
 // wantsTUI says whether the run gets the TUI (now or after tuiDelay).
@@ -462,5 +496,8 @@ func (a *app) render(res report.Result) error {
 	if errors.Is(err, report.ErrFormat) {
 		return errkind.BadInput(err)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return report.WriteRepeats(a.io.Out, res, a.format)
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/clocksync"
+	"github.com/nixlctl/nixlctl/internal/cpuspeed"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -89,7 +90,11 @@ type HandoffOptions struct {
 	Device                  int              `mapstructure:"device"`         // prefill's GPU (VRAM)
 	DecodeDevice            int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
 	XferRef                 bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
-	Inproc                  bool             `mapstructure:"inproc"`
+	// XferRounds splits a closed loop's measured requests into this many
+	// rounds with a bench xfer round after each (the reference measured
+	// beside the handoff, so that both see the host in the same state).
+	XferRounds int  `mapstructure:"xfer-rounds"`
+	Inproc     bool `mapstructure:"inproc"`
 	// Prefill and Decode are the engines' control addresses, comma
 	// separated (host:port of `serve prefill|decode --listen`, or "local"
 	// for a child of the driver); "" is Prefills or Decodes local children.
@@ -174,7 +179,7 @@ func DefaultHandoffOptions() HandoffOptions {
 		SGLBootstrapTimeout: engine.SGLDefaultBootstrapTimeout, SGLWaitingTimeout: engine.SGLDefaultWaitingTimeout,
 		SGLHeartbeatInterval: engine.SGLDefaultHeartbeatInterval, SGLHeartbeatMaxFailures: engine.SGLDefaultHeartbeatMaxFailures,
 		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
-		JoinWindow: 60 * time.Second}
+		JoinWindow: 60 * time.Second, XferRounds: 8}
 }
 
 // Validate checks the options. Problems with one field are
@@ -186,6 +191,9 @@ func (o *HandoffOptions) Validate() error {
 	o.validateCompat(bad)
 	if !o.Protocol.Valid() {
 		bad("Protocol", "unknown protocol %q (want pull, push or sglang)", o.Protocol)
+	}
+	if o.XferRef && o.XferRounds < 1 {
+		bad("XferRounds", "must be at least 1 (1: one reference round after the whole run)")
 	}
 	if o.Requests <= 0 && len(o.Trace) == 0 {
 		bad("Requests", "must be positive")
@@ -512,7 +520,15 @@ type XferReference struct {
 	BlockSize     int    `json:"block_size"`
 	BatchSize     int    `json:"batch_size"`
 	PipelineDepth int    `json:"pipeline_depth"`
-	Iterations    int    `json:"iterations"`
+	Iterations    int    `json:"iterations,omitempty"` // after the run; rounds size each to their handoff round's bytes
+	// Rounds and RoundRequests say the reference ran in rounds between
+	// the handoff's, of this many requests each (absent: once, after the
+	// whole run).
+	Rounds        int `json:"rounds,omitempty"`
+	RoundRequests int `json:"round_requests,omitempty"`
+	// Limit names the host-limit reference measured in the same rounds,
+	// when there was one.
+	Limit string `json:"limit,omitempty"`
 	// Polling is how the reference waited for its requests: "paced", as
 	// the endpoints wait (XferOptions.Paced); absent in results from
 	// before it, whose reference spun.
@@ -572,11 +588,14 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 // HandoffRecord is one request, as written to --records. Durations are
 // milliseconds; stages that do not apply to the protocol are zero.
 type HandoffRecord struct {
-	Index          int                `json:"index"`
-	ID             string             `json:"id"`
-	Prefill        int                `json:"prefill,omitempty"` // the engines the router picked (xPyD)
-	Decode         int                `json:"decode,omitempty"`
-	Warmup         bool               `json:"warmup,omitempty"`
+	Index   int    `json:"index"`
+	ID      string `json:"id"`
+	Prefill int    `json:"prefill,omitempty"` // the engines the router picked (xPyD)
+	Decode  int    `json:"decode,omitempty"`
+	Warmup  bool   `json:"warmup,omitempty"`
+	// Round is the interleaved reference's round the request ran in
+	// (0-based; --xfer-reference in a closed loop).
+	Round          int                `json:"round,omitempty"`
 	ISL            int                `json:"isl"`
 	PrefixTokens   int                `json:"prefix_tokens"`
 	Blocks         int                `json:"blocks"`
@@ -655,7 +674,18 @@ type HandoffSummary struct {
 	EfficiencyMemcpy  float64            `json:"efficiency_vs_memcpy"`
 	XferGBps          float64            `json:"xfer_gbps,omitempty"`
 	EfficiencyXfer    float64            `json:"efficiency_vs_xfer,omitempty"`
-	LeakedBlocks      int64              `json:"leaked_blocks"`
+	// EfficiencyXferSpread is the per-round ratio's spread when the
+	// reference ran in rounds beside the handoff's (EfficiencyXfer is then
+	// its median, XferGBps the rounds' median rate).
+	EfficiencyXferSpread *report.Spread `json:"efficiency_vs_xfer_spread,omitempty"`
+	// LimitGBps is the median rate of the same transfers between
+	// UCX-allocated shared memory, measured in the same rounds: the
+	// fastest path UCX offers two processes on this host. EfficiencyLimit
+	// is the median of the rounds' handoff / limit.
+	LimitGBps       float64     `json:"limit_gbps,omitempty"`
+	EfficiencyLimit float64     `json:"efficiency_vs_limit,omitempty"`
+	Rounds          []XferRound `json:"xfer_rounds,omitempty"`
+	LeakedBlocks    int64       `json:"leaked_blocks"`
 	// NegativeStages counts, per stage, the requests whose stage ended
 	// before it started by the stamps (left out of that stage's
 	// histogram): clocks that disagree, or a stamp on the wrong side.
@@ -697,6 +727,9 @@ type HandoffResult struct {
 	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
 	Placement   string         `json:"placement,omitempty"`
 	Interrupted bool           `json:"interrupted,omitempty"`
+	// HostCPU says how steady the host's CPU speed was: readings of a
+	// fixed loop before, between the rounds of, and after the timed phase.
+	HostCPU *cpuspeed.Summary `json:"host_cpu,omitempty"`
 	// EndpointDied names the endpoint that died during the timed phase and
 	// how ("decode: signal: killed"); the run stopped there.
 	EndpointDied string          `json:"endpoint_died,omitempty"`
@@ -1019,7 +1052,13 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		ends = append(ends, pathEnd{engineName("decode", i, m), ep.rpc, netpath.Receive})
 	}
 	path := watchPath(ctx, o.remote(), ends...)
+	if o.XferRef && o.Rate == 0 && len(o.Trace) == 0 && (!o.remote() || o.XferTarget != "") {
+		h.rounds = &interleave{h: h, backend: backend.Name, size: roundsFor(o.Requests, o.Concurrency, o.XferRounds)}
+		defer h.rounds.close()
+	}
+	h.readCPU()
 	runErr := h.run(runCtx)
+	h.readCPU()
 	stopWatching()
 	path.stop(ctx)
 	if d := died.Load(); d != nil {
@@ -1126,11 +1165,31 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if bad := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; bad > 0 {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", bad))
 	}
+	if w := softwareRMAWarning(res.Env.Transport, "--xfer-reference measures what UCX-allocated (mapped) memory reaches on this host beside the run (efficiency_vs_limit)"); w != "" {
+		res.Warn(w)
+	}
+	if il := h.rounds; il != nil {
+		summarizeRounds(&res.Summary, h.records, il.roundRefsCopy())
+		if len(res.Summary.Rounds) > 0 {
+			res.Config.XferReference = il.config(len(res.Summary.Rounds))
+		}
+		if il.off != "" {
+			res.Warn("the bench xfer reference stopped interleaving with the handoff: " + il.off)
+		}
+		il.close() // its memory back before any reference after the run
+	}
+	cpu := cpuspeed.Summarize(h.cpuReadings())
+	if cpu.Readings > 0 {
+		res.HostCPU = &cpu
+		if w := cpu.Warning(); w != "" {
+			res.Warn(w)
+		}
+	}
 	remote := o.remote()
 	if o.XferRef && remote && o.XferTarget == "" && runErr == nil {
 		res.Warn("no bench xfer reference: with an endpoint on another host it must cross the same link (start serve target --listen there and give --xfer-target)")
 	}
-	if o.XferRef && (!remote || o.XferTarget != "") && runErr == nil && res.Summary.Requests > 0 {
+	if o.XferRef && (!remote || o.XferTarget != "") && runErr == nil && res.Summary.Requests > 0 && res.Summary.XferGBps == 0 {
 		// The reference allocates the run's working set again: give the
 		// endpoints' pools back first (both at once can exhaust memory).
 		for _, ep := range append(append([]*Endpoint(nil), pes...), des...) {
@@ -1142,14 +1201,13 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		} else if gbps > 0 {
 			res.Summary.XferGBps = gbps
 			res.Summary.EfficiencyXfer = res.Summary.BandwidthGBps / gbps
-			// The reference is the limit for these transfers: a handoff
-			// clearly faster than it says the reference did not measure the
-			// limit (a busy machine, too short a run), not that the
-			// protocol beat the transport.
-			if e := res.Summary.EfficiencyXfer; e > 1.05 {
-				res.Warn(fmt.Sprintf("the handoff ran %.2fx the bench xfer reference on the same bytes: the reference did not measure the limit (a busy machine? a longer run?), so the ratio is not an efficiency", e))
-			}
 		}
+	}
+	// The reference is the limit for these transfers: a handoff clearly
+	// faster than it says the reference did not measure the limit (a busy
+	// machine, too short a run), not that the protocol beat the transport.
+	if e := res.Summary.EfficiencyXfer; e > 1.05 {
+		res.Warn(fmt.Sprintf("the handoff ran %.2fx the bench xfer reference on the same bytes: the reference did not measure the limit (a busy machine? a longer run?), so the ratio is not an efficiency", e))
 	}
 	for _, w := range res.Warnings {
 		live.Emit(o.Live, live.Warning{Text: w})
@@ -1174,10 +1232,43 @@ type handoff struct {
 	waiting  map[string]chan engine.FreedEvent
 	start    int64
 	end      int64
+	// rounds, when set, interleaves the bench xfer reference with the
+	// closed loop's requests, a round at a time.
+	rounds *interleave
+	cpuMu  sync.Mutex
+	cpu    []cpuspeed.Reading
 	// unstreamed holds the finished requests whose records wait for
 	// prefill's release before they are streamed (o.Records): their
 	// position in records, by router id.
 	unstreamed map[string]int
+}
+
+// readCPU takes a reading of the host's CPU speed (cpuspeed), while no
+// request is in flight.
+func (h *handoff) readCPU() {
+	r, err := cpuspeed.Measure()
+	if err != nil {
+		h.o.Log.Debug("cpu speed reading", "err", err)
+		return
+	}
+	h.cpuMu.Lock()
+	h.cpu = append(h.cpu, r)
+	h.cpuMu.Unlock()
+}
+
+func (h *handoff) cpuReadings() []cpuspeed.Reading {
+	h.cpuMu.Lock()
+	defer h.cpuMu.Unlock()
+	return slices.Clone(h.cpu)
+}
+
+// roundOf is request i's round of the interleaved reference (0 without
+// rounds, and for the warm-up).
+func (h *handoff) roundOf(i int) int {
+	if h.rounds == nil || i < h.o.Warmup {
+		return 0
+	}
+	return (i - h.o.Warmup) / h.rounds.size
 }
 
 // finished streams request i's record (o.Records) when it is final, else
@@ -1374,6 +1465,7 @@ func (h *handoff) run(ctx context.Context) error {
 			r.Error = "stopped: " + death.Error() // not the context's "canceled"
 		}
 		r.Warmup = i < o.Warmup
+		r.Round = h.roundOf(i)
 		h.mu.Lock()
 		h.records[i] = r
 		h.mu.Unlock()
@@ -1411,6 +1503,10 @@ func (h *handoff) run(ctx context.Context) error {
 			if o.Warmup > 0 && i == o.Warmup {
 				wg.Wait() // warm-up first, alone
 			}
+			if h.rounds != nil && i > o.Warmup && h.roundOf(i) != h.roundOf(i-1) {
+				wg.Wait() // the round's requests are done: its reference runs alone
+				h.rounds.between(ctx, h.roundOf(i-1))
+			}
 			wg.Add(1)
 			select {
 			case next <- i:
@@ -1424,6 +1520,9 @@ func (h *handoff) run(ctx context.Context) error {
 		close(next)
 	}
 	wg.Wait()
+	if h.rounds != nil && arrivals == nil && n > o.Warmup {
+		h.rounds.between(ctx, h.roundOf(n-1))
+	}
 	h.end = mono.Now()
 	h.mu.Lock()
 	kept := h.records[:0]
@@ -1605,7 +1704,10 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 	hand, xfer, post, f2p, comp, reg := report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
 	var firstHS, steadyHS []float64
 	var gbps []float64
-	var first, last int64
+	// The timed span is each round's (first start to last end) added up:
+	// between rounds the interleaved reference ran, not the handoff.
+	type span struct{ first, last int64 }
+	spans := map[int]*span{}
 	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
 	for _, r := range records {
 		if r.FirstHandshake {
@@ -1664,10 +1766,19 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 		if t := r.PostMS + r.TransferMS; t > 0 && r.Bytes > 0 {
 			gbps = append(gbps, float64(r.Bytes)/1e6/t)
 		}
-		if first == 0 || r.TStart < first {
-			first = r.TStart
+		sp := spans[r.Round]
+		if sp == nil {
+			sp = &span{first: r.TStart}
+			spans[r.Round] = sp
 		}
-		last = max(last, r.TReady)
+		sp.first = min(sp.first, r.TStart)
+		sp.last = max(sp.last, r.TReady)
+	}
+	var timed int64
+	for _, sp := range spans {
+		if sp.last > sp.first {
+			timed += sp.last - sp.first
+		}
 	}
 	ok := s.Requests - s.Failed
 	if ok > 0 {
@@ -1675,8 +1786,8 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 		s.LogicalDescsReq /= float64(ok)
 		s.BytesPerRequest = float64(s.Bytes) / float64(ok)
 	}
-	if last > first {
-		s.Seconds = float64(last-first) / 1e9
+	if timed > 0 {
+		s.Seconds = float64(timed) / 1e9
 		s.BandwidthGBps = float64(s.Bytes) / 1e9 / s.Seconds
 		s.RequestsPerS = float64(ok) / s.Seconds
 	}
@@ -1693,7 +1804,7 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 	}
 	s.FirstHandshakeMS = mean(firstHS)
 	s.SteadyHandshakeMS = mean(steadyHS)
-	s.TransferGBps = median(gbps)
+	s.TransferGBps = report.Median(gbps)
 	if memcpy > 0 {
 		s.EfficiencyMemcpy = s.BandwidthGBps / memcpy
 	}
@@ -1711,19 +1822,6 @@ func mean(xs []float64) float64 {
 	return t / float64(len(xs))
 }
 
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	return s[len(s)/2]
-}
-
 // xferReference runs `bench xfer` on the same bytes: one point with the
 // run's mean descriptor size and count, as many in flight as the run had.
 func (h *handoff) xferReference(ctx context.Context, backend string, res *HandoffResult) (float64, error) {
@@ -1734,32 +1832,13 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	batch := int(s.DescriptorsPerReq + 0.5)
 	block := int(s.BytesPerRequest / float64(batch))
 	block = max(8, block/8*8)
-	depth := max(1, h.o.Concurrency)
+	xo := h.referenceOptions(backend, block, batch, h.o.DRAMAlloc)
 	// Ten rounds of the pipeline and at least 4 GB, so it runs full for
 	// nearly all of the timed phase: with three rounds (12 requests of
 	// 256 MiB at depth 4) the ramp at both ends made the reference read
 	// 1.3-3.7 GB/s for the same work and the handoff 2.4x "faster" than
 	// it. One round of warm-up fills the pipeline first.
-	iters := max(10*depth, min(400, int(4e9/float64(block*batch))+1))
-	// Paced: the endpoints wait for their transfers with sleeps between
-	// polls (a nixl.Poller per rank; push's owner polls every millisecond), which
-	// leaves the CPU to the copy; a reference spinning on its requests
-	// took a core from a copy that needs both on small hosts (UCX's
-	// emulated RMA copies on both sides), and push ran 1.12-1.16x it.
-	// Notif: every handoff transfer carries its completion notification
-	// (pull's READ, push's and SGLang's WRITEs), so every reference
-	// request does too.
-	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
-		NumIter: iters, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: h.o.DRAMAlloc, DescOrder: DescSequential, Paced: true, Notif: true, NoCopyReference: true,
-		// Progressed as the engines are, so the reference is the same path.
-		Progress:        XferThread,
-		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
-	if h.o.Protocol == engine.ProtoPull {
-		xo.Op = nixl.Read
-	}
-	if !h.o.Inproc && h.o.XferTarget == "" && h.o.Exe != "" {
-		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
-	}
+	xo.NumIter = max(10*xo.PipelineDepth, min(400, int(4e9/float64(block*batch))+1))
 	xr, err := RunXfer(ctx, xo)
 	if err != nil {
 		return 0, err
@@ -1767,7 +1846,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	if len(xr.Points) == 0 {
 		return 0, nil
 	}
-	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: depth, Iterations: iters, Polling: "paced"}
+	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: xo.PipelineDepth, Iterations: xo.NumIter, Polling: "paced"}
 	return xr.Points[0].BandwidthGBps, nil
 }
 

@@ -610,12 +610,15 @@ func TestHandoffDrainDeadDecode(t *testing.T) {
 
 // --xfer-reference measures the same op, descriptors and depth as the
 // run, waiting as the endpoints wait (paced) and with a notification on
-// every request as the handoff's transfers carry.
+// every request as the handoff's transfers carry, in rounds between the
+// handoff's: every round has its reference, the summary their median
+// ratio and its spread, and the requests their round.
 func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush} {
 		t.Run(string(proto), func(t *testing.T) {
 			o := handoffOpts(t, proto, 1, 1)
-			o.Inproc, o.XferRef, o.Verify = true, true, engine.Sparse
+			o.Inproc, o.XferRef, o.Verify, o.XferRounds = true, true, engine.Sparse, 3
+			o.Requests, o.Concurrency, o.ISL = 36, 3, ISL{Dist: ISLFixed, Fixed: 256}
 			var log bytes.Buffer
 			o.Log = slog.New(slog.NewTextHandler(&log, nil))
 			res, err := RunHandoff(context.Background(), o)
@@ -631,6 +634,33 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 			if ref == nil || ref.Op != want || ref.Polling != "paced" || ref.PipelineDepth != o.Concurrency ||
 				ref.BatchSize != int(s.DescriptorsPerReq+0.5) || s.XferGBps <= 0 || s.EfficiencyXfer <= 0 {
 				t.Fatalf("reference %+v, summary xfer %.3g GB/s, efficiency %.3g", ref, s.XferGBps, s.EfficiencyXfer)
+			}
+			// 36 requests at concurrency 3: three rounds of 12.
+			if ref.Rounds != 3 || ref.RoundRequests != 12 || len(s.Rounds) != 3 || s.EfficiencyXferSpread == nil || s.EfficiencyXferSpread.N != 3 {
+				t.Fatalf("reference %+v, rounds %+v, spread %+v: want three rounds of 12", ref, s.Rounds, s.EfficiencyXferSpread)
+			}
+			perRound := map[int]int{}
+			for _, r := range res.Records {
+				if !r.Warmup {
+					perRound[r.Round]++
+				}
+			}
+			for k, rd := range s.Rounds {
+				if rd.Round != k+1 || rd.Requests != 12 || perRound[k] != 12 || rd.HandoffGBps <= 0 || rd.XferGBps <= 0 || rd.CPUNSPerStep <= 0 {
+					t.Errorf("round %d: %+v (records in it: %d)", k+1, rd, perRound[k])
+					for _, r := range res.Records {
+						if r.Round == k {
+							t.Logf("%d %s err=%q bytes=%d", r.Index, r.ID, r.Error, r.Bytes)
+						}
+					}
+				}
+			}
+			// Inproc, one host, ucx: the host-limit reference ran beside it.
+			if s.LimitGBps <= 0 || s.EfficiencyLimit <= 0 || ref.Limit == "" {
+				t.Errorf("no host-limit reference: %.3g GB/s, efficiency %.3g, %q", s.LimitGBps, s.EfficiencyLimit, ref.Limit)
+			}
+			if res.HostCPU == nil || res.HostCPU.Readings != 5 {
+				t.Errorf("host cpu %+v: want a reading before, after, and before each of the 3 rounds' references", res.HostCPU)
 			}
 		})
 	}

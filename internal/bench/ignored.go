@@ -65,6 +65,12 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 	case ISLNormal:
 		ig("--isl-dist normal draws from --isl-mean and --isl-std", "ISL.Fixed")
 	}
+	switch {
+	case !o.XferRef:
+		ig("--xfer-rounds splits the --xfer-reference run into rounds", "XferRounds")
+	case o.Rate > 0 || len(o.Trace) > 0:
+		ig("an open loop or a trace runs its bench xfer reference once, after the run (rounds need a closed loop)", "XferRounds")
+	}
 	if o.Rate > 0 && !o.XferRef {
 		// The open loop's arrivals set what is in flight; only the xfer
 		// reference reads the concurrency (as its pipeline depth).

@@ -410,6 +410,9 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	defer r.close()
 	res.Env.Backend = r.backend
 	res.Env.Transport = r.transp
+	if w := softwareRMAWarning(r.transp, "--dram-alloc ucx measures UCX-allocated (mapped) memory, the fastest path on this host"); w != "" {
+		res.Warn(w)
+	}
 	if strings.Contains(r.transp, "tcp") && strings.Contains(r.transp, "rma: emulated") {
 		res.Warn("TCP fallback: RMA runs as software emulation over TCP active messages; expect a fraction of shared-memory or RDMA bandwidth")
 		live.Emit(o.Live, live.Warning{Text: "TCP fallback: RMA emulated over TCP"})

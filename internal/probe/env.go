@@ -652,7 +652,7 @@ func judgePath(res *EnvResult, p *PathReport, what string) {
 		res.Warn(fmt.Sprintf("TCP FALLBACK: this transfer used %s. Between two processes on one host that means no shared memory; between hosts, no RDMA. Check UCX_TLS/UCX_NET_DEVICES and the UCX build (transports: %s)",
 			p.Used, strings.Join(transportNames(res.UCX.Devices), ", ")))
 	} else if strings.Contains(p.Used, "RMA emulated over active messages") {
-		res.Warn(fmt.Sprintf("SOFTWARE RMA: this transfer used %s: UCX has no one-sided path to memory it did not allocate (cma is only a rendezvous lane with protocols v1), so each process copies every byte. Memory UCX allocates (bench xfer --dram-alloc ucx) is mapped instead; UCX 1.22 (protocols v2) was seen to put zero-copy over cma",
+		res.Warn(fmt.Sprintf("SOFTWARE RMA: this transfer used %s: UCX has no one-sided path to memory it did not allocate (cma is only a rendezvous lane with protocols v1), so each process copies every byte. Memory UCX allocates (bench xfer --dram-alloc ucx) is mapped instead. UCX 1.14 and later with UCX_PROTO_ENABLE=y (the default from 1.16) put and get zero-copy over cma (UCX 1.22 was seen to); a NIXL engine on this UCX copies as this does",
 			p.Used))
 	}
 }

@@ -1,0 +1,324 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/report"
+)
+
+// XferRound is one round of an interleaved reference: the handoff's
+// requests of the round, then bench xfer on the same bytes, then (on one
+// host with the ucx backend) the same transfers between UCX-allocated
+// shared memory, the fastest path UCX offers two processes. Each rate is
+// the round's bytes over its own span (first start to last end), so the
+// three share a pipeline's ramp and, one after another within a second or
+// two, the host's state.
+type XferRound struct {
+	Round       int     `json:"round"`
+	Requests    int     `json:"requests"`
+	HandoffGBps float64 `json:"handoff_gbps"`
+	XferGBps    float64 `json:"xfer_gbps"`
+	LimitGBps   float64 `json:"limit_gbps,omitempty"`
+	// CPUNSPerStep is the host's speed just before the round's reference
+	// (cpuspeed: the slowest CPU's ns per step of a fixed loop).
+	CPUNSPerStep float64 `json:"cpu_ns_per_step,omitempty"`
+}
+
+// Ratio is the round's handoff rate over its bench xfer rate (0 without
+// one).
+func (r XferRound) Ratio() float64 {
+	if r.XferGBps <= 0 {
+		return 0
+	}
+	return r.HandoffGBps / r.XferGBps
+}
+
+// limitRatio is the round's handoff rate over the host's limit (0
+// without one).
+func (r XferRound) limitRatio() float64 {
+	if r.LimitGBps <= 0 {
+		return 0
+	}
+	return r.HandoffGBps / r.LimitGBps
+}
+
+// roundRefs are a round's reference measurements, kept apart from the
+// handoff's side, which records give again (report show recomputes it).
+type roundRefs struct {
+	xfer, limit, cpuNS float64
+}
+
+// interleave runs the reference rounds between a closed loop's handoff
+// rounds.
+type interleave struct {
+	h       *handoff
+	backend string
+	// size is the requests of a full round.
+	size int
+	// xfer and limit measure on runs set up after the first round, when
+	// the handoff's descriptors are known; limit is nil where there is no
+	// faster path to measure (another backend, VRAM, a remote endpoint).
+	xfer, limit  *xferRun
+	block, batch int
+	mu           sync.Mutex
+	refs         []roundRefs
+	// off says why rounds stopped (setup or a round failed); the run then
+	// reports the rounds it has and warns with it.
+	off string
+}
+
+// roundsFor returns how many requests a round holds: rounds of at least
+// four times the concurrency (shorter ones are mostly a pipeline's ramp),
+// at most want of them.
+func roundsFor(requests, concurrency, want int) int {
+	n := max(1, min(want, requests/max(1, 4*concurrency)))
+	return (requests + n - 1) / n
+}
+
+// between measures round k's references; the handoff's requests of round
+// k have all finished and none of round k+1 has started.
+func (il *interleave) between(ctx context.Context, k int) {
+	if il.off != "" || ctx.Err() != nil {
+		return
+	}
+	il.h.readCPU()
+	cpu := il.h.cpuReadings()
+	if il.xfer == nil {
+		if err := il.setup(ctx); err != nil {
+			il.off = err.Error()
+			return
+		}
+	}
+	roundBytes := int64(0)
+	il.h.mu.Lock()
+	for _, r := range il.h.records {
+		if r.Round == k && !r.Warmup && r.Error == "" {
+			roundBytes += r.Bytes
+		}
+	}
+	il.h.mu.Unlock()
+	if roundBytes == 0 {
+		return // nothing moved: nothing to compare
+	}
+	iters := max(1, int(math.Round(float64(roundBytes)/float64(il.block*il.batch))))
+	ref := roundRefs{}
+	if len(cpu) > 0 {
+		ref.cpuNS = cpu[len(cpu)-1].Slowest()
+	}
+	live.Emit(il.h.o.Live, live.Phase{Text: fmt.Sprintf("bench xfer reference, round %d", k+1)})
+	for _, m := range []struct {
+		run *xferRun
+		to  *float64
+	}{{il.xfer, &ref.xfer}, {il.limit, &ref.limit}} {
+		if m.run == nil {
+			continue
+		}
+		m.run.o.NumIter = iters
+		m.run.o.WarmupIter = 0
+		if k == 0 {
+			m.run.o.WarmupIter = m.run.o.PipelineDepth
+		}
+		p, err := m.run.point(ctx, k, il.block, il.batch)
+		if err != nil {
+			if ctx.Err() == nil {
+				il.off = fmt.Sprintf("round %d: %v", k+1, err)
+			}
+			return
+		}
+		*m.to = p.BandwidthGBps
+	}
+	live.Emit(il.h.o.Live, live.Phase{Text: "measuring"})
+	il.mu.Lock()
+	for len(il.refs) <= k {
+		il.refs = append(il.refs, roundRefs{})
+	}
+	il.refs[k] = ref
+	il.mu.Unlock()
+}
+
+// setup starts the reference's initiator and target (and the limit's)
+// with the first round's mean descriptor, as xferReference does after a
+// whole run, while the engines keep their pools: it refuses when the
+// host's available memory cannot hold both.
+func (il *interleave) setup(ctx context.Context) error {
+	h := il.h
+	var bytes int64
+	descs, n := 0, 0
+	h.mu.Lock()
+	for _, r := range h.records {
+		if r.Round == 0 && !r.Warmup && r.Error == "" && r.Bytes > 0 {
+			bytes += r.Bytes
+			descs += r.Descriptors
+			n++
+		}
+	}
+	h.mu.Unlock()
+	if n == 0 || descs == 0 {
+		return fmt.Errorf("the first round moved no bytes")
+	}
+	il.batch = max(1, int(math.Round(float64(descs)/float64(n))))
+	il.block = max(8, int(bytes/int64(descs))/8*8)
+	depth := max(1, h.o.Concurrency)
+	set := int64(il.block) * int64(il.batch) * int64(depth)
+	// Initiator and target each hold the working set; the limit's pair
+	// too. Half of what is available, as the pools are sized.
+	avail := memAvailable()
+	if avail > 0 && 2*set > avail/2 {
+		return fmt.Errorf("its working set (2 x %s) does not fit beside the engines' pools in half of the %s available", report.Bytes(set), report.Bytes(avail))
+	}
+	xo := h.referenceOptions(il.backend, il.block, il.batch, h.o.DRAMAlloc)
+	var err error
+	if il.xfer, err = startReference(ctx, xo); err != nil {
+		return err
+	}
+	if il.backend == "ucx" && h.o.Mem == nixl.DRAM && !h.o.remote() && h.o.DRAMAlloc != engine.AllocUCX && 4*set <= avail/2 {
+		lo := h.referenceOptions(il.backend, il.block, il.batch, engine.AllocUCX)
+		if il.limit, err = startReference(ctx, lo); err != nil {
+			h.o.Log.Warn("the host-limit reference (UCX-allocated memory) did not start", "err", err)
+			il.limit = nil
+		}
+	}
+	return nil
+}
+
+// startReference sets up one bench xfer run for rounds of point calls.
+func startReference(ctx context.Context, xo XferOptions) (*xferRun, error) {
+	if err := xo.Validate(); err != nil {
+		return nil, err
+	}
+	xo.TargetDevice = xo.targetDevice()
+	res := &XferResult{Meta: report.NewMeta("bench xfer", xo.Version)}
+	o := xo
+	return setupXfer(ctx, &o, res, o.bufferSize())
+}
+
+// close stops the references' processes and frees their buffers; a
+// second call does nothing.
+func (il *interleave) close() {
+	for _, r := range []**xferRun{&il.xfer, &il.limit} {
+		if *r != nil {
+			(*r).close()
+			*r = nil
+		}
+	}
+}
+
+// config says what the rounds compared the handoff with.
+func (il *interleave) config(rounds int) *XferReference {
+	if il.xfer == nil {
+		return nil
+	}
+	o := il.xfer.o
+	ref := &XferReference{Op: o.Op.String(), BlockSize: il.block, BatchSize: il.batch, PipelineDepth: o.PipelineDepth,
+		Polling: "paced", Rounds: rounds, RoundRequests: il.size}
+	if il.limit != nil {
+		ref.Limit = "the same transfers between UCX-allocated memory (--dram-alloc ucx: UCX's shared-memory path)"
+	}
+	return ref
+}
+
+// roundRefsCopy returns the rounds' references measured so far.
+func (il *interleave) roundRefsCopy() []roundRefs {
+	il.mu.Lock()
+	defer il.mu.Unlock()
+	return append([]roundRefs(nil), il.refs...)
+}
+
+// summarizeRounds joins the handoff's side of each round (from records)
+// with its references, and sets the summary's ratios from the rounds:
+// the medians, and the spread of the per-round ratio. Rounds without a
+// reference are left out.
+func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRefs) {
+	type span struct {
+		first, last int64
+		bytes       int64
+		n           int
+	}
+	spans := make([]span, len(refs))
+	for _, r := range records {
+		if r.Warmup || r.Error != "" || r.Round < 0 || r.Round >= len(refs) {
+			continue
+		}
+		sp := &spans[r.Round]
+		if sp.first == 0 || r.TStart < sp.first {
+			sp.first = r.TStart
+		}
+		sp.last = max(sp.last, r.TReady)
+		sp.bytes += r.Bytes
+		sp.n++
+	}
+	s.Rounds = nil
+	var ratios, limitRatios, xfers, limits []float64
+	for k, ref := range refs {
+		sp := spans[k]
+		if ref.xfer <= 0 || sp.last <= sp.first {
+			continue
+		}
+		rd := XferRound{Round: k + 1, Requests: sp.n, HandoffGBps: float64(sp.bytes) / float64(sp.last-sp.first),
+			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS}
+		s.Rounds = append(s.Rounds, rd)
+		ratios = append(ratios, rd.Ratio())
+		xfers = append(xfers, rd.XferGBps)
+		if rd.LimitGBps > 0 {
+			limits = append(limits, rd.LimitGBps)
+			limitRatios = append(limitRatios, rd.limitRatio())
+		}
+	}
+	if len(ratios) == 0 {
+		return
+	}
+	sp := report.SpreadOf(ratios)
+	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = report.Median(xfers), sp.Median, &sp
+	if len(limits) > 0 {
+		s.LimitGBps, s.EfficiencyLimit = report.Median(limits), report.Median(limitRatios)
+	}
+}
+
+// referenceOptions are bench xfer's options for the same transfers as
+// the handoff's: its mean descriptor, as many in flight as the run had,
+// the same direction, each request carrying a notification, progressed
+// as the engines are.
+func (h *handoff) referenceOptions(backend string, block, batch int, alloc engine.DRAMAlloc) XferOptions {
+	depth := max(1, h.o.Concurrency)
+	// Paced: the endpoints wait for their transfers with sleeps between
+	// polls (a nixl.Poller per rank; push's owner polls every millisecond), which
+	// leaves the CPU to the copy; a reference spinning on its requests
+	// took a core from a copy that needs both on small hosts (UCX's
+	// emulated RMA copies on both sides), and push ran 1.12-1.16x it.
+	// Notif: every handoff transfer carries its completion notification
+	// (pull's READ, push's and SGLang's WRITEs), so every reference
+	// request does too.
+	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
+		NumIter: 10 * depth, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: alloc, DescOrder: DescSequential, Paced: true, Notif: true, NoCopyReference: true,
+		// Progressed as the engines are, so the reference is the same path.
+		Progress:        XferThread,
+		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
+	if h.o.Protocol == engine.ProtoPull {
+		xo.Op = nixl.Read
+	}
+	if !h.o.Inproc && h.o.XferTarget == "" && h.o.Exe != "" {
+		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
+	}
+	return xo
+}
+
+// softwareRMAWarning explains a transport line that says UCX emulates RMA
+// over shared-memory active messages (the ucx backend on UCX 1.13 between
+// two processes on plain mmap'd memory, as vLLM allocates it): "" for any
+// other path, and for TCP, which has its own warning.
+func softwareRMAWarning(transport, measure string) string {
+	if !strings.Contains(transport, "emulated over active messages") || strings.Contains(transport, "emulated over active messages on tcp") {
+		return ""
+	}
+	return "software RMA: UCX copies every byte through its shared-memory active messages on both sides (protocols v1, UCX 1.13's default, " +
+		"serve put/get only on rma lanes, and cma offers only zero-copy, so it is never one: src/ucp/wireup/select.c); " +
+		"a NIXL engine on this UCX does the same. UCX 1.14 and later with UCX_PROTO_ENABLE=y (the default from 1.16) put and get zero-copy over cma; " +
+		measure
+}

@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+func TestRoundsFor(t *testing.T) {
+	for _, tc := range []struct{ requests, conc, want, size int }{
+		{64, 4, 8, 16},  // 64 / (4 x 4) = 4 rounds at most
+		{128, 4, 8, 16}, // 8 rounds of 16
+		{100, 4, 8, 17}, // 6 rounds, the last one short
+		{10, 4, 8, 10},  // too few for two rounds: one, after the run
+		{256, 1, 8, 32}, // 8 rounds
+		{64, 4, 1, 64},  // asked for one
+		{64, 0, 8, 8},   // no concurrency (open loop): rounds of 4
+	} {
+		if got := roundsFor(tc.requests, tc.conc, tc.want); got != tc.size {
+			t.Errorf("roundsFor(%d, %d, %d) = %d, want %d", tc.requests, tc.conc, tc.want, got, tc.size)
+		}
+	}
+}
+
+func TestSummarizeRounds(t *testing.T) {
+	ms := int64(1e6)
+	// Two rounds of two 1 GB requests: round 0 over 500 ms (4 GB/s),
+	// round 1 over 1 s (2 GB/s). A warm-up request and a failed one stay
+	// out.
+	recs := []HandoffRecord{
+		{Warmup: true, Bytes: 1e9, TStart: 1, TReady: 10000 * ms},
+		{Round: 0, Bytes: 1e9, TStart: 1000 * ms, TReady: 1300 * ms},
+		{Round: 0, Bytes: 1e9, TStart: 1100 * ms, TReady: 1500 * ms},
+		{Round: 0, Error: "boom", TStart: 900 * ms, TReady: 2000 * ms},
+		{Round: 1, Bytes: 1e9, TStart: 3000 * ms, TReady: 3600 * ms},
+		{Round: 1, Bytes: 1e9, TStart: 3100 * ms, TReady: 4000 * ms},
+	}
+	refs := []roundRefs{{xfer: 5, limit: 20, cpuNS: 1.2}, {xfer: 2, limit: 10, cpuNS: 2.4}}
+	var s HandoffSummary
+	summarizeRounds(&s, recs, refs)
+	approx := cmpopts.EquateApprox(1e-9, 0)
+	want := []XferRound{
+		{Round: 1, Requests: 2, HandoffGBps: 4, XferGBps: 5, LimitGBps: 20, CPUNSPerStep: 1.2},
+		{Round: 2, Requests: 2, HandoffGBps: 2, XferGBps: 2, LimitGBps: 10, CPUNSPerStep: 2.4},
+	}
+	if d := cmp.Diff(want, s.Rounds, approx); d != "" {
+		t.Fatal(d)
+	}
+	// The host slowed down 2x in round 2 and both sides with it: the
+	// ratios are 0.8 and 1.0, their median 0.9, whatever the rates did.
+	if s.EfficiencyXferSpread == nil || s.EfficiencyXferSpread.N != 2 {
+		t.Fatalf("spread %+v", s.EfficiencyXferSpread)
+	}
+	if d := cmp.Diff([]float64{0.9, 3.5, 0.2}, []float64{s.EfficiencyXfer, s.XferGBps, s.EfficiencyLimit}, approx); d != "" {
+		t.Errorf("efficiency, xfer median, limit efficiency: %s", d)
+	}
+	if s.LimitGBps != 15 {
+		t.Errorf("limit median %v, want 15", s.LimitGBps)
+	}
+	// The timed span leaves out the reference between the rounds: 0.5 s
+	// + 1 s, not 3 s.
+	sum := SummarizeHandoff(recs, 0)
+	if d := cmp.Diff(1.5, sum.Seconds, approx); d != "" {
+		t.Errorf("seconds: %s", d)
+	}
+}
+
+func TestSummarizeRoundsSkipsRoundsWithoutReference(t *testing.T) {
+	recs := []HandoffRecord{{Round: 0, Bytes: 1e9, TStart: 1, TReady: 1e9}, {Round: 1, Bytes: 1e9, TStart: 2e9, TReady: 3e9}}
+	var s HandoffSummary
+	summarizeRounds(&s, recs, []roundRefs{{}, {xfer: 2}})
+	if len(s.Rounds) != 1 || s.Rounds[0].Round != 2 || s.EfficiencyXfer != 0.5 {
+		t.Errorf("rounds %+v, efficiency %v: want round 2 alone, 1 GB/s against 2", s.Rounds, s.EfficiencyXfer)
+	}
+	var none HandoffSummary
+	summarizeRounds(&none, recs, nil)
+	if none.EfficiencyXferSpread != nil || none.XferGBps != 0 {
+		t.Errorf("no references: %+v", none)
+	}
+}
