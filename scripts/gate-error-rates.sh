@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Measures, on this machine, how often `nixlctl gate` is wrong with the
+# commands docs/ci-gates.md recommends:
+#   - false alarms: the same build judged against its own baseline
+#     (TRIALS times; each trial a fresh --repeat run);
+#   - power: the same with a real slowdown of the handoff alone, made by
+#     --prefill-time SLOW (modelled prefill compute per token, which delays
+#     every request's KV and not the bench xfer reference beside it).
+# Trials of the two kinds alternate, so a slow spell of the host hits both.
+#
+#   scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+#
+# Defaults: 20 trials, --prefill-time 25us (about 20% off push's ratio on
+# the project's 2-core hosts: check the "slowdown" line it prints), 3 runs
+# a side, 64 requests of llama-3.1-8b at 2048 tokens, concurrency 4.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_go
+trials=${1:-20} slow=${2:-25us} repeat=${3:-3} reqs=${4:-64}
+proto=${PROTO:-push} maxreg=${MAX_REGRESSION:-5%}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bin=$work/nixlctl
+go build -o "$bin" ./cmd/nixlctl
+run=("$bin" bench "$proto" --model llama-3.1-8b --isl 2048 --requests "$reqs" --concurrency 4 --xfer-reference --repeat "$repeat")
+log "baseline: ${run[*]#"$work/"} --save base"
+"${run[@]}" --save "$work/base" -o json >/dev/null 2>"$work/base.err"
+ratio() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % d["summary"]["efficiency_vs_xfer"])' "$1"; }
+false_alarms=0 detected=0
+same_ratios=() slow_ratios=()
+for i in $(seq 1 "$trials"); do
+  for kind in same slow; do
+    extra=()
+    [ "$kind" = slow ] && extra=(--prefill-time "$slow")
+    "${run[@]}" "${extra[@]}" -o json >"$work/$kind-$i.json" 2>"$work/$kind-$i.err"
+    rc=0
+    "$bin" gate --baseline "$work/base" --result "$work/$kind-$i.json" --max-regression "$maxreg" -o json \
+      >"$work/gate-$kind-$i.json" 2>/dev/null || rc=$?
+    r=$(ratio "$work/$kind-$i.json")
+    verdict=$(python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g["metrics"][0]["verdict"] if g.get("metrics") else "refused")' "$work/gate-$kind-$i.json")
+    printf 'trial %2d %-4s ratio %s gate exit %d (%s)\n' "$i" "$kind" "$r" "$rc" "$verdict"
+    case "$kind:$rc" in
+      same:1) false_alarms=$((false_alarms + 1)) ;;
+      slow:1) detected=$((detected + 1)) ;;
+      *:0) ;;
+      *) log "gate exit $rc in trial $i ($kind): see $work/gate-$kind-$i.json"; exit 1 ;;
+    esac
+    if [ "$kind" = same ]; then same_ratios+=("$r"); else slow_ratios+=("$r"); fi
+  done
+done
+base=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]+"/result.json")); print("%.3f" % d["summary"]["efficiency_vs_xfer"])' "$work/base")
+slowdown=$(python3 -c 'import sys, statistics as st; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("%.1f%%" % (100 * (1 - st.median(b) / st.median(a))))' "${same_ratios[*]}" "${slow_ratios[*]}")
+echo
+echo "baseline efficiency_vs_xfer (median of $repeat runs): $base"
+echo "slowdown made by --prefill-time $slow: $slowdown (median ratio of the slowed trials against the unchanged ones)"
+echo "false alarms: $false_alarms of $trials (same build)"
+echo "power: $detected of $trials (slowed build detected)"
