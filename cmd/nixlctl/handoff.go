@@ -199,7 +199,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Int("decode-tp", d.DecodeTP, "decode tensor-parallel size")
 	f.Int("pp", 1, "pipeline-parallel size of both prefill and decode: each (pp, tp) rank is its own agent holding its stage's layers (pull and push)")
 	f.Int("requests", d.Requests, "measured requests")
-	f.Int("warmup", d.Warmup, "requests run first and left out of the summary")
+	f.Int("warmup", d.Warmup, "requests run first and left out of the summary (-1: as many as use every block of the KV pool once, at least 2, so that no measured request is the first to touch a block)")
 	f.Int("isl", d.ISL.Fixed, "prompt tokens (fixed distribution)")
 	f.String("isl-dist", d.ISL.Dist.String(), "prompt length distribution: fixed, uniform, normal (or use --trace)")
 	f.Int("isl-min", d.ISL.Min, "smallest prompt (uniform, normal)")
