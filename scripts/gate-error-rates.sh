@@ -8,7 +8,7 @@
 #     every request's KV and not the bench xfer reference beside it).
 # Trials of the two kinds alternate, so a slow spell of the host hits both.
 #
-#   scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+#   [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
 #
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
@@ -22,13 +22,15 @@ cd "$(dirname "$0")/.."
 ensure_go
 trials=${1:-20} slow=${2:-10us} repeat=${3:-3} reqs=${4:-128}
 proto=${PROTO:-push} model=${MODEL:-llama-3.2-1b} maxreg=${MAX_REGRESSION:-5%}
+base_repeat=${BASE_REPEAT:-$repeat} # runs of the baseline (docs/ci-gates.md: 5)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 bin=$work/nixlctl
 go build -o "$bin" ./cmd/nixlctl
-run=("$bin" bench "$proto" --model "$model" --isl 2048 --requests "$reqs" --concurrency 4 --xfer-reference --repeat "$repeat")
-log "baseline: ${run[*]#"$work/"} --save base"
-"${run[@]}" --save "$work/base" -o json >/dev/null 2>"$work/base.err"
+run=("$bin" bench "$proto" --model "$model" --isl 2048 --requests "$reqs" --concurrency 4 --xfer-reference)
+log "baseline: ${run[*]#"$work/"} --repeat $base_repeat --save base"
+"${run[@]}" --repeat "$base_repeat" --save "$work/base" -o json >/dev/null 2>"$work/base.err"
+run+=(--repeat "$repeat")
 ratio() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % d["summary"]["efficiency_vs_xfer"])' "$1"; }
 false_alarms=0 detected=0
 same_ratios=() slow_ratios=()
@@ -55,7 +57,19 @@ done
 base=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]+"/result.json")); print("%.3f" % d["summary"]["efficiency_vs_xfer"])' "$work/base")
 slowdown=$(python3 -c 'import sys, statistics as st; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("%.1f%%" % (100 * (1 - st.median(b) / st.median(a))))' "${same_ratios[*]}" "${slow_ratios[*]}")
 echo
-echo "baseline efficiency_vs_xfer (median of $repeat runs): $base"
+echo "baseline efficiency_vs_xfer (median of $base_repeat runs): $base"
 echo "slowdown made by --prefill-time $slow: $slowdown (median ratio of the slowed trials against the unchanged ones)"
 echo "false alarms: $false_alarms of $trials (same build)"
 echo "power: $detected of $trials (slowed build detected)"
+# The same trials judged on other metrics (no new runs): which one a gate
+# on this machine should use.
+echo
+printf '%-26s %-14s %s\n' metric "false alarms" power
+for m in ${METRICS:-efficiency_vs_xfer efficiency_vs_limit efficiency_vs_memcpy bandwidth_gbps transfer_gbps_p50 handoff_latency_ms.p50}; do
+  fa=0 pw=0
+  for i in $(seq 1 "$trials"); do
+    "$bin" gate --baseline "$work/base" --result "$work/same-$i.json" --metric "$m" --max-regression "$maxreg" -o json >/dev/null 2>&1 || fa=$((fa + 1))
+    "$bin" gate --baseline "$work/base" --result "$work/slow-$i.json" --metric "$m" --max-regression "$maxreg" -o json >/dev/null 2>&1 || pw=$((pw + 1))
+  done
+  printf '%-26s %-14s %s\n' "$m" "$fa of $trials" "$pw of $trials"
+done

@@ -37,14 +37,20 @@ point; "key[WRITE 4 KiB x 1]" one point).
 
 Each metric's verdict: pass (within --max-regression either way), regression
 (worse by more than allowed), improvement (better by more), or noise: a change
-beyond the allowance that the latency histograms behind the metric do not
-confirm (a Mann-Whitney U test on the buckets: "slower" or "faster" needs
-p < 0.01 and Cliff's |delta| >= 0.147), or, with three runs or more, a baseline
-within the runs' range. Only regressions fail.
+beyond the allowance that the runs do not confirm. With three runs or more on
+both sides (a baseline and results made with --repeat, or several --result
+files) that is a one-sided exact Mann-Whitney U test on the runs' values
+("worse" needs p <= 0.05); otherwise the latency histograms behind the metric
+(a Mann-Whitney U test on the buckets: "slower" or "faster" needs p < 0.01 and
+Cliff's |delta| >= 0.147), or, with three runs or more, a baseline within the
+runs' range. Only regressions fail. docs/ci-gates.md gives the false-alarm rate
+and power measured on this project's hosts, and scripts/gate-error-rates.sh
+measures them on yours.
 
-Runs: --result FILE|DIR (repeatable) takes the median of those results; without
---result, --repeat N runs the command recorded in the baseline (its "args")
-N times with this nixlctl and takes the median.
+Runs: --result FILE|DIR (repeatable) takes the median of those results, a
+result made with --repeat N counting as its N runs; without --result,
+--repeat N runs the command recorded in the baseline (its "args", --repeat
+included) N times with this nixlctl and takes the median.
 
 The Markdown summary goes to stdout (-o markdown or table) and is appended to
 $GITHUB_STEP_SUMMARY when that is set. Exit codes: 0 pass, 1 regression,

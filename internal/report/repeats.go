@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -96,7 +97,7 @@ func WithRepeats(runs []Result) (Result, error) {
 		for i := range idx {
 			idx[i] = i
 		}
-		slices.SortStableFunc(idx, func(a, b int) int { return cmpFloat(vs[a], vs[b]) })
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(vs[a], vs[b]) })
 		rep.Representative = idx[(len(idx)-1)/2] + 1
 	}
 	for _, r := range runs {
@@ -124,7 +125,7 @@ func WithRepeats(runs []Result) (Result, error) {
 			counts[w]++
 		}
 	}
-	h.Warnings = nil
+	h.Warnings = []string{}
 	for _, w := range order {
 		if c := counts[w]; c < len(runs) {
 			w = fmt.Sprintf("(%d of %d runs) %s", c, len(runs), w)
@@ -139,16 +140,6 @@ func WithRepeats(runs []Result) (Result, error) {
 	}
 	h.Repeats = rep
 	return out, nil
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // RepeatsTable renders the runs' spread, one row per metric; nil without
