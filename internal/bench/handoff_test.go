@@ -153,7 +153,7 @@ func TestHandoffValidate(t *testing.T) {
 		{"sglang heartbeat below upstream's floor", func(o *HandoffOptions) {
 			o.Protocol, o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.ProtoSGLang, time.Second, -1
 		}, []string{"SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}, ""},
-		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -1 }, []string{"Requests", "Warmup"}, ""},
+		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -2 }, []string{"Requests", "Warmup"}, ""},
 		{"prefill address without a port", func(o *HandoffOptions) { o.Prefill = "tcp://x" }, []string{"Prefill"}, ""},
 		{"inproc and one remote", func(o *HandoffOptions) { o.Decode, o.Inproc = "y:1", true }, []string{"Inproc"}, ""},
 		{"xfer target port", func(o *HandoffOptions) { o.XferTarget = "x:0" }, []string{"XferTarget"}, ""},

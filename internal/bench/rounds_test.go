@@ -3,6 +3,8 @@ package bench
 import (
 	"testing"
 
+	"github.com/nixlctl/nixlctl/internal/kv"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
@@ -77,5 +79,36 @@ func TestSummarizeRoundsSkipsRoundsWithoutReference(t *testing.T) {
 	summarizeRounds(&none, recs, nil)
 	if none.EfficiencyXferSpread != nil || none.XferGBps != 0 {
 		t.Errorf("no references: %+v", none)
+	}
+}
+
+func TestPoolPassWarmup(t *testing.T) {
+	o := DefaultHandoffOptions()
+	o.Spec = kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+	o.ISL, o.Requests, o.Concurrency = ISL{Dist: ISLFixed, Fixed: 2048}, 64, 4
+	per := o.blocksPerRequest()
+	for _, tc := range []struct {
+		name   string
+		blocks int
+		trace  bool
+		reqs   int
+		want   int
+	}{
+		{"one pass over the pool", 7 * per, false, 64, 7},
+		{"a partial request counts", 7*per + 1, false, 64, 8},
+		{"at least 2", per, false, 64, 2},
+		{"never more than measured", 100 * per, false, 10, 10},
+		{"a trace keeps 2", 7 * per, true, 64, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := o
+			o.Requests = tc.reqs
+			if tc.trace {
+				o.Trace = []TraceEntry{{ISL: 2048}}
+			}
+			if got := o.poolPass(tc.blocks); got != tc.want {
+				t.Errorf("poolPass(%d blocks) = %d, want %d", tc.blocks, got, tc.want)
+			}
+		})
 	}
 }
