@@ -1191,6 +1191,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if w := softwareRMAWarning(res.Env.Transport, "--xfer-reference measures what UCX-allocated (mapped) memory reaches on this host beside the run (efficiency_vs_limit)"); w != "" {
 		res.Warn(w)
 	}
+	if o.Protocol == engine.ProtoSGLang && res.Backend == "cuda-ipc" {
+		res.Warn("SGLang's aux rows are in GPU memory here: cuda-ipc moves GPU memory only (SGLang keeps them in host memory, which NIXL moves); the three 64-byte aux WRITEs a request are GPU copies")
+	}
 	if il := h.rounds; il != nil {
 		summarizeRounds(&res.Summary, h.records, il.roundRefsCopy())
 		if len(res.Summary.Rounds) > 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -280,9 +281,52 @@ func parseSGLNotif(m string) (sglNotif, error) {
 // sglRank is one rank's SGLang plumbing.
 type sglRank struct {
 	inbox *sidechannel.Pull
-	aux   *nixl.Buffer
+	aux   *nixl.Buffer    // host memory, as SGLang; GPU memory where the backend moves nothing else
 	pool  *BlockAllocator // aux rows
 	push  map[string]*sidechannel.Push
+}
+
+// auxSpans are aux row row's pieces, one per aux buffer.
+func auxSpans(row int) []nixl.Span {
+	spans := make([]nixl.Span, auxBuffers)
+	for b := range spans {
+		spans[b] = nixl.Span{Off: (b*auxRows + row) * auxRowSize, Len: auxRowSize}
+	}
+	return spans
+}
+
+// writeAux stores an aux row (its pieces back to back in row bytes).
+func (sr *sglRank) writeAux(row int, pieces []byte) error {
+	if sr.aux.Mem == nixl.VRAM {
+		return cuda.CopyIn(sr.aux, auxSpans(row), pieces)
+	}
+	a := sr.aux.Bytes()
+	for b, sp := range auxSpans(row) {
+		copy(a[sp.Off:sp.Off+sp.Len], pieces[b*auxRowSize:])
+	}
+	return nil
+}
+
+// readAux returns an aux row's pieces back to back.
+func (sr *sglRank) readAux(row int) ([]byte, error) {
+	pieces := make([]byte, auxBuffers*auxRowSize)
+	if sr.aux.Mem == nixl.VRAM {
+		return pieces, cuda.CopyOut(sr.aux, auxSpans(row), pieces)
+	}
+	a := sr.aux.Bytes()
+	for b, sp := range auxSpans(row) {
+		copy(pieces[b*auxRowSize:], a[sp.Off:sp.Off+sp.Len])
+	}
+	return pieces, nil
+}
+
+// auxRowFor is the aux row prefill writes for room: a word per buffer.
+func auxRowFor(room uint64) []byte {
+	pieces := make([]byte, auxBuffers*auxRowSize)
+	for b := 0; b < auxBuffers; b++ {
+		binary.LittleEndian.PutUint64(pieces[b*auxRowSize:], room^uint64(b)*0x9e3779b97f4a7c15)
+	}
+	return pieces
 }
 
 type sglPeer struct {
@@ -380,10 +424,7 @@ func newSGLState(e *Engine) (*sglState, error) {
 	}
 	for _, rk := range e.ranks {
 		sr := &sglRank{pool: NewBlockAllocator(auxRows, false, 1), push: map[string]*sidechannel.Push{}}
-		if sr.aux, err = nixl.AllocDRAM(auxRows*auxRowSize*auxBuffers, false); err != nil {
-			return nil, err
-		}
-		if err := rk.agent.RegisterMem(sr.aux); err != nil {
+		if sr.aux, err = allocAux(rk); err != nil {
 			return nil, err
 		}
 		idx := rk.idx
@@ -408,6 +449,38 @@ func newSGLState(e *Engine) (*sglState, error) {
 		}()
 	}
 	return s, nil
+}
+
+// allocAux allocates and registers a rank's aux rows in host memory, as
+// SGLang does. A backend that moves GPU memory only (cuda-ipc) cannot
+// register them: with the KV pool in GPU memory they go there too, so the
+// run still carries SGLang's metadata gate (the result warns of it).
+func allocAux(rk *rank) (*nixl.Buffer, error) {
+	size := auxRows * auxRowSize * auxBuffers
+	aux, err := nixl.AllocDRAM(size, false)
+	if err != nil {
+		return nil, err
+	}
+	err = rk.agent.RegisterMem(aux)
+	if err == nil {
+		return aux, nil
+	}
+	_ = aux.Free()
+	if !errors.Is(err, nixl.ErrMemType) || rk.buf.Mem != nixl.VRAM {
+		return nil, fmt.Errorf("aux rows: %w", err)
+	}
+	if aux, err = cuda.Alloc(int(rk.buf.Dev), size); err != nil {
+		return nil, fmt.Errorf("aux rows in GPU memory: %w", err)
+	}
+	if err := cuda.CopyIn(aux, []nixl.Span{{Off: 0, Len: size}}, make([]byte, size)); err != nil {
+		_ = aux.Free()
+		return nil, err
+	}
+	if err := rk.agent.RegisterMem(aux); err != nil {
+		_ = aux.Free()
+		return nil, fmt.Errorf("aux rows in GPU memory: %w", err)
+	}
+	return aux, nil
 }
 
 func (s *sglState) close() {
@@ -744,17 +817,15 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		if err != nil {
 			return descs, logical, err
 		}
-		a := sr.aux.Bytes()
-		for b := 0; b < auxBuffers; b++ {
-			off := (b*auxRows + row[0]) * auxRowSize
-			binary.LittleEndian.PutUint64(a[off:], r.Room^uint64(b)*0x9e3779b97f4a7c15)
+		if err := sr.writeAux(row[0], auxRowFor(r.Room)); err != nil {
+			return descs, logical, fmt.Errorf("aux: %w", err)
 		}
 		var ld, rd []nixl.Desc
 		for b := 0; b < auxBuffers && b < len(peer.reg.AuxPtrs); b++ {
 			ld = append(ld, sr.aux.Desc((b*auxRows+row[0])*auxRowSize, auxRowSize))
 			rd = append(rd, nixl.Desc{Addr: peer.reg.AuxPtrs[b] + uint64(info.DstAux*auxRowSize), Len: auxRowSize})
 		}
-		x, err := rk.agent.CreateXferReq(nixl.Write, nixl.DRAM, ld, nixl.DRAM, rd, peer.remote, sglAuxNotif(r.Room))
+		x, err := rk.agent.CreateXferReq(nixl.Write, sr.aux.Mem, ld, sr.aux.Mem, rd, peer.remote, sglAuxNotif(r.Room))
 		if err == nil {
 			xfers = append(xfers, x)
 			if st, perr := rk.agent.PostXferReq(x); st == nixl.Failed {
@@ -848,7 +919,9 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			return err
 		}
 		defer func() { _ = s.ranks[d].pool.Free(row) }()
-		clearAux(s.ranks[d].aux.Bytes(), row[0])
+		if err := s.ranks[d].writeAux(row[0], make([]byte, auxBuffers*auxRowSize)); err != nil {
+			return fmt.Errorf("aux row: %w", err)
+		}
 		for _, p := range targets {
 			push, isNew, err := s.ensureRegistered(ctx, r.Bootstrap, rk, p)
 			if err != nil {
@@ -922,20 +995,17 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 	return nil
 }
 
-func clearAux(a []byte, row int) {
-	for b := 0; b < auxBuffers; b++ {
-		off := (b*auxRows + row) * auxRowSize
-		clear(a[off : off+auxRowSize])
-	}
-}
-
 // checkAux is SGLang's metadata gate: the aux row must carry the room.
 func (s *sglState) checkAux(d, row int, room uint64) int {
-	a := s.ranks[d].aux.Bytes()
+	got, err := s.ranks[d].readAux(row)
+	if err != nil {
+		s.e.log.Warn("SGLang aux row unreadable", "room", room, "err", err)
+		return auxBuffers
+	}
+	want := auxRowFor(room)
 	bad := 0
 	for b := 0; b < auxBuffers; b++ {
-		off := (b*auxRows + row) * auxRowSize
-		if binary.LittleEndian.Uint64(a[off:]) != room^uint64(b)*0x9e3779b97f4a7c15 {
+		if binary.LittleEndian.Uint64(got[b*auxRowSize:]) != binary.LittleEndian.Uint64(want[b*auxRowSize:]) {
 			bad++
 		}
 	}
