@@ -3,7 +3,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X main.version=$(VERSION)
 
-.PHONY: all build test lint fuzz bench clean
+.PHONY: all build test lint fuzz bench clean gpu-bundle gpu-check
 
 all: build
 
@@ -29,6 +29,14 @@ fuzz:
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./...
+
+# What a GPU machine without Go, UCX or libzmq needs, in .device/gpu (and
+# .device/gpu.tar.xz to carry); then the GPU check (docs/gpu.md).
+gpu-bundle:
+	PACK=1 bash scripts/gpu-bundle.sh .device/gpu
+
+gpu-check:
+	bash scripts/gpu-check.sh results/gpu-check
 
 clean:
 	rm -rf bin

@@ -21,3 +21,11 @@ go test -race -count=1 -timeout 10m -run 'TestMultiHost' ./cmd/nixlctl
 # memory, so they run once, above.
 NIXLCTL_TEST_CUDA=off go test -race -count=1 -timeout 10m -skip 'TestLeaseChaos|TestScripts/lease_chaos|TestMultiHost' \
   ./internal/nixl/cuda/... ./internal/nixl/cudaipc ./internal/engine ./internal/bench ./cmd/nixlctl
+# The GPU check (scripts/gpu-check.sh, docs/gpu.md) end to end on the tests'
+# fake driver, from a freshly built bundle that is first proven to need
+# nothing but glibc (a chroot holding glibc alone: root only).
+gpu_tmp=$(mktemp -d /tmp/nixlctl-gpu-check.XXXXXX)
+trap 'rm -rf "$gpu_tmp"' EXIT
+CHECK=$([ "$(id -u)" -eq 0 ] && echo 1 || echo 0) bash scripts/gpu-bundle.sh "$gpu_tmp/gpu"
+GPU_CHECK_BUNDLE="$gpu_tmp/gpu" GPU_CHECK_DRIVER=fake bash scripts/gpu-check.sh "$gpu_tmp/out" ||
+  { cat "$gpu_tmp/out/report.md"; exit 1; }
