@@ -83,9 +83,24 @@ wait_for() {
 
 records_at_least() { [ -f "$1" ] && [ "$(wc -l <"$1")" -gt "$2" ]; } # header line + N
 gone() { ! kill -0 "$1" 2>/dev/null; }
-child_matching() { pgrep -P "$1" -f -- "$2" | head -1; }
-has_child_matching() { [ -n "$(child_matching "$1" "$2")" ]; }
-group_empty() { [ -z "$(pgrep -g "$1")" ]; }
+# Processes are found through /proc: a GPU machine's image may lack procps.
+# procs [FIELD VALUE]: "PID PPID PGID CMDLINE" of every process (whose PPID
+# or PGID, FIELD 2 or 3, is VALUE), read without a fork per process.
+procs() {
+  local d stat rest f
+  for d in /proc/[0-9]*; do
+    read -r stat <"$d/stat" 2>/dev/null || continue
+    rest=${stat##*) }
+    read -r -a f <<<"$rest"
+    if [ $# -eq 2 ]; then
+      case $1 in 2) [ "${f[1]}" = "$2" ] || continue ;; 3) [ "${f[2]}" = "$2" ] || continue ;; esac
+    fi
+    printf '%s %s %s %s\n' "${d#/proc/}" "${f[1]}" "${f[2]}" "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)"
+  done
+}
+child_matching() { procs 2 "$1" | awk -v pat="$2" 'index($0, pat) {print $1; exit}'; }
+group_members() { procs 3 "$1" | grep -v "^$$ "; }
+group_empty() { [ -z "$(group_members "$1")" ]; }
 
 # ms_since T0 LINE: milliseconds from T0 (seconds since the epoch) to the
 # time= stamp of a log line of nixlctl's (UTC, RFC 3339).
@@ -140,7 +155,7 @@ fault_kill_endpoint() {
   if wait_for 10 "the process group to empty" group_empty "$pid"; then
     echo "no process of the run is left"
   else
-    echo "FAIL: left behind: $(pgrep -g "$pid" -a | tr '\n' ';')"
+    echo "FAIL: left behind: $(group_members "$pid" | tr '\n' ';')"
     ok=1
     kill -9 -- -"$pid" 2>/dev/null
   fi
@@ -175,7 +190,7 @@ fault_interrupt() {
   if wait_for 10 "the process group to empty" group_empty "$pid"; then
     echo "no process of the run is left"
   else
-    echo "FAIL: left behind: $(pgrep -g "$pid" -a | tr '\n' ';')"
+    echo "FAIL: left behind: $(group_members "$pid" | tr '\n' ';')"
     ok=1
     kill -9 -- -"$pid" 2>/dev/null
   fi
@@ -195,7 +210,8 @@ nixlbench_pair() {
   echo "nixlbench ${args[*]}"
   "$bin" "${args[@]}" &
   local ini=$!
-  listening() { ss -ltn 2>/dev/null | grep -q ":$port " || ! command -v ss >/dev/null; }
+  # Listening: port in /proc/net/tcp{,6} (hex), state 0A.
+  listening() { awk -v p="$(printf ':%04X' "$port")" '$2 ~ p"$" && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
   wait_for 20 "nixlbench to listen on $port" listening || sleep 1
   "$bin" "${args[@]}" >/dev/null 2>&1 &
   local tgt=$!
@@ -459,7 +475,7 @@ if want 5; then
     esac
     id=5-test-$(basename "$bin" .test)
     (cd "$pkg" && run_step "$id" "go test $pkg -run '$filter'" "$TEST_TIMEOUT" env NIXLCTL_TEST_CUDA=real \
-      LD_LIBRARY_PATH="$BUNDLE/lib" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
+      LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
       -test.run "$filter" -test.timeout "$((TEST_TIMEOUT - 20))s")
     rc=$?
     [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
@@ -488,7 +504,7 @@ if want 6; then
     UCX_PREFIX=${UCX_PREFIX:-$NIXL_PREFIX/../ucx}
     ABSL_PREFIX=${ABSL_PREFIX:-$NIXL_PREFIX/../absl}
     NIXLBENCH=${NIXLBENCH:-$NIXL_PREFIX/bin/nixlbench}
-    nixl_env=(env LD_LIBRARY_PATH="$UCX_PREFIX/lib:$NIXL_PREFIX/lib:$ABSL_PREFIX/lib:$BUNDLE/lib"
+    nixl_env=(env LD_LIBRARY_PATH="$UCX_PREFIX/lib:$NIXL_PREFIX/lib:$ABSL_PREFIX/lib:$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       NIXL_PLUGIN_DIR="$NIXL_PREFIX/lib/plugins" NIXLCTL_NIXL_LIB="$NIXL_PREFIX/lib/libnixl_capi.so"
       NIXL_LOG_LEVEL=error PATH="$BUNDLE/bin:$PATH")
     say "| op | tool | block | batch | GB/s |"
@@ -513,14 +529,14 @@ if want 6; then
 fi
 
 # Nothing of nixlctl's may outlive the check.
-left=$(pgrep -af "$BUNDLE/|$WORK/fakebin/" | grep -v "gpu-check" || true)
+left=$(procs | awk -v b="$BUNDLE/" -v w="$WORK/fakebin/" 'index($4, b) == 1 || index($4, w) == 1')
 if [ -n "$left" ]; then
   FAILED=$((FAILED + 1))
   section "Left running after the steps (killed now)"
   say '```'
   say "$left"
   say '```'
-  pkill -9 -f "$BUNDLE/|$WORK/fakebin/" || true
+  for p in $(printf '%s\n' "$left" | awk '{print $1}'); do kill -9 "$p" 2>/dev/null; done
 fi
 
 # ------------------------------------------------------------------ report
