@@ -34,6 +34,9 @@
 #                     as the cmd/nixlctl test binary then); real; fake
 #   GPU_CHECK_QUICK   1: small sizes (the default with the fake driver)
 #   GPU_CHECK_STEPS   the steps to run (default "0 1 2 3 4 5 6")
+#   GPU_CHECK_BUDGET  seconds the whole check may take (default 3600): each
+#                     step is bounded by what is left, and skipped when too
+#                     little is
 #   NIXL_PREFIX, UCX_PREFIX, ABSL_PREFIX, NIXLBENCH   step 6 (as scripts/baseline-nixl.sh)
 set -uo pipefail
 CALLER_DIR=$(pwd)
@@ -89,7 +92,7 @@ gone() { ! kill -0 "$1" 2>/dev/null; }
 procs() {
   local d stat rest f
   for d in /proc/[0-9]*; do
-    read -r stat <"$d/stat" 2>/dev/null || continue
+    { read -r stat <"$d/stat"; } 2>/dev/null || continue
     rest=${stat##*) }
     read -r -a f <<<"$rest"
     if [ $# -eq 2 ]; then
@@ -260,6 +263,10 @@ fi
 case $DRIVER in real | fake) ;; *) log "GPU_CHECK_DRIVER=$DRIVER: want auto, real or fake"; exit 2 ;; esac
 QUICK=${GPU_CHECK_QUICK:-$([ "$DRIVER" = fake ] && echo 1 || echo 0)}
 STEPS=" ${GPU_CHECK_STEPS:-0 1 2 3 4 5 6} "
+# The whole check ends within BUDGET seconds, report included: a step
+# gets what is left, and a step with too little left is skipped.
+BUDGET=${GPU_CHECK_BUDGET:-3600}
+DEADLINE=$((SECONDS + BUDGET))
 
 # NX runs nixlctl with the bundle's libraries; with the fake driver it is the
 # cmd/nixlctl test binary under the name nixlctl (testscript runs it as the
@@ -320,6 +327,12 @@ RAN=0
 run_step() {
   local id=$1 title=$2 limit=$3
   shift 3
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    skip_step "$id" "$title" "out of time (GPU_CHECK_BUDGET=$BUDGET s)"
+    return 124
+  fi
+  [ "$limit" -le $((left - 10)) ] || limit=$((left - 10))
   log "$id: $title"
   local t0 rc status
   t0=$(date +%s.%N)
@@ -478,6 +491,10 @@ if want 5; then
       LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
       -test.run "$filter" -test.timeout "$((TEST_TIMEOUT - 20))s")
     rc=$?
+    if [ ! -f "$RAW/$id.out" ]; then
+      say "| $pkg | skipped: out of time | | | |"
+      continue
+    fi
     [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
     RAN=$((RAN + 1))
     pass=$(grep -c -- '--- PASS' "$RAW/$id.out")
@@ -526,6 +543,12 @@ if want 6; then
       fi
     done
   fi
+fi
+
+if [ "$DRIVER" = real ] && command -v nvidia-smi >/dev/null; then
+  gpu_left=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
+  section "GPU memory held by processes after the steps"
+  say "${gpu_left:-none}"
 fi
 
 # Nothing of nixlctl's may outlive the check.
