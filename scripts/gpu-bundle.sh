@@ -8,7 +8,8 @@
 #   DIR/tests/PACKAGES     which package directory each one runs in
 #   DIR/lib/               every shared library those load (ldd, followed
 #                          transitively, UCX's dlopened modules included) except
-#                          glibc's own, which every Linux has
+#                          glibc's own, which every Linux has; the C++ runtime
+#                          in lib/gcc-runtime, for machines without one
 #   DIR/MANIFEST           versions, commit, sizes
 #
 # Nothing in it links CUDA: nixlctl dlopens the driver the GPU machine has.
@@ -78,6 +79,12 @@ build() {
     cp -L "$moddir"/*.so.0 "$DIR/lib/ucx/"
   fi
   collect_libs
+  # The C++ runtime apart: gpu-check.sh uses it only where the machine has
+  # none, as libraries built there need the machine's (newer) one.
+  mkdir -p "$DIR/lib/gcc-runtime"
+  for l in libstdc++.so.6 libgcc_s.so.1; do
+    [ -e "$DIR/lib/$l" ] && mv "$DIR/lib/$l" "$DIR/lib/gcc-runtime/"
+  done
   manifest "$version"
 }
 
@@ -132,11 +139,11 @@ check_bundle() {
   cp -a "$DIR/." "$root/b/"
   log "check: the bundle in a chroot with glibc alone ($(du -sh "$root" | cut -f1))"
   unshare -m sh -c "mount -t proc proc '$root/proc' && mount -t sysfs sys '$root/sys' && mount --rbind /dev '$root/dev' && \
-    LD_LIBRARY_PATH=/b/lib chroot '$root' /b/bin/nixlctl version && \
-    LD_LIBRARY_PATH=/b/lib chroot '$root' /b/bin/ucx_info -v | head -2 && \
-    cd / && HOME=/tmp LD_LIBRARY_PATH=/b/lib chroot '$root' /b/bin/nixlctl bench xfer --backend ucx \
+    LD_LIBRARY_PATH=/b/lib:/b/lib/gcc-runtime chroot '$root' /b/bin/nixlctl version && \
+    LD_LIBRARY_PATH=/b/lib:/b/lib/gcc-runtime chroot '$root' /b/bin/ucx_info -v | head -2 && \
+    cd / && HOME=/tmp LD_LIBRARY_PATH=/b/lib:/b/lib/gcc-runtime chroot '$root' /b/bin/nixlctl bench xfer --backend ucx \
       --start-block-size 64K --max-block-size 64K --num-iter 20 --warmup-iter 2 --check-consistency -o csv && \
-    HOME=/tmp NIXLCTL_TEST_CUDA=off LD_LIBRARY_PATH=/b/lib chroot '$root' /b/tests/internal_blocktag.test -test.count=1 -test.run 'TestSpanTags' -test.v" \
+    HOME=/tmp NIXLCTL_TEST_CUDA=off LD_LIBRARY_PATH=/b/lib:/b/lib/gcc-runtime chroot '$root' /b/tests/internal_blocktag.test -test.count=1 -test.run 'TestSpanTags' -test.v" \
     || { log "check failed: the bundle is not self-contained"; return 1; }
   log "check passed: nothing outside the bundle but glibc was needed"
 }

@@ -268,6 +268,15 @@ STEPS=" ${GPU_CHECK_STEPS:-0 1 2 3 4 5 6} "
 BUDGET=${GPU_CHECK_BUDGET:-3600}
 DEADLINE=$((SECONDS + BUDGET))
 
+# The bundle's libraries go first on nixlctl's loader path; its C++ runtime
+# (Debian 12's) only where the machine has none, since a library built
+# there (NIXL) needs the machine's newer one.
+LIBS=$BUNDLE/lib
+if ! ldconfig -p 2>/dev/null | grep -q 'libstdc++.so.6 ' && [ ! -e /usr/lib/x86_64-linux-gnu/libstdc++.so.6 ] &&
+  [ ! -e /usr/lib64/libstdc++.so.6 ]; then
+  LIBS=$LIBS:$BUNDLE/lib/gcc-runtime
+fi
+
 # NX runs nixlctl with the bundle's libraries; with the fake driver it is the
 # cmd/nixlctl test binary under the name nixlctl (testscript runs it as the
 # CLI, and nixlctl accepts the fake driver only in a test binary).
@@ -283,7 +292,7 @@ if [ "$DRIVER" = fake ]; then
   fi
   cat >"$NX" <<EOF
 #!/bin/sh
-export LD_LIBRARY_PATH="$BUNDLE/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" PATH="$WORK/fakebin:$BUNDLE/bin:\$PATH"
+export LD_LIBRARY_PATH="$LIBS\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" PATH="$WORK/fakebin:$BUNDLE/bin:\$PATH"
 export NIXLCTL_CUDA_LIB="$WORK/libcuda-nixlctl-fake.so" NIXLCTL_FAKE_CUDA_DEVICES=1
 exec "$WORK/fakebin/nixlctl" "\$@"
 EOF
@@ -291,7 +300,7 @@ EOF
 else
   cat >"$NX" <<EOF
 #!/bin/sh
-export LD_LIBRARY_PATH="$BUNDLE/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:\$PATH"
+export LD_LIBRARY_PATH="$LIBS\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:\$PATH"
 exec "$BUNDLE/bin/nixlctl" "\$@"
 EOF
 fi
@@ -488,7 +497,7 @@ if want 5; then
     esac
     id=5-test-$(basename "$bin" .test)
     (cd "$pkg" && run_step "$id" "go test $pkg -run '$filter'" "$TEST_TIMEOUT" env NIXLCTL_TEST_CUDA=real \
-      LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
+      LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
       -test.run "$filter" -test.timeout "$((TEST_TIMEOUT - 20))s")
     rc=$?
     if [ ! -f "$RAW/$id.out" ]; then
@@ -521,7 +530,7 @@ if want 6; then
     UCX_PREFIX=${UCX_PREFIX:-$NIXL_PREFIX/../ucx}
     ABSL_PREFIX=${ABSL_PREFIX:-$NIXL_PREFIX/../absl}
     NIXLBENCH=${NIXLBENCH:-$NIXL_PREFIX/bin/nixlbench}
-    nixl_env=(env LD_LIBRARY_PATH="$UCX_PREFIX/lib:$NIXL_PREFIX/lib:$ABSL_PREFIX/lib:$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nixl_env=(env LD_LIBRARY_PATH="$UCX_PREFIX/lib:$NIXL_PREFIX/lib:$ABSL_PREFIX/lib:$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       NIXL_PLUGIN_DIR="$NIXL_PREFIX/lib/plugins" NIXLCTL_NIXL_LIB="$NIXL_PREFIX/lib/libnixl_capi.so"
       NIXL_LOG_LEVEL=error PATH="$BUNDLE/bin:$PATH")
     say "| op | tool | block | batch | GB/s |"
