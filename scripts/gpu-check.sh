@@ -207,9 +207,11 @@ fault_interrupt() {
 nixlbench_pair() {
   local bin=$1 op=$2 start=$3 max=$4 iters=$5 warm=$6
   local port=$((20000 + RANDOM % 20000))
-  local args=(--runtime_type=ASIO --asio_port="$port" --backend=UCX --op_type="$op"
-    --initiator_seg_type=VRAM --target_seg_type=VRAM --start_block_size="$start" --max_block_size="$max"
-    --start_batch_size=1 --max_batch_size=1 --num_iter="$iters" --warmup_iter="$warm" --check_consistency)
+  # The working set as bench xfer's default: one block of the largest size.
+  local args=(--runtime_type=ASIO --asio_address=127.0.0.1 --asio_port="$port" --worker_type=nixl --backend=UCX
+    --scheme=pairwise --mode=SG --op_type="$op" --initiator_seg_type="${NIXLBENCH_SEG:-VRAM}" --target_seg_type="${NIXLBENCH_SEG:-VRAM}"
+    --start_block_size="$start" --max_block_size="$max" --start_batch_size=1 --max_batch_size=1
+    --total_buffer_size="$max" --num_iter="$iters" --warmup_iter="$warm" --large_blk_iter_ftr=16 --check_consistency)
   echo "nixlbench ${args[*]}"
   "$bin" "${args[@]}" &
   local ini=$!
