@@ -269,7 +269,12 @@ int nxcu_htod_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uin
         }
         h += len[i];
     }
-    return 0;
+    /* From pageable memory, cuMemcpyHtoD returns once the bytes are staged:
+     * the DMA into device memory may still run, and copies on non-blocking
+     * streams (every transfer's) do not wait for it. Seen on an H200: a
+     * transfer posted right after a fill read the block half-written. The
+     * copies run on the legacy stream; synchronizing it waits for them. */
+    return n > 0 ? L.streamSynchronize(NULL) : 0;
 }
 
 int nxcu_dtoh_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, void *host)

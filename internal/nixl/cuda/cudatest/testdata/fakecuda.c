@@ -20,9 +20,18 @@
  *     synchronization does, so freeing memory under a running copy is as
  *     safe here as it is on a GPU.
  *
+ *   - cuMemcpyHtoD from (pageable) host memory returns once the bytes are
+ *     staged, as the driver's does; the "DMA" into device memory runs later
+ *     on a thread of its own, after a lag. cuMemcpyDtoH, cuMemFree and
+ *     cuStreamSynchronize(NULL) (the legacy stream) wait for it; copies on
+ *     streams do not. (The first fake wrote at once, and so hid a transfer
+ *     that read a block its fill had not finished writing, which an H200
+ *     showed.)
+ *
  * Knobs (environment, read by cuInit): NIXLCTL_FAKE_CUDA_DEVICES (default
  * 2), NIXLCTL_FAKE_CUDA_DELAY_US (sleep before every async copy, to widen
- * races in ordering tests).
+ * races in ordering tests), NIXLCTL_FAKE_CUDA_DMA_LAG_US (how long staged
+ * host-to-device copies wait before they land, default 200).
  *
  * nixlctl refuses this library outside test binaries: it recognises it by
  * the nixlctl_fake_libcuda symbol. */
@@ -121,6 +130,8 @@ static struct ctx      g_ctx[MAXDEV];
 static uint64_t        g_pending; /* ops queued on any stream and not yet run */
 static int             g_init, g_ndev = 2;
 static unsigned        g_delay_us;
+static unsigned        g_dma_lag_us = 200;
+static void            dma_drain(void);
 static __thread struct ctx *cur;
 
 static uint64_t now_ns(void)
@@ -172,6 +183,8 @@ CUresult cuInit(unsigned int flags)
     }
     if ((s = getenv("NIXLCTL_FAKE_CUDA_DELAY_US")) != NULL)
         g_delay_us = (unsigned)atoi(s);
+    if ((s = getenv("NIXLCTL_FAKE_CUDA_DMA_LAG_US")) != NULL)
+        g_dma_lag_us = (unsigned)atoi(s);
     for (int i = 0; i < MAXDEV; i++) {
         g_ctx[i].magic = MAGIC_CTX;
         g_ctx[i].dev   = i;
@@ -331,6 +344,7 @@ CUresult cuMemFree_v2(CUdeviceptr p)
     NEED_CTX();
     /* Like the driver's implicit synchronization: queued copies finish
      * before memory goes away (they might read or write it). */
+    dma_drain();
     pthread_mutex_lock(&g_mu);
     while (g_pending > 0)
         pthread_cond_wait(&g_ev, &g_mu);
@@ -357,12 +371,88 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
     return a != NULL ? OK : E_NOT_FOUND;
 }
 
+/* ---- staged host-to-device copies (the legacy stream's DMA) -------------- */
+
+struct dma {
+    struct dma *next;
+    uint64_t    dst;
+    size_t      n;
+    char        data[];
+};
+static pthread_mutex_t g_dma_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t  g_dma_cv = PTHREAD_COND_INITIALIZER;
+static struct dma     *g_dma_head, *g_dma_tail;
+static int             g_dma_busy, g_dma_started;
+
+/* Lands staged copies in order; after being idle it first waits the lag,
+ * the window in which a copy on another stream reads the old bytes. */
+static void *dma_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_dma_mu);
+    for (;;) {
+        while (g_dma_head == NULL)
+            pthread_cond_wait(&g_dma_cv, &g_dma_mu);
+        g_dma_busy = 1;
+        pthread_mutex_unlock(&g_dma_mu);
+        if (g_dma_lag_us > 0)
+            usleep(g_dma_lag_us);
+        pthread_mutex_lock(&g_dma_mu);
+        while (g_dma_head != NULL) {
+            struct dma *d = g_dma_head;
+            g_dma_head    = d->next;
+            if (g_dma_head == NULL)
+                g_dma_tail = NULL;
+            pthread_mutex_unlock(&g_dma_mu);
+            memcpy((void *)(uintptr_t)d->dst, d->data, d->n);
+            free(d);
+            pthread_mutex_lock(&g_dma_mu);
+        }
+        g_dma_busy = 0;
+        pthread_cond_broadcast(&g_dma_cv);
+    }
+    return NULL;
+}
+
+/* dma_drain waits until every staged copy has landed. */
+static void dma_drain(void)
+{
+    pthread_mutex_lock(&g_dma_mu);
+    while (g_dma_head != NULL || g_dma_busy)
+        pthread_cond_wait(&g_dma_cv, &g_dma_mu);
+    pthread_mutex_unlock(&g_dma_mu);
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
     NEED_CTX();
     if (!valid(dst, n))
         return E_INVALID_VALUE;
-    memcpy((void *)(uintptr_t)dst, src, n);
+    struct dma *d = malloc(sizeof *d + n);
+    if (d == NULL)
+        return E_OUT_OF_MEMORY;
+    d->next = NULL;
+    d->dst  = dst;
+    d->n    = n;
+    memcpy(d->data, src, n);
+    pthread_mutex_lock(&g_dma_mu);
+    if (!g_dma_started) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, dma_main, NULL) != 0) {
+            pthread_mutex_unlock(&g_dma_mu);
+            free(d);
+            return E_OUT_OF_MEMORY;
+        }
+        pthread_detach(th);
+        g_dma_started = 1;
+    }
+    if (g_dma_tail != NULL)
+        g_dma_tail->next = d;
+    else
+        g_dma_head = d;
+    g_dma_tail = d;
+    pthread_cond_broadcast(&g_dma_cv);
+    pthread_mutex_unlock(&g_dma_mu);
     return OK;
 }
 
@@ -371,6 +461,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
     NEED_CTX();
     if (!valid(src, n))
         return E_INVALID_VALUE;
+    dma_drain(); /* the legacy stream: earlier staged copies land first */
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
@@ -475,6 +566,10 @@ CUresult cuStreamCreate(void **out, unsigned int flags)
 CUresult cuStreamSynchronize(void *p)
 {
     NEED_CTX();
+    if (p == NULL) { /* the legacy stream: its staged copies */
+        dma_drain();
+        return OK;
+    }
     struct stream *s = as_stream(p);
     if (s == NULL)
         return E_INVALID_HANDLE;
