@@ -300,8 +300,17 @@ func (h *handoff) referenceOptions(backend string, block, batch int, alloc engin
 		// Progressed as the engines are, so the reference is the same path.
 		Progress:        XferThread,
 		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
+	// The same memory as the pools: GPU memory on the engines' GPUs, the
+	// initiator being the side that posts (prefill for WRITEs, decode for
+	// pull's READs).
+	xo.InitiatorSeg, xo.TargetSeg = h.o.Mem, h.o.Mem
+	xo.Device, xo.TargetDevice = h.o.Device, h.o.DecodeDevice
 	if h.o.Protocol == engine.ProtoPull {
 		xo.Op = nixl.Read
+		xo.Device, xo.TargetDevice = h.o.DecodeDevice, h.o.Device
+	}
+	if h.o.Mem == nixl.VRAM {
+		xo.DRAMAlloc = engine.AllocMmap // pools come from the CUDA driver
 	}
 	if !h.o.Inproc && h.o.XferTarget == "" && h.o.Exe != "" {
 		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
