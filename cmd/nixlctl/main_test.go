@@ -45,6 +45,11 @@ func TestScripts(t *testing.T) {
 			if lib := os.Getenv(cuda.EnvLib); lib != "" {
 				e.Setenv(cuda.EnvLib, lib)
 			}
+			// A carried test binary (scripts/gpu-check.sh) finds libzmq
+			// and UCX, and the machine's CUDA driver, only on this path.
+			if p := os.Getenv("LD_LIBRARY_PATH"); p != "" {
+				e.Setenv("LD_LIBRARY_PATH", p)
+			}
 			return nil
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
