@@ -34,6 +34,8 @@
 #                     as the cmd/nixlctl test binary then); real; fake
 #   GPU_CHECK_QUICK   1: small sizes (the default with the fake driver)
 #   GPU_CHECK_STEPS   the steps to run (default "0 1 2 3 4 5 6")
+#   GPU_CHECK_HANDOFF_SHAPE, GPU_CHECK_FAULT_SHAPE, GPU_CHECK_TPS  step 3's and
+#                     4's workload (see "sizes" below)
 #   GPU_CHECK_BUDGET  seconds the whole check may take (default 3600): each
 #                     step is bounded by what is left, and skipped when too
 #                     little is
@@ -319,10 +321,17 @@ if [ "$QUICK" = 1 ]; then
 else
   XFER_SIZES=(--start-block-size 64K --max-block-size 64M --num-iter 1000 --warmup-iter 100)
   XFER_BATCHES="1 64"
-  HANDOFF_SHAPE=(--model llama-3.1-70b --isl 4096 --requests 32 --concurrency 4)
+  # llama-3.1-8b, not 70b: on an H200 a 70b run took 3 minutes, all of it
+  # nixlctl's tagging through host copies (docs/gpu.md); 8b took 43 s.
+  HANDOFF_SHAPE=(--model llama-3.1-8b --isl 4096 --requests 16 --concurrency 4)
   FAULT_SHAPE=(--model llama-3.1-8b --isl 4096)
   TEST_TIMEOUT=240
 fi
+# Overrides, as words: GPU_CHECK_HANDOFF_SHAPE, GPU_CHECK_FAULT_SHAPE (e.g. a
+# smaller model when GPU time is short), GPU_CHECK_TPS ("1:1 2:1").
+[ -z "${GPU_CHECK_HANDOFF_SHAPE:-}" ] || read -r -a HANDOFF_SHAPE <<<"$GPU_CHECK_HANDOFF_SHAPE"
+[ -z "${GPU_CHECK_FAULT_SHAPE:-}" ] || read -r -a FAULT_SHAPE <<<"$GPU_CHECK_FAULT_SHAPE"
+TPS=${GPU_CHECK_TPS:-1:1 2:1}
 export GPU_CHECK_FAULT_SHAPE="${FAULT_SHAPE[*]}"
 
 # ------------------------------------------------------------------ runner
@@ -457,8 +466,8 @@ fi
 if want 3; then
   section "3. KV handoff with both pools in GPU memory (--mem vram, cuda-ipc)"
   say "Shape: ${HANDOFF_SHAPE[*]}; each run also runs bench xfer on the same bytes between its rounds (--xfer-reference)."
-  for tp in "1 1" "2 1"; do
-    read -r ptp dtp <<<"$tp"
+  for tp in $TPS; do
+    ptp=${tp%:*} dtp=${tp#*:}
     for proto in push pull sglang; do
       id=3-$proto-tp$ptp-$dtp
       run_step "$id" "bench $proto TP $ptp->$dtp" 300 "$NX" bench "$proto" --mem vram --backend cuda-ipc \
