@@ -116,6 +116,28 @@ ms_since() {
   awk -v a="$1" -v b="$(date -d "$at" +%s.%N)" 'BEGIN {printf "%.0f", (b - a) * 1000}'
 }
 
+# start_run PROTO DIR: a long handoff run in a process group of its own
+# (RUN_PID), its result, stderr and records in DIR, returned once 2 requests
+# finished.
+start_run() {
+  setsid "$NX" bench "$1" --mem vram --backend cuda-ipc "${FAULT_SHAPE[@]}" --requests 100000 \
+    --concurrency 4 --warmup 0 --records "$2/records.jsonl" --tui=off -o json >"$2/result.json" 2>"$2/stderr" &
+  RUN_PID=$!
+  wait_for 120 "2 requests done" records_at_least "$2/records.jsonl" 2 || { kill -9 -- -"$RUN_PID"; return 1; }
+}
+
+# nobody_left PID: waits (10 s at most) for PID's process group to empty;
+# what is left is named, killed, and fails the check.
+nobody_left() {
+  if wait_for 10 "the process group to empty" group_empty "$1"; then
+    echo "no process of the run is left"
+    return 0
+  fi
+  echo "FAIL: left behind: $(group_members "$1" | tr '\n' ';')"
+  kill -9 -- -"$1" 2>/dev/null
+  return 1
+}
+
 # fault_kill_endpoint PROTO ENDPOINT DIR: a handoff run whose ENDPOINT child
 # is SIGKILLed once 2 requests finished. The run must log an error naming
 # the dead endpoint within 5 s, end within 30 s with exit 1, the surviving
@@ -124,11 +146,9 @@ ms_since() {
 fault_kill_endpoint() {
   local proto=$1 endpoint=$2 dir=$3 survivor=prefill
   [ "$endpoint" = prefill ] && survivor=decode
-  local rec=$dir/records.jsonl
-  setsid "$NX" bench "$proto" --mem vram --backend cuda-ipc "${FAULT_SHAPE[@]}" --requests 100000 \
-    --concurrency 4 --warmup 0 --records "$rec" --tui=off -o json >"$dir/result.json" 2>"$dir/stderr" &
-  local pid=$!
-  wait_for 120 "2 requests done" records_at_least "$rec" 2 || { kill -9 -- -"$pid"; return 1; }
+  local rec=$dir/records.jsonl pid
+  start_run "$proto" "$dir" || return 1
+  pid=$RUN_PID
   local victim
   victim=$(child_matching "$pid" "serve $endpoint")
   [ -n "$victim" ] || { echo "no serve $endpoint child of $pid" >&2; kill -9 -- -"$pid"; return 1; }
@@ -157,13 +177,7 @@ fault_kill_endpoint() {
   else
     echo "the surviving $survivor answered its final stats"
   fi
-  if wait_for 10 "the process group to empty" group_empty "$pid"; then
-    echo "no process of the run is left"
-  else
-    echo "FAIL: left behind: $(group_members "$pid" | tr '\n' ';')"
-    ok=1
-    kill -9 -- -"$pid" 2>/dev/null
-  fi
+  nobody_left "$pid" || ok=1
   return $ok
 }
 
@@ -173,11 +187,9 @@ fault_kill_endpoint() {
 # run), and leaves no process.
 fault_interrupt() {
   local dir=$1
-  local rec=$dir/records.jsonl
-  setsid "$NX" bench push --mem vram --backend cuda-ipc "${FAULT_SHAPE[@]}" --requests 100000 \
-    --concurrency 4 --warmup 0 --records "$rec" --tui=off -o json >"$dir/result.json" 2>"$dir/stderr" &
-  local pid=$!
-  wait_for 120 "2 requests done" records_at_least "$rec" 2 || { kill -9 -- -"$pid"; return 1; }
+  local rec=$dir/records.jsonl pid
+  start_run push "$dir" || return 1
+  pid=$RUN_PID
   echo "SIGINT to the process group after $(($(wc -l <"$rec") - 1)) requests"
   local t0 t1
   t0=$(date +%s.%N)
@@ -192,13 +204,7 @@ fault_interrupt() {
   [ "$ended" -eq 0 ] || { echo "FAIL: still running 20 s after SIGINT"; ok=1; kill -9 -- -"$pid" 2>/dev/null; }
   [ "$rc" -eq 130 ] || { echo "FAIL: exit $rc, want 130 (an interrupted run)"; ok=1; }
   grep -q '"interrupted": true' "$dir/result.json" || { echo "FAIL: the result does not say interrupted"; ok=1; }
-  if wait_for 10 "the process group to empty" group_empty "$pid"; then
-    echo "no process of the run is left"
-  else
-    echo "FAIL: left behind: $(group_members "$pid" | tr '\n' ';')"
-    ok=1
-    kill -9 -- -"$pid" 2>/dev/null
-  fi
+  nobody_left "$pid" || ok=1
   return $ok
 }
 
