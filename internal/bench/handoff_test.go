@@ -20,6 +20,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -672,16 +673,24 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 // with the other prefill and ends.
 func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoSGLang, 1, 1)
-	o.Prefills, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 24, 0, 4, DeathDrain
+	o.Prefills, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 48, 0, 4, DeathDrain
 	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 256}, 2*time.Millisecond
 	o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.SGLMinHeartbeatInterval, 2
+	// prefill-0 dies once 2 requests finished (the run's own progress
+	// events, not a timer: a timer fired after a fast run had ended), with
+	// most of the run, its 46 requests on prefill-1 alone, still to go.
 	var killed atomic.Int64
-	o.OnStart = func(p, _ *Endpoint) {
-		time.AfterFunc(700*time.Millisecond, func() {
-			killed.Store(time.Now().UnixNano())
-			_ = p.Signal(syscall.SIGKILL)
-		})
-	}
+	var prefill0 atomic.Pointer[Endpoint]
+	var finished atomic.Int32
+	o.OnStart = func(p, _ *Endpoint) { prefill0.Store(p) }
+	o.Live = live.Func(func(e live.Event) {
+		if _, ok := e.(live.Request); ok && finished.Add(1) == 2 {
+			if p := prefill0.Load(); p != nil {
+				killed.Store(time.Now().UnixNano())
+				_ = p.Signal(syscall.SIGKILL)
+			}
+		}
+	})
 	res := runWithin(t, o, 90*time.Second, "the run still goes 90 s after a prefill died: decode waits for the waiting timeout")
 	if res == nil || killed.Load() == 0 {
 		t.Fatalf("no result (%v) or prefill never killed", res)
@@ -693,7 +702,7 @@ func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 		t.Errorf("endpoint_died %q, want prefill-0", res.EndpointDied)
 	}
 	s := res.Summary
-	if s.Requests != 24 || s.Failed == 0 || s.Failed >= 12 || s.CorruptBlocks != 0 || res.Decode.BlocksInUse != 0 {
+	if s.Requests != 48 || s.Failed == 0 || s.Failed >= 12 || s.CorruptBlocks != 0 || res.Decode.BlocksInUse != 0 {
 		t.Errorf("summary: %d requests, %d failed, %d corrupt; decode holds %d blocks", s.Requests, s.Failed, s.CorruptBlocks, res.Decode.BlocksInUse)
 	}
 	if d := res.Decode; d.SGLPrefillsLost != 1 || d.SGLHeartbeatFailures < 2 || d.RegTimeouts != 0 {
