@@ -39,7 +39,8 @@
 #   GPU_CHECK_BUDGET  seconds the whole check may take (default 3600): each
 #                     step is bounded by what is left, and skipped when too
 #                     little is
-#   NIXL_PREFIX, UCX_PREFIX, ABSL_PREFIX, NIXLBENCH   step 6 (as scripts/baseline-nixl.sh)
+#   NIXL_PREFIX, UCX_PREFIX, ABSL_PREFIX, NIXLBENCH   step 6 (as scripts/baseline-nixl.sh);
+#                     NIXLBENCH_SEG=DRAM tries its nixlbench pair where NIXL has no CUDA
 set -uo pipefail
 CALLER_DIR=$(pwd)
 cd "$(dirname "$0")/.."
@@ -513,16 +514,15 @@ if want 5; then
       cmd/nixlctl) filter='TestScript/(bench_xfer_vram|bench_handoff_vram|bench_xfer_nocuda)$' ;;
     esac
     id=5-test-$(basename "$bin" .test)
-    (cd "$pkg" && run_step "$id" "go test $pkg -run '$filter'" "$TEST_TIMEOUT" env NIXLCTL_TEST_CUDA=real \
+    # In its package's directory (env -C), for the testdata it reads.
+    run_step "$id" "go test $pkg -run '$filter'" "$TEST_TIMEOUT" env -C "$pkg" NIXLCTL_TEST_CUDA=real \
       LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$BUNDLE/bin:$PATH" "$BUNDLE/tests/$bin" -test.v -test.count=1 \
-      -test.run "$filter" -test.timeout "$((TEST_TIMEOUT - 20))s")
+      -test.run "$filter" -test.timeout "$((TEST_TIMEOUT - 20))s"
     rc=$?
     if [ ! -f "$RAW/$id.out" ]; then
       say "| $pkg | skipped: out of time | | | |"
       continue
     fi
-    [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
-    RAN=$((RAN + 1))
     pass=$(grep -c -- '--- PASS' "$RAW/$id.out")
     fail=$(grep -c -- '--- FAIL' "$RAW/$id.out")
     # A skip's reason is the test's last log line before its --- SKIP.
@@ -533,7 +533,6 @@ if want 5; then
       sed 's/|/\\|/g' | sort | uniq -c | awk '{n = $1; $1 = ""; printf "%s%dx%s", (NR > 1 ? "; " : ""), n, $0}')
     say "| $pkg | $([ "$rc" -eq 0 ] && echo ok || echo "**FAILED** (exit $rc)") | $pass | ${skips:-none} | $fail |"
   done <"$BUNDLE/tests/PACKAGES"
-  # run_step ran in subshells: take their rows of the step table back.
 fi
 
 if want 6; then
@@ -598,7 +597,6 @@ fi
   echo "| step | what | status | seconds | raw |"
   echo "|---|---|---|---:|---|"
   cat "$STEPS_MD"
-  # Step 5's rows were written by subshells into the same file (appended).
   echo
   echo "$FAILED of $RAN steps that ran failed."
   cat "$BODY_MD"

@@ -1192,7 +1192,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		res.Warn(w)
 	}
 	if o.Protocol == engine.ProtoSGLang && res.Backend == "cuda-ipc" {
-		res.Warn("SGLang's aux rows are in GPU memory here: cuda-ipc moves GPU memory only (SGLang keeps them in host memory, which NIXL moves); the three 64-byte aux WRITEs a request are GPU copies")
+		res.Warn("SGLang's aux rows are in GPU memory here: cuda-ipc moves GPU memory only (SGLang keeps them in host memory, which NIXL moves); each request's aux WRITE (three 64-byte pieces) is a GPU copy")
 	}
 	if il := h.rounds; il != nil {
 		summarizeRounds(&res.Summary, h.records, il.roundRefsCopy())

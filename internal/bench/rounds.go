@@ -309,9 +309,6 @@ func (h *handoff) referenceOptions(backend string, block, batch int, alloc engin
 		xo.Op = nixl.Read
 		xo.Device, xo.TargetDevice = h.o.DecodeDevice, h.o.Device
 	}
-	if h.o.Mem == nixl.VRAM {
-		xo.DRAMAlloc = engine.AllocMmap // pools come from the CUDA driver
-	}
 	if !h.o.Inproc && h.o.XferTarget == "" && h.o.Exe != "" {
 		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
 	}
