@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +24,7 @@ type gateOptions struct {
 	MaxRegression string   `mapstructure:"max-regression"`
 	Metrics       []string `mapstructure:"metric"`
 	Repeat        int      `mapstructure:"repeat"`
+	NoiseCeiling  string   `mapstructure:"noise-ceiling"`
 }
 
 const gateLong = `Compare a result with a baseline and fail on a regression, for CI.
@@ -43,7 +45,10 @@ files) that is a one-sided exact Mann-Whitney U test on the runs' values
 ("worse" needs p <= 0.05); otherwise the latency histograms behind the metric
 (a Mann-Whitney U test on the buckets: "slower" or "faster" needs p < 0.01 and
 Cliff's |delta| >= 0.147), or, with three runs or more, a baseline within the
-runs' range. Only regressions fail. docs/ci-gates.md gives the false-alarm rate
+runs' range. A change beyond --noise-ceiling (default 50%, or twice --max-regression) is never
+called noise: the tests compare typical requests or a few runs, and a run that
+froze for most of its time has typical requests too. Only regressions fail.
+docs/ci-gates.md gives the false-alarm rate
 and power measured on this project's hosts, and scripts/gate-error-rates.sh
 measures them on yours.
 
@@ -79,24 +84,25 @@ func newGateCmd(a *app) *cobra.Command {
 	f.String("max-regression", "5%", "allowed change in the worse direction: a percentage (5%) or a fraction below 1 (0.05)")
 	f.StringArray("metric", nil, "gate on this metric key instead of the efficiency ratios (repeatable)")
 	f.Int("repeat", 0, "without --result: run the baseline's command this many times")
+	f.String("noise-ceiling", "", "the largest change the noise tests may explain away; beyond it a change is a regression or an improvement by its size alone (default 50%, or twice --max-regression where that is more)")
 	return cmd
 }
 
 // parseFraction reads "5%" or "0.05". A bare number of 1 or more is
 // refused: "5" read as a fraction allowed a 500% regression, and whoever
 // wrote it almost certainly meant 5%.
-func parseFraction(s string) (float64, error) {
+func parseFraction(flag, s string) (float64, error) {
 	num, pct := strings.CutSuffix(strings.TrimSpace(s), "%")
 	num = strings.TrimSpace(num)
 	v, err := strconv.ParseFloat(num, 64)
 	if err != nil || !(v >= 0) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("--max-regression %q: want a percentage like 5%% or a fraction like 0.05", s)
+		return 0, fmt.Errorf("--%s %q: want a percentage like 5%% or a fraction like 0.05", flag, s)
 	}
 	if pct {
 		return v / 100, nil
 	}
 	if v >= 1 {
-		return 0, fmt.Errorf("--max-regression %q: a number without %% is a fraction and must be below 1; write %s%% for %s percent", s, num, num)
+		return 0, fmt.Errorf("--%s %q: a number without %% is a fraction and must be below 1; write %s%% for %s percent", flag, s, num, num)
 	}
 	return v, nil
 }
@@ -109,9 +115,18 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	if o.Baseline == "" {
 		return errkind.BadInputf("--baseline is required")
 	}
-	maxReg, err := parseFraction(o.MaxRegression)
+	maxReg, err := parseFraction("max-regression", o.MaxRegression)
 	if err != nil {
 		return errkind.BadInput(err)
+	}
+	ceiling := max(report.DefaultNoiseCeiling, 2*maxReg)
+	if o.NoiseCeiling != "" {
+		if ceiling, err = parseFraction("noise-ceiling", o.NoiseCeiling); err != nil {
+			return errkind.BadInput(err)
+		}
+	}
+	if ceiling <= maxReg {
+		return errkind.BadInputf("--noise-ceiling %s must be above --max-regression %s (a change between the two is what the noise tests judge)", o.NoiseCeiling, o.MaxRegression)
 	}
 	switch {
 	case len(o.Results) > 0 && o.Repeat > 0:
@@ -138,7 +153,7 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 		}
 		runs = append(runs, r)
 	}
-	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics})
+	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling})
 	if err != nil {
 		return errkind.BadInput(err)
 	}
@@ -236,7 +251,17 @@ func rerun(ctx context.Context, a *app, base *report.Meta, i, n int) (report.Res
 	cmd := exec.CommandContext(ctx, exe, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, a.io.ErrOut
+	// Interrupted, the run is asked to stop as a Ctrl-C would (it then
+	// stops its endpoints); killed, the gate takes it along (SIGTERM,
+	// the same clean stop), where it used to leave the run and its
+	// endpoints going for seconds.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = ctl.DefaultGrace
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
 		return nil, fmt.Errorf("gate: run %d of %q failed: %w", i, strings.Join(args, " "), err)
 	}
 	r, err := report.DecodeResult(out.Bytes())

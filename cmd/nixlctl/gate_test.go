@@ -22,7 +22,7 @@ func TestRerunArgs(t *testing.T) {
 func TestParseFraction(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]float64{"5%": 0.05, "0.05": 0.05, " 12.5% ": 0.125, "0": 0, "1000%": 10, "5 %": 0.05, "0.999": 0.999, "0%": 0} {
-		if got, err := parseFraction(in); err != nil || got != want {
+		if got, err := parseFraction("max-regression", in); err != nil || got != want {
 			t.Errorf("%q: %v %v", in, got, err)
 		}
 	}
@@ -30,7 +30,7 @@ func TestParseFraction(t *testing.T) {
 		"NaN": "want a percentage", "Inf%": "want a percentage", "-0.05": "want a percentage",
 		// A bare 5 was a 500% allowance.
 		"5": "must be below 1; write 5% for 5 percent", "1": "must be below 1", "50": "write 50%"} {
-		if got, err := parseFraction(in); err == nil || !strings.Contains(err.Error(), want) {
+		if got, err := parseFraction("max-regression", in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, %v; want an error with %q", in, got, err, want)
 		}
 	}

@@ -24,6 +24,11 @@ func TestGateDecisions(t *testing.T) {
 		{"noise: the ratio rose but the latencies did not move", []Result{fake(0.96, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05}, Noise, true},
 		{"noise: baseline within the range of three runs", []Result{fake(0.70, nil), fake(0.72, nil), fake(0.85, nil)}, GateOptions{MaxRegression: 0.05}, Noise, true},
 		{"regression: three runs all below", []Result{fake(0.70, nil), fake(0.72, nil), fake(0.71, nil)}, GateOptions{MaxRegression: 0.05}, Regression, false},
+		// A run that froze for most of its time has typical requests:
+		// the latency test sees no shift, yet the ratio fell by 80%.
+		{"regression: an 80% drop the latencies do not show", []Result{fake(0.16, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05}, Regression, false},
+		{"noise: an 80% drop under a ceiling raised to 90%", []Result{fake(0.16, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05, NoiseCeiling: 0.9}, Noise, true},
+		{"improvement: doubled, beyond the ceiling", []Result{fake(1.7, latencies(400, 2.0, 0.4))}, GateOptions{MaxRegression: 0.05}, Improvement, true},
 		{"absolute metric on request", []Result{fake(0.80, latencies(400, 2.6, 0.4))}, GateOptions{MaxRegression: 0.05, Metrics: []string{"p99_ms"}}, Pass, true},
 	}
 	for _, tc := range tests {
