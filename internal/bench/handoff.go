@@ -686,6 +686,10 @@ type HandoffSummary struct {
 	EfficiencyLimit float64     `json:"efficiency_vs_limit,omitempty"`
 	Rounds          []XferRound `json:"xfer_rounds,omitempty"`
 	LeakedBlocks    int64       `json:"leaked_blocks"`
+	// StallMS is the longest stretch in which a request was in flight
+	// and none finished, when it was a stall (stall.go): at least a
+	// second and 20 median requests long; absent otherwise.
+	StallMS float64 `json:"stall_ms,omitempty"`
 	// NegativeStages counts, per stage, the requests whose stage ended
 	// before it started by the stamps (left out of that stage's
 	// histogram): clocks that disagree, or a stamp on the wrong side.
@@ -1180,6 +1184,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	if res.Summary.CorruptBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d corrupt blocks: data arrived wrong or late", res.Summary.CorruptBlocks))
+	}
+	if w, _ := stallWarning(h.records); w != "" {
+		res.Warn(w)
 	}
 	if ns := res.Summary.NegativeStages; len(ns) > 0 {
 		res.Warn(fmt.Sprintf("negative stage times, left out of their histograms: %s (clocks that disagree, or a stamp on the wrong side)",
@@ -1831,6 +1838,9 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 	s.FirstHandshakeMS = mean(firstHS)
 	s.SteadyHandshakeMS = mean(steadyHS)
 	s.TransferGBps = report.Median(gbps)
+	if _, gap := stallWarning(records); gap > 0 {
+		s.StallMS = float64(gap) / 1e6
+	}
 	if memcpy > 0 {
 		s.EfficiencyMemcpy = s.BandwidthGBps / memcpy
 	}
