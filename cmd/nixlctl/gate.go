@@ -138,11 +138,20 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	if err != nil {
 		return err
 	}
+	// A saved run edited since (its checksums differ) is not judged: a
+	// failed baseline edited to "failed": 0 passed as healthy.
+	var altered []string
+	for _, a := range base.Altered {
+		altered = append(altered, "baseline: "+a)
+	}
 	var runs []report.Result
-	for _, p := range o.Results {
+	for i, p := range o.Results {
 		l, err := loadResult(p)
 		if err != nil {
 			return err
+		}
+		for _, a := range l.Altered {
+			altered = append(altered, fmt.Sprintf("result %d: %s", i+1, a))
 		}
 		runs = append(runs, l.Result)
 	}
@@ -156,6 +165,9 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling})
 	if err != nil {
 		return errkind.BadInput(err)
+	}
+	for _, a := range altered {
+		g.Refuse(a)
 	}
 	var md bytes.Buffer
 	if err := g.WriteMarkdown(&md); err != nil {

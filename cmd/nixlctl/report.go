@@ -92,6 +92,11 @@ func runReportShow(_ context.Context, a *app, path string, o reportShowOptions) 
 	for _, n := range l.Notes {
 		fmt.Fprintf(a.io.ErrOut, "note: %s\n", n)
 	}
+	// What the gate would refuse it for, said here too: a result with
+	// nothing measured rendered as a quiet run of zeros.
+	for _, p := range report.Problems(l.Result) {
+		fmt.Fprintf(a.io.ErrOut, "note: the run had a problem: %s\n", p)
+	}
 	if l.FromRecords {
 		a.log.Info("summary recomputed from the records", "records", l.Result.Header().RecordsFile.Path)
 	}

@@ -16,6 +16,11 @@ import (
 func (res *HandoffResult) Problems() []string {
 	var p []string
 	s := res.Summary
+	if s.Requests == 0 {
+		// A result without a measured request (its summary emptied, or
+		// a run whose warm-up took every request) reads as a zeroed run.
+		p = append(p, "no request was measured")
+	}
 	if s.Failed > 0 {
 		p = append(p, fmt.Sprintf("%d of %d requests failed%s", s.Failed, s.Requests, byReason(s.FailuresByReason)))
 	}
@@ -37,6 +42,9 @@ func (res *HandoffResult) Problems() []string {
 // Problems implements report.HealthReporter.
 func (res *XferResult) Problems() []string {
 	var p []string
+	if len(res.Points) == 0 {
+		p = append(p, "no point was measured")
+	}
 	for _, pt := range res.Points {
 		if strings.HasPrefix(pt.Consistency, "FAILED") {
 			p = append(p, fmt.Sprintf("block %d batch %d: consistency check %s", pt.BlockSize, pt.BatchSize, pt.Consistency))
@@ -52,6 +60,9 @@ func (res *XferResult) Problems() []string {
 func (res *ECResult) Problems() []string {
 	var p []string
 	s := res.Summary
+	if s.Images == 0 {
+		p = append(p, "no image was measured")
+	}
 	if s.Failed > 0 {
 		p = append(p, fmt.Sprintf("%d of %d images failed%s", s.Failed, s.Images, byReason(s.FailuresByStatus)))
 	} else if n := s.FailuresByStatus[ec.FailTagMismatch]; n > 0 {

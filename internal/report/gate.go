@@ -109,9 +109,11 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 	for _, p := range Problems(base) {
 		rep.Refused = append(rep.Refused, "baseline: "+p)
 	}
+	refused := make([]bool, len(runs))
 	for i, r := range runs {
 		for _, p := range Problems(r) {
 			rep.Refused = append(rep.Refused, fmt.Sprintf("result %d: %s", i+1, p))
+			refused[i] = true
 		}
 	}
 	if len(rep.Refused) > 0 {
@@ -124,6 +126,7 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 			runMetrics[i][m.Name()] = m
 		}
 	}
+metrics:
 	for _, bm := range sel {
 		row := GateRow{Name: bm.Name(), Unit: bm.Unit, Better: bm.Better.String(), Baseline: bm.Value}
 		if vs, ok := bh.Repeats.values(bm.Name()); ok {
@@ -133,6 +136,11 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 		var dist *Histogram
 		for i := range runs {
 			m, ok := runMetrics[i][bm.Name()]
+			if !ok && refused[i] {
+				// Already refused (a run that measured nothing has no
+				// metrics): the reason is that, not a mismatched sweep.
+				continue metrics
+			}
 			if !ok {
 				return nil, fmt.Errorf("result %d has no %s (is it the same sweep as the baseline?)", i+1, bm.Name())
 			}
@@ -173,6 +181,13 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 		rep.Rows = append(rep.Rows, row)
 	}
 	return rep, nil
+}
+
+// Refuse fails the gate for a reason found outside the numbers (a
+// baseline edited since its run), listed with the others.
+func (g *GateReport) Refuse(why string) {
+	g.Refused = append(g.Refused, why)
+	g.Passed = false
 }
 
 func (row *GateRow) judge(bm Metric, allowed, ceiling float64) {

@@ -35,7 +35,28 @@ func savedWithRecordsPath(t *testing.T, recPath string) string {
 	if err := os.WriteFile(file, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	reseal(t, dir)
 	return dir
+}
+
+// reseal puts result.json's new checksum in the manifest, as if the run
+// had written the result as edited (else Load reports it altered).
+func reseal(t *testing.T, dir string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, ResultName))
+	must(t, err)
+	mb, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	must(t, err)
+	var m Manifest
+	must(t, json.Unmarshal(mb, &m))
+	for i := range m.Files {
+		if m.Files[i].Name == ResultName {
+			m.Files[i].SHA256 = sha(data)
+		}
+	}
+	mb, err = json.Marshal(m)
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(dir, ManifestName), mb, 0o644))
 }
 
 // A result's records path comes from the file: only a regular file inside

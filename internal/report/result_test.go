@@ -190,9 +190,24 @@ func TestSaveAndLoad(t *testing.T) {
 	}
 	// Without the records the stored summary stands.
 	os.Remove(filepath.Join(dir, RecordsName))
+	// Loaded as a saved directory, its manifest says the records are gone.
 	l, err = Load(dir)
-	if err != nil || l.FromRecords || l.Result.(*recordsFake).Efficiency != 0.5 || len(l.Notes) != 1 {
+	if err != nil || l.FromRecords || l.Result.(*recordsFake).Efficiency != 0.5 || len(l.Notes) != 2 ||
+		len(l.Altered) != 1 || !strings.Contains(l.Altered[0], "records records.jsonl listed in manifest.json is gone") {
 		t.Fatalf("missing records: %+v %v", l, err)
+	}
+	// The result file alone has no manifest: only the note.
+	l, err = Load(filepath.Join(dir, ResultName))
+	if err != nil || l.FromRecords || len(l.Notes) != 1 || len(l.Altered) != 0 {
+		t.Fatalf("missing records, the result file alone: %+v %v", l, err)
+	}
+	// The result edited: the manifest's checksum says so.
+	data, err := os.ReadFile(filepath.Join(dir, ResultName))
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(dir, ResultName), append(data, ' '), 0o644))
+	l, err = Load(dir)
+	if err != nil || len(l.Altered) != 2 || !strings.Contains(l.Altered[0], "result result.json changed since the run") {
+		t.Fatalf("edited result: %+v %v", l, err)
 	}
 	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "holds no result.json") {
 		t.Errorf("empty dir: %v", err)

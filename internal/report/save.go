@@ -174,6 +174,11 @@ type Loaded struct {
 	// Partial says the run did not finish: a provisional result, or
 	// records cut short by a kill.
 	Partial bool
+	// Altered lists, one line each, what differs from the checksums the
+	// run wrote (manifest.json's, the result's own for its records): a
+	// file edited or deleted since. The summary shown may still be
+	// right, but the gate will not judge a result it cannot vouch for.
+	Altered []string
 }
 
 // MaxLoadBytes bounds each file Load reads (result, manifest, records):
@@ -195,6 +200,7 @@ func Load(path string) (*Loaded, error) {
 		return nil, err
 	}
 	file := path
+	var manifest *Manifest
 	if st.IsDir() {
 		file = filepath.Join(path, ResultName)
 		if mb, err := readRegular(filepath.Join(path, ManifestName)); err == nil {
@@ -203,14 +209,14 @@ func Load(path string) (*Loaded, error) {
 				return nil, fmt.Errorf("%s: not a nixlctl manifest", filepath.Join(path, ManifestName))
 			}
 			for _, f := range m.Files {
-				if f.Role != "result" {
-					continue
-				}
 				if !filepath.IsLocal(f.Name) {
-					return nil, fmt.Errorf("%s: result %q is not a file inside %s", filepath.Join(path, ManifestName), f.Name, path)
+					return nil, fmt.Errorf("%s: %s %q is not a file inside %s", filepath.Join(path, ManifestName), f.Role, f.Name, path)
 				}
-				file = filepath.Join(path, f.Name)
+				if f.Role == "result" {
+					file = filepath.Join(path, f.Name)
+				}
 			}
+			manifest = &m
 		} else if errors.Is(err, errTooLarge) {
 			return nil, err
 		}
@@ -227,6 +233,10 @@ func Load(path string) (*Loaded, error) {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	l := &Loaded{Result: r, Path: file, Partial: r.Header().Partial}
+	if manifest != nil {
+		l.Altered = manifest.check(path, filepath.Base(file), data)
+		l.Notes = append(l.Notes, l.Altered...)
+	}
 	h := r.Header()
 	ref := h.RecordsFile
 	rk, keeps := r.(RecordsKeeper)
@@ -265,6 +275,9 @@ func Load(path string) (*Loaded, error) {
 		l.Notes = append(l.Notes, fmt.Sprintf("the run did not finish (the result is the provisional one written at its start): summary recomputed from the %d records it wrote", len(lines.Records)))
 	case ref.SHA256 != "" && sha(rb) != ref.SHA256:
 		l.Notes = append(l.Notes, fmt.Sprintf("records %s changed since the run (checksum differs): summary recomputed from the file as it is", ref.Path))
+		if manifest == nil { // else the manifest's check said it
+			l.Altered = append(l.Altered, fmt.Sprintf("records %s changed since the run (its checksum differs from the result's)", ref.Path))
+		}
 	}
 	if lines.Torn > 0 {
 		partial = true
@@ -280,6 +293,38 @@ func Load(path string) (*Loaded, error) {
 		h.Warn(fmt.Sprintf("partial: the run did not finish; the summary covers the %d records written before it stopped", len(lines.Records)))
 	}
 	return l, nil
+}
+
+// check compares the files a manifest lists with their checksums: the
+// result (already read, as data) and the others in dir. A file with no
+// checksum (a provisional manifest's growing records) is not checked; a
+// listed file that is gone is.
+func (m *Manifest) check(dir, resultName string, data []byte) []string {
+	var altered []string
+	for _, f := range m.Files {
+		if f.SHA256 == "" {
+			continue
+		}
+		var got string
+		if f.Name == resultName {
+			got = sha(data)
+		} else {
+			b, err := readRegular(filepath.Join(dir, f.Name))
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					altered = append(altered, fmt.Sprintf("%s %s listed in %s is gone", f.Role, f.Name, ManifestName))
+				} else {
+					altered = append(altered, fmt.Sprintf("%s %s listed in %s not readable: %v", f.Role, f.Name, ManifestName, err))
+				}
+				continue
+			}
+			got = sha(b)
+		}
+		if got != f.SHA256 {
+			altered = append(altered, fmt.Sprintf("%s %s changed since the run (its checksum differs from %s's)", f.Role, f.Name, ManifestName))
+		}
+	}
+	return altered
 }
 
 // recordsPath resolves a result's records path: relative to the result's
