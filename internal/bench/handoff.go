@@ -1879,6 +1879,9 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	if err != nil {
 		return 0, err
 	}
+	if xr.Failure != "" {
+		return 0, errors.New(xr.Failure)
+	}
 	if len(xr.Points) == 0 {
 		return 0, nil
 	}

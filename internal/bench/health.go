@@ -42,7 +42,9 @@ func (res *HandoffResult) Problems() []string {
 // Problems implements report.HealthReporter.
 func (res *XferResult) Problems() []string {
 	var p []string
-	if len(res.Points) == 0 {
+	if res.Failure != "" {
+		p = append(p, "the sweep stopped at "+res.Failure)
+	} else if len(res.Points) == 0 {
 		p = append(p, "no point was measured")
 	}
 	for _, pt := range res.Points {

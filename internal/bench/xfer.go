@@ -300,6 +300,11 @@ type XferResult struct {
 	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
 	Placement   string         `json:"placement,omitempty"`
 	Interrupted bool           `json:"interrupted,omitempty"`
+	// Failure is why the sweep stopped before its last point (a target
+	// that died, a transfer error), with the point it stopped at: a
+	// result with fewer points must say why, or it reads as a shorter
+	// sweep.
+	Failure string `json:"failure,omitempty"`
 }
 
 // XferConfig echoes what was asked, so a result describes itself.
@@ -383,7 +388,8 @@ type xferRun struct {
 }
 
 // RunXfer runs the sweep. It returns the points finished so far when ctx
-// is cancelled (Interrupted set) along with ctx's error.
+// is cancelled (Interrupted set) along with ctx's error, and when a point
+// fails (Failure set, a problem of the result's).
 func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -435,7 +441,13 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			if ctx.Err() != nil {
 				break
 			}
-			return res, err
+			res.Failure = fmt.Sprintf("block %d batch %d (point %d of %d): %v", pt[0], pt[1], i+1, len(points), err)
+			w := "the sweep stopped at " + res.Failure
+			res.Warn(w)
+			live.Emit(o.Live, live.Warning{Text: w})
+			// Not returned as an error: the result carries it, so the
+			// caller fails the run on its problems (or allows them).
+			break
 		}
 		res.Points = append(res.Points, p)
 		failed := strings.HasPrefix(p.Consistency, "FAILED")

@@ -162,6 +162,9 @@ func (t *Target) setup(req Request) (Reply, error) {
 }
 
 func (t *Target) tags(req Request) (Reply, error) {
+	// A debug line per point's fill and check, so a test (or a user
+	// watching a sweep) sees which point the target is in.
+	t.log.Debug("tags", "op", req.Op, "descriptors", len(req.Offsets), "bytes", req.DescLen)
 	spans := make([]nixl.Span, len(req.Offsets))
 	for i, off := range req.Offsets {
 		if off < 0 || req.DescLen < 0 || off > int64(t.buf.Len) || int64(req.DescLen) > int64(t.buf.Len)-off {
