@@ -1048,22 +1048,36 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		watch = append(watch, watched{engineName("decode", i, m), "decode", i, ep.rpc})
 	}
 	var drained atomic.Int32
-	for _, ep := range watch {
+	onces := make([]sync.Once, len(watch))
+	death := func(k int) {
+		onces[k].Do(func() {
+			ep := watch[k]
+			d := &endpointDeath{role: ep.name, why: ep.c.Why()}
+			what := d.String()
+			died.CompareAndSwap(nil, &what)
+			if o.OnEndpointDeath == DeathDrain {
+				drained.Add(1)
+				if h.router.remove(ep.role, ep.idx) {
+					o.Log.Error("an endpoint died: draining it, the run goes on with the engines left", "endpoint", what)
+					return
+				}
+			}
+			stopRun(d)
+			o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
+		})
+	}
+	h.lost = func(role string, idx int) {
+		for k, ep := range watch {
+			if ep.role == role && ep.idx == idx {
+				death(k)
+			}
+		}
+	}
+	for k, ep := range watch {
 		go func() {
 			select {
 			case <-ep.c.Done():
-				d := &endpointDeath{role: ep.name, why: ep.c.Why()}
-				what := d.String()
-				died.CompareAndSwap(nil, &what)
-				if o.OnEndpointDeath == DeathDrain {
-					drained.Add(1)
-					if h.router.remove(ep.role, ep.idx) {
-						o.Log.Error("an endpoint died: draining it, the run goes on with the engines left", "endpoint", what)
-						return
-					}
-				}
-				stopRun(d)
-				o.Log.Error("an endpoint died: stopping the run", "endpoint", what)
+				death(k)
 			case <-watchCtx.Done():
 			}
 		}()
@@ -1274,6 +1288,11 @@ type handoff struct {
 	// prefill's release before they are streamed (o.Records): their
 	// position in records, by router id.
 	unstreamed map[string]int
+	// lost is told, by the request that found it, that an engine's
+	// control channel is gone: its watcher would say so too, but a
+	// closed loop can fail hundreds of requests on the dead engine
+	// before the watcher runs (pull sent 300 in one run).
+	lost func(role string, idx int)
 }
 
 // readCPU takes a reading of the host's CPU speed (cpuspeed), while no
@@ -1492,6 +1511,16 @@ func (h *handoff) run(ctx context.Context) error {
 			return
 		}
 		r := h.one(ctx, i, isls[i], p, d)
+		if r.Error != "" && h.lost != nil {
+			// Before the next request goes out: an engine whose channel
+			// is gone ends the run (or is drained) now.
+			if h.pes[p].rpc.Lost() {
+				h.lost("prefill", p)
+			}
+			if h.des[d].rpc.Lost() {
+				h.lost("decode", d)
+			}
+		}
 		h.router.done(p, d)
 		var death *endpointDeath
 		if r.Error != "" && errors.As(context.Cause(ctx), &death) {

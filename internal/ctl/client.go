@@ -284,6 +284,15 @@ func (c *Client) Events() <-chan Event { return c.events }
 // Done is closed when nothing more will come from the server.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
+// Lost says the channel is gone (calls fail with ErrLost), which can be
+// a moment before Done is closed: a caller whose call just failed asks
+// this rather than wait for Done.
+func (c *Client) Lost() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err != nil
+}
+
 // Why says why nothing more will come from the server, once Done is
 // closed: how a child exited (waiting up to a second for its exit
 // status), or what ended the connection.

@@ -258,6 +258,12 @@ func TestBadJSONFromServer(t *testing.T) {
 	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "bad message") {
 		t.Errorf("call: %v", err)
 	}
+	// The channel is lost as the call fails, while Done waits for the
+	// server to stop writing (it is still running): a caller that must
+	// act before its next call asks Lost.
+	if !c.Lost() {
+		t.Error("Lost() = false after a call failed on a lost channel")
+	}
 	if err := c.Close(5*time.Second, nil); err != nil {
 		t.Errorf("close: %v", err)
 	}
