@@ -119,6 +119,11 @@ func byReason[N int | int64](m map[string]N) string {
 // requests failing for the same reason: ids, addresses, counts, times.
 var volatile = regexp.MustCompile(`[0-9a-fA-F]*[0-9][0-9a-fA-Fx.:]*(ms|µs|us|ns|s)?`)
 
+// FailureReason is the reason a failed request's error is counted under
+// in summary.failures_by_reason, for readers that pair a reason with the
+// records it came from (the HTML report's example per reason).
+func FailureReason(err string) string { return failureReason(err) }
+
 // failureReason turns one request's error into the reason it is counted
 // under: the message with its request-specific numbers and ids folded,
 // and at most 80 characters of it.
