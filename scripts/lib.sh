@@ -5,9 +5,10 @@
 # etcd-server: the etcd rendezvous's tests start a real etcd (on ports of
 # their own; the service the package may start is not used). iproute2 and
 # util-linux (ip, tc, unshare): the two-host test stages hosts with
-# namespaces; jq and bc: scripts/multihost-bench.sh.
+# namespaces; jq and bc: scripts/multihost-bench.sh; chromium: the HTML
+# report's browser test (internal/htmlreport) opens its pages headless.
 NIXLCTL_APT_PACKAGES=(build-essential pkg-config git ca-certificates curl unzip make
-  libucx-dev ucx-utils libzmq3-dev etcd-server iproute2 util-linux jq bc)
+  libucx-dev ucx-utils libzmq3-dev etcd-server iproute2 util-linux jq bc chromium)
 # The Go toolchain go.mod asks for, fetched from the Go module proxy when
 # the machine has no Go that new.
 NIXLCTL_GO_VERSION=1.26.0
