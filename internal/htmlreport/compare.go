@@ -3,6 +3,7 @@ package htmlreport
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -179,11 +180,11 @@ func stripChart(id, title string, groups []string, values [][]float64, band *[2]
 	}
 	y := newAxis(report.Linear, all, nil, h-bottom, top)
 	var b svgBuilder
-	b.f(`<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="%s" xmlns="http://www.w3.org/2000/svg">`, int(w), int(h), esc(title))
+	b.f(`<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="%s">`, int(w), int(h), esc(title))
 	for _, t := range y.ticks() {
 		py := coord(y.px(t))
 		b.f(`<line class="grid" x1="%s" x2="%s" y1="%s" y2="%s"/><text x="%s" y="%s" text-anchor="end" dy="4">%s</text>`,
-			coord(left), coord(w-right), py, py, coord(left-5), py, esc(num(t)))
+			coord(left), coord(w-right), py, py, coord(left-5), py, esc(strconv.FormatFloat(t, 'g', 4, 64)))
 	}
 	if band != nil {
 		y0, y1 := y.px(band[1]), y.px(band[0])

@@ -269,7 +269,7 @@ func TestPages(t *testing.T) {
 				}
 			}
 			// Self-contained: nothing to fetch, so it opens offline.
-			for _, bad := range []string{"<link", " src=", " href=", "@import", "url("} {
+			for _, bad := range []string{"<link", " src=", " href=", "@import", "url(", "http://", "https://"} {
 				if strings.Contains(s, bad) {
 					t.Errorf("the page refers to something outside it (%q)", bad)
 				}

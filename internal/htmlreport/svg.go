@@ -36,11 +36,9 @@ func colorOf(l report.Line, i int) string {
 
 // axis maps data values to pixels on one axis, linear or logarithmic.
 type axis struct {
-	scale          report.Scale
-	lo, hi         float64 // data range, already transformed for log scales
-	pxLo, pxHi     float64
-	unitIsBytes    bool
-	categoryLabels []string
+	scale      report.Scale
+	lo, hi     float64 // data range, already transformed for log scales
+	pxLo, pxHi float64
 }
 
 func (a axis) tr(v float64) float64 {
@@ -245,7 +243,7 @@ func renderPanel(id string, p report.Panel) chart {
 	if len(spanRows) > 0 {
 		y = axis{scale: report.Linear, lo: 0, hi: float64(len(spanRows)), pxLo: marginT, pxHi: chartH - marginB}
 	}
-	b.f(`<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="%s" xmlns="http://www.w3.org/2000/svg">`, chartW, chartH, esc(p.Title))
+	b.f(`<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="%s">`, chartW, chartH, esc(p.Title))
 	// Frame, grid and ticks.
 	b.f(`<g class="axes">`)
 	for _, t := range x.ticks() {
@@ -416,7 +414,7 @@ func renderHeatmap(p report.Panel) chart {
 			}
 		}
 	}
-	b.f(`<svg class="heatmap" viewBox="0 0 %s %s" role="img" aria-label="%s" xmlns="http://www.w3.org/2000/svg">`, coord(w), coord(ht), esc(p.Title))
+	b.f(`<svg class="heatmap" viewBox="0 0 %s %s" role="img" aria-label="%s">`, coord(w), coord(ht), esc(p.Title))
 	for j, col := range h.Cols {
 		b.f(`<text x="%s" y="%s" text-anchor="middle">%s</text>`, coord(left+cellW*(float64(j)+0.5)), coord(top-10), esc(col))
 	}
