@@ -15,6 +15,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/htmlreport"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -25,6 +26,7 @@ type gateOptions struct {
 	Metrics       []string `mapstructure:"metric"`
 	Repeat        int      `mapstructure:"repeat"`
 	NoiseCeiling  string   `mapstructure:"noise-ceiling"`
+	HTML          string   `mapstructure:"html"`
 }
 
 const gateLong = `Compare a result with a baseline and fail on a regression, for CI.
@@ -85,6 +87,7 @@ func newGateCmd(a *app) *cobra.Command {
 	f.StringArray("metric", nil, "gate on this metric key instead of the efficiency ratios (repeatable)")
 	f.Int("repeat", 0, "without --result: run the baseline's command this many times")
 	f.String("noise-ceiling", "", "the largest change the noise tests may explain away; beyond it a change is a regression or an improvement by its size alone (default 50%, or twice --max-regression where that is more)")
+	f.String("html", "", "also write the judgement as one self-contained HTML page (each metric's runs as points) to this .html file")
 	return cmd
 }
 
@@ -134,6 +137,11 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	case len(o.Results) == 0 && o.Repeat <= 0:
 		return errkind.BadInputf("give --result FILE (repeatable) or --repeat N")
 	}
+	if o.HTML != "" {
+		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
+			return err
+		}
+	}
 	base, err := loadResult(o.Baseline)
 	if err != nil {
 		return err
@@ -168,6 +176,16 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 	}
 	for _, a := range altered {
 		g.Refuse(a)
+	}
+	if o.HTML != "" {
+		labels := runLabels(o.Results)
+		for i := 0; i < o.Repeat; i++ {
+			labels = append(labels, fmt.Sprintf("run %d", i+1))
+		}
+		page := htmlreport.BuildGate(g, "baseline "+runLabels([]string{o.Baseline})[0], base.Result, labels, runs, version)
+		if err := writePage("html", o.HTML, page); err != nil {
+			return err
+		}
 	}
 	var md bytes.Buffer
 	if err := g.WriteMarkdown(&md); err != nil {
@@ -219,7 +237,7 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 
 // flagsNotRerun are the baseline's flags a re-run drops: where it wrote
 // its output, and how it showed progress. Those with a value take it.
-var flagsNotRerun = map[string]bool{"output": true, "o": true, "save": true, "plot": true, "records": true, "tui": false}
+var flagsNotRerun = map[string]bool{"output": true, "o": true, "save": true, "plot": true, "html": true, "records": true, "tui": false}
 
 // rerunArgs removes flagsNotRerun from args (in any of the forms --f v,
 // --f=v, -o v, -ov) and asks for JSON without a terminal view.

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/htmlreport"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/plots"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -32,6 +33,7 @@ const tuiDelay = 3 * time.Second
 type measureOptions struct {
 	TUI           string `mapstructure:"tui"`
 	Plot          string `mapstructure:"plot"`
+	HTML          string `mapstructure:"html"`
 	Save          string `mapstructure:"save"`
 	Records       string `mapstructure:"records"`
 	AllowFailures bool   `mapstructure:"allow-failures"`
@@ -126,6 +128,7 @@ func addMeasureFlags(cmd *cobra.Command, records bool) {
 	f.String("tui", "auto", "live terminal view: auto (when stdin and stdout are terminals, once the run passes 3 s), on, off; --tui alone means on")
 	f.Lookup("tui").NoOptDefVal = "on"
 	f.String("plot", "", "draw the result into this .png or .svg file")
+	f.String("html", "", "write the result as one self-contained HTML page to this .html file (see nixlctl report html)")
 	f.String("save", "", "keep result.json, records.jsonl and manifest.json in this directory (see nixlctl report show)")
 	f.Int("repeat", 1, "run the whole measurement this many times, one after another: the result is the run at the median of its main metric, with every metric's min, median, max and 95% interval over the runs (gate judges them all)")
 	f.Bool("allow-failures", false, "exit 0 even when requests failed, blocks leaked or were corrupt, or the run was interrupted (the result still lists them, and gate still refuses it)")
@@ -157,6 +160,11 @@ func (o *measureOptions) validate() error {
 	// must be refused now, not after minutes of measuring.
 	if o.Save != "" {
 		if err := checkSaveDir(o.Save); err != nil {
+			return err
+		}
+	}
+	if o.HTML != "" {
+		if err := checkHTMLFile("html", o.HTML, o.Save); err != nil {
 			return err
 		}
 	}
@@ -465,10 +473,23 @@ func (a *app) keep(res report.Result, mo measureOptions) error {
 			return fmt.Errorf("--plot %s: %w", mo.Plot, err)
 		}
 	}
+	if mo.HTML != "" {
+		// From the result in memory, its records included.
+		page, err := htmlreport.Build(res, version)
+		if err == nil {
+			err = writePage("html", mo.HTML, page)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	if mo.Save != "" {
 		var extra []string
 		if mo.Plot != "" && filepath.Dir(mo.Plot) == filepath.Clean(mo.Save) {
 			extra = append(extra, filepath.Base(mo.Plot))
+		}
+		if mo.HTML != "" && filepath.Dir(mo.HTML) == filepath.Clean(mo.Save) {
+			extra = append(extra, filepath.Base(mo.HTML))
 		}
 		given := h.RecordsFile
 		save := func() (*report.Manifest, error) { return report.Save(mo.Save, res, extra...) }

@@ -20,7 +20,7 @@ func newReportCmd(a *app) *cobra.Command {
 		Long: `Read results that measuring commands wrote (-o json > FILE, or --save DIR) and
 render them again, or lay several side by side. See docs/reports.md.`,
 	}
-	cmd.AddCommand(newReportShowCmd(a), newReportCompareCmd(a))
+	cmd.AddCommand(newReportShowCmd(a), newReportCompareCmd(a), newReportHTMLCmd(a))
 	return cmd
 }
 
