@@ -62,7 +62,8 @@ the lease timelines. Every page ends with all of the result's metrics.
 
 Two or more RESULTs give the page of report compare: the runs' headers, each
 metric side by side with its change and noise test, and each metric's runs as
-points (every run of a --repeat result). gate --html writes the gate's page.
+points (every run of a --repeat result), as report compare --html does;
+gate --html writes the gate's page.
 
 The page is drawn from the result's data, its records included when the
 result links a records file that is present (as report show reads them);

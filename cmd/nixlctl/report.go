@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/htmlreport"
 	"github.com/nixlctl/nixlctl/internal/plots"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -118,6 +119,7 @@ func runReportShow(_ context.Context, a *app, path string, o reportShowOptions) 
 
 type reportCompareOptions struct {
 	Metrics []string `mapstructure:"metric"`
+	HTML    string   `mapstructure:"html"`
 }
 
 func newReportCompareCmd(a *app) *cobra.Command {
@@ -149,10 +151,16 @@ distribution is "same" came from its reference (memcpy) or is noise.`,
 		},
 	}
 	cmd.Flags().StringArray("metric", nil, "compare only this metric key (repeatable): efficiency, bandwidth_gbps, handoff_latency_ms.p99, ...")
+	cmd.Flags().String("html", "", "also write the comparison as one self-contained HTML page (each metric's runs as points) to this .html file")
 	return cmd
 }
 
 func runReportCompare(_ context.Context, a *app, paths []string, o reportCompareOptions) error {
+	if o.HTML != "" {
+		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
+			return err
+		}
+	}
 	var results []report.Result
 	for _, p := range paths {
 		l, err := loadResult(p)
@@ -170,6 +178,13 @@ func runReportCompare(_ context.Context, a *app, paths []string, o reportCompare
 	}
 	if err := c.Render(a.io.Out, a.format); err != nil {
 		return errkind.BadInput(err)
+	}
+	if o.HTML != "" {
+		page, err := htmlreport.BuildCompare(runLabels(paths), results, o.Metrics, version)
+		if err != nil {
+			return errkind.BadInput(err)
+		}
+		return writePage("html", o.HTML, page)
 	}
 	return nil
 }

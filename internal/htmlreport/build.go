@@ -23,8 +23,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// Build makes the page of one result. fromRecords says the result's
-// records were loaded (the loader recomputed its summary from them).
+// Build makes the page of one result, from its records too when they are
+// loaded (report.Load, or a run's result in memory).
 func Build(res report.Result, version string) (*Page, error) {
 	h := res.Header()
 	p := &Page{Title: "nixlctl " + h.Command, Kind: h.Command, Generator: version}
@@ -159,7 +159,7 @@ func repeatsSection(r *report.Repeats) Section {
 	var cs []chart
 	for i, m := range r.Metrics {
 		if i >= 24 {
-			s.Blocks = append(s.Blocks, para(fmt.Sprintf("%d more metrics are in the table below the charts' list; the first 24 are drawn.", len(r.Metrics)-24)))
+			s.Blocks = append(s.Blocks, para(fmt.Sprintf("The first 24 of %d metrics are drawn; every one is in the table below.", len(r.Metrics))))
 			break
 		}
 		cs = append(cs, stripChart(fmt.Sprintf("rep%d", i), m.Name+unitSuffix(m.Unit), []string{"runs"}, [][]float64{m.Values}, nil))
