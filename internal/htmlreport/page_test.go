@@ -24,8 +24,8 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // The fixtures in testdata are real runs of nixlctl on the development
 // machine (docs/reports.md says how they were made): a bench push whose
 // registration watchdog failed 14 of 24 requests, a clean one, one with
-// --repeat 3, a 2x2 xPyD run, a bench xfer sweep, a lease-chaos --sim run
-// and a probe ucx-leak run with its self-test leak.
+// --repeat 3, a 2x2 xPyD run, a bench xfer sweep, a lease-chaos --sim run,
+// a probe ucx-leak run with its self-test leak and a bench ec run.
 
 func load(t testing.TB, name string) report.Result {
 	t.Helper()
@@ -76,6 +76,8 @@ var pageCases = []pageCase{
 	{"xfer", single("xfer"), []string{"sweep", "all-metrics"}},
 	{"ucx-leak", single("ucx-leak.json"), []string{"rss", "all-metrics"}},
 	{"lease-chaos", single("lease-chaos.json"), []string{"scenarios", "sweep", "timelines"}},
+	// A kind without a page of its own: its --plot figure and its metrics.
+	{"bench-ec", single("ec"), []string{"charts", "all-metrics"}},
 	{"compare", func(t testing.TB) (*Page, valuesFunc) {
 		a, b := load(t, "push-small"), load(t, "push-rep")
 		p, err := BuildCompare([]string{"push-small", "push-rep"}, []report.Result{a, b}, nil, "test")
