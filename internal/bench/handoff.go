@@ -1118,8 +1118,15 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	// Give prefill a moment to report its last frees, and, for blocks of
 	// failed requests, the time their leases take (up to 5 s): what is held
-	// after that is reported.
-	h.drainFreed(2 * time.Second)
+	// after that is reported. Not when an endpoint died: what prefill
+	// holds for a dead decode stays held for the whole lease (vLLM's
+	// abort timeout), so the waits only delayed the exit (push took 10 s
+	// to exit after its decode was killed) and reported the same blocks.
+	freedWait, lease := 2*time.Second, o.Lease
+	if died.Load() != nil {
+		freedWait, lease = 500*time.Millisecond, 0
+	}
+	h.drainFreed(freedWait)
 	h.streamRest()
 	res.Records = h.records
 	// Calls the run gave up on may still be finishing at prefill (a slow
@@ -1127,7 +1134,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	// leases they left, before counting what is still held.
 	pstats, dstats := make([]engine.Stats, n), make([]engine.Stats, m)
 	for i, pe := range pes {
-		st, err := settlePrefill(context.WithoutCancel(ctx), pe, o.Lease, 10*time.Second)
+		st, err := settlePrefill(context.WithoutCancel(ctx), pe, lease, 10*time.Second)
 		pstats[i] = st
 		if err != nil {
 			res.Warn(engineName("prefill", i, n) + " stats: " + err.Error())
@@ -1421,7 +1428,7 @@ func (h *handoff) collectFreed(pe *Endpoint) {
 }
 
 // waitFreed waits (bounded) for prefill to report a request's release.
-func (h *handoff) waitFreed(id string, d time.Duration) (engine.FreedEvent, bool) {
+func (h *handoff) waitFreed(ctx context.Context, id string, d time.Duration) (engine.FreedEvent, bool) {
 	h.mu.Lock()
 	if f, ok := h.freed[id]; ok {
 		h.mu.Unlock()
@@ -1433,12 +1440,14 @@ func (h *handoff) waitFreed(id string, d time.Duration) (engine.FreedEvent, bool
 	select {
 	case f := <-ch:
 		return f, true
+	case <-ctx.Done():
+		// The run stopped: drainFreed applies what still comes.
 	case <-time.After(d):
-		h.mu.Lock()
-		delete(h.waiting, id)
-		h.mu.Unlock()
-		return engine.FreedEvent{}, false
 	}
+	h.mu.Lock()
+	delete(h.waiting, id)
+	h.mu.Unlock()
+	return engine.FreedEvent{}, false
 }
 
 // drainFreed waits up to d for vLLM prefill's release of every request
@@ -1709,8 +1718,13 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 		// The WRITE is prefill's: its stage times come with the release
 		// (or, when that comes late, at the end of the run: drainFreed).
 		rec.tRegSent, rec.tXferDone = lr.TRegSent, lr.TXferDone
-		if f, ok := h.waitFreed(id, 3*time.Second); ok && rec.Error == "" {
-			rec.applyPushFreed(f)
+		// A failed request has no release to wait for (a dead decode
+		// never sends the completion that triggers it): waiting cost
+		// every run whose decode died 3 s.
+		if rec.Error == "" {
+			if f, ok := h.waitFreed(ctx, id, 3*time.Second); ok {
+				rec.applyPushFreed(f)
+			}
 		}
 	case engine.ProtoSGLang:
 		rec.RegRTTMS = ms(lr.TRegSent, pr.TBootstrapped)
