@@ -21,12 +21,16 @@ import (
 // agent once as one DRAM region. Being a file, it could be mapped by
 // other processes of the same engine (vLLM's TP workers share it).
 //
-// The creator unlinks the file on Close. A process killed with SIGKILL
-// cannot, and the file then holds its memory until someone removes it —
-// the leak the upstream connector has too. nixlctl names its files after
-// the creating process (pid and start time), so CleanStaleRegions, run
-// whenever a region is created, removes exactly the files of processes
-// that are gone.
+// Upstream keeps the file until its process closes the region, and a
+// process killed with SIGKILL leaks it (its memory stays in /dev/shm
+// until someone removes it). nixlctl maps nothing by path after
+// creation, so it unlinks the file as soon as it is mapped: the mapping
+// holds the memory, which the kernel frees however the process ends (a
+// double Ctrl-C or a killed driver left a 268 MB producer region and two
+// 67 MB consumer regions behind). Files of older nixlctl versions are
+// named after the creating process (pid and start time), and
+// CleanStaleRegions, run whenever a region is created, still removes
+// exactly the files of processes that are gone.
 type ShmRegion struct {
 	Path       string
 	BlockBytes int
@@ -94,6 +98,10 @@ func CreateShmRegion(dir, role string, size, blockBytes int) (*ShmRegion, error)
 			data[i] = 0 // kernels before 5.14
 		}
 	}
+	if err := os.Remove(path); err != nil {
+		unix.Munmap(data)
+		return fail(fmt.Errorf("unlink region %s: %w", path, err))
+	}
 	r := &ShmRegion{Path: path, BlockBytes: blockBytes, NumBlocks: n, data: data}
 	r.buf = nixl.NewBuffer(uint64(uintptr(unsafe.Pointer(&data[0]))), total, nixl.DRAM, 0, "shm", data, nil)
 	return r, nil
@@ -117,16 +125,14 @@ func (r *ShmRegion) Descs() []nixl.Desc {
 	return d
 }
 
-// Close unmaps and unlinks the region; deregister it from its agent first.
+// Close unmaps the region (its file was unlinked when it was mapped);
+// deregister it from its agent first.
 func (r *ShmRegion) Close() error {
 	if r.data == nil {
 		return nil
 	}
 	err := unix.Munmap(r.data)
 	r.data = nil
-	if rmErr := os.Remove(r.Path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-		err = errors.Join(err, rmErr)
-	}
 	return err
 }
 
