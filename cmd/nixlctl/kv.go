@@ -149,6 +149,11 @@ func kvSpec(m kv.Model, dtype string, blockSize int, layout, order string, tp, p
 	return s, errkind.BadInput(s.Validate())
 }
 
+// The link speeds kv layout estimates with: 1 Mb/s to 1 Pb/s, well past
+// any link, and the slowest still moves the largest cache in a time a
+// duration holds.
+const minLinkGbps, maxLinkGbps = 0.001, 1e6
+
 func parseLinks(s string) ([]kv.Link, error) {
 	var links []kv.Link
 	for _, f := range strings.Split(s, ",") {
@@ -156,9 +161,11 @@ func parseLinks(s string) ([]kv.Link, error) {
 		if f == "" {
 			continue
 		}
+		// NaN passed a "g <= 0" check and printed a NaNG column with a
+		// wrapped time; the bounds also keep bytes/speed a duration.
 		g, err := strconv.ParseFloat(f, 64)
-		if err != nil || g <= 0 {
-			return nil, errkind.BadInputf("--link-gbps: %q is not a positive number of Gb/s", f)
+		if err != nil || !(g >= minLinkGbps && g <= maxLinkGbps) {
+			return nil, errkind.BadInputf("--link-gbps: %q is not a number of Gb/s between %g and %g", f, minLinkGbps, maxLinkGbps)
 		}
 		links = append(links, kv.Link{Name: strconv.FormatFloat(g, 'f', -1, 64) + "G", Gbps: g})
 	}

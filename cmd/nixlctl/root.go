@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,7 +146,10 @@ func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 		f := flags.Lookup(name)
 		return v.IsSet(name) && (f == nil || f.Changed || os.Getenv(envName(name)) != "" || !shared[name])
 	}
-	return set, checkDurations(v, flags)
+	if err := checkDurations(v, flags); err != nil {
+		return set, err
+	}
+	return set, checkFloats(v, flags)
 }
 
 // checkDurations refuses a negative value for any duration flag. No
@@ -160,6 +164,24 @@ func checkDurations(v *viper.Viper, flags *pflag.FlagSet) error {
 		}
 		if d := v.GetDuration(f.Name); d < 0 {
 			err = errkind.BadInputf("--%s %v: a duration cannot be negative", f.Name, d)
+		}
+	})
+	return err
+}
+
+// checkFloats refuses NaN and infinities for any float flag. Go's parser
+// takes them, and no command has a use for one: compared with a bound,
+// NaN passes every check (a rate of NaN ran, then the JSON result could
+// not be written), and converted to a duration it wraps. Checked on the
+// resolved values, like checkDurations, before any command starts.
+func checkFloats(v *viper.Viper, flags *pflag.FlagSet) error {
+	var err error
+	flags.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Value.Type() != "float64" {
+			return
+		}
+		if x := v.GetFloat64(f.Name); math.IsNaN(x) || math.IsInf(x, 0) {
+			err = errkind.BadInputf("--%s %v: want a finite number", f.Name, x)
 		}
 	})
 	return err
