@@ -260,7 +260,10 @@ func (o *HandoffOptions) Validate() error {
 	if o.Spec.PP > 1 && o.Protocol == engine.ProtoSGLang {
 		bad("PP", "%d: nixlctl's SGLang engines have no pipeline stages (pp > 1 is for pull and push)", o.Spec.PP)
 	}
-	o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)
+	if o.validateBounds(bad) {
+		o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)
+		o.validateLocalEngines(bad)
+	}
 	if o.Inproc && o.remote() {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
@@ -298,7 +301,142 @@ func (o *HandoffOptions) Validate() error {
 		}
 	}
 	errs = append(errs, o.checkTopologyTPs()...)
+	if len(errs) == 0 {
+		if err := o.checkPoolMemory(hostMemRoom()); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// localBlockBytes is what one block of every engine's pool weighs on the
+// engines that run on this host (every rank of each), in its memory: 0
+// for VRAM pools, which the GPUs hold.
+func (o *HandoffOptions) localBlockBytes(spec kv.Spec) int64 {
+	if o.Mem == nixl.VRAM {
+		return 0
+	}
+	ps, ds := o.engines()
+	var per int64
+	for _, s := range append(append([]EngineSlot(nil), ps...), ds...) {
+		if s.Local() {
+			per += blockBytesAllRanks(spec, s.TP)
+		}
+	}
+	return per
+}
+
+// checkPoolMemory refuses, before anything starts, KV pools this host
+// cannot hold: --num-blocks as asked (1 Ti blocks ran the driver out of
+// memory), or, when the pools are sized for the workload, one request of
+// its longest prompt (the run cuts automatic pools to fit, down to that).
+func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
+	spec, err := o.Spec.Normalize()
+	if err != nil || room <= 0 {
+		return nil
+	}
+	per := o.localBlockBytes(spec)
+	if per <= 0 {
+		return nil
+	}
+	what := fmt.Sprintf("a block on every rank of the %d local engines", o.localEngines())
+	if o.NumBlocks > 0 {
+		if !room.fits(int64(o.NumBlocks), per) {
+			return errkind.Field("NumBlocks", "%d blocks per engine do not fit on this host: %s",
+				o.NumBlocks, room.need(int64(o.NumBlocks), per, what))
+		}
+		return nil
+	}
+	t := *o
+	t.usesTrace()
+	n := int64(t.blocksPerRequest())
+	if room.fits(n, per) {
+		return nil
+	}
+	msg := fmt.Sprintf("one request of %d tokens does not fit on this host: %s",
+		t.longestPrompt(), room.need(n, per, what))
+	switch t.ISL.Dist {
+	case ISLTrace:
+		return fmt.Errorf("--trace: its longest prompt: %s", msg)
+	case ISLUniform, ISLNormal:
+		return errkind.Field("ISL.Max", "%s", msg)
+	}
+	return errkind.Field("ISL.Fixed", "%s", msg)
+}
+
+// validateBounds refuses counts and times past the limits (limits.go),
+// which ran out of memory, wrapped, or ran until killed. It says whether
+// the engine counts are within bounds (else the engines are not resolved:
+// a slot each would not fit).
+func (o *HandoffOptions) validateBounds(bad func(field, format string, a ...any)) (enginesOK bool) {
+	enginesOK = true
+	if o.Requests > MaxRequests {
+		bad("Requests", "%d: at most %d", o.Requests, MaxRequests)
+	}
+	if o.Warmup > MaxRequests {
+		bad("Warmup", "%d: at most %d", o.Warmup, MaxRequests)
+	}
+	if len(o.Trace) > 0 && o.Warmup >= len(o.Trace) {
+		bad("Warmup", "%d: the trace has %d requests, so none would be measured", o.Warmup, len(o.Trace))
+	}
+	if o.Concurrency > MaxConcurrency {
+		bad("Concurrency", "%d: at most %d requests in flight", o.Concurrency, MaxConcurrency)
+	}
+	for _, c := range []struct {
+		field string
+		n     int
+	}{{"Prefills", o.Prefills}, {"Decodes", o.Decodes}} {
+		if c.n > MaxEngines {
+			bad(c.field, "%d: at most %d engines", c.n, MaxEngines)
+			enginesOK = false
+		}
+	}
+	if len(o.Trace) == 0 && o.Rate > 0 && o.Requests > 0 && o.Requests <= MaxRequests {
+		// An arrival past a Duration's range wrapped and fired at once.
+		n := o.Requests + max(o.Warmup, 0)
+		if secs := float64(n) / o.Rate; secs > MaxRunTime.Seconds() {
+			bad("Rate", "%g: %d requests at this rate arrive over about %.3g s; a run may last at most %v", o.Rate, n, secs, MaxRunTime)
+		}
+	}
+	if o.PrefillPerTok > 0 {
+		t := *o
+		t.usesTrace()
+		if longest := t.longestPrompt(); longest > 0 && o.PrefillPerTok > MaxPrefillTime/time.Duration(longest) {
+			bad("PrefillPerTok", "%v per token: the longest prompt (%d tokens) would take %.3g s to prefill; at most %v a request",
+				o.PrefillPerTok, longest, o.PrefillPerTok.Seconds()*float64(longest), MaxPrefillTime)
+		}
+	}
+	return enginesOK
+}
+
+// localEngines counts the engines that run on this host.
+func (o *HandoffOptions) localEngines() int {
+	ps, ds := o.engines()
+	local := 0
+	for _, s := range append(append([]EngineSlot(nil), ps...), ds...) {
+		if s.Local() {
+			local++
+		}
+	}
+	return local
+}
+
+// validateLocalEngines refuses more engines on this host than it can
+// start: each is a process of its own (a topology of 200 local prefills
+// forked 200 UCX processes).
+func (o *HandoffOptions) validateLocalEngines(bad func(field, format string, a ...any)) {
+	local := o.localEngines()
+	if local <= MaxLocalEngines {
+		return
+	}
+	switch {
+	case o.Topology != "":
+		bad("Topology", "%d engines would run on this host; at most %d", local, MaxLocalEngines)
+	case o.Decodes > o.Prefills:
+		bad("Decodes", "%d with --prefills %d: %d engines would run on this host; at most %d", o.Decodes, o.Prefills, local, MaxLocalEngines)
+	default:
+		bad("Prefills", "%d with --decodes %d: %d engines would run on this host; at most %d", o.Prefills, o.Decodes, local, MaxLocalEngines)
+	}
 }
 
 // validateSGL checks SGLang's timeouts; options built without
@@ -462,19 +600,23 @@ type HandoffConfig struct {
 	PrefillTP int             `json:"prefill_tp"`
 	DecodeTP  int             `json:"decode_tp"`
 	// PP is both sides' pipeline stages (absent: 1).
-	PP              int                  `json:"pp,omitempty"`
-	Requests        int                  `json:"requests"`
-	Warmup          int                  `json:"warmup"`
-	ISL             ISL                  `json:"isl"`
-	Rate            float64              `json:"rate"`
-	Concurrency     int                  `json:"concurrency"`
-	PrefixHit       float64              `json:"prefix_hit"`
-	Fragmentation   engine.Fragmentation `json:"fragmentation"`
-	Merge           bool                 `json:"merge_descriptors"`
-	NumBlocks       int                  `json:"num_blocks"`
-	PrefillPerToken Duration             `json:"prefill_time_per_token"`
-	Lease           Duration             `json:"lease"`
-	RegTimeout      Duration             `json:"registration_timeout,omitempty"`
+	PP            int                  `json:"pp,omitempty"`
+	Requests      int                  `json:"requests"`
+	Warmup        int                  `json:"warmup"`
+	ISL           ISL                  `json:"isl"`
+	Rate          float64              `json:"rate"`
+	Concurrency   int                  `json:"concurrency"`
+	PrefixHit     float64              `json:"prefix_hit"`
+	Fragmentation engine.Fragmentation `json:"fragmentation"`
+	Merge         bool                 `json:"merge_descriptors"`
+	NumBlocks     int                  `json:"num_blocks"`
+	// PoolSizedFor says what the automatic pools were sized for (the
+	// workload: requests in flight and the longest prompt), or
+	// "--num-blocks".
+	PoolSizedFor    string   `json:"pool_sized_for,omitempty"`
+	PrefillPerToken Duration `json:"prefill_time_per_token"`
+	Lease           Duration `json:"lease"`
+	RegTimeout      Duration `json:"registration_timeout,omitempty"`
 	// Push: what the registration watchdog did when it fired, and what
 	// heartbeats were keyed by (upstream: they never renew, vLLM #53095).
 	RegWatchdog       engine.WatchdogAction `json:"registration_watchdog,omitempty"`
@@ -800,12 +942,44 @@ func (o *HandoffOptions) poolBlocks() int {
 	if o.NumBlocks > 0 {
 		return o.NumBlocks
 	}
-	inflight := o.Concurrency
-	if o.Rate > 0 {
-		inflight = 64
-	}
 	per := o.blocksPerRequest()
-	return max(per*inflight*3/2+per, 64)
+	return max(per*o.poolInflight()*3/2+per, 64)
+}
+
+// openLoopInflight is what an open loop's (or a trace's) automatic pools
+// are sized to hold in flight: arrivals do not wait for the blocks.
+const openLoopInflight = 64
+
+// poolInflight is how many requests the automatic pools are sized to hold
+// at once: the concurrency, or 64 for an open loop, but never more than
+// the run has (a 2-request trace got pools for 64 of the default 4096
+// tokens: 24,832 blocks for what 64 hold).
+func (o *HandoffOptions) poolInflight() int {
+	n := o.Requests + max(o.Warmup, 0)
+	if len(o.Trace) > 0 {
+		n = len(o.Trace)
+	}
+	inflight := o.Concurrency
+	if o.Rate > 0 || len(o.Trace) > 0 {
+		inflight = openLoopInflight
+	}
+	return max(1, min(inflight, n))
+}
+
+// poolSizedFor says in the result what the pools were sized for.
+func (o *HandoffOptions) poolSizedFor() string {
+	if o.NumBlocks > 0 {
+		return "--num-blocks"
+	}
+	src := "--isl"
+	switch o.ISL.Dist {
+	case ISLTrace:
+		src = "the trace's longest"
+	case ISLUniform, ISLNormal:
+		src = "--isl-max"
+	}
+	return fmt.Sprintf("%d requests in flight of %d tokens (%s), %d blocks each, and half as many again for leases that outlive a request",
+		o.poolInflight(), o.longestPrompt(), src, o.blocksPerRequest())
 }
 
 // WarmupPoolPass, as Warmup, runs as many warm-up requests as take every
@@ -820,7 +994,12 @@ const WarmupPoolPass = -1
 // poolPass is the warm-up that uses each of a pool's blocks once.
 func (o *HandoffOptions) poolPass(blocks int) int {
 	per := o.blocksPerRequest()
-	if len(o.Trace) > 0 || per <= 0 {
+	if len(o.Trace) > 0 {
+		// The warm-up is the trace's first requests: leave one measured
+		// (a 2-request trace measured none).
+		return max(0, min(2, len(o.Trace)-1))
+	}
+	if per <= 0 {
 		return 2
 	}
 	// Never more than the run measures: an open loop sizes its pool for
@@ -840,6 +1019,7 @@ func (o *HandoffOptions) longestPrompt() int {
 	case ISLUniform, ISLNormal:
 		maxISL = o.ISL.Max
 	case ISLTrace:
+		maxISL = 0 // the trace's own, not --isl's default
 		for _, e := range o.Trace {
 			maxISL = max(maxISL, e.ISL)
 		}
@@ -907,6 +1087,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		o.Warmup = o.poolPass(blocks)
 	}
 	res.Config = o.config(blocks)
+	res.Config.PoolSizedFor = o.poolSizedFor()
 	res.Config.Rendezvous = rdv
 	for _, w := range o.notUpstream() {
 		res.Warn(w)
@@ -1563,7 +1744,7 @@ func (h *handoff) run(ctx context.Context) error {
 		}
 	} else { // closed loop
 		next := make(chan int)
-		for w := 0; w < o.Concurrency; w++ {
+		for w := 0; w < min(o.Concurrency, n); w++ { // no idle workers past the requests
 			go func() {
 				for i := range next {
 					runOne(i)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -113,7 +115,10 @@ func TestHandoffTrace(t *testing.T) {
 	if err != nil || len(tr) != 2 {
 		t.Fatalf("%v %v", tr, err)
 	}
-	for _, bad := range []string{"", "{\"arrival\": 1, \"isl\": 0}", "{\"arrival\": 2, \"isl\": 5}\n{\"arrival\": 1, \"isl\": 5}", "not json"} {
+	for _, bad := range []string{"", "{\"arrival\": 1, \"isl\": 0}", "{\"arrival\": 2, \"isl\": 5}\n{\"arrival\": 1, \"isl\": 5}", "not json",
+		// Past the token limit, and an arrival past MaxRunTime (1e15 s
+		// wrapped as a Duration and fired at once).
+		"{\"arrival\": 0, \"isl\": 67108865}", "{\"arrival\": 1e15, \"isl\": 5}", "{\"arrival\": 604801, \"isl\": 5}"} {
 		if _, err := ReadTrace(strings.NewReader(bad)); err == nil {
 			t.Errorf("trace %q accepted", bad)
 		}
@@ -167,6 +172,19 @@ func TestHandoffValidate(t *testing.T) {
 			[]string{"DecodeTP"}, "--prefill-tp 4 > --decode-tp 2 with the 2 KV heads"},
 		{"pp with sglang", func(o *HandoffOptions) { o.Protocol, o.Spec.PP = engine.ProtoSGLang, 2 }, []string{"PP"}, "no pipeline stages"},
 		{"pp above the layers", func(o *HandoffOptions) { o.Spec.PP = o.Spec.Model.NumLayers + 1 }, nil, "prefill: "},
+		// Bounds (issue 29): counts and times past limits.go's.
+		{"requests at maxint", func(o *HandoffOptions) { o.Requests = math.MaxInt }, []string{"Requests"}, "at most 1000000"},
+		{"warm-up at maxint", func(o *HandoffOptions) { o.Warmup = math.MaxInt }, []string{"Warmup"}, "at most 1000000"},
+		{"warm-up eats the trace", func(o *HandoffOptions) {
+			o.Trace, o.Warmup = []TraceEntry{{0, 64}, {1, 64}}, 2
+		}, []string{"Warmup"}, "the trace has 2 requests, so none would be measured"},
+		{"concurrency", func(o *HandoffOptions) { o.Concurrency = 1e9 }, []string{"Concurrency"}, "at most 4096"},
+		{"isl above the token limit", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: kv.MaxTokens + 1} }, []string{"ISL.Fixed"}, "between 1 and 67108864"},
+		{"isl-max above the token limit", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLUniform, Min: 1, Max: kv.MaxTokens + 1} }, []string{"ISL.Max"}, ""},
+		{"rate so slow the arrivals wrap", func(o *HandoffOptions) { o.Rate, o.Concurrency = 1e-30, 0 }, []string{"Rate"}, "at most 168h"},
+		{"prefill an hour a token", func(o *HandoffOptions) { o.PrefillPerTok = time.Hour }, []string{"PrefillPerTok"}, "at most 10m0s a request"},
+		{"prefills past any host", func(o *HandoffOptions) { o.Prefills = 100000 }, []string{"Prefills"}, "at most 1024"},
+		{"local engines past the host", func(o *HandoffOptions) { o.Decodes = 40 }, []string{"Decodes"}, "40 with --prefills 1: 41 engines would run on this host; at most 32"},
 		{"tp vLLM refuses in a topology", func(o *HandoffOptions) {
 			o.Spec.Model.NumKVHeads, o.Topology = 2, writeTopology(t, `{"prefill": [{"addr": "local", "tp": 4}], "decode": [{"addr": "local", "tp": 1}]}`)
 		}, []string{"Topology"}, kv.VLLMTPRefusal},
@@ -214,6 +232,46 @@ func writeTopology(t *testing.T, body string) string {
 
 // Where a run does not behave as upstream vLLM would, its result says so
 // (config and a warning); where it does, it says nothing.
+// Pools the host cannot hold are refused before anything starts, with
+// the numbers; the room is given, so the test does not depend on the host.
+func TestHandoffPoolMemory(t *testing.T) {
+	base := handoffOpts(t, engine.ProtoPull, 1, 1)
+	block := blockBytesAllRanks(base.Spec, 1) * 2 // a block on both local engines
+	tests := []struct {
+		name string
+		mut  func(*HandoffOptions)
+		room memRoom
+		want string // "": fits
+	}{
+		{"fits", func(o *HandoffOptions) { o.NumBlocks = 100 }, memRoom(block * 100), ""},
+		{"num-blocks past the room", func(o *HandoffOptions) { o.NumBlocks = 101 }, memRoom(block * 100), "NumBlocks: 101 blocks per engine do not fit"},
+		{"num-blocks past int64 bytes", func(o *HandoffOptions) { o.NumBlocks = 1 << 60 }, memRoom(block * 100), "NumBlocks: 1152921504606846976 blocks"},
+		{"vram pools are not the host's", func(o *HandoffOptions) { o.NumBlocks, o.Mem = 1<<40, nixl.VRAM }, memRoom(block), ""},
+		{"remote engines are not the host's", func(o *HandoffOptions) {
+			o.NumBlocks, o.Prefill, o.Decode = 1<<40, "10.0.0.1:7400", "10.0.0.2:7400"
+		}, memRoom(block), ""},
+		{"one request does not fit", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: 400} }, memRoom(block * 24),
+			"ISL.Fixed: one request of 400 tokens does not fit on this host: 25 x"},
+		{"the longest of a distribution", func(o *HandoffOptions) {}, memRoom(block * 24), "ISL.Max: one request of 400 tokens"},
+		{"a trace's longest", func(o *HandoffOptions) { o.Trace = []TraceEntry{{0, 16}, {1, 400}} }, memRoom(block * 24), "--trace: its longest prompt"},
+		{"unknown room", func(o *HandoffOptions) { o.NumBlocks = 1 << 60 }, 0, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mut(&o)
+			_ = o.Validate() // settles the engines; its own check uses this host's room
+			err := o.checkPoolMemory(tc.room)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("checkPoolMemory = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("checkPoolMemory = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func TestHandoffNotUpstream(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

@@ -90,21 +90,25 @@ func TestPoolPassWarmup(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		blocks int
-		trace  bool
+		trace  int // entries; 0: no trace
 		reqs   int
 		want   int
 	}{
-		{"one pass over the pool", 7 * per, false, 64, 7},
-		{"a partial request counts", 7*per + 1, false, 64, 8},
-		{"at least 2", per, false, 64, 2},
-		{"never more than measured", 100 * per, false, 10, 10},
-		{"a trace keeps 2", 7 * per, true, 64, 2},
+		{"one pass over the pool", 7 * per, 0, 64, 7},
+		{"a partial request counts", 7*per + 1, 0, 64, 8},
+		{"at least 2", per, 0, 64, 2},
+		{"never more than measured", 100 * per, 0, 10, 10},
+		{"a trace keeps 2", 7 * per, 5, 64, 2},
+		// A short trace's warm-up leaves its last request measured (2
+		// warm-up requests of a 2-line trace measured nothing).
+		{"a 2-request trace keeps 1", 7 * per, 2, 64, 1},
+		{"a 1-request trace keeps none", 7 * per, 1, 64, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := o
 			o.Requests = tc.reqs
-			if tc.trace {
-				o.Trace = []TraceEntry{{ISL: 2048}}
+			for range tc.trace {
+				o.Trace = append(o.Trace, TraceEntry{ISL: 2048})
 			}
 			if got := o.poolPass(tc.blocks); got != tc.want {
 				t.Errorf("poolPass(%d blocks) = %d, want %d", tc.blocks, got, tc.want)

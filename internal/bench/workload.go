@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -85,6 +86,17 @@ func ReadTrace(r io.Reader) ([]TraceEntry, error) {
 		if e.ISL <= 0 || e.Arrival < 0 || math.IsNaN(e.Arrival) || math.IsInf(e.Arrival, 0) {
 			return nil, fmt.Errorf("trace line %d: need isl > 0 and arrival >= 0, got %+v", line, e)
 		}
+		// An ISL of 2e9 sized pools past any memory, and an arrival of
+		// 1e15 s wrapped as a Duration and fired at once.
+		if e.ISL > kv.MaxTokens {
+			return nil, fmt.Errorf("trace line %d: isl %d: at most %d tokens", line, e.ISL, kv.MaxTokens)
+		}
+		if e.Arrival > MaxRunTime.Seconds() {
+			return nil, fmt.Errorf("trace line %d: arrival %g s: at most %g s (%v)", line, e.Arrival, MaxRunTime.Seconds(), MaxRunTime)
+		}
+		if len(out) == MaxRequests {
+			return nil, fmt.Errorf("trace line %d: more than %d requests", line, MaxRequests)
+		}
 		if n := len(out); n > 0 && e.Arrival < out[n-1].Arrival {
 			return nil, fmt.Errorf("trace line %d: arrivals must not go back in time", line)
 		}
@@ -106,8 +118,8 @@ func (d ISL) Validate() error {
 	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	switch d.Dist {
 	case ISLFixed:
-		if d.Fixed <= 0 {
-			bad("Fixed", "must be positive")
+		if d.Fixed <= 0 || d.Fixed > kv.MaxTokens {
+			bad("Fixed", "tokens must be between 1 and %d (got %d)", kv.MaxTokens, d.Fixed)
 		}
 	case ISLUniform, ISLNormal:
 		if d.Min <= 0 {
@@ -115,10 +127,12 @@ func (d ISL) Validate() error {
 		}
 		if d.Max < d.Min {
 			bad("Max", "must be at least the minimum (%d)", d.Min)
+		} else if d.Max > kv.MaxTokens {
+			bad("Max", "tokens must be between 1 and %d (got %d)", kv.MaxTokens, d.Max)
 		}
 		if d.Dist == ISLNormal {
-			if d.Mean <= 0 {
-				bad("Mean", "must be positive")
+			if d.Mean <= 0 || d.Mean > kv.MaxTokens {
+				bad("Mean", "tokens must be between 1 and %d (got %g)", kv.MaxTokens, d.Mean)
 			}
 			if d.Std < 0 {
 				bad("Std", "must not be negative")
