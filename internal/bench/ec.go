@@ -73,6 +73,13 @@ func DefaultECOptions() ECOptions {
 		Consumers: 2, ProducerRegion: 256 << 20, ConsumerRegion: 64 << 20, AckTimeout: ec.ECAckTimeout, Verify: true, Warmup: 1, Seed: 1}
 }
 
+// Bounds of bench ec's workload (see limits.go): a request's images are
+// drawn distinct from the unique ones, each of which the driver tracks.
+const (
+	MaxImagesPerRequest = 4096
+	MaxUniqueImages     = 1 << 20
+)
+
 // ProducerSpec says where the encoder runs.
 type ProducerSpec struct {
 	Inproc bool     `mapstructure:"inproc"`   // a goroutine of this process
@@ -106,13 +113,17 @@ func (o *ECOptions) Validate() error {
 		}
 		largest = max(largest, b)
 	}
-	if o.Requests <= 0 {
-		bad("Requests", "must be positive (got %d)", o.Requests)
+	// Upper bounds (limits.go): at maxint --unique-images panicked in
+	// makeslice, and --requests or --warmup ran until killed.
+	if o.Requests <= 0 || o.Requests > MaxRequests {
+		bad("Requests", "must be between 1 and %d (got %d)", MaxRequests, o.Requests)
 	}
-	if o.ImagesPerRequest <= 0 {
-		bad("ImagesPerRequest", "must be positive (got %d)", o.ImagesPerRequest)
+	if o.ImagesPerRequest <= 0 || o.ImagesPerRequest > MaxImagesPerRequest {
+		bad("ImagesPerRequest", "must be between 1 and %d (got %d)", MaxImagesPerRequest, o.ImagesPerRequest)
 	}
-	if o.UniqueImages < o.ImagesPerRequest {
+	if o.UniqueImages > MaxUniqueImages {
+		bad("UniqueImages", "%d: at most %d", o.UniqueImages, MaxUniqueImages)
+	} else if o.UniqueImages < o.ImagesPerRequest {
 		bad("UniqueImages", "%d must be at least the images per request (%d): a request's images are distinct", o.UniqueImages, o.ImagesPerRequest)
 	}
 	if o.ZipfS < 0 || math.IsNaN(o.ZipfS) || o.ZipfS > 10 {
@@ -130,8 +141,8 @@ func (o *ECOptions) Validate() error {
 	if o.EncodeTime < 0 {
 		bad("EncodeTime", "must not be negative")
 	}
-	if o.Warmup < 0 {
-		bad("Warmup", "must not be negative")
+	if o.Warmup < 0 || o.Warmup > MaxRequests {
+		bad("Warmup", "must be between 0 and %d (got %d)", MaxRequests, o.Warmup)
 	}
 	if largest > 0 {
 		if int64(o.ProducerRegion) < largest {

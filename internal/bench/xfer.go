@@ -262,7 +262,72 @@ func (o *XferOptions) Validate() error {
 	if o.CheckConsistency && o.TotalBufferSize > 0 && o.TotalBufferSize < o.StartBlock {
 		bad("CheckConsistency", "needs room for at least one block")
 	}
+	if len(errs) == 0 {
+		o.validateBounds(bad, hostMemRoom())
+	}
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// Bounds of a sweep (see limits.go): iterations near maxint panicked in
+// makeslice or ran until killed, a batch of 2^40 descriptors never got
+// past preparing them.
+const (
+	MaxXferIters      = 10_000_000 // --num-iter, --warmup-iter: a point keeps a sample of each timed one
+	MaxXferBatch      = 1 << 20    // --max-batch-size: descriptors in one request
+	MaxPipelineDepth  = 1024       // --pipeline-depth: requests prepared and in flight at once
+	maxXferPrepared   = 1 << 22    // descriptors prepared at once (depth x batch)
+	maxXferBufferSize = 1 << 50    // past any host, and a doubling block size cannot wrap
+)
+
+// validateBounds refuses sweeps past the bounds, and buffers this host
+// cannot hold (each side that runs here allocates bufferSize of DRAM;
+// 16G on a 24 GB host failed in mmap after the target started).
+func (o *XferOptions) validateBounds(bad func(field, format string, a ...any), room memRoom) {
+	if o.NumIter > MaxXferIters {
+		bad("NumIter", "%d: at most %d", o.NumIter, MaxXferIters)
+	}
+	if o.WarmupIter > MaxXferIters {
+		bad("WarmupIter", "%d: at most %d", o.WarmupIter, MaxXferIters)
+	}
+	if o.PipelineDepth > MaxPipelineDepth {
+		bad("PipelineDepth", "%d: at most %d requests in flight", o.PipelineDepth, MaxPipelineDepth)
+	}
+	if o.MaxBatch > MaxXferBatch {
+		bad("MaxBatch", "%d: at most %d descriptors a request", o.MaxBatch, MaxXferBatch)
+	} else if o.PipelineDepth <= MaxPipelineDepth && o.PipelineDepth*o.MaxBatch > maxXferPrepared {
+		bad("PipelineDepth", "%d x --max-batch-size %d: at most %d descriptors prepared at once", o.PipelineDepth, o.MaxBatch, maxXferPrepared)
+	}
+	if o.MaxBlock > maxXferBufferSize {
+		bad("MaxBlock", "%v: at most %v", o.MaxBlock, ByteSize(maxXferBufferSize))
+		return
+	}
+	if o.TotalBufferSize > maxXferBufferSize {
+		bad("TotalBufferSize", "%v: at most %v", o.TotalBufferSize, ByteSize(maxXferBufferSize))
+		return
+	}
+	if o.MaxBatch > MaxXferBatch || o.MaxBatch <= 0 {
+		return
+	}
+	if o.TotalBufferSize == 0 && int64(o.MaxBlock) > maxXferBufferSize/int64(o.MaxBatch) {
+		bad("MaxBatch", "%d x --max-block-size %v: more than %v a side; --total-buffer-size caps it", o.MaxBatch, o.MaxBlock, ByteSize(maxXferBufferSize))
+		return
+	}
+	sides := int64(0) // the sides whose buffer is this host's DRAM
+	if o.InitiatorSeg == nixl.DRAM {
+		sides++
+	}
+	if o.TargetSeg == nixl.DRAM && o.Target.Addr == "" {
+		sides++
+	}
+	size := int64(o.bufferSize())
+	if sides == 0 || room.fits(sides, size) {
+		return
+	}
+	field, what := "TotalBufferSize", fmt.Sprintf("--total-buffer-size on %d sides here", sides)
+	if o.TotalBufferSize == 0 {
+		field, what = "MaxBatch", fmt.Sprintf("--max-block-size %v x --max-batch-size %d on %d sides here; --total-buffer-size caps it", o.MaxBlock, o.MaxBatch, sides)
+	}
+	bad(field, "does not fit on this host: %s", room.need(sides, size, what))
 }
 
 // targetDevice is the target's GPU (-1 meaning the initiator's).

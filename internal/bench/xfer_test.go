@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -146,6 +147,12 @@ func TestXferValidate(t *testing.T) {
 		{"device", func(o *XferOptions) { o.Device = -1 }, []string{"Device"}},
 		{"target device", func(o *XferOptions) { o.TargetDevice = -2 }, []string{"TargetDevice"}},
 		{"inproc and address", func(o *XferOptions) { o.Target.Inproc, o.Target.Addr = true, "x:1" }, []string{"Target.Inproc"}},
+		// Bounds (issue 29): maxint panicked in makeslice or ran until killed.
+		{"iterations at maxint", func(o *XferOptions) { o.NumIter, o.WarmupIter = math.MaxInt, math.MaxInt }, []string{"NumIter", "WarmupIter"}},
+		{"pipeline at maxint", func(o *XferOptions) { o.PipelineDepth = math.MaxInt }, []string{"PipelineDepth"}},
+		{"batch past a request", func(o *XferOptions) { o.MaxBatch = 1 << 40 }, []string{"MaxBatch"}},
+		{"depth x batch", func(o *XferOptions) { o.PipelineDepth, o.MaxBatch, o.MaxBlock = 1024, 8192, 4096 }, []string{"PipelineDepth"}},
+		{"block x batch wraps", func(o *XferOptions) { o.MaxBlock, o.MaxBatch = 1<<50, 1<<20 }, []string{"MaxBatch"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,6 +176,40 @@ func TestXferValidate(t *testing.T) {
 	d := DefaultXferOptions()
 	if err := d.Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
+	}
+}
+
+// Buffers the host cannot hold are refused with the numbers; only the
+// sides whose DRAM is this host's count. The room is given.
+func TestXferBufferFits(t *testing.T) {
+	base := smallXfer(nixl.Write)
+	tests := []struct {
+		name  string
+		mut   func(*XferOptions)
+		field string // "": fits
+		msg   string
+	}{
+		{"fits", func(o *XferOptions) { o.TotalBufferSize = 1 << 30 }, "", ""},
+		{"both sides here", func(o *XferOptions) { o.TotalBufferSize = 3 << 29 }, "TotalBufferSize", "2 x 1.5 GiB (--total-buffer-size on 2 sides here) = 3 GiB; 2 GiB of memory available"},
+		{"a remote target's is not ours", func(o *XferOptions) { o.TotalBufferSize, o.Target.Addr = 3<<29, "x:1" }, "", ""},
+		{"vram is not ours", func(o *XferOptions) { o.TotalBufferSize, o.InitiatorSeg, o.TargetSeg = 3<<30, nixl.VRAM, nixl.VRAM }, "", ""},
+		{"block x batch", func(o *XferOptions) { o.MaxBlock, o.MaxBatch = 1<<30, 2 }, "MaxBatch", "--total-buffer-size caps it"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mut(&o)
+			var got []errkind.FieldError
+			o.validateBounds(func(field, format string, a ...any) {
+				got = append(got, errkind.FieldError{Field: field, Err: fmt.Errorf(format, a...)})
+			}, memRoom(2<<30))
+			switch {
+			case tc.field == "" && len(got) > 0:
+				t.Errorf("refused: %v", got)
+			case tc.field != "" && (len(got) != 1 || got[0].Field != tc.field || !strings.Contains(got[0].Error(), tc.msg)):
+				t.Errorf("got %v, want %s: ...%s", got, tc.field, tc.msg)
+			}
+		})
 	}
 }
 
