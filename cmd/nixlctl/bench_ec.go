@@ -79,7 +79,15 @@ func newBenchECCmd(a *app) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var o benchECOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
+				return err
+			}
+			// 0 was read as "the preset's", as if not given.
+			if err := refuseExplicitZero(set,
+				zeroFlag{"hidden-size", o.HiddenSize == 0, "a positive number of elements per embedding", "the preset's"},
+				zeroFlag{"spatial-merge", o.SpatialMerge == 0, "a positive merge size", "the preset's"},
+			); err != nil {
 				return err
 			}
 			return runBenchEC(cmd.Context(), a, o)

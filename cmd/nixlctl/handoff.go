@@ -291,6 +291,16 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 			fmt.Fprintf(a.io.ErrOut, "rendezvous: waiting at %s for %s (run %q, up to %v)\n", addr, r, r.Run, h.JoinWindow)
 		}
 	}
+	if err := refuseExplicitZero(set,
+		zeroFlag{"prefills", h.Prefills == 0, "at least 1", "one prefill engine"},
+		zeroFlag{"decodes", h.Decodes == 0, "at least 1", "one decode engine"},
+		zeroFlag{"sglang-bootstrap-timeout", h.SGLBootstrapTimeout == 0, "a positive duration", "$" + envSGLBootstrapTimeout + " or upstream's 300s"},
+		zeroFlag{"sglang-waiting-timeout", h.SGLWaitingTimeout == 0, "a positive duration", "$" + envSGLWaitingTimeout + " or upstream's 300s"},
+		zeroFlag{"sglang-heartbeat-interval", h.SGLHeartbeatInterval == 0, "at least SGLang's floor of 2s", "$" + envSGLHeartbeatIntvl + " or upstream's 5s"},
+		zeroFlag{"sglang-heartbeat-max-failures", h.SGLHeartbeatMaxFailures == 0, "at least 1", "$" + envSGLHeartbeatMax + " or upstream's 2"},
+	); err != nil {
+		return err
+	}
 	if proto == engine.ProtoSGLang {
 		if err := applySGLEnv(&h, set, os.LookupEnv); err != nil {
 			return err

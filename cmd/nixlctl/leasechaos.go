@@ -118,6 +118,13 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 			if err := ignoredErrors(set, o, o.ignored()); err != nil {
 				return err
 			}
+			// 0 is "the default" (settle), as if not given.
+			if err := refuseExplicitZero(set,
+				zeroFlag{"kv-lease-duration", o.Lease == 0, "a positive duration", "3s, or 30s with --sim"},
+				zeroFlag{"timeout", o.Timeout == 0, "a positive duration", "16 x the lease"},
+			); err != nil {
+				return err
+			}
 			return runLeaseChaos(cmd.Context(), a, o)
 		},
 	}

@@ -402,7 +402,15 @@ func newProbeSideChannelCmd(a *app) *cobra.Command {
 		Args:    cobra.ArbitraryArgs, // checked in runProbeSideChannel, with a clearer message
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var o probeSideChannelOptions
-			if err := bindOptions(cmd, &o); err != nil {
+			set, err := bindExplicit(cmd, &o)
+			if err != nil {
+				return err
+			}
+			// 0 is "discover", as if not given.
+			if err := refuseExplicitZero(set,
+				zeroFlag{"tp", o.TP == 0, "at least 1", "discovering it"},
+				zeroFlag{"pp", o.PP == 0, "at least 1", "discovering it"},
+			); err != nil {
 				return err
 			}
 			f := cmd.Flags()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -58,6 +59,12 @@ func applySGLEnv(h *bench.HandoffOptions, set explicitOptions, getenv func(strin
 			return errkind.BadInputf("$%s %q: want seconds (or give --sglang-heartbeat-interval)", envSGLHeartbeatIntvl, v)
 		}
 		h.SGLHeartbeatInterval = max(time.Duration(f*float64(time.Second)), engine.SGLMinHeartbeatInterval)
+		if d := time.Duration(f * float64(time.Second)); d < engine.SGLMinHeartbeatInterval {
+			// Raised as upstream raises it, but said: the run's interval
+			// is not what the variable asks.
+			h.Warnings = append(h.Warnings, fmt.Sprintf("$%s %s: below SGLang's floor, raised to %v as SGLang does (--sglang-heartbeat-interval sets it)",
+				envSGLHeartbeatIntvl, v, h.SGLHeartbeatInterval))
+		}
 	}
 	if v, ok := lookup(envSGLHeartbeatMax); ok && !set("sglang-heartbeat-max-failures") {
 		n, err := strconv.Atoi(v)
@@ -65,6 +72,9 @@ func applySGLEnv(h *bench.HandoffOptions, set explicitOptions, getenv func(strin
 			return errkind.BadInputf("$%s %q: want an integer (or give --sglang-heartbeat-max-failures)", envSGLHeartbeatMax, v)
 		}
 		h.SGLHeartbeatMaxFailures = max(n, 1)
+		if n < 1 {
+			h.Warnings = append(h.Warnings, fmt.Sprintf("$%s %s: raised to 1 as SGLang does (--sglang-heartbeat-max-failures sets it)", envSGLHeartbeatMax, v))
+		}
 	}
 	return nil
 }

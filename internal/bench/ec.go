@@ -115,11 +115,15 @@ func (o *ECOptions) Validate() error {
 	}
 	// Upper bounds (limits.go): at maxint --unique-images panicked in
 	// makeslice, and --requests or --warmup ran until killed.
-	if o.Requests <= 0 || o.Requests > MaxRequests {
-		bad("Requests", "must be between 1 and %d (got %d)", MaxRequests, o.Requests)
+	if o.Requests <= 0 {
+		bad("Requests", "must be positive (got %d)", o.Requests)
+	} else if o.Requests > MaxRequests {
+		bad("Requests", "%d: at most %d", o.Requests, MaxRequests)
 	}
-	if o.ImagesPerRequest <= 0 || o.ImagesPerRequest > MaxImagesPerRequest {
-		bad("ImagesPerRequest", "must be between 1 and %d (got %d)", MaxImagesPerRequest, o.ImagesPerRequest)
+	if o.ImagesPerRequest <= 0 {
+		bad("ImagesPerRequest", "must be positive (got %d)", o.ImagesPerRequest)
+	} else if o.ImagesPerRequest > MaxImagesPerRequest {
+		bad("ImagesPerRequest", "%d: at most %d", o.ImagesPerRequest, MaxImagesPerRequest)
 	}
 	if o.UniqueImages > MaxUniqueImages {
 		bad("UniqueImages", "%d: at most %d", o.UniqueImages, MaxUniqueImages)
@@ -141,8 +145,10 @@ func (o *ECOptions) Validate() error {
 	if o.EncodeTime < 0 {
 		bad("EncodeTime", "must not be negative")
 	}
-	if o.Warmup < 0 || o.Warmup > MaxRequests {
-		bad("Warmup", "must be between 0 and %d (got %d)", MaxRequests, o.Warmup)
+	if o.Warmup < 0 {
+		bad("Warmup", "must not be negative")
+	} else if o.Warmup > MaxRequests {
+		bad("Warmup", "%d: at most %d", o.Warmup, MaxRequests)
 	}
 	if largest > 0 {
 		if int64(o.ProducerRegion) < largest {

@@ -245,10 +245,10 @@ func TestECValidate(t *testing.T) {
 		{"producer", func(o *ECOptions) { o.Producer = ProducerSpec{Inproc: true, Addr: "x:1"} }, []string{"Producer.Inproc"}, ""},
 		{"model", func(o *ECOptions) { o.Vision.HiddenSize = 0 }, nil, "hidden size"},
 		// Bounds (issue 29): maxint panicked in makeslice or ran until killed.
-		{"requests at maxint", func(o *ECOptions) { o.Requests = math.MaxInt }, []string{"Requests"}, "between 1 and 1000000"},
-		{"warm-up at maxint", func(o *ECOptions) { o.Warmup = math.MaxInt }, []string{"Warmup"}, "between 0 and 1000000"},
+		{"requests at maxint", func(o *ECOptions) { o.Requests = math.MaxInt }, []string{"Requests"}, "at most 1000000"},
+		{"warm-up at maxint", func(o *ECOptions) { o.Warmup = math.MaxInt }, []string{"Warmup"}, "at most 1000000"},
 		{"unique images at maxint", func(o *ECOptions) { o.UniqueImages = math.MaxInt }, []string{"UniqueImages"}, "at most 1048576"},
-		{"images per request", func(o *ECOptions) { o.ImagesPerRequest, o.UniqueImages = 1e8, 1e8 }, []string{"ImagesPerRequest", "UniqueImages"}, "between 1 and 4096"},
+		{"images per request", func(o *ECOptions) { o.ImagesPerRequest, o.UniqueImages = 1e8, 1e8 }, []string{"ImagesPerRequest", "UniqueImages"}, "at most 4096"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -155,6 +155,10 @@ type HandoffOptions struct {
 	OnStart func(prefill, decode *Endpoint) `mapstructure:"-"`
 	Version string                          `mapstructure:"-"`
 	Log     *slog.Logger                    `mapstructure:"-"`
+	// Warnings are what the caller changed while settling the options
+	// (an SGLang variable raised to upstream's floor); the result carries
+	// them, so that what ran is not silently other than what was asked.
+	Warnings []string `mapstructure:"-"`
 	// Live receives a Start, then a Request per finished request (warm-up
 	// ones marked), phases and warnings (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
@@ -1089,7 +1093,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Config = o.config(blocks)
 	res.Config.PoolSizedFor = o.poolSizedFor()
 	res.Config.Rendezvous = rdv
-	for _, w := range o.notUpstream() {
+	for _, w := range append(append([]string(nil), o.Warnings...), o.notUpstream()...) {
 		res.Warn(w)
 	}
 	live.Emit(o.Live, live.Phase{Text: "starting endpoints"})

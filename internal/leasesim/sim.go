@@ -1105,11 +1105,13 @@ func (o TrafficOptions) Validate() (TrafficOptions, error) {
 	if !(o.Rate > 0) || o.Rate > 1e9 { // also NaN and +Inf
 		bad("rate %v: want a positive number of requests per second (at most 1e9)", o.Rate)
 	}
-	if o.Decodes <= 0 {
-		bad("decodes %d: want at least 1", o.Decodes)
+	// Each decode and slot is simulated state: 1e8 decodes ran the
+	// simulator out of memory instead of being refused.
+	if o.Decodes <= 0 || o.Decodes > MaxTrafficDecodes {
+		bad("decodes %d: want between 1 and %d", o.Decodes, MaxTrafficDecodes)
 	}
-	if o.Slots <= 0 {
-		bad("slots %d: want at least 1 per decode", o.Slots)
+	if o.Slots <= 0 || o.Slots > MaxTrafficSlots {
+		bad("slots %d: want between 1 and %d per decode", o.Slots, MaxTrafficSlots)
 	}
 	for _, d := range []struct {
 		name string
@@ -1150,6 +1152,10 @@ func (o TrafficOptions) Validate() (TrafficOptions, error) {
 // MaxTrafficRequests bounds a traffic run: a million requests take about a
 // second, so this is a quarter of an hour of work, not a day.
 const MaxTrafficRequests = 1_000_000_000
+
+// MaxTrafficDecodes and MaxTrafficSlots bound the simulated fleet: far
+// past any deployment's decodes and batch slots.
+const MaxTrafficDecodes, MaxTrafficSlots = 4096, 65536
 
 // maxTrafficDelay bounds each time of a traffic run. Exponential draws
 // reach a few dozen times their mean, and now plus a draw must stay far

@@ -480,6 +480,9 @@ func TestTrafficOptionsValidate(t *testing.T) {
 		{func(o *TrafficOptions) { o.Rate = math.Inf(1) }, "rate +Inf"},
 		{func(o *TrafficOptions) { o.Decodes = 0 }, "decodes 0"},
 		{func(o *TrafficOptions) { o.Slots = -1 }, "slots -1"},
+		// A fleet past any deployment ran the simulator out of memory.
+		{func(o *TrafficOptions) { o.Decodes = 1e8 }, "decodes 100000000: want between 1 and 4096"},
+		{func(o *TrafficOptions) { o.Slots = 1e8 }, "slots 100000000: want between 1 and 65536 per decode"},
 		{func(o *TrafficOptions) { o.DecodeTime = -time.Second }, "decode time -1s"},
 		{func(o *TrafficOptions) { o.TransferTime = -1 }, "transfer time"},
 		{func(o *TrafficOptions) { o.Step = 0 }, "step 0s"},
