@@ -183,7 +183,13 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		}
 		an, err := kv.Analyze(spec, o.ISL, 0)
 		if err != nil {
-			return errkind.BadInput(err)
+			return errkind.BadInputf("--isl: %v", err)
+		}
+		// The model's shape sets the batch: a refusal of it would name
+		// --max-batch-size, which the user did not give.
+		if an.DescriptorsPerRequest > bench.MaxXferBatch {
+			return errkind.BadInputf("--isl %d: %s at TP %d is %s descriptors a request per rank; at most %s",
+				o.ISL, m.Name, o.TP, report.Int(int64(an.DescriptorsPerRequest)), report.Int(bench.MaxXferBatch))
 		}
 		x.StartBlock, x.MaxBlock = bench.ByteSize(an.BytesPerDescriptor), bench.ByteSize(an.BytesPerDescriptor)
 		x.StartBatch, x.MaxBatch = an.DescriptorsPerRequest, an.DescriptorsPerRequest

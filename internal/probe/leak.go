@@ -17,6 +17,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -126,6 +127,7 @@ type LeakOptions struct {
 const (
 	maxConfigs   = 64
 	maxPoolBytes = 2 << 30
+	maxLeakRate  = 1e6 // requests per second; 0 is back to back, the fastest
 )
 
 // Validate checks the options.
@@ -143,8 +145,13 @@ func (o *LeakOptions) Validate() error {
 	if w := o.Thresholds.WarmupS; w < 0 || (o.Duration > 0 && w >= o.Duration.Seconds()) {
 		bad("--warmup-time %gs must be >= 0 and shorter than --duration %v", w, o.Duration)
 	}
-	if o.Rate < 0 {
-		bad("--rate must be >= 0 (0: back to back)")
+	// A rate too slow for one request in --duration measured nothing
+	// (1e-30: an interval past a Duration's range), after the peers had
+	// been started.
+	if o.Rate < 0 || o.Rate > maxLeakRate {
+		bad("--rate %g must be between 0 (back to back) and %g requests per second", o.Rate, float64(maxLeakRate))
+	} else if o.Rate > 0 && o.Duration > 0 && o.Rate*o.Duration.Seconds() < 1 {
+		bad("--rate %g: less than one request in --duration %v (0: back to back)", o.Rate, o.Duration)
 	}
 	if o.Tokens <= 0 || o.Tokens > kv.MaxTokens {
 		bad("--isl must be between 1 and %d", kv.MaxTokens)
@@ -152,8 +159,16 @@ func (o *LeakOptions) Validate() error {
 	if o.ProgressInterval < 0 || o.ProgressInterval > time.Minute {
 		bad("--progress-interval must be between 0 and 1m")
 	}
+	// The receiver really leaks it: what --duration of it comes to must
+	// fit in the host's memory, or the self-test exhausts the host.
 	if o.SelfTestLeakMBPerS < 0 {
 		bad("--self-test-leak must be >= 0")
+	} else if o.SelfTestLeakMBPerS > 0 && o.Duration > 0 {
+		total := o.SelfTestLeakMBPerS * o.Duration.Seconds() * (1 << 20)
+		if m, err := procfs.ReadMemInfo(); err == nil && m.AvailableBytes > 0 && total > float64(m.AvailableBytes)/2 {
+			bad("--self-test-leak %g MB/s over --duration %v leaks %.3g GB; at most half of the %.3g GB of memory available",
+				o.SelfTestLeakMBPerS, o.Duration, total/1e9, float64(m.AvailableBytes)/1e9)
+		}
 	}
 	if err := o.Churn.Validate(); err != nil {
 		errs = append(errs, err)

@@ -183,6 +183,11 @@ func TestLeakValidate(t *testing.T) {
 		{func(o *LeakOptions) { o.Backends = []string{"rdma"} }, `unknown backend "rdma"`},
 		{func(o *LeakOptions) { o.Churn.Max = 1 }, "churn sizes"},
 		{func(o *LeakOptions) { o.Axes = append(o.Axes, o.Axes[0]) }, "given twice"},
+		// Rates that measure nothing, or leak past the host, refused
+		// before the peers start (issue 29).
+		{func(o *LeakOptions) { o.Rate = 1e-30 }, "less than one request in --duration"},
+		{func(o *LeakOptions) { o.Rate = 1e9 }, "between 0 (back to back) and 1e+06"},
+		{func(o *LeakOptions) { o.SelfTestLeakMBPerS = 1e30 }, "at most half of the"},
 	} {
 		o := base
 		tc.mut(&o)
