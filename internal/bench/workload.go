@@ -118,7 +118,9 @@ func (d ISL) Validate() error {
 	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	switch d.Dist {
 	case ISLFixed:
-		if d.Fixed <= 0 || d.Fixed > kv.MaxTokens {
+		if d.Fixed <= 0 {
+			bad("Fixed", "must be positive")
+		} else if d.Fixed > kv.MaxTokens {
 			bad("Fixed", "tokens must be between 1 and %d (got %d)", kv.MaxTokens, d.Fixed)
 		}
 	case ISLUniform, ISLNormal:
@@ -131,7 +133,9 @@ func (d ISL) Validate() error {
 			bad("Max", "tokens must be between 1 and %d (got %d)", kv.MaxTokens, d.Max)
 		}
 		if d.Dist == ISLNormal {
-			if d.Mean <= 0 || d.Mean > kv.MaxTokens {
+			if d.Mean <= 0 {
+				bad("Mean", "must be positive")
+			} else if d.Mean > kv.MaxTokens {
 				bad("Mean", "tokens must be between 1 and %d (got %g)", kv.MaxTokens, d.Mean)
 			}
 			if d.Std < 0 {
