@@ -437,9 +437,9 @@ func (o *HandoffOptions) validateLocalEngines(bad func(field, format string, a .
 	case o.Topology != "":
 		bad("Topology", "%d engines would run on this host; at most %d", local, MaxLocalEngines)
 	case o.Decodes > o.Prefills:
-		bad("Decodes", "%d with --prefills %d: %d engines would run on this host; at most %d", o.Decodes, o.Prefills, local, MaxLocalEngines)
+		bad("Decodes", "%d with --prefills %d: %d engines would run on this host; at most %d", o.Decodes, max(o.Prefills, 1), local, MaxLocalEngines)
 	default:
-		bad("Prefills", "%d with --decodes %d: %d engines would run on this host; at most %d", o.Prefills, o.Decodes, local, MaxLocalEngines)
+		bad("Prefills", "%d with --decodes %d: %d engines would run on this host; at most %d", o.Prefills, max(o.Decodes, 1), local, MaxLocalEngines)
 	}
 }
 
