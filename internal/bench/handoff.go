@@ -260,6 +260,9 @@ func (o *HandoffOptions) Validate() error {
 	o.validateSGL(bad)
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
+	} else if o.DecodeTP > kv.MaxParallel {
+		// Named here: the decode layout's own error lost its flag.
+		bad("DecodeTP", "must be between 1 and %d (got %d)", kv.MaxParallel, o.DecodeTP)
 	}
 	if o.Spec.PP > 1 && o.Protocol == engine.ProtoSGLang {
 		bad("PP", "%d: nixlctl's SGLang engines have no pipeline stages (pp > 1 is for pull and push)", o.Spec.PP)
@@ -293,7 +296,7 @@ func (o *HandoffOptions) Validate() error {
 				o.NumBlocks, t.longestPrompt(), per)
 		}
 	}
-	if o.DecodeTP > 0 {
+	if o.DecodeTP > 0 && o.DecodeTP <= kv.MaxParallel {
 		d := o.Spec
 		d.TP = o.DecodeTP
 		if err := d.Validate(); err != nil {

@@ -166,6 +166,7 @@ func TestHandoffValidate(t *testing.T) {
 		{"inproc and remote", func(o *HandoffOptions) { o.Prefill, o.Decode, o.Inproc = "x:1", "y:1", true }, []string{"Inproc"}, ""},
 		{"decode tp the layout refuses", func(o *HandoffOptions) { o.DecodeTP = 3 }, nil, "decode: "},
 		{"decode tp", func(o *HandoffOptions) { o.DecodeTP = 0 }, []string{"DecodeTP"}, ""},
+		{"decode tp at maxint", func(o *HandoffOptions) { o.DecodeTP = math.MaxInt }, []string{"DecodeTP"}, "must be between 1 and 1024"},
 		{"watchdog action", func(o *HandoffOptions) { o.RegWatchdog = "retry" }, []string{"RegWatchdog"}, ""},
 		{"heartbeat keys", func(o *HandoffOptions) { o.PushHeartbeatKeys = "router" }, []string{"PushHeartbeatKeys"}, ""},
 		{"tp vLLM refuses", func(o *HandoffOptions) { o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP = 2, 4, 2 },
