@@ -25,6 +25,10 @@ const (
 	envSGLHeartbeatMax     = "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"
 )
 
+// maxEnvSeconds is the most seconds a variable may give: a Duration holds
+// about 292 years; this is ten.
+const maxEnvSeconds = 10 * 365 * 24 * 3600
+
 // applySGLEnv sets each SGLang setting whose flag was not given from its
 // environment variable, when that is set.
 // A variable set to blanks counts as unset, as SGLang's get_*_env_var
@@ -40,9 +44,10 @@ func applySGLEnv(h *bench.HandoffOptions, set explicitOptions, getenv func(strin
 		if !ok || set(flag) {
 			return nil
 		}
+		// Past maxEnvSeconds, n seconds wrapped as a Duration.
 		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return errkind.BadInputf("$%s %q: want a positive whole number of seconds (or give --%s)", env, v, flag)
+		if err != nil || n <= 0 || n > maxEnvSeconds {
+			return errkind.BadInputf("$%s %q: want a positive whole number of seconds, at most %d (or give --%s)", env, v, maxEnvSeconds, flag)
 		}
 		*dst = time.Duration(n) * time.Second
 		return nil
