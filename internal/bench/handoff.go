@@ -354,13 +354,15 @@ func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
 		}
 		return nil
 	}
+	// RunHandoff cuts automatic pools to half of what is available: the
+	// same half must hold one request, or every request would fail.
 	t := *o
 	t.usesTrace()
 	n := int64(t.blocksPerRequest())
-	if room.fits(n, per) {
+	if (room / 2).fits(n, per) {
 		return nil
 	}
-	msg := fmt.Sprintf("one request of %d tokens does not fit on this host: %s",
+	msg := fmt.Sprintf("one request of %d tokens does not fit on this host: %s (automatic pools take at most half)",
 		t.longestPrompt(), room.need(n, per, what))
 	switch t.ISL.Dist {
 	case ISLTrace:
