@@ -709,6 +709,10 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
 		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP()}
+	if len(o.Trace) > 0 {
+		// The trace's requests ran, not --requests (32 by default).
+		c.Requests = len(o.Trace) - max(o.Warmup, 0)
+	}
 	switch o.Protocol {
 	case engine.ProtoPush:
 		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
