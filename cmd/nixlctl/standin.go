@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -186,10 +187,11 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 	c, st := api.Counts(), eng.Stats()
 	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes; %d blocks still held\n",
 		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.Handshakes, st.BlocksInUse)
-	if err == nil && ctx.Err() != nil {
+	var intr errInterrupted
+	if err == nil && errors.As(context.Cause(ctx), &intr) {
 		// Stopped by a signal: exit as every other command does (130),
 		// not 0, so a supervisor can tell a stop from a clean finish.
-		return context.Cause(ctx)
+		return intr
 	}
 	return err
 }
