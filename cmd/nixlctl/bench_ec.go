@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // benchECOptions is bench.ECOptions, which the flags decode into, plus
@@ -158,7 +158,7 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 		return errkind.BadInputf("--records with --repeat: bench ec streams every image's line as it goes, which would mix the runs; use --save DIR (the representative run's records)")
 	}
 	if o.measureOptions.Records != "" {
-		f, err := os.Create(o.measureOptions.Records)
+		f, err := userfile.Create(o.measureOptions.Records)
 		if err != nil {
 			return errkind.BadInputf("--records: %v", err)
 		}

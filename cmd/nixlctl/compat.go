@@ -2,11 +2,11 @@ package main
 
 import (
 	"encoding/hex"
-	"os"
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // compatFlags is what --compat-factors FILE or --compat-hash HEX say: the
@@ -33,7 +33,7 @@ func readCompatFlags(factorsPath, hashHex string) (compatFlags, error) {
 		}
 		c.hash, c.from = strings.ToLower(hashHex), "--compat-hash"
 	case factorsPath != "":
-		b, err := os.ReadFile(factorsPath)
+		b, err := userfile.ReadFile(factorsPath, userfile.MaxSmall)
 		if err != nil {
 			return c, errkind.BadInputf("--compat-factors: %v", err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
@@ -273,7 +274,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		return fmt.Errorf("prefill: %w", err)
 	}
 	if o.Trace != "" {
-		f, err := os.Open(o.Trace)
+		f, err := userfile.Open(o.Trace, userfile.MaxLarge)
 		if err != nil {
 			return errkind.BadInputf("--trace: %v", err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 func newKVCmd(a *app) *cobra.Command {
@@ -111,7 +111,7 @@ func loadModel(name, configPath string) (kv.Model, error) {
 	case name != "" && configPath != "":
 		return kv.Model{}, errkind.BadInputf("use --model or --model-config, not both")
 	case configPath != "":
-		data, err := os.ReadFile(configPath)
+		data, err := userfile.ReadFile(configPath, userfile.MaxSmall)
 		if err != nil {
 			return kv.Model{}, errkind.BadInputf("--model-config: %v", err)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/plots"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/tui"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // tuiDelay is how long a run goes before the automatic TUI appears:
@@ -214,10 +215,14 @@ func isSavedResult(dir string) bool {
 
 // checkOutputFile accepts a file path whose directory exists and is
 // writable, or is the --save directory (created before anything is
-// written), and that is not itself a directory.
+// written), and that is not itself a directory, a FIFO (writing it
+// would block until a reader appears) or any other special file.
 func checkOutputFile(flag, path, saveDir string) error {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		return errkind.BadInputf("--%s %s: is a directory", flag, path)
+	}
+	if err := userfile.CheckOutput(path); err != nil {
+		return errkind.BadInputf("--%s: %v", flag, err)
 	}
 	parent := filepath.Dir(path)
 	if saveDir != "" && filepath.Clean(parent) == filepath.Clean(saveDir) {
@@ -446,7 +451,7 @@ func (a *app) keep(res report.Result, mo measureOptions) error {
 		if !ok {
 			return fmt.Errorf("%s keeps no per-request records", h.Command)
 		}
-		f, err := os.Create(mo.Records)
+		f, err := userfile.Create(mo.Records)
 		if err != nil {
 			return errkind.BadInputf("--records: %v", err)
 		}

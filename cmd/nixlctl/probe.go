@@ -13,6 +13,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 func newProbeCmd(a *app) *cobra.Command {
@@ -496,7 +497,7 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 // HuggingFace config.json (any name ending in .json, or an existing file).
 func loadProbeModel(s string) (kv.Model, error) {
 	if st, err := os.Stat(s); strings.HasSuffix(s, ".json") || (err == nil && st.Mode().IsRegular()) {
-		data, err := os.ReadFile(s)
+		data, err := userfile.ReadFile(s, userfile.MaxSmall)
 		if err != nil {
 			return kv.Model{}, errkind.BadInputf("--model: %v", err)
 		}

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 const rootLong = `nixlctl benchmarks and diagnoses KV-cache transfers between the prefill and
@@ -216,12 +219,23 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (
 	if err != nil || !ok {
 		return nil, err
 	}
-	file := viper.New()
-	file.SetConfigFile(path)
-	if filepath.Ext(path) == "" {
-		file.SetConfigType("yaml")
+	// Read through userfile, not viper's ReadInConfig: a FIFO or
+	// /dev/zero named as the config must be refused, not waited on or
+	// read until memory runs out.
+	data, err := userfile.ReadFile(path, userfile.MaxSmall)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
 	}
-	if err := file.ReadInConfig(); err != nil {
+	file := viper.New()
+	typ := strings.TrimPrefix(filepath.Ext(path), ".")
+	if typ == "" {
+		typ = "yaml"
+	}
+	if !slices.Contains(viper.SupportedExts, typ) {
+		return nil, fmt.Errorf("config file %s: unsupported type %q (want %s)", path, typ, strings.Join(viper.SupportedExts, ", "))
+	}
+	file.SetConfigType(typ)
+	if err := file.ReadConfig(bytes.NewReader(data)); err != nil {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	all := file.AllSettings()

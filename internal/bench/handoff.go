@@ -35,6 +35,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // HandoffOptions configure `bench pull|push|sglang`: real prefill and
@@ -2166,7 +2167,7 @@ func (o *HandoffOptions) validateCompat(bad func(field, format string, a ...any)
 		}
 	}
 	if o.CompatFactorsFile != "" {
-		b, err := os.ReadFile(o.CompatFactorsFile)
+		b, err := userfile.ReadFile(o.CompatFactorsFile, userfile.MaxSmall)
 		if err != nil {
 			bad("CompatFactorsFile", "%v", err)
 			return

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // EngineSlot is one engine of an xPyD deployment: where it runs and its
@@ -49,7 +49,7 @@ type Topology struct {
 
 // ReadTopology reads and checks a topology file.
 func ReadTopology(path string) (Topology, error) {
-	b, err := os.ReadFile(path)
+	b, err := userfile.ReadFile(path, userfile.MaxSmall)
 	if err != nil {
 		return Topology{}, err
 	}

@@ -11,7 +11,6 @@ import (
 	"image/color"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -24,6 +23,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // Panel size in the output; a figure is as wide as its panels side by side.
@@ -55,7 +55,7 @@ func Save(path string, f report.Figure) error {
 	if err := Write(&b, format, f); err != nil {
 		return err
 	}
-	return os.WriteFile(path, b.Bytes(), 0o644)
+	return userfile.WriteFile(path, b.Bytes())
 }
 
 // Write draws f to w as "png" or "svg".

@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // RecordsSink takes a run's records as the run produces them, so that a
@@ -60,7 +62,7 @@ func CreateRecords(paths ...string) (*RecordsWriter, error) {
 			continue
 		}
 		seen[abs] = true
-		f, err := os.Create(p)
+		f, err := userfile.Create(p)
 		if err != nil {
 			_ = w.Close()
 			return nil, err

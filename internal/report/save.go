@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // Names of the files `--save DIR` writes.
@@ -185,7 +185,7 @@ type Loaded struct {
 // a saved result comes from elsewhere, and one naming /dev/zero or a huge
 // file must fail with a message, not exhaust memory. A variable so that
 // tests can lower it.
-var MaxLoadBytes int64 = 1 << 30
+var MaxLoadBytes = userfile.MaxLarge
 
 // Load reads a result from a result file or a --save directory. When the
 // result links a records file that is present and the kind keeps records,
@@ -352,31 +352,11 @@ func recordsPath(dir, ref string) (string, error) {
 	return real, nil
 }
 
-var errTooLarge = errors.New("larger than the limit")
+// errTooLarge is userfile's, so Load can tell a file over the limit.
+var errTooLarge = userfile.ErrTooLarge
 
-// readRegular reads a regular file of at most MaxLoadBytes. It opens
-// without blocking so that a FIFO is refused rather than waited on, and
-// checks the opened file, not the name, so the answer cannot change in
-// between.
+// readRegular reads a regular file of at most MaxLoadBytes (the one
+// reader every user-named input goes through).
 func readRegular(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxLoadBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > MaxLoadBytes {
-		return nil, fmt.Errorf("%s: %w of %d bytes", path, errTooLarge, MaxLoadBytes)
-	}
-	return data, nil
+	return userfile.ReadFile(path, MaxLoadBytes)
 }
