@@ -17,7 +17,8 @@ import (
 // into option fields: durations and comma-separated lists as viper does
 // by default, then any type that parses itself (encoding.TextUnmarshaler:
 // the engine's and bench's enums), then the few types whose package
-// offers only a Parse function.
+// offers only a Parse function; last, strictHook for what is left (bind
+// turns mapstructure's weak typing off).
 func decodeHook() mapstructure.DecodeHookFunc {
 	return mapstructure.ComposeDecodeHookFunc(
 		mapstructure.StringToTimeDurationHookFunc(),
@@ -28,6 +29,7 @@ func decodeHook() mapstructure.DecodeHookFunc {
 			reflect.TypeFor[nixl.Op]():      func(s string) (any, error) { return nixl.ParseOp(s) },
 			reflect.TypeFor[kv.Grid]():      func(s string) (any, error) { return kv.ParseGrid(s) },
 		}),
+		strictHook(),
 	)
 }
 

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -66,6 +67,7 @@ func newRootCmd(a *app) *cobra.Command {
 	pf.String("config", "", "config file (default: ./nixlctl.yaml if present, or $NIXLCTL_CONFIG)")
 
 	root.AddCommand(newKVCmd(a), newBenchCmd(a), newProbeCmd(a), newReportCmd(a), newGateCmd(a), newLeaseChaosCmd(a), newServeCmd(a), newVersionCmd(a))
+	decimalFlags(root)
 	return root
 }
 
@@ -139,7 +141,10 @@ func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 			return nil, err
 		}
 	}
-	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook())); err != nil {
+	// Not weakly typed: a config file's 4.7 or true is no integer, 2 no
+	// bool, 60 no duration (strictHook).
+	strict := func(c *mapstructure.DecoderConfig) { c.WeaklyTypedInput = false }
+	if err := v.Unmarshal(opts, viper.DecodeHook(decodeHook()), strict); err != nil {
 		return nil, errkind.BadInput(decodeErrors(err))
 	}
 	// A top-level config key is a default for every command that has the
@@ -245,20 +250,42 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (
 			eff[k], shared[k] = val, true
 		}
 	}
-	section := all
+	// A command's name holds a section: `kv: 3` (or a list) used to be
+	// ignored, every key of it silently unused. Checked on the way down
+	// from the root to this command, at every level.
+	section, level := all, cmd.Root()
 	var sectionPath []string
-	for _, seg := range commandSegments(cmd) {
+	var unknown []error
+	for _, seg := range append(commandSegments(cmd), "") {
+		for k, val := range section {
+			_, isMap := val.(map[string]any)
+			name := strings.Join(append(sectionPath[:len(sectionPath):len(sectionPath)], k), ".")
+			switch sub := subcommand(level, k); {
+			case !isMap && sub != nil:
+				unknown = append(unknown, fmt.Errorf("%s: %s is a section (the options of %q), not a value", path, name, sub.CommandPath()))
+			case isMap && sub == nil && level != cmd.Root():
+				// Below the top level a section is a subcommand's:
+				// a misspelt one, or an option given a section, would
+				// be ignored.
+				unknown = append(unknown, fmt.Errorf("%s: %s is not a subcommand of %q (an option takes a value, not a section)", path, name, level.CommandPath()))
+			}
+		}
+		if seg == "" {
+			break
+		}
 		next, ok := section[seg].(map[string]any)
 		if !ok {
 			section = nil
 			break
 		}
-		section, sectionPath = next, append(sectionPath, seg)
+		section, sectionPath, level = next, append(sectionPath, seg), subcommand(level, seg)
 	}
-	var unknown []error
+	if len(unknown) > 0 {
+		return nil, errors.Join(unknown...)
+	}
 	for k, val := range section {
 		if _, isMap := val.(map[string]any); isMap {
-			continue // a deeper command's section
+			continue // a deeper command's section (checked above)
 		}
 		if flags.Lookup(k) == nil {
 			unknown = append(unknown, fmt.Errorf("%s: %s.%s is not an option of %q", path, strings.Join(sectionPath, "."), k, cmd.CommandPath()))
@@ -271,6 +298,16 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (
 		return nil, errors.Join(unknown...)
 	}
 	return shared, v.MergeConfigMap(eff)
+}
+
+// subcommand is c's subcommand called name, or nil.
+func subcommand(c *cobra.Command, name string) *cobra.Command {
+	for _, sub := range c.Commands() {
+		if sub.Name() == name {
+			return sub
+		}
+	}
+	return nil
 }
 
 // commandSegments is the command path below the root: ["kv", "layout"].

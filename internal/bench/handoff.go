@@ -610,9 +610,13 @@ type HandoffConfig struct {
 	PrefillTP int             `json:"prefill_tp"`
 	DecodeTP  int             `json:"decode_tp"`
 	// PP is both sides' pipeline stages (absent: 1).
-	PP            int                  `json:"pp,omitempty"`
-	Requests      int                  `json:"requests"`
-	Warmup        int                  `json:"warmup"`
+	PP       int `json:"pp,omitempty"`
+	Requests int `json:"requests"`
+	Warmup   int `json:"warmup"`
+	// Seed is --seed: with the options above it draws the same prompt
+	// lengths, arrivals and blocks again. A pointer so that a seed of 0
+	// is written while results from before it read back without one.
+	Seed          *uint64              `json:"seed,omitempty"`
 	ISL           ISL                  `json:"isl"`
 	Rate          float64              `json:"rate"`
 	Concurrency   int                  `json:"concurrency"`
@@ -705,7 +709,7 @@ func (d *Duration) UnmarshalText(b []byte) error {
 func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 	s := o.Spec
 	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
-		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, ISL: o.ISL, Rate: o.Rate,
+		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, Seed: new(o.Seed), ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
