@@ -497,7 +497,7 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 	} else if o.Advertise != "" {
 		return errkind.BadInputf("--advertise goes with --listen: a --stdio endpoint advertises what its driver sets up")
 	}
-	if o.Advertise != "" && strings.ContainsAny(o.Advertise, ":/ ") && net.ParseIP(o.Advertise) == nil {
+	if o.Advertise != "" && !bench.ValidHost(o.Advertise) {
 		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
 	}
 	var err error

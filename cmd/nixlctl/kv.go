@@ -156,10 +156,13 @@ const minLinkGbps, maxLinkGbps = 0.001, 1e6
 
 func parseLinks(s string) ([]kv.Link, error) {
 	var links []kv.Link
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
-			continue
+			return nil, errkind.BadInputf("--link-gbps: %q: %v", s, errEmptyItem)
 		}
 		// NaN passed a "g <= 0" check and printed a NaNG column with a
 		// wrapped time; the bounds also keep bytes/speed a duration.

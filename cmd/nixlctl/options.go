@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
@@ -34,18 +35,27 @@ func decodeHook() mapstructure.DecodeHookFunc {
 }
 
 // weakSliceHook is viper's default for lists (which a custom hook
-// replaces): "a,b" is two items and "" none.
+// replaces): "a,b" is two items and "" none. An empty item ("a,,b",
+// "a,b,") is refused: a stray comma, never an item meant.
 func weakSliceHook(sep string) mapstructure.DecodeHookFuncType {
 	return func(f, t reflect.Type, data any) (any, error) {
 		if f.Kind() != reflect.String || t.Kind() != reflect.Slice {
 			return data, nil
 		}
-		if s := reflect.ValueOf(data).String(); s != "" {
-			return strings.Split(s, sep), nil
+		s := reflect.ValueOf(data).String()
+		if s == "" {
+			return []string{}, nil
 		}
-		return []string{}, nil
+		items := strings.Split(s, sep)
+		if slices.ContainsFunc(items, func(it string) bool { return strings.TrimSpace(it) == "" }) {
+			return nil, fmt.Errorf("%q: %w", s, errEmptyItem)
+		}
+		return items, nil
 	}
 }
+
+// errEmptyItem is every list's error for "1,2," or "1,,2".
+var errEmptyItem = errors.New("an empty item in the list (a stray comma?)")
 
 func parseHook(parsers map[reflect.Type]func(string) (any, error)) mapstructure.DecodeHookFuncType {
 	return func(f, t reflect.Type, data any) (any, error) {

@@ -164,7 +164,9 @@ func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
 		return err
 	}
 	for _, b := range strings.Split(o.Backend, ",") {
-		if b = strings.TrimSpace(b); b != "" {
+		if b = strings.TrimSpace(b); b == "" && strings.TrimSpace(o.Backend) != "" {
+			return errkind.BadInputf("--backend: %q: %v", o.Backend, errEmptyItem)
+		} else if b != "" {
 			x.Backends = append(x.Backends, b)
 		}
 	}

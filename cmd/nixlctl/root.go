@@ -68,6 +68,7 @@ func newRootCmd(a *app) *cobra.Command {
 
 	root.AddCommand(newKVCmd(a), newBenchCmd(a), newProbeCmd(a), newReportCmd(a), newGateCmd(a), newLeaseChaosCmd(a), newServeCmd(a), newVersionCmd(a))
 	decimalFlags(root)
+	refuseUnknownSubcommands(root)
 	return root
 }
 

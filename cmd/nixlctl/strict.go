@@ -6,12 +6,15 @@ import (
 	"math"
 	"math/big"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
 )
 
 // strictHook makes an option's value from a config file or the
@@ -25,6 +28,11 @@ import (
 // one.
 func strictHook() func(f, t reflect.Type, data any) (any, error) {
 	return func(f, t reflect.Type, data any) (any, error) {
+		if items, ok := data.([]string); ok && slices.ContainsFunc(items, func(it string) bool { return strings.TrimSpace(it) == "" }) {
+			// A list flag's "a,b," (pflag's string slices split before
+			// weakSliceHook sees them).
+			return nil, fmt.Errorf("%q: %w", strings.Join(items, ","), errEmptyItem)
+		}
 		if data == nil || f == t {
 			return data, nil
 		}
@@ -181,4 +189,25 @@ func (d decimalValue) Set(s string) error {
 		items[i] = n.String()
 	}
 	return d.Value.Set(strings.Join(items, ","))
+}
+
+// refuseUnknownSubcommands gives every command that only groups others
+// (bench, probe, serve, report, kv) a RunE that refuses an argument:
+// cobra checks a subcommand's name only at the root, so `nixlctl bench
+// frobnicate` printed the help on stdout and exited 0. Without
+// arguments such a command still prints its help.
+func refuseUnknownSubcommands(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+		if !c.HasSubCommands() || c.Runnable() {
+			continue
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return errkind.BadInputf("unknown command %q for %q", args[0], cmd.CommandPath())
+		}
+	}
 }

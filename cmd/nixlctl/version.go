@@ -24,10 +24,24 @@ func newVersionCmd(a *app) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			v := versionInfo{Nixlctl: version, Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
-			if a.format == report.FormatJSON {
+			// Every -o format, as every other command: -o csv or prom
+			// printed the table's plain line, which no CSV reader or
+			// Prometheus scrape parses.
+			var err error
+			switch a.format {
+			case report.FormatJSON:
 				return report.WriteJSON(a.io.Out, v)
+			case report.FormatCSV:
+				_, err = fmt.Fprintf(a.io.Out, "nixlctl,go,os,arch\n%s,%s,%s,%s\n", v.Nixlctl, v.Go, v.OS, v.Arch)
+			case report.FormatMarkdown:
+				_, err = fmt.Fprintf(a.io.Out, "| nixlctl | go | os | arch |\n|---|---|---|---|\n| %s | %s | %s | %s |\n", v.Nixlctl, v.Go, v.OS, v.Arch)
+			case report.FormatProm:
+				// The usual build-info gauge: always 1, the facts as labels.
+				_, err = fmt.Fprintf(a.io.Out, "# HELP nixlctl_build_info nixlctl's version and toolchain.\n# TYPE nixlctl_build_info gauge\nnixlctl_build_info{version=%q,go=%q,os=%q,arch=%q} 1\n",
+					v.Nixlctl, v.Go, v.OS, v.Arch)
+			default:
+				_, err = fmt.Fprintf(a.io.Out, "nixlctl %s (%s, %s/%s)\n", v.Nixlctl, v.Go, v.OS, v.Arch)
 			}
-			_, err := fmt.Fprintf(a.io.Out, "nixlctl %s (%s, %s/%s)\n", v.Nixlctl, v.Go, v.OS, v.Arch)
 			return err
 		},
 	}

@@ -3,6 +3,9 @@ package bench
 import (
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -18,8 +21,66 @@ func checkAddr(s string) error {
 	if host == "" {
 		return fmt.Errorf("%q: no host", s)
 	}
+	if !ValidHost(host) {
+		return fmt.Errorf("%q: %q is not a host name or an IP address", s, host)
+	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("%q: port must be 1..65535", s)
+	}
+	return nil
+}
+
+// ValidHost says whether host is an IP address or a host name of RFC
+// 1123 letters, digits, hyphens and dots (an underscore allowed, as
+// resolvers accept it). Anything else ("!!") cannot resolve; refusing it
+// up front spares a run that would only fail to connect.
+func ValidHost(host string) bool {
+	if net.ParseIP(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")) != nil {
+		return true
+	}
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(host, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// sysClassRoot is where checkNetDevices looks (tests point it elsewhere).
+var sysClassRoot = "/sys/class"
+
+// checkNetDevices checks a UCX_NET_DEVICES list for local endpoints:
+// "all", or devices that exist here, a kernel interface (eth1) or an
+// RDMA device's port (mlx5_0:1). UCX given only unknown devices finds
+// no transport, and the run failed later with an error that did not
+// name the flag.
+func checkNetDevices(root, list string) error {
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return fmt.Errorf("%q: an empty item in the list (a stray comma?)", list)
+		}
+		if item == "all" {
+			continue
+		}
+		name, port, isPort := strings.Cut(item, ":")
+		var paths []string
+		if isPort {
+			paths = []string{filepath.Join(root, "infiniband", name, "ports", port)}
+		} else {
+			paths = []string{filepath.Join(root, "net", name), filepath.Join(root, "infiniband", name)}
+		}
+		if !slices.ContainsFunc(paths, func(p string) bool { _, err := os.Stat(p); return err == nil }) {
+			return fmt.Errorf("%q: no such network device on this host (see %s/net and %s/infiniband)", item, root, root)
+		}
 	}
 	return nil
 }

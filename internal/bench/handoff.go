@@ -255,8 +255,18 @@ func (o *HandoffOptions) Validate() error {
 	if !o.PushHeartbeatKeys.Valid() {
 		bad("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", o.PushHeartbeatKeys)
 	}
+	if o.NetDevices != "" && !o.remote() {
+		// Remote endpoints' devices are their hosts', not this one's.
+		if err := checkNetDevices(sysClassRoot, o.NetDevices); err != nil {
+			bad("NetDevices", "%v", err)
+		}
+	}
 	if o.ChunkTokens < 0 {
 		bad("ChunkTokens", "must not be negative")
+	} else if bs := o.Spec.BlockSize; o.ChunkTokens > 0 && bs > 0 && o.ChunkTokens%bs != 0 {
+		// SGLang's chunks end on page boundaries; a chunk of 7 tokens
+		// with 16-token pages was run as if aligned.
+		bad("ChunkTokens", "%d is not a multiple of the page size (--block-size %d)", o.ChunkTokens, bs)
 	}
 	o.validateSGL(bad)
 	if o.DecodeTP <= 0 {

@@ -82,6 +82,13 @@ func ParseTopology(name string, b []byte) (Topology, error) {
 			return Topology{}, fmt.Errorf("not a topology: more than one JSON value")
 		}
 	}
+	// An engine without "addr" is local; one with "addr": "" is a hole
+	// left in the file, which used to run a local engine silently.
+	empty, err := emptyAddrs(name, b)
+	if err != nil {
+		return Topology{}, err
+	}
+	seen := map[string]string{} // address: the engine that named it first
 	for _, r := range []struct {
 		role  string
 		slots []EngineSlot
@@ -92,6 +99,17 @@ func ParseTopology(name string, b []byte) (Topology, error) {
 		for i, s := range r.slots {
 			if s.TP < 0 {
 				return Topology{}, fmt.Errorf("%s %d: tp must not be negative", r.role, i)
+			}
+			if empty[fmt.Sprintf("%s %d", r.role, i)] {
+				return Topology{}, fmt.Errorf("%s %d: addr is empty (want host:port or \"local\")", r.role, i)
+			}
+			// Two engines at one address are one engine counted twice.
+			if !s.Local() {
+				key := strings.TrimPrefix(s.Addr, "tcp://")
+				if first, dup := seen[key]; dup {
+					return Topology{}, fmt.Errorf("%s %d: address %s is also %s's", r.role, i, s.Addr, first)
+				}
+				seen[key] = fmt.Sprintf("%s %d", r.role, i)
 			}
 			if !s.Local() {
 				if err := checkAddr(s.Addr); err != nil {
@@ -255,3 +273,34 @@ const (
 var DeathPolicies = []DeathPolicy{DeathStop, DeathDrain}
 
 func (p DeathPolicy) String() string { return string(p) }
+
+// emptyAddrs names the engines ("decode 1") whose "addr" is given and
+// empty, which the decoded EngineSlot cannot tell from a missing one.
+func emptyAddrs(name string, b []byte) (map[string]bool, error) {
+	type slot struct {
+		Addr *string `json:"addr" yaml:"addr"`
+	}
+	var raw struct {
+		Prefill []slot `json:"prefill" yaml:"prefill"`
+		Decode  []slot `json:"decode" yaml:"decode"`
+	}
+	var err error
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml":
+		err = yaml.Unmarshal(b, &raw)
+	default:
+		err = json.Unmarshal(b, &raw)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("not a topology: %v", err)
+	}
+	out := map[string]bool{}
+	for role, slots := range map[string][]slot{"prefill": raw.Prefill, "decode": raw.Decode} {
+		for i, s := range slots {
+			if s.Addr != nil && strings.TrimSpace(*s.Addr) == "" {
+				out[fmt.Sprintf("%s %d", role, i)] = true
+			}
+		}
+	}
+	return out, nil
+}

@@ -205,7 +205,8 @@ func ParseTokens(s string) ([]int, error) {
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
-			continue
+			// "4096," or "1k,,4k": a stray comma, not a sweep's point.
+			return nil, fmt.Errorf("%q: an empty item in the list (a stray comma?)", s)
 		}
 		orig := f
 		mult := 1
