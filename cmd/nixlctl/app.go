@@ -25,6 +25,7 @@ const (
 	exitFailure     = 1   // the run failed, or its results failed a check
 	exitUsage       = 2   // bad flags, config file or input
 	exitInterrupted = 130 // stopped by Ctrl-C (results so far were printed)
+	exitTerminated  = 143 // stopped by SIGTERM (128 + 15, as a shell reports it)
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -149,6 +150,9 @@ func exitCode(ctx context.Context, errOut io.Writer, cmd interface{ CommandPath(
 	var intr errInterrupted
 	if errors.As(context.Cause(ctx), &intr) && (errors.Is(err, context.Canceled) || errors.As(err, &intr)) {
 		fmt.Fprintf(errOut, "nixlctl: %v\n", context.Cause(ctx))
+		if intr.sig == syscall.SIGTERM {
+			return exitTerminated
+		}
 		return exitInterrupted
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -359,6 +360,9 @@ type serveEngineOptions struct {
 	RunID     string `mapstructure:"run-id"`
 	Rank      int    `mapstructure:"rank"`
 	WorldSize int    `mapstructure:"world-size"`
+	// RegisterTimeout bounds the retries of an unreachable --register
+	// driver (0: forever).
+	RegisterTimeout time.Duration `mapstructure:"register-timeout"`
 	// The stand-in's flags (serve prefill only).
 	standinOptions `mapstructure:",squash"`
 	// The vLLM compatibility identity this endpoint stands for.
@@ -454,7 +458,7 @@ setup with an error naming both.`, role),
 			if o.Register != "" {
 				return runRegisteredEngine(cmd.Context(), a, role, o, set)
 			}
-			for _, f := range []string{"run-id", "rank", "world-size"} {
+			for _, f := range []string{"run-id", "rank", "world-size", "register-timeout"} {
 				if set(f) {
 					return errkind.BadInputf("--%s goes with --register", f)
 				}
@@ -469,6 +473,7 @@ setup with an error naming both.`, role),
 	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
 	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
 	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
+	cmd.Flags().Duration("register-timeout", 5*time.Minute, "with --register: give up (exit 1) when a TCP driver cannot be reached for this long; 0 retries until interrupted")
 	cmd.Flags().String("compat-factors", "", "stand for a vLLM engine with these compatibility factors (JSON file, as bench pull|push --compat-factors): advertise and check the hash they give; a driver that sends another fails its setup")
 	cmd.Flags().String("compat-hash", "", "stand for a vLLM engine that advertises this compatibility hash (sha256 hex); a driver that sends another fails its setup")
 	cmd.Flags().Bool("no-compat-check", false, "accept any peer's compatibility hash (vLLM's enforce_handshake_compat=false); a driver that says otherwise fails its setup")

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -30,8 +32,11 @@ func launcherJobID() string {
 // runRegisteredEngine is serve prefill|decode --register: announce the
 // endpoint to a rendezvous driver, serve its one session (on --listen, or
 // reverse on the registration's connection), and exit 0 when that session
-// ends, the registration ends or on SIGTERM. Everything the flags and the
-// environment can get wrong is refused before any network I/O.
+// ends or the registration ends. Interrupted before its session, it exits
+// 130 (SIGINT) or 143 (SIGTERM); a driver unreachable for
+// --register-timeout is exit 1. Everything the flags and the environment
+// can get wrong (address, port, rank and world size) is refused before
+// any network I/O.
 func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngineOptions, set explicitOptions) error {
 	etcd := strings.HasPrefix(o.Register, rendezvous.EtcdScheme)
 	switch {
@@ -40,10 +45,18 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 	case etcd && o.Listen == "":
 		return errkind.BadInputf("--register %s needs --listen: an etcd member must accept the driver's connection (serving over the registration is TCP only)", o.Register)
 	}
-	if _, _, err := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(o.Register, rendezvous.EtcdScheme), "tcp://")); err != nil {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(o.Register, rendezvous.EtcdScheme), "tcp://"))
+	if err != nil {
 		return errkind.BadInputf("--register %q: want the driver's [tcp://]HOST:PORT or etcd://HOST:PORT", o.Register)
 	}
-	if o.Advertise != "" && strings.ContainsAny(o.Advertise, ":/ ") && net.ParseIP(o.Advertise) == nil {
+	// A port or host that can never be dialled was retried forever.
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return errkind.BadInputf("--register %q: port must be 1..65535", o.Register)
+	}
+	if !bench.ValidHost(host) {
+		return errkind.BadInputf("--register %q: %q is not a host name or an IP address", o.Register, host)
+	}
+	if o.Advertise != "" && !bench.ValidHost(o.Advertise) {
 		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
 	}
 	var listenHost string
@@ -71,13 +84,18 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 	if etcd && run == "" {
 		return errkind.BadInputf("--run-id: etcd needs a run id to keep runs apart (none given, no launcher job id, no $NIXLCTL_JOB_ID)")
 	}
+	if info.Source == launcher.None && (!set("rank") || !set("world-size")) {
+		// Without them every endpoint said rank 0 of 1 and waited on a
+		// driver that could only refuse all but one.
+		return errkind.BadInputf("--rank and --world-size: no launcher environment (Slurm, torchrun, MPI, an Indexed Job) gives them; give both")
+	}
 	// Checked with a stand-in control address: the real one needs the
 	// listener.
 	h, err := rendezvous.FromLauncher(info, run, role, rendezvous.Reverse)
 	if err != nil {
 		return errkind.BadInputf("rendezvous hello: %v", err)
 	}
-	ropt := rendezvous.Options{Log: a.log}
+	ropt := rendezvous.Options{Log: a.log, RetryFor: o.RegisterTimeout}
 	if o.Listen == "" {
 		return serveReverse(ctx, a, o, h, ropt)
 	}
@@ -86,13 +104,13 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 		return errkind.BadInputf("--listen: %v", err)
 	}
 	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	h.Ctl = net.JoinHostPort(listenHost, port)
+	_, lnPort, _ := net.SplitHostPort(ln.Addr().String())
+	h.Ctl = net.JoinHostPort(listenHost, lnPort)
 	fmt.Fprintf(a.io.ErrOut, "listening on %s\n", ln.Addr())
 	reg, err := rendezvous.Register(ctx, o.Register, h, ropt)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil // SIGTERM before the driver was there
+			return context.Cause(ctx) // interrupted before the driver was there: 130 or 143
 		}
 		return err
 	}
@@ -118,7 +136,7 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 			return nil
 		}
 		if ctx.Err() != nil {
-			return nil
+			return context.Cause(ctx) // interrupted while waiting for the driver
 		}
 		return err
 	}
@@ -159,7 +177,7 @@ func serveReverse(ctx context.Context, a *app, o serveEngineOptions, h rendezvou
 	reg, err := rendezvous.Register(ctx, o.Register, h, ropt)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil
+			return context.Cause(ctx) // interrupted before the driver was there
 		}
 		return err
 	}

@@ -38,7 +38,8 @@ in that order of precedence:
                           model: llama-3.1-70b
                           isl: 4096,32768
 
-Exit codes: 0 success, 1 failure (or a failed check), 2 bad input, 130 interrupted.`
+Exit codes: 0 success, 1 failure (or a failed check), 2 bad input, 130 interrupted
+(SIGINT), 143 terminated (SIGTERM).`
 
 func newRootCmd(a *app) *cobra.Command {
 	root := &cobra.Command{

@@ -22,25 +22,37 @@ func Open(ctx context.Context, addr string, expect Roster, opt Options) (*Driver
 // JoinEtcd), anything else the TCP driver's HOST:PORT (see Join). A TCP
 // driver that is not there yet (connection refused, a name that does not
 // resolve yet: pods and tasks start in any order) is tried again, every
-// 0.2 s growing to 2 s, until ctx ends; a rejection or a bad hello is
-// final.
+// 0.2 s growing to 2 s, until ctx ends or opt.RetryFor has passed, each
+// try logged at WARN with its count and reason; a rejection or a bad
+// hello is final.
 func Register(ctx context.Context, addr string, h Hello, opt Options) (*Registration, error) {
 	if strings.HasPrefix(addr, EtcdScheme) {
 		return JoinEtcd(ctx, addr, h, opt)
 	}
 	backoff := 200 * time.Millisecond
-	for {
+	start := time.Now()
+	for try := 1; ; try++ {
 		r, err := Join(ctx, addr, h, opt)
 		var ne *net.OpError
 		var dns *net.DNSError
 		if err == nil || ctx.Err() != nil || !errors.As(err, &ne) && !errors.As(err, &dns) {
 			return r, err
 		}
-		opt.log().Info("rendezvous: driver not reachable yet", "addr", addr, "err", err, "retry_in", backoff)
+		wait := backoff
+		if opt.RetryFor > 0 {
+			left := opt.RetryFor - time.Since(start)
+			if left <= 0 {
+				return nil, fmt.Errorf("rendezvous: driver at %s not reachable in %v (%d tries; last: %w)", addr, opt.RetryFor, try, err)
+			}
+			wait = min(wait, left)
+		}
+		// WARN: an endpoint waiting on a driver that never comes is the
+		// thing its operator needs to see, with why and how often.
+		opt.log().Warn("rendezvous: driver not reachable yet", "addr", addr, "try", try, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("rendezvous: %w; last try: %w", ctx.Err(), err)
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}

@@ -230,6 +230,10 @@ type Options struct {
 	// LeaseTTL is an etcd member's lease: how soon after it dies its key
 	// goes (default 10s; etcd may round it up).
 	LeaseTTL time.Duration
+	// RetryFor bounds how long Register keeps retrying a TCP driver that
+	// cannot be reached (0: until ctx ends). A typo'd or dead driver
+	// address otherwise kept a registering endpoint waiting forever.
+	RetryFor time.Duration
 }
 
 func (o Options) log() *slog.Logger {
