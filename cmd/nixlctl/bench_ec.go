@@ -90,6 +90,9 @@ func newBenchECCmd(a *app) *cobra.Command {
 			); err != nil {
 				return err
 			}
+			if err := ignoredErrors(set, o, o.ECOptions.Ignored()); err != nil {
+				return err
+			}
 			return runBenchEC(cmd.Context(), a, o)
 		},
 	}

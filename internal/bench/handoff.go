@@ -255,7 +255,7 @@ func (o *HandoffOptions) Validate() error {
 	if !o.PushHeartbeatKeys.Valid() {
 		bad("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", o.PushHeartbeatKeys)
 	}
-	if o.NetDevices != "" && !o.remote() {
+	if o.NetDevices != "" && !o.remote() && o.Rendezvous == "" {
 		// Remote endpoints' devices are their hosts', not this one's.
 		if err := checkNetDevices(sysClassRoot, o.NetDevices); err != nil {
 			bad("NetDevices", "%v", err)

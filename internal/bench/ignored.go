@@ -47,6 +47,15 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 	} else {
 		ig("--mem vram pools come from the CUDA driver", "DRAMAlloc") // cuda.AllocSeg
 	}
+	if o.Rendezvous == "" {
+		// The run id, roster and join window are the rendezvous's; named
+		// or listed endpoints are there from the start.
+		ig("only with --rendezvous", "RunID", "Roster", "JoinWindow")
+		if !o.remote() {
+			// Local endpoints' --xfer-reference runs on this host.
+			ig("only with remote endpoints (--prefill/--decode HOST:PORT, --topology or --rendezvous)", "XferTarget")
+		}
+	}
 	if len(o.Trace) > 0 {
 		// usesTrace: the trace's arrivals and prompt lengths replace the
 		// load and the distribution.
@@ -109,6 +118,24 @@ func (o *XferOptions) Ignored() []IgnoredField {
 		// cuda.AllocSeg: VRAM comes from the CUDA driver on both sides.
 		out = append(out, IgnoredField{"DRAMAlloc", "no DRAM with --mem VRAM --target-mem VRAM"},
 			IgnoredField{"HugePages", "no DRAM with --mem VRAM --target-mem VRAM"})
+	} else if o.DRAMAlloc == engine.AllocUCX {
+		// Huge pages are asked of mmap (nixl.AllocDRAM); UCX allocates
+		// its own way.
+		out = append(out, IgnoredField{"HugePages", "only with --dram-alloc mmap (--dram-alloc ucx allocates through UCX)"})
+	}
+	if o.Backend == "ucx" {
+		// nixlctl's UCX layer progresses its own way (XferProgress).
+		out = append(out, IgnoredField{"Progress", "--backend ucx progresses on its own (--progress is for NIXL backends)"})
 	}
 	return out
+}
+
+// Ignored lists the options of o that bench ec does not read: without
+// an encode time the entry is ready at once, so there is nothing for
+// --overlap to overlap.
+func (o *ECOptions) Ignored() []IgnoredField {
+	if o.EncodeTime == 0 {
+		return []IgnoredField{{"Overlap", "only with --encode-time (without an encode time there is nothing to overlap)"}}
+	}
+	return nil
 }

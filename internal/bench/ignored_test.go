@@ -38,6 +38,10 @@ func TestHandoffIgnored(t *testing.T) {
 		{"open loop", func(o *HandoffOptions) { o.Rate = 5 }, []string{"Concurrency"}, []string{"Rate"}},
 		{"open loop, xfer reference", func(o *HandoffOptions) { o.Rate, o.XferRef = 5, true }, nil, []string{"Concurrency"}},
 		{"trace", func(o *HandoffOptions) { o.Trace = []TraceEntry{{ISL: 64}} }, []string{"Rate", "Concurrency", "ISL.Fixed", "ISL.Dist"}, nil},
+		{"local endpoints", func(o *HandoffOptions) {}, []string{"RunID", "Roster", "JoinWindow", "XferTarget"}, nil},
+		{"remote endpoints", func(o *HandoffOptions) { o.Prefill, o.Decode = "10.0.0.1:7400", "10.0.0.2:7400" },
+			[]string{"RunID", "Roster", "JoinWindow"}, []string{"XferTarget"}},
+		{"rendezvous", func(o *HandoffOptions) { o.Rendezvous = "127.0.0.1:0" }, nil, []string{"RunID", "Roster", "JoinWindow", "XferTarget"}},
 	}
 	for _, tc := range tests {
 		o := DefaultHandoffOptions()
@@ -81,6 +85,36 @@ func TestXferIgnored(t *testing.T) {
 		for _, f := range tc.not {
 			if slices.Contains(got, f) {
 				t.Errorf("%v->%v: %s ignored, but it is used", tc.init, tc.targ, f)
+			}
+		}
+	}
+}
+
+// bench xfer's backend and allocation decide whether --progress and
+// --use-hugepages count; bench ec's --overlap needs an encode time.
+func TestXferECIgnored(t *testing.T) {
+	tests := []struct {
+		name      string
+		got       func() []IgnoredField
+		want, not []string
+	}{
+		{"ucx backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "ucx"; return o.Ignored() }, []string{"Progress"}, nil},
+		{"nixl backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "nixl"; return o.Ignored() }, nil, []string{"Progress"}},
+		{"dram alloc ucx", func() []IgnoredField { o := DefaultXferOptions(); o.DRAMAlloc = engine.AllocUCX; return o.Ignored() }, []string{"HugePages"}, nil},
+		{"dram alloc mmap", func() []IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages", "Progress"}},
+		{"ec without encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 0; return o.Ignored() }, []string{"Overlap"}, nil},
+		{"ec with encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 5e6; return o.Ignored() }, nil, []string{"Overlap"}},
+	}
+	for _, tc := range tests {
+		got := ignoredFields(tc.got())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%s: %s not ignored (%v)", tc.name, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
 			}
 		}
 	}
