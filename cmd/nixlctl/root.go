@@ -247,10 +247,20 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (
 	}
 	all := file.AllSettings()
 	eff, shared := map[string]any{}, map[string]bool{}
+	var unknownTop []error
 	for k, val := range all {
-		if _, isMap := val.(map[string]any); !isMap && flags.Lookup(k) != nil {
+		_, isMap := val.(map[string]any)
+		switch {
+		case !isMap && flags.Lookup(k) != nil:
 			eff[k], shared[k] = val, true
+		case !isMap && !anyCommandHasFlag(cmd.Root(), k) && subcommand(cmd.Root(), k) == nil:
+			// A top-level key is a default for the commands with that
+			// flag; one that no command has (requets: 4) did nothing.
+			unknownTop = append(unknownTop, fmt.Errorf("%s: %s is not an option of any nixlctl command", path, k))
 		}
+	}
+	if len(unknownTop) > 0 {
+		return nil, errors.Join(unknownTop...)
 	}
 	// A command's name holds a section: `kv: 3` (or a list) used to be
 	// ignored, every key of it silently unused. Checked on the way down
@@ -300,6 +310,20 @@ func mergeConfigFile(v *viper.Viper, cmd *cobra.Command, flags *pflag.FlagSet) (
 		return nil, errors.Join(unknown...)
 	}
 	return shared, v.MergeConfigMap(eff)
+}
+
+// anyCommandHasFlag says whether c or a command below it has the flag
+// (its own, persistent or an alias).
+func anyCommandHasFlag(c *cobra.Command, name string) bool {
+	if c.Flags().Lookup(name) != nil || c.PersistentFlags().Lookup(name) != nil {
+		return true
+	}
+	for _, sub := range c.Commands() {
+		if anyCommandHasFlag(sub, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // subcommand is c's subcommand called name, or nil.
