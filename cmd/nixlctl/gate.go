@@ -17,6 +17,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/htmlreport"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 type gateOptions struct {
@@ -192,7 +193,12 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 		return err
 	}
 	if path := os.Getenv("GITHUB_STEP_SUMMARY"); path != "" {
-		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		// userfile.CheckOutput: a FIFO there would block the gate's exit.
+		err := userfile.CheckOutput(path)
+		var f *os.File
+		if err == nil {
+			f, err = os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		}
 		if err == nil {
 			_, err = f.Write(append(md.Bytes(), '\n'))
 			if cerr := f.Close(); err == nil {
