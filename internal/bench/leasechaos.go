@@ -180,10 +180,13 @@ type LeaseChaosConfig struct {
 	RegWatchdog   string   `json:"registration_watchdog,omitempty"`
 	Model         string   `json:"model"`
 	ISL           int      `json:"isl"`
-	KVDType       kv.DType `json:"kv_dtype,omitempty"`   // real
-	BlockSize     int      `json:"block_size,omitempty"` // real
-	Slack         Duration `json:"slack,omitempty"`      // real
-	Backend       string   `json:"backend,omitempty"`    // real
+	// Seed is --seed, without which a run cannot be drawn again (a
+	// pointer: 0 is written, results from before it read back without).
+	Seed      *uint64  `json:"seed,omitempty"`
+	KVDType   kv.DType `json:"kv_dtype,omitempty"`   // real
+	BlockSize int      `json:"block_size,omitempty"` // real
+	Slack     Duration `json:"slack,omitempty"`      // real
+	Backend   string   `json:"backend,omitempty"`    // real
 	// BytesPerRequest is what one request's KV weighs (sim).
 	BytesPerRequest int64 `json:"bytes_per_request,omitempty"`
 }
@@ -251,7 +254,7 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 		Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
 	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
-		Reaper: string(o.Reaper), Protocol: string(o.Protocol), Model: spec.Model.Name, ISL: o.ISL, KVDType: spec.DType,
+		Reaper: string(o.Reaper), Protocol: string(o.Protocol), Model: spec.Model.Name, ISL: o.ISL, Seed: new(o.Seed), KVDType: spec.DType,
 		BlockSize: spec.BlockSize, Slack: Duration(o.Slack), Backend: backend.Name}
 	if o.Protocol == engine.ProtoPush {
 		keys := cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
@@ -945,7 +948,7 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	spec, _ := o.Spec.Normalize()
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "sim", Model: spec.Model.Name}
 	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
-		Reaper: string(o.Reaper), Model: spec.Model.Name, ISL: o.ISL, BytesPerRequest: geo.BytesPerRequest}
+		Reaper: string(o.Reaper), Model: spec.Model.Name, ISL: o.ISL, Seed: new(o.Traffic.Seed), BytesPerRequest: geo.BytesPerRequest}
 	t0 := time.Now()
 	total := len(o.Scenarios) * len(o.Policies)
 	if o.Traffic.Requests > 0 {
