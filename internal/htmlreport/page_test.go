@@ -3,23 +3,18 @@ package htmlreport
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"html"
 	"math"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-
+	goldenfile "github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 // The fixtures in testdata are real runs of nixlctl on the development
 // machine (docs/reports.md says how they were made): a bench push whose
@@ -372,24 +367,7 @@ func TestCheckNumbersCatches(t *testing.T) {
 	}
 }
 
-// golden compares got with testdata/<name>, rewriting it under -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(want, got) {
-		t.Errorf("%s differs (-want +got):\n%s", name, cmp.Diff(string(want), string(got)))
-	}
-}
+func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
 
 // TestGolden pins the rendered markup of two small pages.
 func TestGolden(t *testing.T) {
