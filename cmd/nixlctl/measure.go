@@ -261,7 +261,17 @@ func checkCreatable(flag, path, ancestor string) error {
 	if !st.IsDir() {
 		return errkind.BadInputf("--%s %s: %s is not a directory", flag, path, ancestor)
 	}
-	return checkWritable(flag, path, ancestor)
+	if err := checkWritable(flag, path, ancestor); err != nil {
+		return err
+	}
+	// access(2) says yes to root everywhere, /proc and read-only mounts
+	// included (--save /proc/nope failed after the run): make a directory
+	// there, as the save will, and take it away again.
+	probe, err := os.MkdirTemp(ancestor, ".nixlctl-check-")
+	if err != nil {
+		return errkind.BadInputf("--%s %s: cannot create a directory in %s (%v)", flag, path, ancestor, errors.Unwrap(err))
+	}
+	return os.Remove(probe)
 }
 
 func checkWritable(flag, path, dir string) error {
