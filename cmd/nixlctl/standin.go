@@ -165,6 +165,14 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 		return errkind.BadInputf("--http: %v", err)
 	}
 	defer ln.Close()
+	// The side channel binds inside NewEngine, after the pools are
+	// allocated and filled (8 GiB for llama-3.1-8b's defaults): a taken
+	// port (--http's own, say) is found first, in a moment.
+	side, err := net.Listen("tcp", strings.TrimPrefix(o.SideChannel, "tcp://"))
+	if err != nil {
+		return errkind.BadInputf("--side-channel: %v", err)
+	}
+	side.Close()
 	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
 	if err != nil {
 		return fmt.Errorf("prefill engine: %w", err)
