@@ -132,6 +132,12 @@ func modelFromFields(f map[string]json.RawMessage) (Model, error) {
 		m.HeadDim = headDim
 	}
 
+	// Validate bounds every dimension at 1<<20; the layer count is checked
+	// here too, before a list of that many layers is made below (2^31
+	// layers cost 6-9 s of CPU and 2 GiB before Validate refused them).
+	if m.NumLayers > 1<<20 {
+		return m, fmt.Errorf("num_hidden_layers = %d is implausibly large (limit %d)", m.NumLayers, 1<<20)
+	}
 	window, _, err := optionalInt(f, "sliding_window")
 	if err != nil {
 		return m, err

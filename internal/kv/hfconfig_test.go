@@ -89,6 +89,9 @@ func TestParseHFConfigErrors(t *testing.T) {
 		{`{"num_hidden_layers": 1, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "layer_types": ["mamba"]}`, `layer_types[0] = "mamba"`},
 		{`{"num_hidden_layers": 1, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "layer_types": "full"}`, "want a list of strings"},
 		{`{"num_hidden_layers": 99999999, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16"}`, "implausibly large"},
+		// Refused before a layer list of that length is made (a sliding
+		// window without layer_types applies to every layer).
+		{`{"num_hidden_layers": 2147483647, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16", "sliding_window": 4096}`, "num_hidden_layers = 2147483647 is implausibly large"},
 		{`{"num_hidden_layers": 1048576, "num_attention_heads": 1048576, "num_key_value_heads": 1048576, "head_dim": 1048576, "torch_dtype": "float32"}`,
 			"overflows a 64-bit byte count"},
 		{`{"num_hidden_layers": 1099511627776, "num_attention_heads": 8, "head_dim": 64, "torch_dtype": "bf16"}`, "num_hidden_layers: 1099511627776 is implausibly large"},
