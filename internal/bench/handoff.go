@@ -1128,14 +1128,23 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			ep.close()
 		}
 	}()
-	for i, s := range pslots {
-		if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s); err != nil {
-			return nil, err
+	// Remote endpoints are dialled first: one that cannot be reached
+	// fails the run before any local engine is started (--decode
+	// 127.0.0.1:1 failed after the local prefill was up).
+	for _, remote := range []bool{true, false} {
+		for i, s := range pslots {
+			if !s.Local() == remote {
+				if pes[i], err = startEndpoint(ctx, &o, "prefill", engineName("prefill", i, n), s); err != nil {
+					return nil, err
+				}
+			}
 		}
-	}
-	for i, s := range dslots {
-		if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s); err != nil {
-			return nil, err
+		for i, s := range dslots {
+			if !s.Local() == remote {
+				if des[i], err = startEndpoint(ctx, &o, "decode", engineName("decode", i, m), s); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	pcs, dcs := make([]engine.Config, n), make([]engine.Config, m)
