@@ -12,7 +12,6 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/htmlreport"
-	"github.com/nixlctl/nixlctl/internal/report"
 )
 
 // checkHTMLFile refuses, before any measuring, an --html path that is not
@@ -106,19 +105,11 @@ func runReportHTML(_ context.Context, a *app, paths []string, o reportHTMLOption
 	if len(paths) == 1 && len(o.Metrics) > 0 {
 		return errkind.BadInputf("--metric selects metrics to compare: give two results or more")
 	}
-	var results []report.Result
-	for _, p := range paths {
-		l, err := loadResult(p)
-		if err != nil {
-			return err
-		}
-		for _, n := range l.Notes {
-			fmt.Fprintf(a.io.ErrOut, "note: %s: %s\n", p, n)
-		}
-		results = append(results, l.Result)
+	results, err := loadResults(a, paths)
+	if err != nil {
+		return err
 	}
 	var page *htmlreport.Page
-	var err error
 	if len(results) == 1 {
 		page, err = htmlreport.Build(results[0], version)
 	} else {

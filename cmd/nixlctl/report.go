@@ -77,6 +77,23 @@ func loadResult(path string) (*report.Loaded, error) {
 	return l, nil
 }
 
+// loadResults loads several results (report compare, report html),
+// saying each one's notes with its path.
+func loadResults(a *app, paths []string) ([]report.Result, error) {
+	var results []report.Result
+	for _, p := range paths {
+		l, err := loadResult(p)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range l.Notes {
+			fmt.Fprintf(a.io.ErrOut, "note: %s: %s\n", p, n)
+		}
+		results = append(results, l.Result)
+	}
+	return results, nil
+}
+
 func runReportShow(_ context.Context, a *app, path string, o reportShowOptions) error {
 	if o.Plot != "" {
 		if _, err := plots.FormatOf(o.Plot); err != nil {
@@ -161,16 +178,9 @@ func runReportCompare(_ context.Context, a *app, paths []string, o reportCompare
 			return err
 		}
 	}
-	var results []report.Result
-	for _, p := range paths {
-		l, err := loadResult(p)
-		if err != nil {
-			return err
-		}
-		for _, n := range l.Notes {
-			fmt.Fprintf(a.io.ErrOut, "note: %s: %s\n", p, n)
-		}
-		results = append(results, l.Result)
+	results, err := loadResults(a, paths)
+	if err != nil {
+		return err
 	}
 	c, err := report.Compare(runLabels(paths), results, o.Metrics)
 	if err != nil {
