@@ -105,6 +105,23 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("loopback advertise with the driver on the prefill's host", func(t *testing.T) {
+		// The driver reaches 127.0.0.1 itself, so only knowing where the
+		// decode runs can catch this; before, every request failed after
+		// 17 s with "no reply within 5s".
+		mh.serve(t, "a", 0, "serve", "prefill", "--listen", "127.0.0.1:7409")
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7410")
+		start := time.Now()
+		code, _, stderr := mh.run(t, "a", 0, "bench", "pull", "--prefill", "127.0.0.1:7409", "--decode", b+":7410",
+			"--model", "llama-3.2-1b", "--isl", "256", "--requests", "4")
+		if code == 0 || !strings.Contains(stderr, "loopback address") || !strings.Contains(stderr, "tcp://127.0.0.1:") {
+			t.Errorf("exit %d, stderr %q: want a refusal naming the loopback side channel", code, lastLines(stderr, 3))
+		}
+		if d := time.Since(start); d > 15*time.Second {
+			t.Errorf("took %v to refuse", d)
+		}
+	})
+
 	t.Run("ec", func(t *testing.T) {
 		mh.serve(t, "b", 0, "serve", "encoder", "--listen", "0.0.0.0:7301")
 		var res struct {

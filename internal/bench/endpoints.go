@@ -115,6 +115,53 @@ func checkReachable(ctx context.Context, role string, addrs ...string) error {
 	return nil
 }
 
+// checkLoopbackAdvert refuses an advertised address that is loopback when
+// an endpoint that must dial it runs on another host. The driver's own
+// reachability check cannot see this: the driver may share the advertiser's
+// host, dial 127.0.0.1 happily, and pass a run in which every request then
+// fails in its handshake ("no reply within 5s").
+func checkLoopbackAdvert(role string, adv *Endpoint, addr string, dialers []*Endpoint) error {
+	host := advertHost(addr)
+	if host == "" || !isLoopbackHost(host) {
+		return nil
+	}
+	for _, d := range dialers {
+		if d == nil || clocksync.SameHost(adv.host.Identity, d.host.Identity) {
+			continue
+		}
+		where := d.info.Role
+		if d.info.Hostname != "" {
+			where += " on " + d.info.Hostname
+		}
+		return fmt.Errorf("%s advertises %s, a loopback address, but %s runs on another host and would dial its own loopback: give %s an address its peers can reach (serve --listen/--advertise with the host's IP, not 127.0.0.1 or localhost)",
+			role, addr, where, role)
+	}
+	return nil
+}
+
+// advertHost is the host part of an advertised address ("tcp://h:p",
+// "http://h:p" or "h:p"); "" when it has none.
+func advertHost(addr string) string {
+	hp := strings.TrimPrefix(strings.TrimPrefix(addr, "tcp://"), "http://")
+	if i := strings.IndexByte(hp, '/'); i >= 0 {
+		hp = hp[:i]
+	}
+	h, _, err := net.SplitHostPort(hp)
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+// isLoopbackHost: 127.0.0.0/8, ::1 or the name localhost.
+func isLoopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") || strings.HasSuffix(strings.ToLower(h), ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
 // describePeer records where a run's one remote process (bench xfer's
 // target, bench ec's encoder) and this driver ran, and whether that was one
 // host. Times of those runs come from the driver's side alone, so no clock

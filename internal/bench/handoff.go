@@ -1211,6 +1211,18 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res.Placement = placementAll(pes, des)
 	if o.remote() {
 		for i := range pes {
+			for _, a := range []string{psetups[i].SideChannel, psetups[i].Bootstrap} {
+				if err := checkLoopbackAdvert(engineName("prefill", i, n), pes[i], a, des); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for i := range des {
+			if err := checkLoopbackAdvert(engineName("decode", i, m), des[i], dsetups[i].SideChannel, pes); err != nil {
+				return nil, err
+			}
+		}
+		for i := range pes {
 			if err := checkReachable(ctx, engineName("prefill", i, n), psetups[i].SideChannel, psetups[i].Bootstrap); err != nil {
 				return nil, err
 			}
