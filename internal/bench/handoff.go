@@ -867,7 +867,12 @@ type HandoffSummary struct {
 	// FailuresByReason counts the failed requests by what failed them
 	// (their errors with ids and numbers folded, or "corrupt blocks").
 	FailuresByReason map[string]int `json:"failures_by_reason,omitempty"`
-	Histogram        string         `json:"handoff_histogram,omitempty"`
+	// FailureExamples holds, per reason of FailuresByReason, the first
+	// failed request's whole error: the folded reason keeps the count
+	// readable, the example keeps the address and the error that point to
+	// the cause.
+	FailureExamples map[string]string `json:"failure_examples,omitempty"`
+	Histogram       string            `json:"handoff_histogram,omitempty"`
 	// StageHistograms holds the other stages' histograms (same encoding,
 	// nanoseconds), keyed by their summary field: "transfer_ms", "post_ms",
 	// "finish_to_post_ms", "completion_to_ready_ms", "registration_rtt_ms".
@@ -2030,9 +2035,14 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 				reason = failureReason(r.Error)
 			}
 			if s.FailuresByReason == nil {
-				s.FailuresByReason = map[string]int{}
+				s.FailuresByReason, s.FailureExamples = map[string]int{}, map[string]string{}
 			}
 			s.FailuresByReason[reason]++
+			if _, seen := s.FailureExamples[reason]; !seen {
+				if r.Error != "" {
+					s.FailureExamples[reason] = failureExample(r.Error)
+				}
+			}
 		}
 		s.CorruptBlocks += r.CorruptBlocks
 		if r.Error != "" {

@@ -115,6 +115,11 @@ func resultTable(res *HandoffResult) *report.Table {
 	k.AddRow("requests ok / failed", fmt.Sprintf("%d / %d", s.Requests-s.Failed, s.Failed))
 	if len(s.FailuresByReason) > 0 {
 		k.AddRow("failures by reason", strings.TrimSuffix(strings.TrimPrefix(byReason(s.FailuresByReason), " ("), ")"))
+		for _, reason := range reasonOrder(s.FailuresByReason) {
+			if ex, ok := s.FailureExamples[reason]; ok && ex != reason {
+				k.AddRow("  first: "+reason, ex)
+			}
+		}
 	}
 	k.AddRow("corrupt blocks", report.Int(int64(s.CorruptBlocks)))
 	k.AddRow("bytes moved", report.Bytes(s.Bytes))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/ec"
@@ -22,7 +23,11 @@ func (res *HandoffResult) Problems() []string {
 		p = append(p, "no request was measured")
 	}
 	if s.Failed > 0 {
-		p = append(p, fmt.Sprintf("%d of %d requests failed%s", s.Failed, s.Requests, byReason(s.FailuresByReason)))
+		line := fmt.Sprintf("%d of %d requests failed%s", s.Failed, s.Requests, byReason(s.FailuresByReason))
+		if ex := firstExamples(s.FailuresByReason, s.FailureExamples); ex != "" {
+			line += "; first of each: " + ex
+		}
+		p = append(p, line)
 	}
 	if s.CorruptBlocks > 0 {
 		p = append(p, fmt.Sprintf("%d corrupt blocks", s.CorruptBlocks))
@@ -93,9 +98,19 @@ func (res *LeaseChaosResult) Problems() []string {
 // byReason renders a count per reason as " (2 registration timeout, 1
 // peer died)", largest first; "" when there are none.
 func byReason[N int | int64](m map[string]N) string {
-	if len(m) == 0 {
+	keys := reasonOrder(m)
+	if len(keys) == 0 {
 		return ""
 	}
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// reasonOrder is m's reasons with a count, largest first, then by name.
+func reasonOrder[N int | int64](m map[string]N) []string {
 	keys := make([]string, 0, len(m))
 	for k, n := range m {
 		if n > 0 {
@@ -108,11 +123,35 @@ func byReason[N int | int64](m map[string]N) string {
 		}
 		return keys[i] < keys[j]
 	})
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	return keys
+}
+
+// firstExamples renders the example of each reason, in byReason's order,
+// as `"full error"; "full error"`; "" without examples (results written
+// before they were recorded).
+func firstExamples(m map[string]int, ex map[string]string) string {
+	if len(ex) == 0 {
+		return ""
 	}
-	return " (" + strings.Join(parts, ", ") + ")"
+	var parts []string
+	for _, k := range reasonOrder(m) {
+		if e, ok := ex[k]; ok && e != k {
+			parts = append(parts, strconv.Quote(e))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// maxFailureExample bounds one example: whole enough to name the address
+// and the error, short enough that a million failures cannot bloat a
+// result (there is one per reason, and reasons are folded).
+const maxFailureExample = 400
+
+func failureExample(err string) string {
+	if len(err) > maxFailureExample {
+		return err[:maxFailureExample-3] + "..."
+	}
+	return err
 }
 
 // volatile matches the parts of an error message that differ between

@@ -19,11 +19,16 @@ func TestHandoffProblems(t *testing.T) {
 	if d := cmp.Diff(want, s.FailuresByReason); d != "" {
 		t.Fatalf("failures by reason (-want +got):\n%s", d)
 	}
+	wantEx := map[string]string{"registration of decode-N timed out after N": "registration of decode-7f3a timed out after 60s", "peer N died": "peer 127.0.0.1:4411 died"}
+	if d := cmp.Diff(wantEx, s.FailureExamples); d != "" {
+		t.Fatalf("failure examples (-want +got):\n%s", d)
+	}
 	s.LeakedBlocks = 224
 	res := &HandoffResult{Summary: s, Interrupted: true}
 	got := res.Problems()
 	wantP := []string{
-		"4 of 5 requests failed (2 registration of decode-N timed out after N, 1 corrupt blocks, 1 peer N died)",
+		"4 of 5 requests failed (2 registration of decode-N timed out after N, 1 corrupt blocks, 1 peer N died); " +
+			`first of each: "registration of decode-7f3a timed out after 60s"; "peer 127.0.0.1:4411 died"`,
 		"2 corrupt blocks", "224 blocks leaked (still held at the end)", "interrupted",
 	}
 	if d := cmp.Diff(wantP, got); d != "" {

@@ -274,6 +274,8 @@ func failuresSection(s bench.HandoffSummary, recs []bench.HandoffRecord) Section
 				msg = fmt.Sprintf("%d corrupt blocks", e.CorruptBlocks)
 			}
 			ex = fmt.Sprintf("request %d (%s): %s", e.Index, e.ID, msg)
+		} else if e, ok := s.FailureExamples[r.text]; ok {
+			ex = "first: " + e
 		} else if len(recs) > 0 {
 			ex = "(no record has this reason)"
 		}
