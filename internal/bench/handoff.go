@@ -1934,6 +1934,9 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 	case lr.Error != "":
 		rec.Error = "decode: " + lr.Error
 	}
+	if o.Protocol == engine.ProtoPull && perr == nil && derr == nil && strings.Contains(lr.Error, engine.ErrHandshake.Error()) {
+		h.abortUnread(ctx, pe, pr.RequestID)
+	}
 	rec.Blocks, rec.Descriptors, rec.LogicalDescs, rec.Bytes = lr.Blocks, lr.Descriptors, lr.LogicalDescriptors, lr.Bytes
 	rec.FirstHandshake, rec.HandshakeMS, rec.CorruptBlocks = lr.FirstHandshake, lr.HandshakeMS, lr.CorruptBlocks
 	if lr.Corrupt != "" && rec.Error == "" {
@@ -1971,6 +1974,19 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 		rec.Bytes = int64(lr.Blocks) * blockBytesAllRanks(h.o.Spec, h.dtp[d])
 	}
 	return rec
+}
+
+// abortUnread tells a prefill that nobody will read a request's blocks: its
+// decode could not handshake with it. A router does the same, and without
+// it the blocks stay held for a whole lease, so that one unreachable path
+// turned into dozens of "out of KV blocks" failures that hid the cause.
+func (h *handoff) abortUnread(ctx context.Context, pe *Endpoint, id string) {
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var ar engine.AbortReply
+	if err := pe.rpc.Call(actx, "abort", engine.AbortRequest{ID: id}, &ar); err != nil {
+		h.o.Log.Debug("aborting unread blocks at prefill", "request", id, "err", err)
+	}
 }
 
 // blockBytesAllRanks is what one block weighs on all ranks of an engine,

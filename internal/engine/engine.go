@@ -231,7 +231,8 @@ type Stats struct {
 	LeasesHeld           int          `json:"leases_held"`
 	ExpiredUnreleased    int          `json:"expired_unreleased"`
 	ExpiredUnreleasedMax int          `json:"expired_unreleased_max"`
-	// Decode's queue: requests waiting for a slot, and aborted there.
+	// Decode's queue: requests waiting for a slot, and aborted there;
+	// on prefill, requests the router aborted before any decode read them.
 	Queued  int   `json:"queued,omitempty"`
 	Aborted int64 `json:"aborted,omitempty"`
 	// StaleControl counts SGLang TransferInfos and ABORTs that came twice

@@ -321,3 +321,44 @@ func TestPrefillCancelledStopsFilling(t *testing.T) {
 		})
 	}
 }
+
+// A decode that cannot reach the prefill never reads its blocks; the
+// router's abort gives them back at once instead of at the lease's end,
+// and a request a decode already read is left to its lease.
+func TestPrefillAbortUnread(t *testing.T) {
+	p, d, rec := engines(t, ProtoPull, 1, 1, nil)
+	ctx := context.Background()
+	pr, err := p.pre.Prefill(ctx, PrefillRequest{ID: "cmpl-a-0", Tokens: 100, Key: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Stats().BlocksInUse == 0 {
+		t.Fatal("the prefill holds no blocks")
+	}
+	role := newRole(p)
+	if ok, err := role.Abort(pr.RequestID); !ok || err != nil {
+		t.Fatalf("Abort(%s) = %v, %v; want the unread request aborted", pr.RequestID, ok, err)
+	}
+	if ev := waitFreed(t, rec, FreedFailed); ev.ID != pr.RequestID {
+		t.Errorf("freed %s, want %s", ev.ID, pr.RequestID)
+	}
+	if st := p.Stats(); st.BlocksInUse != 0 || st.LeasesHeld != 0 || st.Aborted != 1 {
+		t.Errorf("after the abort: %d blocks in use, %d leases, %d aborted", st.BlocksInUse, st.LeasesHeld, st.Aborted)
+	}
+	if ok, _ := role.Abort(pr.RequestID); ok {
+		t.Error("a second abort of the same request succeeded")
+	}
+
+	// Read by a decode: consumed, and then not abortable.
+	pr, err = p.pre.Prefill(ctx, PrefillRequest{ID: "cmpl-a-1", Tokens: 100, Key: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lr, _ := d.dec.Load(ctx, LoadRequest{ID: "cmpl-a-1", Tokens: 100, Key: 8, Params: pr.Params}); lr.Error != "" {
+		t.Fatal(lr.Error)
+	}
+	waitFreed(t, rec, FreedConsumed)
+	if ok, _ := role.Abort(pr.RequestID); ok {
+		t.Error("aborted a request its decode had read")
+	}
+}

@@ -386,6 +386,27 @@ func (s *prefillState) free(q *preq, reason FreedReason, reaped *lease.Lease) {
 	s.e.emit("freed", ev)
 }
 
+// abortUnread frees request id's blocks if no consumer reported reading
+// any of them (see prefillRole.Abort).
+func (s *prefillState) abortUnread(id string) bool {
+	s.mu.Lock()
+	q := s.reqs[id]
+	read := false
+	if q != nil {
+		for _, n := range q.seen {
+			read = read || n > 0
+		}
+	}
+	s.mu.Unlock()
+	if q == nil || read {
+		return false
+	}
+	s.e.c.aborted.Add(1)
+	s.e.log.Info("aborting unread KV blocks", "request", id, "blocks", len(q.blocks))
+	s.free(q, FreedFailed, nil)
+	return true
+}
+
 // reaper is the lease half of prefill's engine step: apply the heartbeats
 // that arrived since the last step, then free the requests whose lease
 // expired (the whole table, or head-only as vLLM did before PR #50789).

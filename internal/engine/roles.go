@@ -62,7 +62,11 @@ func (prefillRole) Load(context.Context, LoadRequest) (LoadReply, error) {
 	return LoadReply{}, errPrefillEngine
 }
 
-func (prefillRole) Abort(string) (bool, error) { return false, errPrefillEngine }
+// Abort frees a request's blocks that no decode read: the router's answer
+// to a decode that could not even handshake with this prefill, which
+// otherwise holds them for a whole lease while later requests run out of
+// blocks. A request some decode already read is left to its lease.
+func (p prefillRole) Abort(id string) (bool, error) { return p.s.abortUnread(id), nil }
 
 func (p prefillRole) onNotif(rk *rank, from string, m []byte) {
 	s := string(m)
