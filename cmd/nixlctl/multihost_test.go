@@ -237,6 +237,9 @@ func TestMultiHost(t *testing.T) {
 		// namespace): said, not asserted.
 		code, _, stderr := mh.run(t, "a", 0, args...)
 		t.Logf("without --net-devices: exit %d %s", code, lastLines(stderr, 1))
+		if code != 0 && strings.Contains(stderr, "unreachable") && !strings.Contains(stderr, "with --net-devices") {
+			t.Errorf("requests failed as unreachable without a word on --net-devices: %s", lastLines(stderr, 4))
+		}
 		var res handoffJSON
 		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--decode", b+":7408", "--net-devices", mh.dev, "--model", "llama-3.2-1b",
 			"--isl", "256", "--requests", "6", "--concurrency", "2")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"time"
 
@@ -181,4 +182,48 @@ func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]Endp
 	other := EndpointInfo{Role: role, Addr: addr, Hostname: peer.Hostname, BootID: peer.Identity.BootID}
 	other.Clock.SameClock = clocksync.SameClock(me.Identity, peer.Identity)
 	return []EndpointInfo{self, other}, placement(me, peer)
+}
+
+// unreachable matches the errors of a path that does not reach the peer:
+// UCX's UCS_ERR_UNREACHABLE and the kernel's.
+var unreachable = regexp.MustCompile(`(?i)destination is unreachable|no route to host|network is unreachable`)
+
+// unreachableWarning explains failures whose path did not reach the peer:
+// on a host with a second network device UCX may pick it, and every request
+// fails with nothing but "Destination is unreachable" in its records. It
+// names the device this host routes each remote peer through (route) and
+// the flag that pins it.
+func unreachableWarning(s HandoffSummary, netDevices string, eps []EndpointInfo, route func(ip string) (string, error)) string {
+	n, first := 0, ""
+	for _, reason := range reasonOrder(s.FailuresByReason) {
+		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) {
+			n += s.FailuresByReason[reason]
+			if first == "" {
+				first = ex
+			}
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	if netDevices != "" {
+		return fmt.Sprintf("%d requests failed as unreachable (first: %q) with --net-devices %s: the pinned device does not reach the peers", n, first, netDevices)
+	}
+	var via []string
+	seen := map[string]bool{}
+	for _, ep := range eps {
+		h := advertHost(ep.SideChannel)
+		if ip := net.ParseIP(h); ip == nil || ip.IsLoopback() || seen[h] {
+			continue
+		}
+		seen[h] = true
+		if dev, err := route(h); err == nil {
+			via = append(via, fmt.Sprintf("%s through %s", h, dev))
+		}
+	}
+	hint := "pin the device that reaches the peers with --net-devices (nixlctl probe env lists what UCX sees)"
+	if len(via) > 0 {
+		hint += "; this host reaches " + strings.Join(via, ", ")
+	}
+	return fmt.Sprintf("%d requests failed as unreachable (first: %q): UCX used a network device that does not reach the peer, as happens on hosts with a second interface (a docker or libvirt bridge); %s", n, first, hint)
 }

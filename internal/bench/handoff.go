@@ -1444,6 +1444,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if w, _ := stallWarning(h.records); w != "" {
 		res.Warn(w)
 	}
+	if w := unreachableWarning(res.Summary, o.NetDevices, res.Endpoints, netpath.RouteDevice); w != "" {
+		res.Warn(w)
+	}
 	if ns := res.Summary.NegativeStages; len(ns) > 0 {
 		res.Warn(fmt.Sprintf("negative stage times, left out of their histograms: %s (clocks that disagree, or a stamp on the wrong side)",
 			strings.TrimSuffix(strings.TrimPrefix(byReason(ns), " ("), ")")))

@@ -42,3 +42,31 @@ func TestCheckLoopbackAdvert(t *testing.T) {
 		})
 	}
 }
+
+func TestUnreachableWarning(t *testing.T) {
+	failed := HandoffSummary{
+		FailuresByReason: map[string]int{"decode: handshake failed with prefill-N ...": 5, "prefill: out of KV blocks": 2},
+		FailureExamples: map[string]string{
+			"decode: handshake failed with prefill-N ...": "decode: handshake failed with prefill-0: connecting to tcp://10.0.0.2:41233: Destination is unreachable",
+			"prefill: out of KV blocks":                   "prefill: out of KV blocks",
+		},
+	}
+	eps := []EndpointInfo{{Role: "prefill-0", SideChannel: "tcp://10.0.0.2:41233"}, {Role: "decode", SideChannel: "tcp://127.0.0.1:5000"}}
+	route := func(ip string) (string, error) { return map[string]string{"10.0.0.2": "veth-a"}[ip], nil }
+	w := unreachableWarning(failed, "", eps, route)
+	for _, want := range []string{"5 requests failed as unreachable", "Destination is unreachable", "--net-devices", "10.0.0.2 through veth-a"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warning %q lacks %q", w, want)
+		}
+	}
+	if strings.Contains(w, "127.0.0.1") {
+		t.Errorf("warning %q routes a loopback side channel", w)
+	}
+	if w := unreachableWarning(failed, "veth-a", eps, route); !strings.Contains(w, "the pinned device does not reach") {
+		t.Errorf("pinned: %q", w)
+	}
+	other := HandoffSummary{FailuresByReason: map[string]int{"prefill: out of KV blocks": 2}, FailureExamples: map[string]string{"prefill: out of KV blocks": "prefill: out of KV blocks"}}
+	if w := unreachableWarning(other, "", eps, route); w != "" {
+		t.Errorf("warned about other failures: %q", w)
+	}
+}

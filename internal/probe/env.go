@@ -345,6 +345,22 @@ func checkSettings(res *EnvResult) {
 		}
 	}
 
+	// Several network devices, none pinned: UCX may open a lane on one
+	// that does not reach the peers (a docker or libvirt bridge), and every
+	// request then fails with only "Destination is unreachable" to go by.
+	if !u.Set["UCX_NET_DEVICES"] && u.Devices != nil {
+		var nics []string
+		for _, d := range networkDevices(u.Devices) {
+			if d != "none" && d != "lo" {
+				nics = append(nics, d)
+			}
+		}
+		if len(nics) > 1 {
+			res.Notes = append(res.Notes, fmt.Sprintf("UCX sees %d network devices (%s) and UCX_NET_DEVICES is unset, so it may use any of them; if requests fail with \"Destination is unreachable\", one does not reach the peers: pin the one that does with nixlctl's --net-devices (or UCX_NET_DEVICES)",
+				len(nics), strings.Join(nics, ", ")))
+		}
+	}
+
 	// The leak settings.
 	hook := u.Settings[HookModeVar]
 	switch {
