@@ -151,6 +151,11 @@ func TestMultiHost(t *testing.T) {
 				t.Errorf("pair prefill %d decode %d: %+v", p.Prefill, p.Decode, p)
 			}
 		}
+		// Each engine against its own bytes, the two decodes of host b
+		// together (one host-wide counter): before, each read about 50%.
+		for _, side := range []string{"decode-0", "decode-1"} {
+			mh.checkNetPath(t, res.NetPath, side)
+		}
 	})
 
 	t.Run("etcd rendezvous", func(t *testing.T) {

@@ -430,7 +430,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	wg.Wait()
 	path.stop(ctx)
 	r.finish(res, consumers)
-	res.NetPath = path.verdicts(res.Summary.Bytes, res.Warn)
+	res.NetPath = path.verdicts(twoEnds(res.Summary.Bytes), res.Warn)
 	if rep, err := r.producer.Call(ec.EncoderRequest{Op: "stats"}); err == nil {
 		res.Producer = rep.Stats
 		res.Summary.ProducerEvictions = rep.Stats.Cache.Evictions

@@ -1317,9 +1317,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 			}
 		}()
 	}
-	// Each engine's counters against the whole payload: engines of one
-	// host read the same host-wide counters, so with several engines the
-	// shares are of the run's bytes, not of that engine's.
+	// Each engine's counters against its own bytes; engines of one host
+	// read the same host-wide counters and are judged together
+	// (judgePath).
 	var ends []pathEnd
 	for i, ep := range pes {
 		ends = append(ends, pathEnd{engineName("prefill", i, n), ep.rpc, netpath.Send})
@@ -1422,7 +1422,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
-	res.NetPath = path.verdicts(handoffPayload(h.records), res.Warn)
+	res.NetPath = path.verdicts(handoffPairBytes(h.records, n), res.Warn)
 	if o.remote() {
 		for _, w := range path.tcpChoiceWarnings(res.Env.Transport) {
 			res.Warn(w)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +29,10 @@ type PathVerdict struct {
 	netpath.Verdict
 	// Error says why the counters could not be read: no verdict then.
 	Error string `json:"error,omitempty"`
+	// SharedWith names the endpoints that share this one's host-wide
+	// counters and moved payload the same way: the verdict is theirs
+	// together, judged against their bytes summed.
+	SharedWith []string `json:"shared_with,omitempty"`
 }
 
 // pathEnd is an endpoint whose counters a run reads: dir is which way
@@ -91,71 +96,152 @@ func (w *pathWatch) read(ctx context.Context) []netReading {
 	return out
 }
 
+// pairBytes is how many payload bytes moved between ends i and j (by
+// their index in pathWatch.ends) during the timed phase.
+type pairBytes func(i, j int) int64
+
+// twoEnds is pairBytes of a run with two ends that moved payload between
+// them (bench xfer, bench ec).
+func twoEnds(payload int64) pairBytes {
+	return func(i, j int) int64 {
+		if i != j {
+			return payload
+		}
+		return 0
+	}
+}
+
 // verdicts attributes payload bytes (what moved during the timed phase)
 // at every endpoint and warns, through warn, about what looks
 // unintended.
-func (w *pathWatch) verdicts(payload int64, warn func(string)) NetPath {
+func (w *pathWatch) verdicts(pb pairBytes, warn func(string)) NetPath {
 	if w == nil || w.after == nil {
 		return nil
 	}
-	np, warnings := judgePath(w.ends, w.before, w.after, payload, w.remote)
+	np, warnings := judgePath(w.ends, w.before, w.after, pb, w.remote)
 	for _, s := range warnings {
 		warn(s)
 	}
 	return np
 }
 
-// judgePath is verdicts' decision. Where every endpoint shares this host
-// and none is pinned (UCX_NET_DEVICES), loopback and shared memory are
-// what is expected, and are noted, not warned about. With a remote
-// endpoint or a pin, loopback, a device the pin does not allow, and TCP
-// beside RDMA ports warn; so does no device at all between two hosts,
-// which means the counters do not see the path. Counters that cannot be
-// read leave that endpoint's verdict empty, with the error, and warn
-// nothing: the path is unknown, not wrong.
-func judgePath(ends []pathEnd, before, after []netReading, payload int64, remote bool) (NetPath, []string) {
+// judgePath is verdicts' decision. Each endpoint is judged against its own
+// bytes, not the run's: in 2P x 2D each engine moves about half. Endpoints
+// of one host read one host-wide counter, so those that moved payload the
+// same way are judged together, against their bytes summed, and say so
+// (SharedWith) instead of each claiming the whole counter. Of those bytes
+// only what crossed to another host is expected on a device: a group whose
+// peers all share its host is judged as a one-host run (shared memory,
+// loopback: notes), even when another of the run's endpoints is remote.
+//
+// Where every endpoint shares this host and none is pinned
+// (UCX_NET_DEVICES), loopback and shared memory are what is expected, and
+// are noted, not warned about. With a remote endpoint or a pin, loopback, a
+// device the pin does not allow, and TCP beside RDMA ports warn; so does no
+// device at all for bytes that crossed hosts, which means the counters do
+// not see the path. Counters that cannot be read leave that endpoint's
+// verdict empty, with the error, and warn nothing: the path is unknown,
+// not wrong.
+func judgePath(ends []pathEnd, before, after []netReading, pb pairBytes, remote bool) (NetPath, []string) {
 	np := NetPath{}
-	strict := remote
+	pinned := false
 	// Hosts are machines here, told apart by their kernel's boot id
-	// (which the containers of one machine share).
-	boots := map[string]bool{}
+	// (which the containers of one machine share); counters are per
+	// host as nixlctl stages hosts (a PID namespace with its network one).
+	boots, hosts := map[string]bool{}, map[string]bool{}
+	hostOf := make([]string, len(ends))
 	for i := range ends {
-		if after[i].err == nil {
-			strict = strict || netpath.ParsePin(after[i].ns.NetDevices).Pinned()
-			boots[after[i].ns.Host.Identity.BootID] = true
+		hostOf[i] = fmt.Sprintf("unknown-%d", i)
+		if after[i].err == nil && before[i].err == nil {
+			id := after[i].ns.Host.Identity
+			pinned = pinned || netpath.ParsePin(after[i].ns.NetDevices).Pinned()
+			boots[id.BootID] = true
+			hostOf[i] = id.BootID + "/" + id.PIDNamespace + "/" + after[i].ns.Host.Hostname
+			hosts[hostOf[i]] = true
 		}
 	}
 	crossHost := len(boots) > 1
-	var warnings []string
+	type group struct {
+		members       []int
+		remote, local int64
+	}
+	var groups []*group
+	byKey := map[string]*group{}
 	for i, e := range ends {
-		a, b := after[i], before[i]
-		pv := PathVerdict{Host: a.ns.Host.Hostname, NetDevices: a.ns.NetDevices}
+		pv := PathVerdict{Host: after[i].ns.Host.Hostname, NetDevices: after[i].ns.NetDevices}
 		switch {
-		case b.err != nil:
-			pv.Error = "before the run: " + b.err.Error()
-		case a.err != nil:
-			pv.Error = "after the run: " + a.err.Error()
+		case before[i].err != nil:
+			pv.Error = "before the run: " + before[i].err.Error()
+		case after[i].err != nil:
+			pv.Error = "after the run: " + after[i].err.Error()
+		}
+		var remoteB, localB int64
+		for j := range ends {
+			if j == i {
+				continue
+			}
+			if hostOf[j] == hostOf[i] {
+				localB += pb(i, j)
+			} else {
+				remoteB += pb(i, j)
+			}
 		}
 		if pv.Error != "" {
-			pv.Verdict = netpath.Verdict{Payload: payload, Direction: e.dir}
+			pv.Verdict = netpath.Verdict{Payload: remoteB + localB, Direction: e.dir}
 			np[e.role] = pv
 			continue
 		}
+		key := hostOf[i] + "/" + e.dir.String()
+		g := byKey[key]
+		if g == nil {
+			g = &group{}
+			byKey[key] = g
+			groups = append(groups, g)
+		}
+		g.members = append(g.members, i)
+		g.remote += remoteB
+		g.local += localB
+	}
+	var warnings []string
+	for _, g := range groups {
+		first := g.members[0]
+		a, b, dir := after[first], before[first], ends[first].dir
+		payload := g.remote
+		if payload == 0 {
+			payload = g.local
+		}
+		strict := pinned || remote && (g.remote > 0 || len(hosts) == 1)
 		deltas := netpath.Delta(b.ns.Snapshot, a.ns.Snapshot)
+		pv := PathVerdict{Host: a.ns.Host.Hostname, NetDevices: a.ns.NetDevices}
 		if strict {
-			pv.Verdict = netpath.Attribute(deltas, payload, e.dir, netpath.ParsePin(a.ns.NetDevices))
-			if pv.NoDevice && crossHost && len(pv.Warnings) == 0 {
+			pv.Verdict = netpath.Attribute(deltas, payload, dir, netpath.ParsePin(a.ns.NetDevices))
+			if pv.NoDevice && crossHost && g.remote > 0 && len(pv.Warnings) == 0 {
 				pv.Warnings = append(pv.Warnings, fmt.Sprintf(
 					"no network device of %s carried a significant share of the payload although the endpoints are on different hosts: its counters do not see the path (another network namespace?)",
 					cmp.Or(pv.Host, "its host")))
 			}
 		} else {
-			pv.Verdict = netpath.AttributeSameHost(deltas, payload, e.dir)
+			pv.Verdict = netpath.AttributeSameHost(deltas, payload, dir)
+		}
+		var names []string
+		for _, i := range g.members {
+			names = append(names, ends[i].role)
+		}
+		slices.SortFunc(names, naturalCompare)
+		for _, i := range g.members {
+			v := pv
+			if len(names) > 1 {
+				for _, n := range names {
+					if n != ends[i].role {
+						v.SharedWith = append(v.SharedWith, n)
+					}
+				}
+			}
+			np[ends[i].role] = v
 		}
 		for _, s := range pv.Warnings {
-			warnings = append(warnings, fmt.Sprintf("net path, %s: %s", e.role, s))
+			warnings = append(warnings, fmt.Sprintf("net path, %s: %s", strings.Join(names, "+"), s))
 		}
-		np[e.role] = pv
 	}
 	return np, warnings
 }
@@ -179,7 +265,7 @@ func pathLine(np NetPath) string {
 		roles = append(roles, r)
 	}
 	slices.SortFunc(roles, func(a, b string) int {
-		ia, ib := slices.Index(roleOrder, a), slices.Index(roleOrder, b)
+		ia, ib := slices.Index(roleOrder, roleBase(a)), slices.Index(roleOrder, roleBase(b))
 		if ia != ib {
 			if ia < 0 {
 				return 1
@@ -189,7 +275,7 @@ func pathLine(np NetPath) string {
 			}
 			return ia - ib
 		}
-		return strings.Compare(a, b)
+		return naturalCompare(a, b)
 	})
 	allShm := true
 	for _, r := range roles {
@@ -200,10 +286,66 @@ func pathLine(np NetPath) string {
 		return shmPath
 	}
 	parts := make([]string, 0, len(roles))
+	done := map[string]bool{}
 	for _, r := range roles {
-		parts = append(parts, r+" "+np[r].line())
+		if done[r] {
+			continue
+		}
+		v := np[r]
+		name := r
+		if len(v.SharedWith) > 0 {
+			group := append([]string{r}, v.SharedWith...)
+			slices.SortFunc(group, naturalCompare)
+			for _, g := range group {
+				done[g] = true
+			}
+			name = strings.Join(group, "+") + " (one host's counters)"
+		}
+		parts = append(parts, name+" "+v.line())
 	}
 	return strings.Join(parts, ", ")
+}
+
+// roleBase is a role without its engine index: "prefill" of "prefill-3".
+func roleBase(r string) string {
+	if i := strings.LastIndexByte(r, '-'); i > 0 {
+		if _, err := strconv.Atoi(r[i+1:]); err == nil {
+			return r[:i]
+		}
+	}
+	return r
+}
+
+// naturalCompare orders strings with their digit runs compared as numbers:
+// decode-2 before decode-10.
+func naturalCompare(a, b string) int {
+	for a != "" && b != "" {
+		da, db := digitRun(a), digitRun(b)
+		if da > 0 && db > 0 {
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if c := cmp.Compare(len(na), len(nb)); c != 0 {
+				return c
+			}
+			if c := strings.Compare(na, nb); c != 0 {
+				return c
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return cmp.Compare(a[0], b[0])
+		}
+		a, b = a[1:], b[1:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+func digitRun(s string) int {
+	n := 0
+	for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+		n++
+	}
+	return n
 }
 
 // line is one endpoint's part of pathLine.
@@ -227,17 +369,23 @@ func (v PathVerdict) line() string {
 	return strings.Join(cs, " + ")
 }
 
-// handoffPayload is what crossed the endpoints' devices during the timed
-// phase: every request that moved its bytes, warm-up ones included (the
-// counters saw them too).
-func handoffPayload(records []HandoffRecord) int64 {
-	var n int64
+// handoffPairBytes is what crossed the endpoints' devices during the
+// timed phase, per pair of ends (n prefills, then the decodes): every
+// request that moved its bytes, warm-up ones included (the counters saw
+// them too).
+func handoffPairBytes(records []HandoffRecord, n int) pairBytes {
+	by := map[[2]int]int64{}
 	for _, r := range records {
 		if r.Error == "" {
-			n += r.Bytes
+			by[[2]int{r.Prefill, n + r.Decode}] += r.Bytes
 		}
 	}
-	return n
+	return func(i, j int) int64 {
+		if i > j {
+			i, j = j, i
+		}
+		return by[[2]int{i, j}]
+	}
 }
 
 // xferPathEnds are bench xfer's endpoints: the initiator (this process)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -118,7 +119,7 @@ func TestJudgePath(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			np, warns := judgePath(prefillDecode, tc.before, tc.after, fakeGB, tc.remote)
+			np, warns := judgePath(prefillDecode, tc.before, tc.after, twoEnds(fakeGB), tc.remote)
 			if d := cmp.Diff(tc.wantWarn, warns); d != "" {
 				t.Errorf("warnings (-want +got):\n%s", d)
 			}
@@ -162,9 +163,10 @@ func TestNetPathLocalRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkLocalPath(t, res.NetPath, res.Warnings, handoffPayload(res.Records), "prefill", "decode")
-		if handoffPayload(res.Records) < res.Summary.Bytes {
-			t.Errorf("payload %d is less than the summary's %d bytes", handoffPayload(res.Records), res.Summary.Bytes)
+		payload := handoffPairBytes(res.Records, 1)(0, 1)
+		checkLocalPath(t, res.NetPath, res.Warnings, payload, "prefill", "decode")
+		if payload < res.Summary.Bytes {
+			t.Errorf("payload %d is less than the summary's %d bytes", payload, res.Summary.Bytes)
 		}
 	})
 	t.Run("xfer", func(t *testing.T) {
@@ -240,5 +242,95 @@ func TestTCPChoiceWarnings(t *testing.T) {
 		if tt.want == 1 && !strings.Contains(got[0], "eth0, docker0") {
 			t.Errorf("%s: %q does not name the interfaces", tt.name, got[0])
 		}
+	}
+}
+
+// Each endpoint is judged against its own bytes, and endpoints sharing a
+// host's counters are judged together: before, in 2P x 2D across two
+// hosts each engine read about 50%, and with 11 local decodes beside one
+// remote one the remote decode read "no device".
+func TestJudgePathPerEndpoint(t *testing.T) {
+	const perPair = fakeGB / 4
+	t.Run("2P x 2D across two hosts", func(t *testing.T) {
+		ends := []pathEnd{{"prefill-0", nil, netpath.Send}, {"prefill-1", nil, netpath.Send}, {"decode-0", nil, netpath.Receive}, {"decode-1", nil, netpath.Receive}}
+		a0, b0 := fakeStat("a", "", fakeEth0), fakeStat("b", "", fakeEth0)
+		a1, b1 := fakeStat("a", "", fakeMoved(fakeEth0, fakeGB, 0)), fakeStat("b", "", fakeMoved(fakeEth0, 0, fakeGB))
+		recs := []HandoffRecord{{Prefill: 0, Decode: 0, Bytes: perPair}, {Prefill: 0, Decode: 1, Bytes: perPair}, {Prefill: 1, Decode: 0, Bytes: perPair}, {Prefill: 1, Decode: 1, Bytes: perPair}}
+		np, warns := judgePath(ends, []netReading{a0, a0, b0, b0}, []netReading{a1, a1, b1, b1}, handoffPairBytes(recs, 2), true)
+		if len(warns) != 0 {
+			t.Errorf("warnings: %q", warns)
+		}
+		want := "prefill-0+prefill-1 (one host's counters) eth0 100% (953.67 MiB tx), decode-0+decode-1 (one host's counters) eth0 100% (953.67 MiB rx)"
+		if got := pathLine(np); got != want {
+			t.Errorf("line %q\nwant %q", got, want)
+		}
+		if d := cmp.Diff([]string{"prefill-1"}, np["prefill-0"].SharedWith); d != "" {
+			t.Errorf("prefill-0 shared with (-want +got):\n%s", d)
+		}
+		if p := np["decode-1"].Payload; p != fakeGB {
+			t.Errorf("decode-1 judged against %d bytes, want the host's %d", p, int64(fakeGB))
+		}
+	})
+	t.Run("2P x 2D, every engine on its own host", func(t *testing.T) {
+		ends := []pathEnd{{"prefill-0", nil, netpath.Send}, {"prefill-1", nil, netpath.Send}, {"decode-0", nil, netpath.Receive}, {"decode-1", nil, netpath.Receive}}
+		var before, after []netReading
+		for i, host := range []string{"p0", "p1", "d0", "d1"} {
+			tx, rx := uint64(2*perPair), uint64(0)
+			if i >= 2 {
+				tx, rx = 0, 2*perPair
+			}
+			before, after = append(before, fakeStat(host, "", fakeEth0)), append(after, fakeStat(host, "", fakeMoved(fakeEth0, tx, rx)))
+		}
+		recs := []HandoffRecord{{Prefill: 0, Decode: 0, Bytes: perPair}, {Prefill: 0, Decode: 1, Bytes: perPair}, {Prefill: 1, Decode: 0, Bytes: perPair}, {Prefill: 1, Decode: 1, Bytes: perPair}}
+		np, warns := judgePath(ends, before, after, handoffPairBytes(recs, 2), true)
+		if len(warns) != 0 {
+			t.Errorf("warnings: %q", warns)
+		}
+		want := "prefill-0 eth0 100% (476.84 MiB tx), prefill-1 eth0 100% (476.84 MiB tx), decode-0 eth0 100% (476.84 MiB rx), decode-1 eth0 100% (476.84 MiB rx)"
+		if got := pathLine(np); got != want {
+			t.Errorf("line %q\nwant %q", got, want)
+		}
+	})
+	t.Run("11 local decodes and one remote", func(t *testing.T) {
+		ends := []pathEnd{{"prefill", nil, netpath.Send}}
+		for i := range 12 {
+			ends = append(ends, pathEnd{engineName("decode", i, 12), nil, netpath.Receive})
+		}
+		var recs []HandoffRecord
+		for d := range 12 {
+			recs = append(recs, HandoffRecord{Prefill: 0, Decode: d, Bytes: perPair})
+		}
+		before, after := []netReading{}, []netReading{}
+		for range 12 { // prefill and decodes 0-10 on a, decode-11 on b
+			before, after = append(before, fakeStat("a", "", fakeLo, fakeEth0)), append(after, fakeStat("a", "", fakeLo, fakeMoved(fakeEth0, perPair, 0)))
+		}
+		before, after = append(before, fakeStat("b", "", fakeEth0)), append(after, fakeStat("b", "", fakeMoved(fakeEth0, 0, perPair)))
+		np, warns := judgePath(ends, before, after, handoffPairBytes(recs, 1), true)
+		if len(warns) != 0 {
+			t.Errorf("warnings: %q", warns)
+		}
+		if v := np["decode-11"]; v.NoDevice || len(v.Carriers) == 0 || v.Carriers[0].Name != "eth0" || v.Carriers[0].Share != 1 {
+			t.Errorf("the remote decode: %+v", v)
+		}
+		if v := np["prefill"]; v.NoDevice || v.Carriers[0].Share != 1 || v.Payload != perPair {
+			t.Errorf("prefill, judged against what it sent off its host: %+v", v)
+		}
+		if v := np["decode-3"]; !v.NoDevice || len(v.SharedWith) != 10 {
+			t.Errorf("a local decode: %+v", v)
+		}
+		line := pathLine(np)
+		if !strings.Contains(line, "decode-0+decode-1+decode-2+decode-3+decode-4+decode-5+decode-6+decode-7+decode-8+decode-9+decode-10 (one host's counters) no device") ||
+			!strings.HasSuffix(line, "decode-11 eth0 100% (238.42 MiB rx)") || !strings.HasPrefix(line, "prefill eth0 100%") {
+			t.Errorf("line %q", line)
+		}
+	})
+}
+
+func TestNaturalCompare(t *testing.T) {
+	got := []string{"decode-10", "decode-2", "decode-1", "decode", "decode-02x", "a9", "a10"}
+	slices.SortFunc(got, naturalCompare)
+	want := []string{"a9", "a10", "decode", "decode-1", "decode-2", "decode-02x", "decode-10"}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
 	}
 }

@@ -525,7 +525,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 		}
 	}
 	path.stop(ctx)
-	res.NetPath = path.verdicts(xferPayload(&o, res.Points), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
+	res.NetPath = path.verdicts(twoEnds(xferPayload(&o, res.Points)), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
