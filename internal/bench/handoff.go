@@ -1078,10 +1078,12 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
 	recordBackend(&res.Meta, backend.Name, backend.Version())
 	var rdv *RendezvousInfo
+	var drv *rendezvous.Driver
 	if o.Rendezvous != "" {
 		// Closed after the endpoints (defers run last first): that ends
 		// the members' registrations, and they exit.
-		drv, info, err := o.meetRendezvous(ctx)
+		var info *RendezvousInfo
+		drv, info, err = o.meetRendezvous(ctx)
 		if drv != nil {
 			defer drv.Close()
 		}
@@ -1129,6 +1131,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	n, m := len(pslots), len(dslots)
 	pes, des := make([]*Endpoint, n), make([]*Endpoint, m)
 	defer func() {
+		if drv != nil {
+			drv.Ending()
+		}
 		for _, ep := range append(append([]*Endpoint(nil), pes...), des...) {
 			ep.close()
 		}

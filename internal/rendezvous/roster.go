@@ -296,6 +296,15 @@ func (d *Driver) Close() error {
 	return d.err
 }
 
+// Ending says the run is over and its endpoints are being closed: the
+// departures that follow are the teardown, not a member lost mid-run, and
+// are logged at debug level only.
+func (d *Driver) Ending() {
+	d.b.mu.Lock()
+	d.b.ending = true
+	d.b.mu.Unlock()
+}
+
 // ErrClosed is why a Wait ended by Close returned.
 var ErrClosed = errors.New("rendezvous: driver closed")
 
@@ -311,6 +320,7 @@ type board struct {
 	done     bool          // Wait returned
 	waiting  bool          // Wait was called
 	closed   bool          // Close was called
+	ending   bool          // Ending was called: departures are expected
 	// finish runs once when Wait returns, outside mu: the TCP transport
 	// hands reverse connections over.
 	finish func(members []*entry)
@@ -410,7 +420,14 @@ func (b *board) leave(e *entry, why string) {
 		return
 	}
 	if b.done {
+		ending := b.ending
 		b.mu.Unlock()
+		if ending {
+			// The run closed its endpoints, which ends their
+			// registrations: every successful run's teardown.
+			b.log.Debug("rendezvous: member left as the run ended", "role", s.Role, "rank", s.Rank, "host", e.m.Host, "why", why)
+			return
+		}
 		b.log.Warn("rendezvous: member left after the rendezvous", "role", s.Role, "rank", s.Rank, "host", e.m.Host, "why", why)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"errors"
 	"log/slog"
 	"net"
@@ -416,5 +417,49 @@ func TestTCPCloseEndsWait(t *testing.T) {
 	}
 	if _, err := d.Wait(context.Background(), time.Second); err == nil {
 		t.Fatal("a second Wait")
+	}
+}
+
+// A member that leaves after the rendezvous warns, unless the run said it
+// is ending: then it is every successful run's teardown (the etcd runs
+// warned "member left after the rendezvous" on each).
+func TestLeaveAfterTheRendezvous(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, ending := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ending=%v", ending), func(t *testing.T) {
+			var logs syncBuffer
+			opt := Options{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), HelloTimeout: 2 * time.Second}
+			d := listen(t, PrefillDecode("run-1", 1, 1), opt)
+			defer d.Close()
+			ctx := context.Background()
+			var joined []*Registration
+			for i, role := range []string{"prefill", "decode"} {
+				m, err := Join(ctx, d.Addr(), hello("run-1", role, i, 2, "127.0.0.1:7400"), opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				joined = append(joined, m)
+			}
+			if _, err := d.Wait(ctx, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if ending {
+				d.Ending()
+			}
+			joined[1].Close()
+			// Either way the departure is logged, at warn or debug level.
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(logs.String(), "rendezvous: member left") {
+				if time.Now().After(deadline) {
+					t.Fatalf("the departure was never logged: %s", logs.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			warned := strings.Contains(logs.String(), "level=WARN msg=\"rendezvous: member left after the rendezvous\"")
+			if warned == ending {
+				t.Errorf("warned %v, want %v: %s", warned, !ending, logs.String())
+			}
+		})
 	}
 }
