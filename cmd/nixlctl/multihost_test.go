@@ -190,13 +190,38 @@ func TestMultiHost(t *testing.T) {
 				} `json:"rendezvous"`
 			} `json:"config"`
 		}
-		mh.runJSON(t, "a", 0, &res, "bench", "pull", "--rendezvous", reg, "--run-id", "mh", "--roster", "prefill=0,decode=1",
-			"--join-window", "60s", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "6", "--concurrency", "2")
+		drv, out2, errb := mh.start(t, "a", 0, "bench", "pull", "--rendezvous", reg, "--run-id", "mh", "--roster", "prefill=0,decode=1",
+			"--join-window", "60s", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "6", "--concurrency", "2", "-o", "json")
+		if err := drv.Wait(); err != nil {
+			t.Fatalf("driver: %v\n%s", err, lastLines(errb.String(), 5))
+		}
+		if err := json.Unmarshal(out2.Bytes(), &res); err != nil {
+			t.Fatalf("driver's result: %v", err)
+		}
 		res.check(t, mh)
 		if m := res.Config.Rendezvous.Members; len(m) != 2 {
 			t.Errorf("rendezvous members %+v", m)
 		}
 		mh.checkNetPath(t, res.NetPath, "decode")
+		// The endpoints leaving at the run's end is its teardown, not a
+		// member lost: every successful run warned so before.
+		if strings.Contains(errb.String(), "member left after the rendezvous") {
+			t.Errorf("a successful run warned about its own teardown: %s", lastLines(errb.String(), 5))
+		}
+
+		// A decode killed within its lease leaves a stale key: the next
+		// run must name the rank and say "stale", not only a dial error.
+		mh.start(t, "a", 0, "serve", "prefill", "--listen", "0.0.0.0:7412", "--register", reg, "--run-id", "mh2", "--rank", "0", "--world-size", "2")
+		dec, _, decErr := mh.start(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7413", "--register", reg, "--run-id", "mh2", "--rank", "1", "--world-size", "2")
+		waitFor(t, 30*time.Second, func() bool { return strings.Contains(decErr.String(), "registered decode rank 1") })
+		_ = syscall.Kill(-dec.Process.Pid, syscall.SIGKILL)
+		_ = dec.Wait()
+		code, _, stderr := mh.run(t, "a", 0, "bench", "pull", "--rendezvous", reg, "--run-id", "mh2", "--roster", "prefill=0,decode=1",
+			"--join-window", "60s", "--model", "llama-3.2-1b", "--isl", "256", "--requests", "2")
+		t.Logf("stale: exit %d, %s", code, lastLines(stderr, 1))
+		if code == 0 || !strings.Contains(stderr, "decode rank 1") || !strings.Contains(stderr, "stale registration") {
+			t.Errorf("a stale registration: exit %d, %s", code, lastLines(stderr, 3))
+		}
 	})
 
 	t.Run("decode killed on the other host", func(t *testing.T) {

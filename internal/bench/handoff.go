@@ -129,6 +129,8 @@ type HandoffOptions struct {
 	// reverse maps a reverse member's slot address ("reverse@PEER") to its
 	// registration connection, its control channel.
 	reverse map[string]net.Conn `mapstructure:"-"`
+	// registered names who registered each rendezvous member's address.
+	registered map[string]registration `mapstructure:"-"`
 	// The engines Validate settled on, from the lists or the topology.
 	prefills, decodes []EngineSlot `mapstructure:"-"`
 	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
@@ -923,6 +925,20 @@ type Endpoint struct {
 	info  EndpointInfo
 }
 
+// dialError says why an endpoint could not be reached and, for one that
+// registered in a rendezvous, which rank registered the address and that
+// it may be stale: an endpoint killed within its etcd lease leaves its key
+// behind, and the next run dials the dead address.
+func dialError(name, addr string, reg registration, err error) error {
+	switch {
+	case reg.who == "":
+		return fmt.Errorf("%s endpoint %s: %w", name, addr, err)
+	case reg.etcd:
+		return fmt.Errorf("%s endpoint %s (%s) cannot be reached: %w; a stale registration? An endpoint killed within its etcd lease leaves its key until the lease runs out (about 10 s): start that rank again, or wait and rerun", name, addr, reg.who, err)
+	}
+	return fmt.Errorf("%s endpoint %s (%s) cannot be reached: %w", name, addr, reg.who, err)
+}
+
 // endpointGrace is how long an endpoint may take to close its engine
 // (agents, pools) before it is killed.
 const endpointGrace = 15 * time.Second
@@ -944,7 +960,7 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, sl
 	case addr != "":
 		c, err := ctl.Dial(ctx, addr)
 		if err != nil {
-			return nil, fmt.Errorf("%s endpoint %s: %w", name, addr, err)
+			return nil, dialError(name, addr, o.registered[addr], err)
 		}
 		return &Endpoint{rpc: c}, nil
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -68,5 +69,22 @@ func TestUnreachableWarning(t *testing.T) {
 	other := HandoffSummary{FailuresByReason: map[string]int{"prefill: out of KV blocks": 2}, FailureExamples: map[string]string{"prefill: out of KV blocks": "prefill: out of KV blocks"}}
 	if w := unreachableWarning(other, "", eps, route); w != "" {
 		t.Errorf("warned about other failures: %q", w)
+	}
+}
+
+func TestDialErrorNamesTheRegistration(t *testing.T) {
+	refused := errors.New("dial tcp 10.0.0.2:7400: connect: connection refused")
+	if err := dialError("decode", "10.0.0.2:7400", registration{}, refused); err.Error() != "decode endpoint 10.0.0.2:7400: "+refused.Error() {
+		t.Errorf("a plain address: %v", err)
+	}
+	reg := registration{etcd: true, who: "decode rank 1, registered from host node2 (nixlctl/42/members/decode/1)"}
+	err := dialError("decode", "10.0.0.2:7400", reg, refused)
+	for _, want := range []string{"decode rank 1", "node2", "stale registration", "connection refused"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v lacks %q", err, want)
+		}
+	}
+	if !errors.Is(err, refused) {
+		t.Error("the dial error is not wrapped")
 	}
 }

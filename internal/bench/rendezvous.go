@@ -99,6 +99,14 @@ func (o *HandoffOptions) resolveRendezvous(bad func(field, format string, a ...a
 	}
 }
 
+// registration says who put an endpoint's address in the rendezvous: what
+// a failure to dial it must name, since the address may be stale.
+type registration struct {
+	who string // "decode rank 1, registered from host node2 (KEY)"
+	// etcd: a killed endpoint's key outlives it by a lease there.
+	etcd bool
+}
+
 // meetRendezvous opens the rendezvous, waits for the roster and puts the
 // members in the engine slots: prefill engine i is the i-th prefill rank.
 // The driver it returns (also on error, when it opened) must be closed
@@ -126,6 +134,13 @@ func (o *HandoffOptions) meetRendezvous(ctx context.Context) (*rendezvous.Driver
 	o.prefills, o.decodes = nil, nil
 	for _, m := range members {
 		slot := EngineSlot{Addr: m.Addr, TP: o.Spec.TP}
+		if m.Addr != "" {
+			if o.registered == nil {
+				o.registered = map[string]registration{}
+			}
+			o.registered[m.Addr] = registration{etcd: strings.HasPrefix(o.Rendezvous, "etcd://"),
+				who: fmt.Sprintf("%s rank %d, registered from host %s (%s)", m.Role, m.Rank, m.Host, m.From)}
+		}
 		rec := RendezvousMember{Role: m.Role, Rank: m.Rank, Host: m.Host, Addr: m.Addr, From: m.From}
 		if m.Conn != nil {
 			slot.Addr, rec.Addr = "reverse@"+m.From, rendezvous.Reverse
