@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -134,7 +135,7 @@ func run(ctx context.Context, ios *ioStreams, args []string) int {
 	a := &app{io: ios, format: report.FormatJSON, log: slog.New(slog.NewTextHandler(stderr, nil)), stderr: stderr, args: args,
 		interrupt: func() { _ = syscall.Kill(os.Getpid(), syscall.SIGINT) }}
 	root := newRootCmd(a)
-	root.SetArgs(args)
+	root.SetArgs(joinOptionalValues(args))
 	root.SetIn(ios.In)
 	root.SetOut(ios.Out)
 	root.SetErr(ios.ErrOut)
@@ -183,4 +184,27 @@ func isCobraUsageError(err error) bool {
 		}
 	}
 	return false
+}
+
+// optionalValues are the values of flags that may also stand alone
+// (pflag's NoOptDefVal: --tui alone means on). pflag takes such a flag's
+// value only as --tui=off, so `--tui off` left "off" as an argument and
+// was refused; joinOptionalValues makes it --tui=off when the next
+// argument is one of the flag's values.
+var optionalValues = map[string][]string{"--tui": {"auto", "on", "off"}}
+
+func joinOptionalValues(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--" {
+			return append(out, args[i:]...)
+		}
+		if vals, ok := optionalValues[args[i]]; ok && i+1 < len(args) && slices.Contains(vals, args[i+1]) {
+			out = append(out, args[i]+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +117,20 @@ func decodeForTest(in map[string]any, out any) error {
 		return err
 	}
 	return d.Decode(in)
+}
+
+// `--tui off` failed "unknown command \"off\"": pflag takes a flag that may
+// stand alone only as --tui=off.
+func TestJoinOptionalValues(t *testing.T) {
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"bench", "pull", "--tui", "off", "--requests", "2"}, []string{"bench", "pull", "--tui=off", "--requests", "2"}},
+		{[]string{"bench", "pull", "--tui", "--requests", "2"}, []string{"bench", "pull", "--tui", "--requests", "2"}},
+		{[]string{"bench", "pull", "--tui"}, []string{"bench", "pull", "--tui"}},
+		{[]string{"bench", "pull", "--tui=auto"}, []string{"bench", "pull", "--tui=auto"}},
+		{[]string{"x", "--", "--tui", "on"}, []string{"x", "--", "--tui", "on"}},
+	} {
+		if got := joinOptionalValues(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("%q -> %q, want %q", tc.in, got, tc.want)
+		}
+	}
 }
