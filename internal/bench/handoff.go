@@ -923,6 +923,9 @@ type Endpoint struct {
 	clock clocksync.Offset // its clock relative to the driver's
 	host  ctl.HostInfo
 	info  EndpointInfo
+	// stderr is a child's stderr, its repeated UCX warnings counted
+	// (nil for an endpoint this process did not start).
+	stderr *warnFolder
 }
 
 // dialError says why an endpoint could not be reached and, for one that
@@ -968,11 +971,12 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, sl
 	if o.ExeArgs == nil {
 		args = []string{"serve", role, "--stdio"}
 	}
-	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: childStderr(o.ChildStderr)})
+	stderr := newWarnFolder(childStderr(o.ChildStderr), name)
+	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: stderr})
 	if err != nil {
 		return nil, fmt.Errorf("%s endpoint: %w", name, err)
 	}
-	return &Endpoint{rpc: c}, nil
+	return &Endpoint{rpc: c, stderr: stderr}, nil
 }
 
 func (ep *Endpoint) close() {
@@ -980,6 +984,10 @@ func (ep *Endpoint) close() {
 		return
 	}
 	_ = ep.rpc.Close(endpointGrace, nil)
+	if ep.stderr != nil {
+		// The child exited: all it wrote was copied.
+		_ = ep.stderr.Close()
+	}
 }
 
 // Signal sends the endpoint process a signal (fault tests, chaos).
