@@ -7,8 +7,13 @@
 # util-linux (ip, tc, unshare): the two-host test stages hosts with
 # namespaces; jq and bc: scripts/multihost-bench.sh; chromium: the HTML
 # report's browser test (internal/htmlreport) opens its pages headless.
+# slurm-wlm and munge: the Slurm test (cmd/nixlctl TestSlurm) runs
+# deploy/slurm's template on a slurmctld, two slurmd and a munged of its
+# own (own config, ports, socket; the services the packages may start are
+# not used).
 NIXLCTL_APT_PACKAGES=(build-essential pkg-config git ca-certificates curl unzip make
-  libucx-dev ucx-utils libzmq3-dev etcd-server iproute2 util-linux jq bc chromium)
+  libucx-dev ucx-utils libzmq3-dev etcd-server iproute2 util-linux jq bc chromium
+  slurm-wlm munge)
 # The Go toolchain go.mod asks for, fetched from the Go module proxy when
 # the machine has no Go that new.
 NIXLCTL_GO_VERSION=1.26.0
