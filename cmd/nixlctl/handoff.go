@@ -157,8 +157,8 @@ serve prefill|decode --register ADDR" (rank, world size and run id from
 their launcher: Slurm, torchrun, Open MPI, a Kubernetes Indexed Job). The
 driver prints where it waits, waits up to --join-window for prefill ranks
 0..--prefills-1 and decode ranks after them (or --roster
-prefill=0,decode=1), checks --run-id (default: the launcher's job id or
-$NIXLCTL_JOB_ID; required with etcd), and uses the members as its engines;
+prefill=0,decode=1), checks --run-id (default: $NIXLCTL_JOB_ID, else the
+launcher's job id; required with etcd), and uses the members as its engines;
 when the window ends first the run fails naming the missing ranks. The
 result's config.rendezvous records the members and their hosts.`
 
@@ -245,7 +245,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("router", d.Router.String(), "xPyD: how requests are assigned to (prefill, decode) pairs: round-robin or least-loaded")
 	f.String("on-endpoint-death", "stop", "when an endpoint dies: stop (cancel what is in flight and end the run) or drain (let its requests in flight fail by themselves and go on with the engines left); the run fails either way")
 	f.String("rendezvous", d.Rendezvous, "instead of --prefill/--decode/--topology: wait for endpoints started with serve prefill|decode --register to register here, a TCP [tcp://]host:port to listen on (port 0: any, printed) or etcd://host:port")
-	f.String("run-id", d.RunID, "rendezvous: the run id the endpoints must give (default: the launcher's job id, or $NIXLCTL_JOB_ID; required with etcd)")
+	f.String("run-id", d.RunID, "rendezvous: the run id the endpoints must give (default: $NIXLCTL_JOB_ID, else the launcher's job id; required with etcd)")
 	f.String("roster", d.Roster, "rendezvous: the ranks to wait for, e.g. prefill=0,decode=1 or prefill=0-1,decode=2-3 (default: prefill ranks 0..--prefills-1, decode ranks after them)")
 	f.Duration("join-window", d.JoinWindow, "rendezvous: how long to wait for the roster; the run fails naming the ranks that did not come")
 	f.String("net-devices", d.NetDevices, "UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result")
@@ -470,7 +470,7 @@ setup with an error naming both.`, role),
 	cmd.Flags().String("listen", "", "control channel on this TCP address ([tcp://]host:port; port 0: any); the side channels bind on its host")
 	cmd.Flags().String("advertise", "", "host to name in side-channel messages (default: the listen host, or for 0.0.0.0 the address the driver reached)")
 	cmd.Flags().String("register", "", "register with a bench --rendezvous driver at [tcp://]host:port or etcd://host:port (see above)")
-	cmd.Flags().String("run-id", "", "with --register: the run id (default: the launcher's job id, or $NIXLCTL_JOB_ID)")
+	cmd.Flags().String("run-id", "", "with --register: the run id (default: $NIXLCTL_JOB_ID, else the launcher's job id)")
 	cmd.Flags().Int("rank", 0, "with --register: this endpoint's rank in the run (default: from the launcher's environment)")
 	cmd.Flags().Int("world-size", 0, "with --register: how many endpoints the run has (default: from the launcher's environment)")
 	cmd.Flags().Duration("register-timeout", 5*time.Minute, "with --register: give up (exit 1) when a TCP driver cannot be reached for this long; 0 retries until interrupted")

@@ -19,9 +19,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 )
 
-// launcherJobID is the run id a rendezvous defaults to: the launcher's
-// job id, or $NIXLCTL_JOB_ID for launchers (and drivers outside one) that
-// have none.
+// launcherJobID is the run id a rendezvous defaults to: $NIXLCTL_JOB_ID
+// when set (it beats the launcher's id), else the launcher's job id.
 func launcherJobID() string {
 	if info, err := launcher.FromEnviron(launcher.Options{}); err == nil && info.JobID != "" {
 		return info.JobID

@@ -187,12 +187,16 @@ func get(env Env, name string) string {
 	return v
 }
 
-// jobID falls back to NIXLCTL_JOB_ID for launchers that give no unique id.
+// jobID is NIXLCTL_JOB_ID when it is set, else the launcher's id. The
+// explicit variable wins: someone set it on purpose, typically to give the
+// endpoints the run id of a driver outside the launcher (mpirun -x
+// NIXLCTL_JOB_ID=...), which cannot know a PMIX_NAMESPACE or a job id
+// made up after it started.
 func jobID(env Env, launcherVar string) string {
-	if v := get(env, launcherVar); v != "" {
+	if v := get(env, "NIXLCTL_JOB_ID"); v != "" {
 		return v
 	}
-	return get(env, "NIXLCTL_JOB_ID")
+	return get(env, launcherVar)
 }
 
 func parseTorchrun(env Env, _ Options) (parsed, error) {
@@ -210,10 +214,8 @@ func parseTorchrun(env Env, _ Options) (parsed, error) {
 		}
 	}
 	// torchrun's --rdzv-id defaults to "none", which namespaces nothing.
-	if id := get(env, "TORCHELASTIC_RUN_ID"); id != "" && id != "none" {
+	if id := jobID(env, "TORCHELASTIC_RUN_ID"); id != "none" {
 		p.JobID = id
-	} else {
-		p.JobID = get(env, "NIXLCTL_JOB_ID")
 	}
 	return p, nil
 }

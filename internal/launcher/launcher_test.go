@@ -48,6 +48,18 @@ func TestDetect(t *testing.T) {
 			"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "x", "SLURM_PROCID": "-4",
 			"LWS_WORKER_INDEX": "0", "JOB_COMPLETION_INDEX": "0"}, Options{},
 			Info{Rank: 0, WorldSize: 1, Source: Torchrun, Shadowed: []string{OpenMPI, Slurm, LeaderWorkers, IndexedJob}}},
+		// An explicit NIXLCTL_JOB_ID beats the launcher's id (a driver
+		// outside mpirun cannot know PMIX_NAMESPACE).
+		{"open mpi, NIXLCTL_JOB_ID wins", map[string]string{"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_NAMESPACE": "prterun-host-1234@1", "NIXLCTL_JOB_ID": "pd-9"}, Options{},
+			Info{Rank: 1, WorldSize: 2, JobID: "pd-9", Source: OpenMPI}},
+		{"slurm, NIXLCTL_JOB_ID wins", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77", "NIXLCTL_JOB_ID": "pd-9"}, Options{},
+			Info{Rank: 0, WorldSize: 2, JobID: "pd-9", Source: Slurm}},
+		{"torchrun, NIXLCTL_JOB_ID wins", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "kv1", "NIXLCTL_JOB_ID": "pd-9"}, Options{},
+			Info{Rank: 0, WorldSize: 2, JobID: "pd-9", Source: Torchrun}},
+		{"leaderworkerset, NIXLCTL_JOB_ID wins", map[string]string{"LWS_LEADER_ADDRESS": "pd-0.pd.default", "LWS_WORKER_INDEX": "1", "LWS_GROUP_SIZE": "2", "NIXLCTL_JOB_ID": "pd-9"}, Options{},
+			Info{Rank: 1, WorldSize: 2, Leader: "pd-0.pd.default", JobID: "pd-9", Source: LeaderWorkers}},
+		{"open mpi, empty NIXLCTL_JOB_ID", map[string]string{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_NAMESPACE": "ns@1", "NIXLCTL_JOB_ID": ""}, Options{},
+			Info{Rank: 0, WorldSize: 2, JobID: "ns@1", Source: OpenMPI}},
 		{"leaderworkerset inside an indexed job", map[string]string{"LWS_WORKER_INDEX": "0", "LWS_GROUP_SIZE": "3", "JOB_COMPLETION_INDEX": "2"}, Options{},
 			Info{Rank: 0, WorldSize: 3, Source: LeaderWorkers, Shadowed: []string{IndexedJob}}},
 	} {

@@ -136,7 +136,7 @@ func TestSlurmScript(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", `"$SLURM_PROCID"`,
-		"0) role=prefill", "1) role=decode", "--register", "--roster prefill=0,decode=1", `--run-id "$SLURM_JOB_ID"`} {
+		"0) role=prefill", "1) role=decode", "--register", "--roster prefill=0,decode=1", `--run-id "${NIXLCTL_JOB_ID:-$SLURM_JOB_ID}"`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("%s lacks %q", path, want)
 		}
