@@ -10,10 +10,11 @@
 # slurm-wlm and munge: the Slurm test (cmd/nixlctl TestSlurm) runs
 # deploy/slurm's template on a slurmctld, two slurmd and a munged of its
 # own (own config, ports, socket; the services the packages may start are
-# not used).
+# not used). openmpi-bin: the Open MPI test (TestOpenMPI) starts the
+# endpoints with mpirun across the staged hosts.
 NIXLCTL_APT_PACKAGES=(build-essential pkg-config git ca-certificates curl unzip make
   libucx-dev ucx-utils libzmq3-dev etcd-server iproute2 util-linux jq bc chromium
-  slurm-wlm munge)
+  slurm-wlm munge openmpi-bin)
 # The Go toolchain go.mod asks for, fetched from the Go module proxy when
 # the machine has no Go that new.
 NIXLCTL_GO_VERSION=1.26.0

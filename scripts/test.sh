@@ -8,21 +8,22 @@ ensure_go
 go vet ./...
 # The lease-chaos real-process test compares timings with the simulator:
 # it runs alone afterwards, not next to every other package's processes.
-go test -race -count=1 -timeout 20m -skip 'TestLeaseChaosRealProcesses|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$' ./...
+go test -race -count=1 -timeout 20m -skip 'TestLeaseChaosRealProcesses|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$|^TestOpenMPI$' ./...
 go test -race -count=1 -timeout 10m -run 'TestLeaseChaosRealProcesses' ./internal/bench
 go test -race -count=1 -timeout 10m -run 'TestScripts/lease_chaos$' ./cmd/nixlctl
 # Two hosts staged with namespaces and a shaped veth (root; under CI=true
 # it must run): alone, since its link is shaped to a ceiling it asserts.
 go test -race -count=1 -timeout 10m -run 'TestMultiHost' ./cmd/nixlctl
 # A real Slurm (slurmctld, a slurmd on each staged host, munged) running
-# deploy/slurm's template: on the same staged hosts, so alone too.
-go test -race -count=1 -timeout 10m -run '^TestSlurm$' ./cmd/nixlctl
+# deploy/slurm's template, and Open MPI's mpirun across the staged hosts:
+# on staged hosts too, so alone.
+go test -race -count=1 -timeout 10m -run '^(TestSlurm|TestOpenMPI)$' ./cmd/nixlctl
 # Again without any CUDA driver (the default run uses the real one or the
 # tests' fake): GPU tests must skip with their reason, and VRAM options must
 # fail clearly. Only the packages whose behaviour changes.
 # The lease-chaos runs (two minutes of real processes) do not touch GPU
 # memory, so they run once, above.
-NIXLCTL_TEST_CUDA=off go test -race -count=1 -timeout 10m -skip 'TestLeaseChaos|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$' \
+NIXLCTL_TEST_CUDA=off go test -race -count=1 -timeout 10m -skip 'TestLeaseChaos|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$|^TestOpenMPI$' \
   ./internal/nixl/cuda/... ./internal/nixl/cudaipc ./internal/engine ./internal/bench ./cmd/nixlctl
 # The GPU check (scripts/gpu-check.sh, docs/gpu.md) end to end on the tests'
 # fake driver, from a freshly built bundle that is first proven to need

@@ -142,23 +142,8 @@ func startSlurm(t *testing.T, mh *twoHosts, tools map[string]string) *slurm {
 	})
 	waitFor(t, 10*time.Second, func() bool { _, err := os.Stat(sock); return err == nil })
 
-	// The nodes' names resolve on both hosts: ip netns exec binds
-	// /etc/netns/NS/hosts over /etc/hosts.
+	mh.names(t, "nodea", "nodeb")
 	a, b := mh.addr("a"), mh.addr("b")
-	hosts := fmt.Sprintf("127.0.0.1 localhost\n%s nodea\n%s nodeb\n", a, b)
-	for _, h := range []string{"a", "b"} {
-		d := filepath.Join("/etc/netns", mh.name+"-"+h)
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = os.RemoveAll(d)
-			_ = os.Remove("/etc/netns") // only when empty
-		})
-		if err := os.WriteFile(filepath.Join(d, "hosts"), []byte(hosts), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// slurmctld must run on a host named in SlurmctldHost: this machine's
 	// name, at host a's address.
@@ -247,6 +232,27 @@ PartitionName=pd Nodes=nodea,nodeb Default=YES MaxTime=INFINITE State=UP
 	return sl
 }
 
+// names makes host a's and host b's addresses resolve as nameA and nameB
+// on both hosts: ip netns exec binds /etc/netns/NS/hosts over /etc/hosts.
+// The files go when the test ends.
+func (mh *twoHosts) names(t *testing.T, nameA, nameB string) {
+	t.Helper()
+	hosts := fmt.Sprintf("127.0.0.1 localhost\n%s %s\n%s %s\n", mh.addr("a"), nameA, mh.addr("b"), nameB)
+	for _, h := range []string{"a", "b"} {
+		d := filepath.Join("/etc/netns", mh.name+"-"+h)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = os.RemoveAll(d)
+			_ = os.Remove("/etc/netns") // only when empty
+		})
+		if err := os.WriteFile(filepath.Join(d, "hosts"), []byte(hosts), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // client is a Slurm command run on host a.
 func (sl *slurm) client(tool string, args ...string) *exec.Cmd {
 	cmd := exec.Command("ip", append([]string{"netns", "exec", sl.mh.name + "-a", sl.tools[tool]}, args...)...)
@@ -301,21 +307,7 @@ func (sl *slurm) gone(t *testing.T, job string, exes ...string) {
 	for {
 		out, _ := sl.client("squeue", "-h", "-j", job, "-o", "%i %T").CombinedOutput()
 		queued := strings.Contains(string(out), job+" ")
-		left = left[:0]
-		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-		for _, p := range procs {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				continue
-			}
-			cmdline := strings.ReplaceAll(string(b), "\x00", " ")
-			for _, exe := range exes {
-				if strings.Contains(cmdline, exe) {
-					pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-					left = append(left, fmt.Sprintf("%d: %s", pid, cmdline))
-				}
-			}
-		}
+		left = running(exes...)
 		if !queued && len(left) == 0 {
 			return
 		}
@@ -325,4 +317,26 @@ func (sl *slurm) gone(t *testing.T, job string, exes ...string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// running lists the processes whose command line names any of paths, as
+// "PID: command line".
+func running(paths ...string) []string {
+	var found []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmdline := strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+		for _, path := range paths {
+			if strings.Contains(cmdline, path) {
+				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				found = append(found, fmt.Sprintf("%d: %s", pid, cmdline))
+				break
+			}
+		}
+	}
+	return found
 }
