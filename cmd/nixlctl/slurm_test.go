@@ -28,6 +28,10 @@ func TestSlurm(t *testing.T) {
 	for _, tool := range []string{"slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel", "munged"} {
 		p, err := exec.LookPath(tool)
 		if err != nil {
+			// The daemons are in /usr/sbin, which a user's PATH may lack.
+			p, err = exec.LookPath(filepath.Join("/usr/sbin", tool))
+		}
+		if err != nil {
 			if ci {
 				t.Fatalf("CI=true and the Slurm test cannot run: %s not found (scripts/setup.sh --deps installs slurm-wlm and munge)", tool)
 			}
