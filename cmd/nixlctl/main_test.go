@@ -13,6 +13,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 )
@@ -63,6 +64,10 @@ func TestScripts(t *testing.T) {
 				return ok, nil
 			case "cuda2":
 				return cuda.DeviceCount() >= 2, nil
+			case "nixl":
+				// --backend auto picks NIXL where it is installed.
+				b, err := nixl.Resolve("auto")
+				return err == nil && b.Name == "nixl", nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},

@@ -126,6 +126,12 @@ func (o *XferOptions) Ignored() []IgnoredField {
 	if o.Backend == "ucx" {
 		// nixlctl's UCX layer progresses its own way (XferProgress).
 		out = append(out, IgnoredField{"Progress", "--backend ucx progresses on its own (--progress is for NIXL backends)"})
+	} else if o.Backend == "" || o.Backend == "auto" {
+		// auto becomes ucx where NIXL is not installed: --progress is then
+		// as ignored as with --backend ucx, and was silently so.
+		if b, err := nixl.Resolve(o.Backend); err == nil && b.Name == "ucx" {
+			out = append(out, IgnoredField{"Progress", "--backend auto resolves to ucx here (NIXL is not installed), which progresses on its own (--progress is for NIXL backends)"})
+		}
 	}
 	return out
 }

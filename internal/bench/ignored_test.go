@@ -101,9 +101,29 @@ func TestXferECIgnored(t *testing.T) {
 		{"ucx backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "ucx"; return o.Ignored() }, []string{"Progress"}, nil},
 		{"nixl backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "nixl"; return o.Ignored() }, nil, []string{"Progress"}},
 		{"dram alloc ucx", func() []IgnoredField { o := DefaultXferOptions(); o.DRAMAlloc = engine.AllocUCX; return o.Ignored() }, []string{"HugePages"}, nil},
-		{"dram alloc mmap", func() []IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages", "Progress"}},
+		{"dram alloc mmap", func() []IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages"}},
 		{"ec without encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 0; return o.Ignored() }, []string{"Overlap"}, nil},
 		{"ec with encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 5e6; return o.Ignored() }, nil, []string{"Overlap"}},
+	}
+	// --backend auto is ucx where NIXL is not installed: --progress is
+	// ignored exactly when it resolves so.
+	autoUCX := false
+	if b, err := nixl.Resolve("auto"); err == nil && b.Name == "ucx" {
+		autoUCX = true
+	}
+	auto := func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "auto"; return o.Ignored() }
+	if autoUCX {
+		tests = append(tests, struct {
+			name      string
+			got       func() []IgnoredField
+			want, not []string
+		}{"auto resolving to ucx", auto, []string{"Progress"}, nil})
+	} else {
+		tests = append(tests, struct {
+			name      string
+			got       func() []IgnoredField
+			want, not []string
+		}{"auto resolving to nixl", auto, nil, []string{"Progress"}})
 	}
 	for _, tc := range tests {
 		got := ignoredFields(tc.got())
