@@ -122,6 +122,21 @@ func TestMultiHost(t *testing.T) {
 		}
 	})
 
+	t.Run("--net-devices checked at the remote endpoint", func(t *testing.T) {
+		// This host's /sys says nothing of the other's devices: before,
+		// a name host b lacks was accepted and UCX failed there.
+		mh.serve(t, "b", 0, "serve", "decode", "--listen", "0.0.0.0:7414")
+		start := time.Now()
+		code, _, stderr := mh.run(t, "a", 0, "bench", "pull", "--decode", b+":7414", "--net-devices", "bogus0",
+			"--model", "llama-3.2-1b", "--isl", "256", "--requests", "4")
+		if code != 2 || !strings.Contains(stderr, `"bogus0": decode (on host`) || !strings.Contains(stderr, "has no such network device") {
+			t.Errorf("exit %d, %s: want 2 and the remote decode's devices", code, lastLines(stderr, 2))
+		}
+		if d := time.Since(start); d > 15*time.Second {
+			t.Errorf("took %v", d)
+		}
+	})
+
 	t.Run("ec", func(t *testing.T) {
 		mh.serve(t, "b", 0, "serve", "encoder", "--listen", "0.0.0.0:7301")
 		var res struct {

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"fmt"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"net"
 	"os"
 	"path/filepath"
@@ -81,6 +83,30 @@ func checkNetDevices(root, list string) error {
 		if !slices.ContainsFunc(paths, func(p string) bool { _, err := os.Stat(p); return err == nil }) {
 			return fmt.Errorf("%q: no such network device on this host (see %s/net and %s/infiniband)", item, root, root)
 		}
+	}
+	return nil
+}
+
+// checkNetDevicesAt checks --net-devices against the devices an endpoint
+// on another host reported (ctl.netstat): the local check reads this
+// host's /sys, which says nothing of theirs, and a name that host lacks
+// made UCX fail every request there.
+func checkNetDevicesAt(role, host string, devs []netpath.Device, list string) error {
+	have := map[string]bool{}
+	var names []string
+	for _, d := range devs {
+		have[d.Name] = true
+		names = append(names, d.Name)
+		if name, _, ok := strings.Cut(d.Name, ":"); ok {
+			have[name] = true // an RDMA device, any port
+		}
+	}
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" || item == "all" || have[item] {
+			continue
+		}
+		return errkind.BadInput(errkind.Field("NetDevices", "%q: %s (on host %s) has no such network device (it has: %s)", item, role, host, strings.Join(names, ", ")))
 	}
 	return nil
 }

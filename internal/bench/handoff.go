@@ -928,6 +928,33 @@ type Endpoint struct {
 	stderr *warnFolder
 }
 
+// checkRemoteNetDevices checks --net-devices at every endpoint the driver
+// did not start, against the devices it reports, before any engine is set
+// up.
+func checkRemoteNetDevices(ctx context.Context, list string, pes, des []*Endpoint, pslots, dslots []EngineSlot) error {
+	check := func(eps []*Endpoint, slots []EngineSlot) error {
+		for i, ep := range eps {
+			if slots[i].Local() {
+				continue // this host: checked against /sys in Validate
+			}
+			nctx, cancel := context.WithTimeout(ctx, netstatTimeout)
+			ns, err := ep.rpc.NetStat(nctx)
+			cancel()
+			if err != nil {
+				continue // an older serve: its engine set-up says
+			}
+			if err := checkNetDevicesAt(ep.info.Role, cmp.Or(ns.Host.Hostname, ep.info.Hostname), ns.Snapshot.Devices, list); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := check(pes, pslots); err != nil {
+		return err
+	}
+	return check(des, dslots)
+}
+
 // dialError says why an endpoint could not be reached and, for one that
 // registered in a rendezvous, which rank registered the address and that
 // it may be stale: an endpoint killed within its etcd lease leaves its key
@@ -1222,6 +1249,11 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	for i, ep := range des {
 		if err := ep.meet(ctx, engineName("decode", i, m), dslots[i].remoteAddr()); err != nil {
+			return nil, err
+		}
+	}
+	if o.NetDevices != "" && (o.remote() || o.Rendezvous != "") {
+		if err := checkRemoteNetDevices(ctx, o.NetDevices, pes, des, pslots, dslots); err != nil {
 			return nil, err
 		}
 	}
