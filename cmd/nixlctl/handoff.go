@@ -336,6 +336,9 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		h.Live = sink
 		var err error
 		if res, err = bench.RunHandoff(ctx, h); res == nil {
+			if errkind.IsBadInput(err) {
+				err = flagErrors(err, h) // refused before a request ran: name the flag
+			}
 			return nil, err
 		}
 		return res, err

@@ -31,6 +31,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -327,6 +328,25 @@ func (o *HandoffOptions) Validate() error {
 		}
 	}
 	return errkind.BadInput(errors.Join(errs...))
+}
+
+// checkLocalVRAM refuses --mem vram before anything starts when an engine
+// of this host needs the CUDA driver and it is not there: before, the
+// endpoints started and the first set-up failed.
+func (o *HandoffOptions) checkLocalVRAM() error {
+	if o.Mem != nixl.VRAM || o.Rendezvous != "" {
+		return nil
+	}
+	ps, ds := o.engines()
+	for _, s := range append(append([]EngineSlot(nil), ps...), ds...) {
+		if s.Local() {
+			if err := cuda.Err(); err != nil {
+				return errkind.BadInput(errkind.Field("Mem", "VRAM: the engines this host starts need the CUDA driver: %s", cuda.Unavailable()))
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 // localBlockBytes is what one block of every engine's pool weighs on the
@@ -1124,6 +1144,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	o.Spec = spec
 	backend, err := nixl.Resolve(o.Backend)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.checkLocalVRAM(); err != nil {
 		return nil, err
 	}
 	res := &HandoffResult{Meta: report.NewMeta("bench "+o.Protocol.String(), o.Version), Protocol: o.Protocol.String(), Backend: backend.Name, Model: spec.Model.Name}
