@@ -113,7 +113,8 @@ type registration struct {
 // after the endpoints: closing it ends the members' registrations.
 func (o *HandoffOptions) meetRendezvous(ctx context.Context) (*rendezvous.Driver, *RendezvousInfo, error) {
 	live.Emit(o.Live, live.Phase{Text: "waiting for endpoints to register"})
-	drv, err := rendezvous.Open(ctx, o.Rendezvous, o.roster, rendezvous.Options{Log: o.Log})
+	// RetryFor: etcd must answer within the join window too.
+	drv, err := rendezvous.Open(ctx, o.Rendezvous, o.roster, rendezvous.Options{Log: o.Log, RetryFor: time.Duration(o.JoinWindow)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("rendezvous %s: %w", o.Rendezvous, err)
 	}

@@ -39,6 +39,23 @@ func newEtcdClient(endpoint string) (*clientv3.Client, error) {
 	})
 }
 
+// etcdReachable dials etcd's client port once before a client is made:
+// the client retries a refused connection until its context ends, so a
+// wrong port or a stopped etcd cost the whole timeout with nothing but
+// "context deadline exceeded" to show for it.
+func etcdReachable(ctx context.Context, endpoint string, timeout time.Duration) error {
+	hostport := strings.TrimPrefix(endpoint, EtcdScheme)
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "tcp", hostport)
+	if err != nil {
+		return fmt.Errorf("rendezvous: etcd at %s cannot be reached (waited at most %v): %w", hostport, timeout, err)
+	}
+	conn.Close()
+	return nil
+}
+
 type etcdMember struct {
 	cli     *clientv3.Client
 	lease   clientv3.LeaseID
@@ -66,11 +83,17 @@ func JoinEtcd(ctx context.Context, endpoint string, h Hello, opt Options) (*Regi
 	if err != nil {
 		return nil, err
 	}
+	if _, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, EtcdScheme)); err != nil {
+		return nil, fmt.Errorf("rendezvous: etcd address %q is not etcd://HOST:PORT", endpoint)
+	}
+	if err := etcdReachable(ctx, endpoint, opt.etcdTimeout()); err != nil {
+		return nil, err
+	}
 	cli, err := newEtcdClient(endpoint)
 	if err != nil {
 		return nil, err
 	}
-	m := &etcdMember{cli: cli, timeout: opt.helloTimeout()}
+	m := &etcdMember{cli: cli, timeout: opt.etcdTimeout()}
 	if err := m.join(ctx, h, string(line), opt.leaseTTL()); err != nil {
 		cli.Close()
 		return nil, err
@@ -187,13 +210,19 @@ func WatchEtcd(ctx context.Context, endpoint string, expect Roster, opt Options)
 	if expect.Run == "" {
 		return nil, errors.New("rendezvous: etcd needs a run id to namespace its keys")
 	}
+	if _, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, EtcdScheme)); err != nil {
+		return nil, fmt.Errorf("rendezvous: etcd address %q is not etcd://HOST:PORT", endpoint)
+	}
+	if err := etcdReachable(ctx, endpoint, opt.etcdTimeout()); err != nil {
+		return nil, err
+	}
 	cli, err := newEtcdClient(endpoint)
 	if err != nil {
 		return nil, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	d := &etcdDriver{cli: cli, b: newBoard(expect, opt.log()), cancel: cancel, byKey: map[string]*entry{}}
-	gctx, gcancel := context.WithTimeout(ctx, opt.helloTimeout())
+	gctx, gcancel := context.WithTimeout(ctx, opt.etcdTimeout())
 	defer gcancel()
 	rev, err := d.sync(gctx)
 	if err != nil {

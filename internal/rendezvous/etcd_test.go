@@ -3,8 +3,10 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,4 +230,75 @@ func TestEtcd(t *testing.T) {
 			t.Fatalf("key after Close: %+v %v", resp, err)
 		}
 	})
+}
+
+// An etcd that refuses fails at once, and one that accepts but never
+// answers fails within RetryFor (the driver's join window, a member's
+// --register-timeout): both took the 10 s hello timeout before, whatever
+// the window.
+func TestEtcdUnreachableIsBounded(t *testing.T) {
+	refused := fmt.Sprintf("etcd://127.0.0.1:%d", freePort(t))
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	opt := Options{RetryFor: 500 * time.Millisecond}
+	roster := PrefillDecode("r", 1, 1)
+	for _, tc := range []struct {
+		name, addr string
+		limit      time.Duration
+		want       string
+	}{
+		{"refused, driver", refused, 2 * time.Second, "cannot be reached"},
+		{"silent, driver", "etcd://" + silent.Addr().String(), 5 * time.Second, "etcd"},
+		{"refused, member", refused, 2 * time.Second, "cannot be reached"},
+		{"silent, member", "etcd://" + silent.Addr().String(), 5 * time.Second, "etcd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			if strings.HasSuffix(tc.name, "driver") {
+				d, err := WatchEtcd(context.Background(), tc.addr, roster, opt)
+				if err == nil {
+					d.Close()
+					t.Fatal("no error")
+				}
+				if !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %v lacks %q", err, tc.want)
+				}
+			} else {
+				r, err := JoinEtcd(context.Background(), tc.addr, hello("r", "decode", 1, 2, "127.0.0.1:7400"), opt)
+				if err == nil {
+					r.Close()
+					t.Fatal("no error")
+				}
+				if !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %v lacks %q", err, tc.want)
+				}
+			}
+			if d := time.Since(start); d > tc.limit {
+				t.Errorf("took %v with RetryFor %v", d, opt.RetryFor)
+			}
+		})
+	}
 }

@@ -232,8 +232,20 @@ type Options struct {
 	LeaseTTL time.Duration
 	// RetryFor bounds how long Register keeps retrying a TCP driver that
 	// cannot be reached (0: until ctx ends). A typo'd or dead driver
-	// address otherwise kept a registering endpoint waiting forever.
+	// address otherwise kept a registering endpoint waiting forever. With
+	// etcd it bounds reaching etcd, for a member and for the driver
+	// (which passes its join window): an unreachable etcd took the 10 s
+	// hello timeout whatever either said.
 	RetryFor time.Duration
+}
+
+// etcdTimeout is how long reaching etcd may take: the hello timeout, or
+// RetryFor when that is shorter.
+func (o Options) etcdTimeout() time.Duration {
+	if o.RetryFor > 0 {
+		return min(o.RetryFor, o.helloTimeout())
+	}
+	return o.helloTimeout()
 }
 
 func (o Options) log() *slog.Logger {
