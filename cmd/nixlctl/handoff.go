@@ -268,8 +268,8 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	case o.PP > m.NumLayers:
 		return errkind.BadInputf("--pp %d: more pipeline stages than the %d layers of %s (each stage holds at least one)", o.PP, m.NumLayers, m.Name)
 	}
-	if o.PP > 1 && proto == engine.ProtoSGLang {
-		return errkind.BadInputf("--pp %d: nixlctl's SGLang engines have no pipeline stages (--pp is for bench pull and push)", o.PP)
+	if err := engine.CheckPP(proto, o.PP); err != nil {
+		return errkind.BadInputf("--pp %d: %v", o.PP, err)
 	}
 	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, o.PP, false); err != nil {
 		return fmt.Errorf("prefill: %w", err)

@@ -278,8 +278,8 @@ func (o *HandoffOptions) Validate() error {
 		// Named here: the decode layout's own error lost its flag.
 		bad("DecodeTP", "must be between 1 and %d (got %d)", kv.MaxParallel, o.DecodeTP)
 	}
-	if o.Spec.PP > 1 && o.Protocol == engine.ProtoSGLang {
-		bad("PP", "%d: nixlctl's SGLang engines have no pipeline stages (pp > 1 is for pull and push)", o.Spec.PP)
+	if err := engine.CheckPP(o.Protocol, o.Spec.PP); err != nil {
+		bad("PP", "%d: %v", o.Spec.PP, err)
 	}
 	if o.validateBounds(bad) {
 		o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)

@@ -413,8 +413,8 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 			e.Close()
 		}
 	}()
-	if err := checkPP(cfg.Protocol, spec.PP); err != nil {
-		return nil, err
+	if err := CheckPP(cfg.Protocol, spec.PP); err != nil {
+		return nil, fmt.Errorf("pp %d: %w", spec.PP, err)
 	}
 	for i := 0; i < spec.TP*spec.PP; i++ {
 		rk := &rank{idx: i, tp: i % spec.TP, pp: i / spec.TP}
@@ -963,13 +963,15 @@ func rankName(engineID string, stages, pp, tp int) string {
 	return fmt.Sprintf("%s-tp%d", engineID, tp)
 }
 
-// checkPP refuses pipeline stages where nixlctl has none: its SGLang
+// CheckPP refuses pipeline stages where nixlctl has none: its SGLang
 // engines. (vLLM's push connector rejects a pipeline-parallel decode;
 // nixlctl runs push with equal pp on both sides, each prefill stage
-// writing its layers into the same decode stage.)
-func checkPP(p Protocol, pp int) error {
+// writing its layers into the same decode stage.) It is the one
+// refusal: the engine, the bench's options and the CLI all call it, and
+// each puts its own name for pp (a field, a flag) and the value before it.
+func CheckPP(p Protocol, pp int) error {
 	if pp > 1 && p == ProtoSGLang {
-		return fmt.Errorf("pp %d: nixlctl's SGLang engines have no pipeline stages", pp)
+		return errors.New("nixlctl's SGLang engines have no pipeline stages (pp > 1 is for pull and push)")
 	}
 	return nil
 }
