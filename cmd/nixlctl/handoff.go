@@ -505,12 +505,21 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 	} else if o.Advertise != "" {
 		return errkind.BadInputf("--advertise goes with --listen: a --stdio endpoint advertises what its driver sets up")
 	}
-	if o.Advertise != "" && !bench.ValidHost(o.Advertise) {
-		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
+	if err := checkAdvertise(o.Advertise); err != nil {
+		return err
 	}
 	var err error
 	if side.Identity, err = o.identity(); err != nil {
 		return err
 	}
 	return serveRole(ctx, a, o.Stdio, o.Listen, engine.EndpointRole(a.log, side))
+}
+
+// checkAdvertise is the one check of --advertise (serve and serve
+// --register): a host alone, which messages name with their own ports.
+func checkAdvertise(host string) error {
+	if host != "" && !bench.ValidHost(host) {
+		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", host)
+	}
+	return nil
 }

@@ -55,8 +55,8 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 	if !bench.ValidHost(host) {
 		return errkind.BadInputf("--register %q: %q is not a host name or an IP address", o.Register, host)
 	}
-	if o.Advertise != "" && !bench.ValidHost(o.Advertise) {
-		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", o.Advertise)
+	if err := checkAdvertise(o.Advertise); err != nil {
+		return err
 	}
 	var listenHost string
 	if o.Listen != "" {

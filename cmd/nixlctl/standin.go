@@ -145,10 +145,8 @@ func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 	if len(id.Factors) > 0 {
 		cfg.CompatFactors = json.RawMessage(id.Factors)
 	}
-	if cfg.Advertise == "" {
-		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-			return cfg, spec, errkind.BadInputf("--side-channel %s binds every address: give --advertise HOST, the address the decode reaches this host by", o.SideChannel)
-		}
+	if cfg.Advertise == "" && engine.Unroutable(host) {
+		return cfg, spec, errkind.BadInput(engine.NoAdvertise("--side-channel " + o.SideChannel))
 	}
 	return cfg, spec, nil
 }

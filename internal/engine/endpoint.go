@@ -46,10 +46,10 @@ func (h SideChannelHost) apply(cfg *Config, local net.Addr) error {
 	}
 	cfg.SideChannel = "tcp://" + net.JoinHostPort(h.Bind, "0")
 	cfg.Advertise = h.Advertise
-	if ip := net.ParseIP(h.Bind); cfg.Advertise == "" && ip != nil && ip.IsUnspecified() {
+	if cfg.Advertise == "" && Unroutable(h.Bind) {
 		ta, ok := local.(*net.TCPAddr)
 		if !ok {
-			return fmt.Errorf("side channels bind %s and no --advertise was given: nothing says which address to advertise", h.Bind)
+			return NoAdvertise("--listen host " + h.Bind)
 		}
 		cfg.Advertise = ta.IP.String()
 	}

@@ -930,10 +930,25 @@ func advertisedHost(sideChannel, advertise string) (string, error) {
 	if advertise != "" {
 		return advertise, nil
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return "", fmt.Errorf("side channel binds %q, which no peer can dial: give the host to advertise (serve --advertise)", sideChannel)
+	if Unroutable(host) {
+		return "", NoAdvertise("side channel " + sideChannel)
 	}
 	return host, nil
+}
+
+// Unroutable says whether host, where a side channel binds, is one no
+// peer can dial: every address (0.0.0.0, ::, or none given).
+func Unroutable(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
+}
+
+// NoAdvertise is the one refusal of a side channel bound at an Unroutable
+// host with nothing to advertise instead (the engine's, serve --listen's
+// and the stand-in's); bound names the side channel as the caller knows
+// it (a flag and its value).
+func NoAdvertise(bound string) error {
+	return fmt.Errorf("%s binds every address: give --advertise HOST, the address the peers reach this host by", bound)
 }
 
 // advertisedEndpoint is a bound endpoint (tcp://HOST:PORT or HOST:PORT)
