@@ -105,23 +105,39 @@ func newKVLayoutCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-// loadModel resolves --model / --model-config into a Model.
+// loadModel resolves --model / --model-config into a Model: one of them,
+// the default preset for neither.
 func loadModel(name, configPath string) (kv.Model, error) {
 	switch {
 	case name != "" && configPath != "":
 		return kv.Model{}, errkind.BadInputf("use --model or --model-config, not both")
 	case configPath != "":
-		data, err := userfile.ReadFile(configPath, userfile.MaxSmall)
-		if err != nil {
-			return kv.Model{}, errkind.BadInputf("--model-config: %v", err)
-		}
-		m, err := kv.ParseHFConfig(configPath, data)
-		return m, errkind.BadInput(err)
+		return readModel("--model-config", configPath, true)
 	case name == "":
 		name = kv.DefaultModel
 	}
-	m, err := kv.Preset(name)
-	return m, errkind.BadInput(err)
+	return readModel("--model", name, false)
+}
+
+// readModel is the one model loader behind every flag that names a
+// model: a preset, or a HuggingFace config.json read as every file a user
+// names is (userfile: regular files only, under a size limit). Its errors
+// name the flag first.
+func readModel(flag, s string, file bool) (kv.Model, error) {
+	var m kv.Model
+	var err error
+	if file {
+		var data []byte
+		if data, err = userfile.ReadFile(s, userfile.MaxSmall); err == nil {
+			m, err = kv.ParseHFConfig(s, data)
+		}
+	} else {
+		m, err = kv.Preset(s)
+	}
+	if err != nil {
+		return kv.Model{}, errkind.BadInputf("%s: %v", flag, err)
+	}
+	return m, nil
 }
 
 // kvSpec builds the deployment spec shared by every command that sizes a

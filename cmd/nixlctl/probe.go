@@ -13,7 +13,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
-	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 func newProbeCmd(a *app) *cobra.Command {
@@ -495,25 +494,12 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 	return err
 }
 
-// loadProbeModel reads --model: a preset name, or a path to a
-// HuggingFace config.json (any name ending in .json, or an existing file).
+// loadProbeModel reads probe sidechannel's --model, which takes either
+// kind: a preset name, or a path to a HuggingFace config.json (any name
+// ending in .json, or an existing file).
 func loadProbeModel(s string) (kv.Model, error) {
-	if st, err := os.Stat(s); strings.HasSuffix(s, ".json") || (err == nil && st.Mode().IsRegular()) {
-		data, err := userfile.ReadFile(s, userfile.MaxSmall)
-		if err != nil {
-			return kv.Model{}, errkind.BadInputf("--model: %v", err)
-		}
-		m, err := kv.ParseHFConfig(s, data)
-		if err != nil {
-			return kv.Model{}, errkind.BadInputf("--model %s: %v", s, err)
-		}
-		return m, nil
-	}
-	m, err := kv.Preset(s)
-	if err != nil {
-		return kv.Model{}, errkind.BadInputf("--model: %v", err)
-	}
-	return m, nil
+	st, err := os.Stat(s)
+	return readModel("--model", s, strings.HasSuffix(s, ".json") || (err == nil && st.Mode().IsRegular()))
 }
 
 // decodeSpec checks the --decode-* flags before anything is sent: a
