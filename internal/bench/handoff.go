@@ -36,6 +36,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/stats"
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
@@ -2223,7 +2224,7 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 	}
 	s.FirstHandshakeMS = mean(firstHS)
 	s.SteadyHandshakeMS = mean(steadyHS)
-	s.TransferGBps = report.Median(gbps)
+	s.TransferGBps = stats.Median(gbps)
 	if _, gap := stallWarning(records); gap > 0 {
 		s.StallMS = float64(gap) / 1e6
 	}

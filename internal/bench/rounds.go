@@ -11,6 +11,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // XferRound is one round of an interleaved reference: the handoff's
@@ -275,9 +276,9 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 		return
 	}
 	sp := report.SpreadOf(ratios)
-	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = report.Median(xfers), sp.Median, &sp
+	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = stats.Median(xfers), sp.Median, &sp
 	if len(limits) > 0 {
-		s.LimitGBps, s.EfficiencyLimit = report.Median(limits), report.Median(limitRatios)
+		s.LimitGBps, s.EfficiencyLimit = stats.Median(limits), stats.Median(limitRatios)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // A stall is a stretch of a run's timed phase in which no request
@@ -48,7 +48,7 @@ func stallOf(records []HandoffRecord) (stall, typical time.Duration) {
 		stall = max(stall, time.Duration(s.end-max(prev, s.start)))
 		prev = s.end
 	}
-	return stall, time.Duration(report.Median(took))
+	return stall, time.Duration(stats.Median(took))
 }
 
 // stallWarning is the result's warning for a run that stalled, "" for

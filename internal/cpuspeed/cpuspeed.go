@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/stats"
 	"golang.org/x/sys/unix"
 )
 
@@ -120,8 +121,7 @@ func onCPU(cpu int) (float64, error) {
 			sink = chain(chainLen, sink)
 			ts[k] = float64(time.Since(t0).Nanoseconds()) / chainLen
 		}
-		slices.Sort(ts)
-		o := out{ns: ts[len(ts)/2]}
+		o := out{ns: stats.Median(ts)}
 		if err := unix.SchedSetaffinity(0, &was); err != nil {
 			// Never seen: the thread stays locked and ends with this
 			// goroutine rather than go back to the pool pinned.

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // runValues is a metric's value in each run a result holds: every run of
@@ -222,7 +223,7 @@ func stripChart(id, title string, groups []string, values [][]float64, band *[2]
 			b.f(`<circle class="pt" cx="%s" cy="%s" r="4" fill-opacity="0.8"><title>%s run %d: %s</title></circle>`,
 				coord(cx+dx), coord(y.px(v)), esc(name), k+1, num(v))
 		}
-		med := report.Median(vs)
+		med := stats.Median(vs)
 		b.f(`<line x1="%s" x2="%s" y1="%s" y2="%s" stroke="%s" stroke-width="2.5"><title>%s median: %s</title></line>`,
 			coord(cx-colW*0.35), coord(cx+colW*0.35), coord(y.px(med)), coord(y.px(med)), col, esc(name), num(med))
 		b.f(`</g>`)

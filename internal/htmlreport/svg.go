@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // Chart geometry in SVG user units; the viewBox scales it to the page's
@@ -471,13 +472,7 @@ func quantilePoints(sorted []float64, n int) (xs, ps []float64) {
 		return nil, nil
 	}
 	if m <= n {
-		for i, v := range sorted {
-			if i+1 < m && sorted[i+1] == v {
-				continue
-			}
-			xs, ps = append(xs, v), append(ps, float64(i+1)/float64(m))
-		}
-		return xs, ps
+		return stats.ECDF(sorted)
 	}
 	idx := map[int]bool{}
 	for i := 0; i < n; i++ {

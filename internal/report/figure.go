@@ -5,6 +5,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // Figure is a picture described as plain data: panels side by side, each
@@ -148,14 +150,7 @@ func (s LatencySeries) cdf(unit time.Duration) (xs, ps []float64) {
 	if len(s.Values) > 0 {
 		v := append([]float64(nil), s.Values...)
 		sort.Float64s(v)
-		n := float64(len(v))
-		for i, x := range v {
-			if i+1 < len(v) && v[i+1] == x {
-				continue // one step per distinct value
-			}
-			xs, ps = append(xs, x), append(ps, float64(i+1)/n)
-		}
-		return xs, ps
+		return stats.ECDF(v)
 	}
 	if s.Hist == nil || s.Hist.Count() == 0 {
 		return nil, nil

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // Verdict is the gate's judgement of one metric.
@@ -131,7 +133,7 @@ metrics:
 		row := GateRow{Name: bm.Name(), Unit: bm.Unit, Better: bm.Better.String(), Baseline: bm.Value}
 		if vs, ok := bh.Repeats.values(bm.Name()); ok {
 			row.BaselineRuns = vs
-			row.Baseline = Median(vs)
+			row.Baseline = stats.Median(vs)
 		}
 		var dist *Histogram
 		for i := range runs {
@@ -156,7 +158,7 @@ metrics:
 				dist.Merge(m.Dist)
 			}
 		}
-		row.Result = Median(row.Runs)
+		row.Result = stats.Median(row.Runs)
 		row.spread = [2]float64{slicesMin(row.Runs), slicesMax(row.Runs)}
 		if len(row.BaselineRuns) >= MinRuns && len(row.Runs) >= MinRuns {
 			// Runs on both sides: test the numbers themselves.

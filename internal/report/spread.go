@@ -3,32 +3,9 @@ package report
 import (
 	"math"
 	"slices"
+
+	"github.com/nixlctl/nixlctl/internal/stats"
 )
-
-// Median is the middle of xs, the mean of the two middle values for an
-// even count; 0 for none. It is the one median of the project: the bench's
-// summaries, --repeat and gate all call it, so they agree on one set of
-// numbers.
-func Median(xs []float64) float64 {
-	return Quantile(xs, 0.5)
-}
-
-// Quantile is the q-quantile of xs by linear interpolation between the
-// closest ranks (type 7, as numpy's and R's default); 0 for none.
-func Quantile(xs []float64, q float64) float64 {
-	n := len(xs)
-	if n == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	h := q * float64(n-1)
-	lo := int(math.Floor(h))
-	if lo >= n-1 {
-		return s[n-1]
-	}
-	return s[lo] + (h-float64(lo))*(s[lo+1]-s[lo])
-}
 
 // Spread describes several measurements of one number: its runs or
 // rounds. CILow and CIHigh bound the median with at least 95% confidence
@@ -56,7 +33,7 @@ func SpreadOf(xs []float64) Spread {
 	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
-	sp := Spread{N: n, Min: s[0], Max: s[n-1], P10: Quantile(s, 0.1), Median: Quantile(s, 0.5), P90: Quantile(s, 0.9)}
+	sp := Spread{N: n, Min: s[0], Max: s[n-1], P10: stats.Quantile(s, 0.1), Median: stats.Quantile(s, 0.5), P90: stats.Quantile(s, 0.9)}
 	lo, hi := medianCI(n)
 	sp.CILow, sp.CIHigh = s[lo], s[hi]
 	if sp.Min > 0 {

@@ -7,28 +7,6 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
-func TestQuantileAndMedian(t *testing.T) {
-	for _, tc := range []struct {
-		xs     []float64
-		q, got float64
-	}{
-		{nil, 0.5, 0},
-		{[]float64{3}, 0.9, 3},
-		{[]float64{4, 1, 3, 2}, 0.5, 2.5}, // even: the mean of the middle two
-		{[]float64{5, 1, 3}, 0.5, 3},
-		{[]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.1, 1.9},
-		{[]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.9, 9.1},
-		{[]float64{1, 2}, 1, 2},
-	} {
-		if v := Quantile(tc.xs, tc.q); v != tc.got {
-			t.Errorf("Quantile(%v, %v) = %v, want %v", tc.xs, tc.q, v, tc.got)
-		}
-	}
-	if Median([]float64{1, 9, 2, 8}) != 5 {
-		t.Error("Median of 1 9 2 8 is not 5")
-	}
-}
-
 func TestSpreadOf(t *testing.T) {
 	approx := cmpopts.EquateApprox(0, 1e-9)
 	for _, tc := range []struct {
