@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/pushmatch"
 )
 
 type decodeState struct {
@@ -21,7 +22,7 @@ type decodeState struct {
 	mu sync.Mutex
 	// push: the completions each request waits for and its watchdog, and
 	// per request the channel closed when they are in or it fired.
-	waits    *pushWaits
+	waits    *pushmatch.Waits
 	waitDone map[string]chan struct{}
 
 	// tracker heartbeats the prefill engines of every request from its
@@ -49,7 +50,7 @@ type waiter struct {
 }
 
 func newDecodeState(e *Engine) *decodeState {
-	s := &decodeState{e: e, waits: newPushWaits(), waitDone: map[string]chan struct{}{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
+	s := &decodeState{e: e, waits: pushmatch.NewWaits(), waitDone: map[string]chan struct{}{}, hb: map[string]*hbPeer{}, slots: e.cfg.DecodeSlots}
 	if e.cfg.Protocol != ProtoSGLang {
 		s.tracker = lease.NewHeartbeatTracker(e.cfg.LeaseConfig().HeartbeatInterval())
 	}
@@ -621,7 +622,7 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		}
 	}
 	s.mu.Lock()
-	if waitErr == nil && s.waits.reqs[id].expired {
+	if waitErr == nil && s.waits.Expired(id) {
 		waitErr = fmt.Errorf("registration watchdog: no push completion within %v", e.cfg.RegTimeout)
 	}
 	rep.TXferDone = s.waits.Remove(id)
@@ -646,12 +647,12 @@ func (s *decodeState) onPushDone(rk *rank, from, id string, _ int) {
 	// The completion's time is a stage time joined with prefill's: the
 	// real clock, not the engine's.
 	switch s.waits.Completion(id, rk.idx, mono.Now()) {
-	case completionUnknown:
+	case pushmatch.CompletionUnknown:
 		s.e.c.unknown.Add(1)
 		s.e.log.Warn("completion for an unknown request (late, or after the watchdog)", "request", id, "from", from)
-	case completionDuplicate:
+	case pushmatch.CompletionDuplicate:
 		s.e.c.duplicate.Add(1)
-	case completionComplete:
+	case pushmatch.CompletionComplete:
 		close(s.waitDone[id])
 	}
 }

@@ -861,19 +861,6 @@ func randHex(n int) string {
 // defaults it to decoder_kv_blocks_ttl, 480 s.
 const DefaultRegTimeout = 480 * time.Second
 
-// BaseRequestID strips vLLM's per-engine "-<8 hex>" suffix.
-func BaseRequestID(id string) string {
-	if i := strings.LastIndexByte(id, '-'); i >= 0 && len(id)-i-1 == 8 {
-		for _, c := range id[i+1:] {
-			if !strings.ContainsRune("0123456789abcdef", c) {
-				return id
-			}
-		}
-		return id[:i]
-	}
-	return id
-}
-
 // referenceGBps is the copy bandwidth of the pool's own memory: memcpy in
 // this process for DRAM, a device-to-device copy on the same GPU for VRAM.
 func referenceGBps(b *nixl.Buffer) float64 {

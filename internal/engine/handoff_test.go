@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/kv"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/pushmatch"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -179,7 +180,7 @@ func TestPushBothArrivalOrders(t *testing.T) {
 						p.pre.mu.Lock()
 						defer p.pre.mu.Unlock()
 						for r := range p.ranks {
-							if p.pre.push.parked[r][id] == nil {
+							if !p.pre.push.Parked(r, id) {
 								return false
 							}
 						}
@@ -196,7 +197,7 @@ func TestPushBothArrivalOrders(t *testing.T) {
 				ev := waitFreed(t, rec, "pushed")
 				// Prefill and decode gave the router id different suffixes:
 				// matching went through the base id.
-				if BaseRequestID(ev.ID) != id || BaseRequestID(lr.RequestID) != id || ev.ID == lr.RequestID {
+				if pushmatch.BaseRequestID(ev.ID) != id || pushmatch.BaseRequestID(lr.RequestID) != id || ev.ID == lr.RequestID {
 					t.Errorf("ids: prefill %s decode %s", ev.ID, lr.RequestID)
 				}
 			}
@@ -208,7 +209,7 @@ func TestPushBothArrivalOrders(t *testing.T) {
 }
 
 func TestPushReg(t *testing.T) {
-	if BaseRequestID("cmpl-abc-0-1a2b3c4d") != "cmpl-abc-0" || BaseRequestID("cmpl-abc-0") != "cmpl-abc-0" || BaseRequestID("x-1A2B3C4D") != "x-1A2B3C4D" {
+	if pushmatch.BaseRequestID("cmpl-abc-0-1a2b3c4d") != "cmpl-abc-0" || pushmatch.BaseRequestID("cmpl-abc-0") != "cmpl-abc-0" || pushmatch.BaseRequestID("x-1A2B3C4D") != "x-1A2B3C4D" {
 		t.Error("BaseRequestID")
 	}
 	good := map[string]any{"request_id": "r-0a0a0a0a", "decode_engine_id": "d", "decode_host": "h", "decode_port": 1,

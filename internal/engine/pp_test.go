@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/pushmatch"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -70,7 +71,7 @@ func TestPipelineHandoff(t *testing.T) {
 						reason = "pushed"
 					}
 					ev := waitFreed(t, rec, reason)
-					if BaseRequestID(ev.ID) != id {
+					if pushmatch.BaseRequestID(ev.ID) != id {
 						t.Errorf("freed %s, want %s", ev.ID, id)
 					}
 					if proto == ProtoPull && ev.Consumers != len(p.ranks)*max(1, tps[1]/tps[0]) {

@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/pushmatch"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -128,7 +129,7 @@ type prefillState struct {
 	// push (nil otherwise): the matcher, and per rank the handshakes
 	// done for its owner to post, the owner's WRITEs in flight and the
 	// channel that wakes the owner.
-	push       *pushMatcher
+	push       *pushmatch.Matcher[PushReg]
 	handshaken [][]pushHandshake
 	writes     []map[string][]nixl.XferReq // owner-only: no lock
 	wake       []chan struct{}
@@ -140,7 +141,7 @@ func newPrefillState(e *Engine) *prefillState {
 		s.wake = append(s.wake, make(chan struct{}, 1))
 	}
 	if e.cfg.Protocol == ProtoPush {
-		s.push = newPushMatcher(len(e.ranks), int64(e.cfg.Lease))
+		s.push = pushmatch.NewMatcher[PushReg](len(e.ranks), int64(e.cfg.Lease))
 		s.handshaken = make([][]pushHandshake, len(e.ranks))
 		for range e.ranks {
 			s.writes = append(s.writes, map[string][]nixl.XferReq{})
@@ -220,7 +221,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 	var matched []int
 	s.mu.Lock()
 	s.reqs[q.id] = q
-	s.byBase[BaseRequestID(q.id)] = q
+	s.byBase[pushmatch.BaseRequestID(q.id)] = q
 	s.leases.Grant(q.id, q.bytes, e.now())
 	if s.push != nil {
 		matched = s.push.Finished(q.id)
@@ -306,7 +307,7 @@ func (s *prefillState) renewIDs(ids []string) []string {
 	out := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if _, ok := s.reqs[id]; !ok {
-			if q := s.byBase[BaseRequestID(id)]; q != nil {
+			if q := s.byBase[pushmatch.BaseRequestID(id)]; q != nil {
 				id = q.id
 			}
 		}
@@ -343,25 +344,25 @@ func (s *prefillState) free(q *preq, reason FreedReason, reaped *lease.Lease) {
 	if l != nil {
 		ev.TLastRenew, ev.Renewals, ev.TDeadline = l.LastRenew, l.Renewals, l.Deadline
 	}
-	if s.byBase[BaseRequestID(q.id)] == q {
-		delete(s.byBase, BaseRequestID(q.id))
+	if s.byBase[pushmatch.BaseRequestID(q.id)] == q {
+		delete(s.byBase, pushmatch.BaseRequestID(q.id))
 	}
 	for _, n := range q.seen {
 		ev.Consumers += n
 	}
 	if s.push != nil {
 		if pq := s.push.Forget(q.id); pq != nil {
-			for _, st := range pq.ranks {
-				ev.TRegReceived = max(ev.TRegReceived, st.tReg)
-				if ev.TPostStart == 0 || (st.post.tStart != 0 && st.post.tStart < ev.TPostStart) {
-					ev.TPostStart = st.post.tStart
+			for _, st := range pq.Ranks {
+				ev.TRegReceived = max(ev.TRegReceived, st.TReg)
+				if ev.TPostStart == 0 || (st.Post.TStart != 0 && st.Post.TStart < ev.TPostStart) {
+					ev.TPostStart = st.Post.TStart
 				}
-				ev.TPostEnd = max(ev.TPostEnd, st.post.tEnd)
-				ev.TWriteDone = max(ev.TWriteDone, st.tDone)
-				ev.Descriptors += st.post.descs
-				ev.LogicalDescs += st.post.logical
-				ev.Bytes += st.post.bytes
-				ev.Failed = ev.Failed || st.failed
+				ev.TPostEnd = max(ev.TPostEnd, st.Post.TEnd)
+				ev.TWriteDone = max(ev.TWriteDone, st.TDone)
+				ev.Descriptors += st.Post.Descs
+				ev.LogicalDescs += st.Post.Logical
+				ev.Bytes += st.Post.Bytes
+				ev.Failed = ev.Failed || st.Failed
 			}
 		}
 	}
@@ -479,7 +480,7 @@ func (s *prefillState) step(now int64) {
 
 // pushHandshake is a handshake's result, handed back to the rank's owner.
 type pushHandshake struct {
-	job     pushJob
+	job     pushmatch.Job[PushReg]
 	plan    kv.TransferPlan
 	targets []int // decode ranks this prefill rank writes to
 	re      *remoteEngine
@@ -499,7 +500,7 @@ func (s *prefillState) onPushReg(rk *rank, from string, payload []byte) {
 		return
 	}
 	s.mu.Lock()
-	s.push.Register(rk.idx, reg, blocks, s.e.now())
+	s.push.Register(rk.idx, reg.RequestID, reg, blocks, s.e.now())
 	s.mu.Unlock()
 	// The owner (this goroutine) takes a match right after its notifications.
 }
@@ -538,14 +539,14 @@ func (s *prefillState) pushStep(rk *rank) {
 // an earlier request did, shakes hands with the decode engine off the
 // owner goroutine (it may take a round trip); the result goes back to the
 // owner, which posts.
-func (s *prefillState) startHandshake(rk *rank, j pushJob) {
+func (s *prefillState) startHandshake(rk *rank, j pushmatch.Job[PushReg]) {
 	e := s.e
-	reg := j.reg
+	reg := j.Reg
 	dspec := e.spec
 	dspec.TP = reg.DecodeTPSize
 	plan, err := kv.Plan(e.spec, dspec)
 	if err != nil {
-		s.failPush(rk, j.id, fmt.Errorf("decode tp %d: %w", reg.DecodeTPSize, err))
+		s.failPush(rk, j.ID, fmt.Errorf("decode tp %d: %w", reg.DecodeTPSize, err))
 		return
 	}
 	h := pushHandshake{job: j, plan: plan}
@@ -578,7 +579,7 @@ func (s *prefillState) startHandshake(rk *rank, j pushJob) {
 // it serves, on the owner goroutine.
 func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 	e := s.e
-	id, reg := h.job.id, h.job.reg
+	id, reg := h.job.ID, h.job.Reg
 	if h.err != nil {
 		s.failPush(rk, id, h.err)
 		return
@@ -596,7 +597,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 		return // freed while the handshake ran
 	}
 	// Decode may hold a prefix already: send only the tail it allocated.
-	dblocks := h.job.blocks
+	dblocks := h.job.Blocks
 	src := q.blocks
 	if len(dblocks) < len(src) {
 		src = src[len(src)-len(dblocks):]
@@ -623,12 +624,12 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 			pps[i], prepErr = e.prepped(rk, h.re.stageAgent(rk.idx, rkey{rk.pp, d}), rm, remoteMem(rm, rk.buf.Mem), chunks[i], true)
 		}
 	}
-	post := pushPost{tStart: mono.Now()}
+	post := pushmatch.Post{TStart: mono.Now()}
 	var writes []nixl.XferReq
 	for i, d := range h.targets {
 		if prepErr != nil {
 			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", prepErr)
-			post.failed = true
+			post.Failed = true
 			break
 		}
 		rm := h.re.stageMeta(rkey{rk.pp, d})
@@ -636,7 +637,7 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 			LocalBlocks: src, RemoteBlocks: dblocks, LogicalStart: start, Tokens: q.tokens, LocalIsPrefill: true, Merge: e.cfg.Merge}, notif)
 		if le := (layoutError{}); errors.As(err, &le) {
 			e.log.Warn("push failed", "request", id, "rank", rk.idx, "err", err)
-			post.failed = true
+			post.Failed = true
 			break
 		}
 		if err == nil {
@@ -653,15 +654,15 @@ func (s *prefillState) postWrites(rk *rank, h pushHandshake) {
 			// and finds out from its watchdog; the lease frees our blocks.
 			e.c.failedXfers.Add(1)
 			e.log.Warn("push WRITE failed", "request", id, "decode_rank", d, "err", err)
-			post.failed = true
+			post.Failed = true
 			continue
 		}
 		writes = append(writes, x)
-		post.descs += ml.descs
-		post.logical += ml.logical
-		post.bytes += ml.bytes
+		post.Descs += ml.descs
+		post.Logical += ml.logical
+		post.Bytes += ml.bytes
 	}
-	post.writes, post.tEnd = len(writes), mono.Now()
+	post.Writes, post.TEnd = len(writes), mono.Now()
 	if len(writes) > 0 {
 		s.writes[rk.idx][id] = writes
 	}
@@ -704,8 +705,8 @@ func (s *prefillState) pollWrites(rk *rank) {
 
 // pushEndLocked unpins the lease when no rank writes any more, under the
 // same lock as the transition that said so (another rank may pin next).
-func (s *prefillState) pushEndLocked(id string, end pushEnd) pushEnd {
-	if end.unpin {
+func (s *prefillState) pushEndLocked(id string, end pushmatch.End) pushmatch.End {
+	if end.Unpin {
 		s.leases.Pin(id, false)
 	}
 	return end
@@ -713,8 +714,8 @@ func (s *prefillState) pushEndLocked(id string, end pushEnd) pushEnd {
 
 // ended frees a request whose every rank pushed. With a failed WRITE the
 // blocks wait for the lease, as in vLLM.
-func (s *prefillState) ended(q *preq, end pushEnd) {
-	if q != nil && end.free {
+func (s *prefillState) ended(q *preq, end pushmatch.End) {
+	if q != nil && end.Free {
 		s.free(q, "pushed", nil)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/pushmatch"
 )
 
 // Push-mode heartbeats between real engines, on a fake clock, keyed as
@@ -29,7 +31,7 @@ func TestPushHeartbeatKeys(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if BaseRequestID(pr.RequestID) != "cmpl-7" || pr.RequestID == "cmpl-7" {
+			if pushmatch.BaseRequestID(pr.RequestID) != "cmpl-7" || pr.RequestID == "cmpl-7" {
 				t.Fatalf("prefill leases %q, want the router's id with prefill's suffix", pr.RequestID)
 			}
 			// Decode has the request from the router (its coordinates name

@@ -1,35 +1,17 @@
-package engine
+package pushmatch
 
 import (
-	"context"
-	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/nixlctl/nixlctl/internal/lease"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 )
 
-// fakeClock is a Clock that moves only when the test says so.
-type fakeClock struct{ t atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.t.Store(1_000_000_000_000)
-	return c
-}
-
-func (c *fakeClock) Now() int64                    { return c.t.Load() }
-func (c *fakeClock) Advance(d time.Duration) int64 { return c.t.Add(int64(d)) }
+// reg stands for the engine's registration message: the machines keep
+// and hand it back, and never read it.
+type reg struct{ decodeID string }
 
 func TestPushMatcher(t *testing.T) {
 	const ttl = 1000
-	reg := func(id string) PushReg {
-		return PushReg{RequestID: id, DecodeEngineID: "d", DecodeTPSize: 1, DecodePort: 1}
-	}
 	type step struct {
 		op   string // finish, reg, take, hs, post, done, fail, forget
 		id   string // prefill id (finish, hs, post, done, fail, forget) or decode id (reg)
@@ -41,7 +23,7 @@ func TestPushMatcher(t *testing.T) {
 		matched bool     // reg: matched; finish: rank 0 had a parked match
 		jobs    []string // take: the ids handed out
 		ok, pin bool     // hs
-		end     pushEnd  // post, done, fail
+		end     End      // post, done, fail
 		// The phase of the request on the rank after the step ("": no
 		// check, "-": no such request).
 		phase string
@@ -50,7 +32,7 @@ func TestPushMatcher(t *testing.T) {
 		name  string
 		ranks int
 		steps []step
-		stats pushMatchStats
+		stats Stats
 	}{
 		{name: "prefill finishes first", ranks: 1, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a", phase: "waiting-for-registration"},
@@ -58,7 +40,7 @@ func TestPushMatcher(t *testing.T) {
 			{op: "take", id: "r-0a0a0a0a", at: 6, jobs: []string{"r-0a0a0a0a"}, phase: "handshaking"},
 			{op: "hs", id: "r-0a0a0a0a", ok: true, pin: true, phase: "writing"},
 			{op: "post", id: "r-0a0a0a0a", n: 1, phase: "writing"},
-			{op: "done", id: "r-0a0a0a0a", at: 9, end: pushEnd{free: true, unpin: true}, phase: "done"},
+			{op: "done", id: "r-0a0a0a0a", at: 9, end: End{Free: true, Unpin: true}, phase: "done"},
 		}},
 		{name: "registration first", ranks: 1, steps: []step{
 			{op: "reg", id: "r-1b1b1b1b", at: 1},
@@ -66,7 +48,7 @@ func TestPushMatcher(t *testing.T) {
 			{op: "take", at: 3},
 			{op: "finish", id: "r-0a0a0a0a", at: 4, matched: true, phase: "matched"},
 			{op: "take", id: "r-0a0a0a0a", at: 5, jobs: []string{"r-0a0a0a0a"}, phase: "handshaking"},
-		}, stats: pushMatchStats{Duplicates: 1}},
+		}, stats: Stats{Duplicates: 1}},
 		{name: "exact id before base id", ranks: 1, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
 			{op: "finish", id: "r-2c2c2c2c"}, // same base: byBase now points here
@@ -75,13 +57,13 @@ func TestPushMatcher(t *testing.T) {
 			{op: "reg", id: "r-9f9f9f9f", matched: true}, // base id: the latest request
 			{op: "take", id: "r-2c2c2c2c", jobs: []string{"r-2c2c2c2c"}, phase: "handshaking"},
 			{op: "reg", id: "r-0a0a0a0a", phase: "handshaking"}, // a duplicate now
-		}, stats: pushMatchStats{Duplicates: 1}},
+		}, stats: Stats{Duplicates: 1}},
 		{name: "a parked registration expires after the lease", ranks: 1, steps: []step{
 			{op: "reg", id: "x-1b1b1b1b", at: 0},
 			{op: "take", at: ttl},
 			{op: "take", at: ttl + 1},
 			{op: "finish", id: "x-0a0a0a0a", at: ttl + 2, phase: "waiting-for-registration"},
-		}, stats: pushMatchStats{ExpiredRegs: 1}},
+		}, stats: Stats{ExpiredRegs: 1}},
 		{name: "two ranks: free when both are done, pin while either writes", ranks: 2, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
 			{op: "reg", id: "r-1b1b1b1b", rank: 0, matched: true},
@@ -92,8 +74,8 @@ func TestPushMatcher(t *testing.T) {
 			{op: "hs", id: "r-0a0a0a0a", rank: 1, ok: true, pin: false},
 			{op: "post", id: "r-0a0a0a0a", rank: 0, n: 1},
 			{op: "post", id: "r-0a0a0a0a", rank: 1, n: 2},
-			{op: "done", id: "r-0a0a0a0a", rank: 1, end: pushEnd{}, phase: "done"},
-			{op: "done", id: "r-0a0a0a0a", rank: 0, end: pushEnd{free: true, unpin: true}, phase: "done"},
+			{op: "done", id: "r-0a0a0a0a", rank: 1, end: End{}, phase: "done"},
+			{op: "done", id: "r-0a0a0a0a", rank: 0, end: End{Free: true, Unpin: true}, phase: "done"},
 		}},
 		{name: "a failed WRITE leaves the blocks to the lease", ranks: 2, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
@@ -103,25 +85,25 @@ func TestPushMatcher(t *testing.T) {
 			{op: "take", id: "r-0a0a0a0a", rank: 1, jobs: []string{"r-0a0a0a0a"}},
 			{op: "hs", id: "r-0a0a0a0a", rank: 0, ok: true, pin: true},
 			{op: "post", id: "r-0a0a0a0a", rank: 0, n: 1},
-			{op: "done", id: "r-0a0a0a0a", rank: 0, bad: true, end: pushEnd{unpin: true}, phase: "failed"},
+			{op: "done", id: "r-0a0a0a0a", rank: 0, bad: true, end: End{Unpin: true}, phase: "failed"},
 			{op: "hs", id: "r-0a0a0a0a", rank: 1, ok: true, pin: true},
 			{op: "post", id: "r-0a0a0a0a", rank: 1, n: 1},
-			{op: "done", id: "r-0a0a0a0a", rank: 1, end: pushEnd{unpin: true}, phase: "done"},
-		}, stats: pushMatchStats{Failed: 1}},
+			{op: "done", id: "r-0a0a0a0a", rank: 1, end: End{Unpin: true}, phase: "done"},
+		}, stats: Stats{Failed: 1}},
 		{name: "a post that fails outright ends the rank", ranks: 1, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
 			{op: "reg", id: "r-1b1b1b1b", matched: true},
 			{op: "take", id: "r-0a0a0a0a", jobs: []string{"r-0a0a0a0a"}},
 			{op: "hs", id: "r-0a0a0a0a", ok: true, pin: true},
-			{op: "post", id: "r-0a0a0a0a", n: 0, bad: true, end: pushEnd{unpin: true}, phase: "failed"},
-		}, stats: pushMatchStats{Failed: 1}},
+			{op: "post", id: "r-0a0a0a0a", n: 0, bad: true, end: End{Unpin: true}, phase: "failed"},
+		}, stats: Stats{Failed: 1}},
 		{name: "a failed handshake", ranks: 1, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
 			{op: "reg", id: "r-1b1b1b1b", matched: true},
 			{op: "take", id: "r-0a0a0a0a", jobs: []string{"r-0a0a0a0a"}},
-			{op: "fail", id: "r-0a0a0a0a", end: pushEnd{unpin: true}, phase: "failed"},
+			{op: "fail", id: "r-0a0a0a0a", end: End{Unpin: true}, phase: "failed"},
 			{op: "hs", id: "r-0a0a0a0a", ok: false, phase: "failed"},
-		}, stats: pushMatchStats{Failed: 1}},
+		}, stats: Stats{Failed: 1}},
 		{name: "freed while handshaking: nothing to post", ranks: 1, steps: []step{
 			{op: "finish", id: "r-0a0a0a0a"},
 			{op: "reg", id: "r-1b1b1b1b", matched: true},
@@ -132,7 +114,7 @@ func TestPushMatcher(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newPushMatcher(tc.ranks, ttl)
+			m := NewMatcher[reg](tc.ranks, ttl)
 			for i, st := range tc.steps {
 				switch st.op {
 				case "finish":
@@ -141,13 +123,13 @@ func TestPushMatcher(t *testing.T) {
 						t.Fatalf("step %d: finish matched %v", i, matched)
 					}
 				case "reg":
-					if got := m.Register(st.rank, reg(st.id), []int{1}, st.at); got != st.matched {
+					if got := m.Register(st.rank, st.id, reg{decodeID: st.id}, []int{1}, st.at); got != st.matched {
 						t.Fatalf("step %d: register matched %v", i, got)
 					}
 				case "take":
 					var ids []string
 					for _, j := range m.Take(st.rank, st.at) {
-						ids = append(ids, j.id)
+						ids = append(ids, j.ID)
 					}
 					if diff := cmp.Diff(st.jobs, ids); diff != "" {
 						t.Fatalf("step %d: take (-want +got):\n%s", i, diff)
@@ -157,10 +139,10 @@ func TestPushMatcher(t *testing.T) {
 						t.Fatalf("step %d: handshaken ok %v pin %v", i, ok, pin)
 					}
 				case "post", "done", "fail":
-					var end pushEnd
+					var end End
 					switch st.op {
 					case "post":
-						end = m.Posted(st.id, st.rank, pushPost{writes: st.n, failed: st.bad}, st.at)
+						end = m.Posted(st.id, st.rank, Post{Writes: st.n, Failed: st.bad}, st.at)
 					case "done":
 						end = m.WritesDone(st.id, st.rank, st.bad, st.at)
 					default:
@@ -175,7 +157,7 @@ func TestPushMatcher(t *testing.T) {
 				if st.phase != "" {
 					id := st.id
 					if q := m.match(id); st.op == "reg" && q != nil {
-						id = q.id // the request the decode id matched
+						id = q.ID // the request the decode id matched
 					}
 					ph, ok := m.Phase(id, st.rank)
 					got := "-"
@@ -204,15 +186,15 @@ func TestPushMatcher(t *testing.T) {
 // them.
 func TestPushWaits(t *testing.T) {
 	for _, tc := range []struct {
-		action WatchdogAction
-		late   completionEvent // a's completion after the watchdog fired
+		action string     // the engine's --reg-watchdog
+		late   Completion // a's completion after the watchdog fired
 	}{
-		{WatchdogFail, completionUnknown},
-		{WatchdogDrop, completionProgress},
+		{"fail", CompletionUnknown},
+		{"drop", CompletionProgress},
 	} {
-		t.Run(string(tc.action), func(t *testing.T) {
-			w := newPushWaits()
-			fail := tc.action == WatchdogFail
+		t.Run(tc.action, func(t *testing.T) {
+			w := NewWaits()
+			fail := tc.action == "fail"
 			w.Add("a", []int{1, 2}, 100, 50) // deadline 150
 			w.Add("b", []int{1}, 120, 50)    // deadline 170
 			type step struct {
@@ -220,18 +202,18 @@ func TestPushWaits(t *testing.T) {
 				id   string
 				rank int
 				at   int64
-				ev   completionEvent
+				ev   Completion
 				ids  []string
 			}
 			for i, st := range []step{
 				{op: "expire", at: 149},
-				{op: "notif", id: "a", rank: 1, at: 140, ev: completionProgress},
-				{op: "notif", id: "ghost", at: 141, ev: completionUnknown},
+				{op: "notif", id: "a", rank: 1, at: 140, ev: CompletionProgress},
+				{op: "notif", id: "ghost", at: 141, ev: CompletionUnknown},
 				{op: "expire", at: 150, ids: []string{"a"}}, // at its deadline, not before
 				{op: "expire", at: 151},                     // once
 				{op: "notif", id: "a", rank: 0, at: 151, ev: tc.late},
-				{op: "notif", id: "b", at: 160, ev: completionComplete},
-				{op: "notif", id: "b", at: 161, ev: completionDuplicate},
+				{op: "notif", id: "b", at: 160, ev: CompletionComplete},
+				{op: "notif", id: "b", at: 161, ev: CompletionDuplicate},
 				{op: "expire", at: 500}, // complete requests never fire
 			} {
 				switch st.op {
@@ -252,80 +234,29 @@ func TestPushWaits(t *testing.T) {
 	}
 }
 
-// The watchdog and the lease on the engine's clock: time passes when the
-// test moves it, and the steps that check deadlines run when it calls them.
-func TestPushWatchdogOnFakeClock(t *testing.T) {
-	clk := newFakeClock()
-	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) {
-		// The fixed policy: no heartbeats, which would renew the lease
-		// whenever they happen to be sent and applied.
-		c.Clock, c.RegTimeout, c.LeasePolicy, c.FixedTimeout = clk, 5*time.Second, lease.PolicyFixed, 10*time.Second
-		c.RegWatchdog = WatchdogFail         // the option; upstream's drop is TestPushWatchdogDrops
-		c.Faults = &nixl.Faults{FailPost: 1} // prefill's WRITE fails (decode posts none)
-	})
-	ctx := context.Background()
-	// A request prefill never runs: the watchdog fires at its deadline.
-	loaded := loadAsync(d, LoadRequest{ID: "lonely", Tokens: 64, Key: 1, Params: pushCoords(p, "lonely")})
-	id := waitWaiting(t, d)
-	deadline := d.dec.waitDeadline(id)
-	clk.Advance(time.Duration(deadline - clk.Now() - 1))
-	d.dec.watchdog(clk.Now())
-	select {
-	case lr := <-loaded:
-		t.Fatalf("the watchdog fired before its deadline: %+v", lr)
-	default:
+// What the engine and its tests read of the machines from outside.
+func TestAccessors(t *testing.T) {
+	m := NewMatcher[reg](2, 10)
+	m.Register(1, "r-1b1b1b1b", reg{}, nil, 0)
+	if m.Parked(0, "r") || !m.Parked(1, "r") {
+		t.Errorf("parked on rank 0 %v, rank 1 %v; want only rank 1", m.Parked(0, "r"), m.Parked(1, "r"))
 	}
-	clk.Advance(1)
-	d.dec.watchdog(clk.Now())
-	if lr := <-loaded; !strings.Contains(lr.Error, "watchdog") || d.Stats().RegTimeouts != 1 || d.Stats().BlocksInUse != 0 {
-		t.Fatalf("watchdog: %q %+v", lr.Error, d.Stats())
-	}
-	// A request whose WRITE fails: decode is not told (its watchdog fires),
-	// prefill keeps the blocks for the lease.
-	loaded = loadAsync(d, LoadRequest{ID: "failing", Tokens: 64, Key: 2, Params: pushCoords(p, "failing")})
-	id = waitWaiting(t, d)
-	pr, err := p.pre.Prefill(ctx, PrefillRequest{ID: "failing", Tokens: 64, Key: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitStat(t, "failed transfers", func() int64 { return p.Stats().FailedTransfers }, 1)
-	clk.Advance(time.Duration(d.dec.waitDeadline(id) - clk.Now()))
-	d.dec.watchdog(clk.Now())
-	if lr := <-loaded; !strings.Contains(lr.Error, "watchdog") {
-		t.Fatalf("failed WRITE: decode says %q", lr.Error)
-	}
-	if p.Stats().BlocksInUse == 0 {
-		t.Fatal("prefill freed the blocks of a failed push before their lease")
-	}
-	clk.Advance(10 * time.Second)
-	p.pre.step(clk.Now())
-	ev := waitFreed(t, rec, "expired")
-	if ev.ID != pr.RequestID || !ev.Failed {
-		t.Errorf("freed %+v", ev)
-	}
-}
-
-// waitWaiting waits for decode to register one push request (it polls an
-// event, not the passing of time) and returns its id.
-func waitWaiting(t *testing.T, d *Engine) string {
-	t.Helper()
-	var id string
-	waitFor(t, "decode to register its request", func() bool {
-		d.dec.mu.Lock()
-		defer d.dec.mu.Unlock()
-		for k, w := range d.dec.waits.reqs {
-			if !w.expired {
-				id = k
-				return true
-			}
+	for _, tc := range []struct {
+		fail    bool
+		expired bool
+		waiting []string
+	}{{true, true, nil}, {false, false, []string{"a"}}} {
+		w := NewWaits()
+		w.Add("a", []int{1}, 100, 50)
+		if d := w.Deadline("a"); d != 150 || w.Deadline("ghost") != 0 {
+			t.Errorf("deadline %d, want 150 (and 0 for none)", d)
 		}
-		return false
-	})
-	return id
-}
-
-func (s *decodeState) waitDeadline(id string) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waits.reqs[id].deadline
+		w.Expire(150, tc.fail)
+		if w.Expired("a") != tc.expired || w.Expired("ghost") {
+			t.Errorf("fail %v: expired %v, want %v", tc.fail, w.Expired("a"), tc.expired)
+		}
+		if diff := cmp.Diff(tc.waiting, w.Waiting()); diff != "" {
+			t.Errorf("fail %v: waiting (-want +got):\n%s", tc.fail, diff)
+		}
+	}
 }
