@@ -14,33 +14,37 @@ import (
 // percentiles, outcomes, bandwidth against memcpy of the same bytes, and
 // the cache and failure counters.
 func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		return ecCSV(res).WriteCSV(w)
-	case report.FormatMarkdown:
-		fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
-			res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
-		if p := pathLine(res.NetPath); p != "" {
-			fmt.Fprintf(w, "path: %s\n\n", p)
-		}
-		if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
-			return err
-		}
-		fmt.Fprintln(w)
-		if err := ecSummaryTable(res).WriteMarkdown(w); err != nil {
-			return err
-		}
-		for _, warn := range res.Warnings {
-			fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-		}
-		return nil
-	case report.FormatProm:
+	return report.Render(w, f, report.Renderings{
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return ecCSV(res).WriteCSV(w) },
+		Markdown: func(w io.Writer) error { return writeECMarkdown(w, res) },
 		// vLLM's nixl_* metrics describe KV transfers, not the encoder
 		// cache: its metrics as plain gauges.
-		return report.WriteMetricsProm(w, res)
+		Prom: func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
+		Text: func(w io.Writer) error { return writeECText(w, res) },
+	})
+}
+
+func writeECMarkdown(w io.Writer, res *ECResult) error {
+	fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
+		res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
+	if p := pathLine(res.NetPath); p != "" {
+		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
+	if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if err := ecSummaryTable(res).WriteMarkdown(w); err != nil {
+		return err
+	}
+	for _, warn := range res.Warnings {
+		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
+	}
+	return nil
+}
+
+func writeECText(w io.Writer, res *ECResult) error {
 	c, s := res.Config, res.Summary
 	who := "consumer READs"
 	if c.Direction == "write" {

@@ -14,16 +14,16 @@ import (
 
 // WriteHandoff renders a `bench pull|push|sglang` result.
 func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		return handoffCSV(res).WriteCSV(w)
-	case report.FormatProm:
-		return res.WriteProm(w)
-	case report.FormatMarkdown:
-		return handoffMarkdown(w, res)
-	}
+	return report.Render(w, f, report.Renderings{
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return handoffCSV(res).WriteCSV(w) },
+		Prom:     res.WriteProm,
+		Markdown: func(w io.Writer) error { return handoffMarkdown(w, res) },
+		Text:     func(w io.Writer) error { return writeHandoffText(w, res) },
+	})
+}
+
+func writeHandoffText(w io.Writer, res *HandoffResult) error {
 	s := res.Summary
 	c := res.Config
 	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), %s, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",

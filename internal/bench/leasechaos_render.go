@@ -73,39 +73,43 @@ func (res *LeaseChaosResult) Figure() (report.Figure, error) {
 // WriteLeaseChaos renders a lease-chaos result: one line per scenario and
 // policy with its verdict and numbers, then what each one checked.
 func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		return leaseCSV(res).WriteCSV(w)
-	case report.FormatMarkdown:
-		fmt.Fprintf(w, "**lease-chaos** %s\n\n", leaseHeadline(res))
-		if err := leaseTable(res).WriteMarkdown(w); err != nil {
+	return report.Render(w, f, report.Renderings{
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return leaseCSV(res).WriteCSV(w) },
+		Markdown: func(w io.Writer) error { return writeLeaseChaosMarkdown(w, res) },
+		Prom:     func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
+		Text:     func(w io.Writer) error { return writeLeaseChaosText(w, res) },
+	})
+}
+
+func writeLeaseChaosMarkdown(w io.Writer, res *LeaseChaosResult) error {
+	fmt.Fprintf(w, "**lease-chaos** %s\n\n", leaseHeadline(res))
+	if err := leaseTable(res).WriteMarkdown(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, r := range res.Scenarios {
+		fmt.Fprintf(w, "- **%s** %s: %s\n", verdict(r), r.Series(), r.Expectation)
+	}
+	if res.Traffic != nil {
+		fmt.Fprintln(w, "\n```")
+		writeTraffic(w, res.Traffic)
+		fmt.Fprintln(w, "```")
+	}
+	if res.Sweep != nil {
+		fmt.Fprintln(w)
+		if err := res.Sweep.Table().WriteMarkdown(w); err != nil {
 			return err
 		}
-		fmt.Fprintln(w)
-		for _, r := range res.Scenarios {
-			fmt.Fprintf(w, "- **%s** %s: %s\n", verdict(r), r.Series(), r.Expectation)
-		}
-		if res.Traffic != nil {
-			fmt.Fprintln(w, "\n```")
-			writeTraffic(w, res.Traffic)
-			fmt.Fprintln(w, "```")
-		}
-		if res.Sweep != nil {
-			fmt.Fprintln(w)
-			if err := res.Sweep.Table().WriteMarkdown(w); err != nil {
-				return err
-			}
-			fmt.Fprintf(w, "\n%s\n", res.Sweep.Recommendation)
-		}
-		for _, warn := range res.Warnings {
-			fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-		}
-		return nil
-	case report.FormatProm:
-		return report.WriteMetricsProm(w, res)
+		fmt.Fprintf(w, "\n%s\n", res.Sweep.Recommendation)
 	}
+	for _, warn := range res.Warnings {
+		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
+	}
+	return nil
+}
+
+func writeLeaseChaosText(w io.Writer, res *LeaseChaosResult) error {
 	fmt.Fprintf(w, "lease-chaos: %s\n\n", leaseHeadline(res))
 	if len(res.Scenarios) > 0 {
 		if err := leaseTable(res).WriteText(w); err != nil {

@@ -13,16 +13,16 @@ import (
 // efficiency against the reference copy of the same pattern in the same
 // run (memcpy; device-to-device copies for VRAM).
 func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		return xferCSV(res).WriteCSV(w)
-	case report.FormatProm:
-		return res.WriteProm(w)
-	case report.FormatMarkdown:
-		return xferMarkdown(w, res)
-	}
+	return report.Render(w, f, report.Renderings{
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return xferCSV(res).WriteCSV(w) },
+		Prom:     res.WriteProm,
+		Markdown: func(w io.Writer) error { return xferMarkdown(w, res) },
+		Text:     func(w io.Writer) error { return writeXferText(w, res) },
+	})
+}
+
+func writeXferText(w io.Writer, res *XferResult) error {
 	c := res.Config
 	fmt.Fprintf(w, "bench xfer: %s %s->%s over %s (%s), target %s, initiator buffer %s, target buffer %s, %s\n",
 		c.Op, seg(c.InitiatorSeg, c.InitiatorDevice), seg(c.TargetSeg, c.TargetDevice), res.Env.Backend, res.Env.BackendVersion,

@@ -11,16 +11,22 @@ import (
 // WriteEnv renders `probe env`: one screen for people, the result itself
 // as JSON, and the facts as key,value rows for CSV.
 func WriteEnv(w io.Writer, f report.Format, res *EnvResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		t := &report.Table{Columns: []report.Column{{Name: "section"}, {Name: "key"}, {Name: "value"}}}
-		for _, r := range envRows(res) {
-			t.AddRow(r[0], r[1], r[2])
-		}
-		return t.WriteCSV(w)
+	return report.Render(w, f, report.Renderings{
+		JSON: res,
+		CSV:  func(w io.Writer) error { return writeEnvCSV(w, res) },
+		Text: func(w io.Writer) error { return writeEnvText(w, res) },
+	})
+}
+
+func writeEnvCSV(w io.Writer, res *EnvResult) error {
+	t := &report.Table{Columns: []report.Column{{Name: "section"}, {Name: "key"}, {Name: "value"}}}
+	for _, r := range envRows(res) {
+		t.AddRow(r[0], r[1], r[2])
 	}
+	return t.WriteCSV(w)
+}
+
+func writeEnvText(w io.Writer, res *EnvResult) error {
 	var b strings.Builder
 	b.WriteString("nixlctl probe env: what transfers on this host will really use\n")
 	rows := envRows(res)

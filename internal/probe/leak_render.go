@@ -11,12 +11,14 @@ import (
 // WriteLeak renders a `probe ucx-leak` result: JSON is the result itself
 // (samples included); the table and CSV have one row per configuration.
 func WriteLeak(w io.Writer, f report.Format, res *LeakResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		return leakCSV(res).WriteCSV(w)
-	}
+	return report.Render(w, f, report.Renderings{
+		JSON: res,
+		CSV:  func(w io.Writer) error { return leakCSV(res).WriteCSV(w) },
+		Text: func(w io.Writer) error { return writeLeakText(w, res) },
+	})
+}
+
+func writeLeakText(w io.Writer, res *LeakResult) error {
 	c := res.Config
 	plural := "s"
 	if len(res.Configs) == 1 {

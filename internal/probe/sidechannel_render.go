@@ -12,28 +12,35 @@ import (
 // WriteSideChannel renders probe sidechannel: a screen for people,
 // Markdown for a report, the result as JSON, or its rows as key,value CSV.
 func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) error {
-	switch f {
-	case report.FormatJSON:
-		return report.WriteJSON(w, res)
-	case report.FormatCSV:
-		t := &report.Table{Columns: []report.Column{{Name: "key"}, {Name: "value"}}}
-		for _, r := range sideChannelRows(res) {
-			t.AddRow(r[0], r[1])
-		}
-		if len(res.Ranks) > 1 {
-			for _, h := range res.Ranks {
-				t.AddRow(fmt.Sprintf("rank pp %d tp %d", h.PPRank, h.TPRank), rankSummary(h))
-			}
-		}
-		if a := res.Accept; a != nil {
-			for _, c := range a.Checks {
-				t.AddRow("check "+c.Check, fmt.Sprintf("%s (prefill %s, decode %s): %s", okWord(c.OK), c.Prefill, c.Decode, c.Why))
-			}
-			t.AddRow("verdict", a.Verdict)
-		}
-		return t.WriteCSV(w)
+	return report.Render(w, f, report.Renderings{
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return writeSideChannelCSV(w, res) },
+		Markdown: func(w io.Writer) error { return writeSideChannelText(w, res, true) },
+		Text:     func(w io.Writer) error { return writeSideChannelText(w, res, false) },
+	})
+}
+
+func writeSideChannelCSV(w io.Writer, res *SideChannelResult) error {
+	t := &report.Table{Columns: []report.Column{{Name: "key"}, {Name: "value"}}}
+	for _, r := range sideChannelRows(res) {
+		t.AddRow(r[0], r[1])
 	}
-	md := f == report.FormatMarkdown
+	if len(res.Ranks) > 1 {
+		for _, h := range res.Ranks {
+			t.AddRow(fmt.Sprintf("rank pp %d tp %d", h.PPRank, h.TPRank), rankSummary(h))
+		}
+	}
+	if a := res.Accept; a != nil {
+		for _, c := range a.Checks {
+			t.AddRow("check "+c.Check, fmt.Sprintf("%s (prefill %s, decode %s): %s", okWord(c.OK), c.Prefill, c.Decode, c.Why))
+		}
+		t.AddRow("verdict", a.Verdict)
+	}
+	return t.WriteCSV(w)
+}
+
+// writeSideChannelText is the screen, or with md the Markdown.
+func writeSideChannelText(w io.Writer, res *SideChannelResult, md bool) error {
 	var b strings.Builder
 	var title string
 	switch {
