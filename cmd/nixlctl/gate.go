@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -209,20 +210,23 @@ func runGate(ctx context.Context, a *app, o gateOptions) error {
 			a.log.Warn("GITHUB_STEP_SUMMARY", "err", err)
 		}
 	}
-	switch a.format {
-	case report.FormatJSON:
-		err = report.WriteJSON(a.io.Out, g)
-	case report.FormatCSV:
-		err = g.Table().WriteCSV(a.io.Out)
-	case report.FormatTable:
-		if _, err = fmt.Fprintln(a.io.Out, g.Headline()); err == nil {
-			err = g.Table().WriteText(a.io.Out)
-		}
-	case report.FormatMarkdown:
-		_, err = a.io.Out.Write(md.Bytes())
-	default:
-		return errkind.BadInput(report.FormatError("gate", a.format))
-	}
+	err = report.Render(a.io.Out, a.format, report.Renderings{
+		JSON: g,
+		CSV:  func(w io.Writer) error { return g.Table().WriteCSV(w) },
+		Markdown: func(w io.Writer) error {
+			_, err := w.Write(md.Bytes())
+			return err
+		},
+		// Refused before the runs (runGate's first check); here too, so
+		// that no format falls through to the text.
+		Prom: func(io.Writer) error { return errkind.BadInput(report.FormatError("gate", a.format)) },
+		Text: func(w io.Writer) error {
+			if _, err := fmt.Fprintln(w, g.Headline()); err != nil {
+				return err
+			}
+			return g.Table().WriteText(w)
+		},
+	})
 	if err != nil {
 		return err
 	}

@@ -14,31 +14,36 @@ func WriteKVLayout(w io.Writer, f Format, as []kv.Analysis) error {
 	if len(as) == 0 {
 		return fmt.Errorf("no token counts to report")
 	}
-	switch f {
-	case FormatJSON:
-		if len(as) == 1 {
-			return WriteJSON(w, as[0])
-		}
-		return WriteJSON(w, as)
-	case FormatCSV:
-		return kvCSVTable(as).WriteCSV(w)
-	case FormatMarkdown:
-		if _, err := fmt.Fprintf(w, "```\n%s\n```\n\n", kvHeader(as[0])); err != nil {
-			return err
-		}
-		if err := kvSweepTable(as).WriteMarkdown(w); err != nil {
-			return err
-		}
-		if last := as[len(as)-1]; last.Hetero != nil {
-			if _, err := io.WriteString(w, "\n"); err != nil {
-				return err
-			}
-			return kvHeteroTable(last).WriteMarkdown(w)
-		}
-		return nil
-	case FormatProm:
-		return kvProm(w, as)
+	var js any = as
+	if len(as) == 1 {
+		js = as[0]
 	}
+	return Render(w, f, Renderings{
+		JSON:     js,
+		CSV:      func(w io.Writer) error { return kvCSVTable(as).WriteCSV(w) },
+		Markdown: func(w io.Writer) error { return writeKVMarkdown(w, as) },
+		Prom:     func(w io.Writer) error { return kvProm(w, as) },
+		Text:     func(w io.Writer) error { return writeKVText(w, as) },
+	})
+}
+
+func writeKVMarkdown(w io.Writer, as []kv.Analysis) error {
+	if _, err := fmt.Fprintf(w, "```\n%s\n```\n\n", kvHeader(as[0])); err != nil {
+		return err
+	}
+	if err := kvSweepTable(as).WriteMarkdown(w); err != nil {
+		return err
+	}
+	if last := as[len(as)-1]; last.Hetero != nil {
+		if _, err := io.WriteString(w, "\n"); err != nil {
+			return err
+		}
+		return kvHeteroTable(last).WriteMarkdown(w)
+	}
+	return nil
+}
+
+func writeKVText(w io.Writer, as []kv.Analysis) error {
 	a := as[0]
 	if _, err := io.WriteString(w, kvHeader(a)+"\n"); err != nil {
 		return err
