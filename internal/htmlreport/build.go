@@ -231,15 +231,7 @@ func cdfLine(label string, values []float64, color int) report.Line {
 // results whose records are not loaded.
 func histCDFLine(label string, h *report.Histogram, color int) report.Line {
 	l := report.Line{Label: label, Style: report.Steps, Color: color}
-	if h == nil || h.Count() == 0 {
-		return l
-	}
-	n := float64(h.Count())
-	var cum float64
-	for _, b := range h.Bars() {
-		cum += float64(b.Count)
-		l.X, l.Y = append(l.X, float64(b.To)/float64(time.Millisecond)), append(l.Y, cum/n)
-	}
+	l.X, l.Y = h.CDF(time.Millisecond)
 	if len(l.X) > 300 {
 		// Keep every k-th step and the last: a CDF needs no more to read.
 		k := len(l.X) / 300

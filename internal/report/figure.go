@@ -152,16 +152,7 @@ func (s LatencySeries) cdf(unit time.Duration) (xs, ps []float64) {
 		sort.Float64s(v)
 		return stats.ECDF(v)
 	}
-	if s.Hist == nil || s.Hist.Count() == 0 {
-		return nil, nil
-	}
-	var cum float64
-	n := float64(s.Hist.Count())
-	for _, b := range s.Hist.Bars() {
-		cum += float64(b.Count)
-		xs, ps = append(xs, float64(b.To)/float64(unit)), append(ps, cum/n)
-	}
-	return xs, ps
+	return s.Hist.CDF(unit)
 }
 
 // bars bins the series into about 40 bins between lo and hi, log-spaced

@@ -114,6 +114,22 @@ func (h *Histogram) Bars() []Bar {
 	return out
 }
 
+// CDF is the histogram's CDF as steps, one per non-empty bucket: its
+// upper end in unit, with the fraction of values at or below it. nil for
+// an empty or nil histogram. The figures and the HTML report both draw it.
+func (h *Histogram) CDF(unit time.Duration) (xs, ps []float64) {
+	if h == nil || h.Count() == 0 {
+		return nil, nil
+	}
+	var cum float64
+	n := float64(h.Count())
+	for _, b := range h.Bars() {
+		cum += float64(b.Count)
+		xs, ps = append(xs, float64(b.To)/float64(unit)), append(ps, cum/n)
+	}
+	return xs, ps
+}
+
 // Quantile returns the value at quantile q in [0, 1], in unit.
 func (h *Histogram) Quantile(q float64, unit time.Duration) float64 {
 	return float64(h.h.ValueAtPercentile(q*100)) / float64(unit)

@@ -46,3 +46,27 @@ func TestHistogramPercentiles(t *testing.T) {
 		t.Error("bad encoding accepted")
 	}
 }
+
+func TestHistogramCDF(t *testing.T) {
+	var none *Histogram
+	if xs, ps := none.CDF(time.Millisecond); xs != nil || ps != nil {
+		t.Errorf("nil histogram: %v %v", xs, ps)
+	}
+	if xs, ps := NewHistogram().CDF(time.Millisecond); xs != nil || ps != nil {
+		t.Errorf("empty histogram: %v %v", xs, ps)
+	}
+	h := NewHistogram()
+	for _, d := range []time.Duration{time.Millisecond, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
+		h.Record(d)
+	}
+	xs, ps := h.CDF(time.Millisecond)
+	if len(xs) != 3 || len(ps) != 3 {
+		t.Fatalf("%d steps (%v %v), want one per distinct bucket: 3", len(xs), xs, ps)
+	}
+	for i, want := range []struct{ x, p float64 }{{1, 0.5}, {3, 0.75}, {10, 1}} {
+		// A bucket's upper end: within the histogram's three significant figures.
+		if math.Abs(xs[i]-want.x)/want.x > 1e-3 || ps[i] != want.p {
+			t.Errorf("step %d: %v at %v, want about %v at %v", i, xs[i], ps[i], want.x, want.p)
+		}
+	}
+}
