@@ -191,8 +191,11 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 	start := time.Now()
 	err = api.Serve(ctx, ln)
 	c, st := api.Counts(), eng.Stats()
-	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes; %d blocks still held\n",
-		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.Handshakes, st.BlocksInUse)
+	// The stand-in serves handshakes, it makes none: report those its
+	// side channel answered (Stats.Handshakes counts the ones an engine
+	// makes, always 0 here).
+	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes served (%d for unknown ranks, unanswered); %d blocks still held\n",
+		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.HandshakesServed, st.UnknownRankHandshakes, st.BlocksInUse)
 	var intr errInterrupted
 	if err == nil && errors.As(context.Cause(ctx), &intr) {
 		// Stopped by a signal: exit as every other command does (130),

@@ -82,6 +82,24 @@ func TestStandinCLI(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, `"engine_id": "standin-cli"`) {
 		t.Errorf("probe sidechannel: exit %d\n%s\n%s", code, out, stderr)
 	}
+	// The probe's handshakes were served by the stand-in: its stats and
+	// summary count them (issue 26: both said 0 after three).
+	resp, err = http.Get("http://" + api + "/nixlctl/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats struct {
+		Engine struct {
+			Served int64 `json:"handshakes_served"`
+		} `json:"engine"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&stats); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if stats.Engine.Served < 1 {
+		t.Errorf("/nixlctl/stats: %d handshakes served after the probe's", stats.Engine.Served)
+	}
 	cancel()
 	select {
 	case code := <-done:
@@ -93,5 +111,8 @@ func TestStandinCLI(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "1 legs served, 0 refused, 0 failed") {
 		t.Errorf("no summary: %s", errOut.String())
+	}
+	if want := strconv.FormatInt(stats.Engine.Served, 10) + " handshakes served"; !strings.Contains(errOut.String(), want) {
+		t.Errorf("summary does not say %q: %s", want, errOut.String())
 	}
 }

@@ -206,19 +206,26 @@ type Stats struct {
 	InFlight int64 `json:"in_flight,omitempty"` // prefill/load calls still running
 	// AllocWaits counts prefill requests that waited for blocks that
 	// pending releases freed (AllocWait) instead of failing at once.
-	AllocWaits       int64 `json:"alloc_waits,omitempty"`
-	Handshakes       int64 `json:"handshakes"`
-	HandshakeFails   int64 `json:"handshake_failures"`
-	MalformedNotifs  int64 `json:"malformed_notifs"`
-	UnknownNotifs    int64 `json:"unknown_request_notifs"`
-	DuplicateNotifs  int64 `json:"duplicate_notifs"`
-	ExpiredLeases    int64 `json:"expired_leases"`
-	FailedTransfers  int64 `json:"failed_transfers"`
-	FailedNotifs     int64 `json:"failed_notifs"`
-	RegTimeouts      int64 `json:"registration_timeouts"`
-	MalformedControl int64 `json:"malformed_side_channel_msgs"`
-	BlocksInUse      int64 `json:"blocks_in_use"`
-	BlocksTotal      int64 `json:"blocks_total"`
+	AllocWaits int64 `json:"alloc_waits,omitempty"`
+	// Handshakes and HandshakeFails count the handshakes this engine
+	// made with peers' side channels; HandshakesServed those its own side
+	// channel answered (a pull prefill's, the stand-in's), and
+	// UnknownRankHandshakes the requests there for a rank it lacks, left
+	// unanswered as vLLM's listener leaves them (also in MalformedControl).
+	Handshakes            int64 `json:"handshakes"`
+	HandshakeFails        int64 `json:"handshake_failures"`
+	HandshakesServed      int64 `json:"handshakes_served"`
+	UnknownRankHandshakes int64 `json:"unknown_rank_handshakes,omitempty"`
+	MalformedNotifs       int64 `json:"malformed_notifs"`
+	UnknownNotifs         int64 `json:"unknown_request_notifs"`
+	DuplicateNotifs       int64 `json:"duplicate_notifs"`
+	ExpiredLeases         int64 `json:"expired_leases"`
+	FailedTransfers       int64 `json:"failed_transfers"`
+	FailedNotifs          int64 `json:"failed_notifs"`
+	RegTimeouts           int64 `json:"registration_timeouts"`
+	MalformedControl      int64 `json:"malformed_side_channel_msgs"`
+	BlocksInUse           int64 `json:"blocks_in_use"`
+	BlocksTotal           int64 `json:"blocks_total"`
 	// Heartbeats counts heartbeat messages received (prefill);
 	// HeartbeatsSent those sent and HeartbeatsLost those a fault plan
 	// dropped (decode).
@@ -554,6 +561,7 @@ func (e *Engine) Stats() Stats {
 		// raise) is a misbehaving peer's message too.
 		n, _ := e.side.Errors()
 		st.MalformedControl += int64(n)
+		st.HandshakesServed, st.UnknownRankHandshakes = e.side.Served(), e.side.UnknownRanks()
 	}
 	for _, rk := range e.ranks {
 		if fa, ok := rk.agent.(*nixl.FaultyAgent); ok {

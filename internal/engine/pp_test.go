@@ -128,15 +128,15 @@ func TestPipelineSideChannel(t *testing.T) {
 		t.Errorf("%d distinct agents, want 4", len(agents))
 	}
 	before, _ := p.side.Errors()
-	_, err = sidechannel.FetchRanks(context.Background(), ep, [][2]int{{0, 0}, {2, 0}}, p.hash, 5*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "no rank pp=2 tp=0") {
-		t.Errorf("unknown rank: %v", err)
+	_, err = sidechannel.FetchRanks(context.Background(), ep, [][2]int{{0, 0}, {2, 0}}, p.hash, 300*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "(pp 2, tp 0)") || !strings.Contains(err.Error(), "no reply within") {
+		t.Errorf("unknown rank: %v (want no reply, as from vLLM's listener)", err)
 	}
 	if after, _ := p.side.Errors(); after != before+1 {
 		t.Errorf("side channel counted %d bad requests, want %d", after, before+1)
 	}
-	if st := p.Stats(); st.MalformedControl != 1 {
-		t.Errorf("engine counted %d malformed side-channel messages, want 1", st.MalformedControl)
+	if st := p.Stats(); st.MalformedControl != 1 || st.UnknownRankHandshakes != 1 {
+		t.Errorf("engine counted %d malformed side-channel messages and %d unknown ranks, want 1 and 1", st.MalformedControl, st.UnknownRankHandshakes)
 	}
 	if _, err := sidechannel.FetchRanks(context.Background(), ep, [][2]int{{1, 1}}, p.hash, 5*time.Second); err != nil {
 		t.Errorf("listener after an unknown rank: %v", err)

@@ -96,12 +96,15 @@ func TestFetchRanksStopsAtARefusal(t *testing.T) {
 	if err := s.Set(0, 0, sampleMeta()); err != nil {
 		t.Fatal(err)
 	}
-	_, err = FetchRanks(ctx, s.Endpoint(), [][2]int{{0, 0}, {1, 0}, {0, 0}}, "h", 5*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "(pp 1, tp 0)") || !strings.Contains(err.Error(), "no rank pp=1 tp=0") {
+	_, err = FetchRanks(ctx, s.Endpoint(), [][2]int{{0, 0}, {1, 0}, {0, 0}}, "h", 300*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "(pp 1, tp 0)") || !strings.Contains(err.Error(), "no reply within") {
 		t.Errorf("unknown rank: %v", err)
 	}
 	if n, _ := s.Errors(); n != 1 {
-		t.Errorf("server counted %d bad requests, want 1 (the fetch stops at the refusal)", n)
+		t.Errorf("server counted %d bad requests, want 1 (the fetch stops at the unanswered rank)", n)
+	}
+	if s.Served() != 1 || s.UnknownRanks() != 1 {
+		t.Errorf("served %d, unknown %d; want 1 and 1", s.Served(), s.UnknownRanks())
 	}
 }
 

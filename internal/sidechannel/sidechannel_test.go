@@ -64,9 +64,20 @@ func TestHandshakeRoundTrip(t *testing.T) {
 	if !errors.Is(err, ErrIncompatible) {
 		t.Errorf("mismatched hash: %v", err)
 	}
-	_, err = FetchAgentMetadata(ctx, s.Endpoint(), 0, 7, "hash-a", 5*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "no rank pp=0 tp=7") {
+	// A rank the engine lacks gets no reply, as from vLLM's listener
+	// (whose lookup raises): an error map in place of the payload made a
+	// vLLM decode report a missing compatibility_hash.
+	_, err = FetchAgentMetadata(ctx, s.Endpoint(), 0, 7, "hash-a", 300*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "no reply within") {
 		t.Errorf("unknown rank: %v", err)
+	}
+	if n := s.UnknownRanks(); n != 1 {
+		t.Errorf("unknown-rank requests counted: %d, want 1", n)
+	}
+	// The two metadata replies count as served handshakes (the second was
+	// refused by the client, not the server); the unknown rank does not.
+	if n := s.Served(); n != 2 {
+		t.Errorf("handshakes served: %d, want 2", n)
 	}
 	// Garbage gets no answer and is counted.
 	if _, err := Request(ctx, s.Endpoint(), [][]byte{[]byte("garbage")}, 300*time.Millisecond); err == nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -150,6 +151,9 @@ type HandshakeServer struct {
 	hash   string
 	mu     sync.Mutex
 	ranks  map[[2]int][]byte // encoded AgentMetadata
+	// served counts the handshakes answered with a rank's metadata,
+	// unknown the requests for ranks this engine lacks (left unanswered).
+	served, unknown atomic.Int64
 }
 
 // ServeHandshake starts the engine's side-channel ROUTER.
@@ -166,8 +170,15 @@ func ServeHandshake(ctx context.Context, endpoint, compatHash string, log *slog.
 // Endpoint is where the engine's side channel listens.
 func (s *HandshakeServer) Endpoint() string { return s.router.Endpoint() }
 
-// Errors counts malformed requests.
+// Errors counts malformed requests and requests for unknown ranks.
 func (s *HandshakeServer) Errors() (int, error) { return s.router.Errors() }
+
+// Served counts the handshakes answered with a rank's metadata.
+func (s *HandshakeServer) Served() int64 { return s.served.Load() }
+
+// UnknownRanks counts the requests for ranks this engine lacks, which get
+// no reply.
+func (s *HandshakeServer) UnknownRanks() int64 { return s.unknown.Load() }
 
 // Wait waits for the listener to close after its context ended.
 func (s *HandshakeServer) Wait() { s.router.Wait() }
@@ -263,15 +274,21 @@ func (s *HandshakeServer) handle(frames [][]byte) ([][]byte, error) {
 	md, ok := s.ranks[[2]int{pp, tp}]
 	s.mu.Unlock()
 	if !ok {
-		// vLLM's listener would raise on an unknown rank; answer with an
-		// error map so a probing client gets a clear message, not a hang.
-		b, _ := msgpack.Marshal(map[string]string{"error": fmt.Sprintf("no rank pp=%d tp=%d on this engine", pp, tp)})
-		return [][]byte{b, tsFrame()}, fmt.Errorf("handshake for unknown rank pp=%d tp=%d", pp, tp)
+		// vLLM's listener looks the rank up with encoded_data[(pp, tp)]
+		// (nixl/base_scheduler.py, _nixl_handshake_listener @0050936b): a
+		// rank it lacks raises and nothing is sent, so the client times
+		// out. nixlctl does not answer either: an error map in place of
+		// the payload made a vLLM decode report a misleading "missing
+		// compatibility_hash". It counts and logs the request (the router
+		// logs the returned error) and keeps serving.
+		s.unknown.Add(1)
+		return nil, fmt.Errorf("handshake for unknown rank pp=%d tp=%d: not answered, as vLLM's listener does not", pp, tp)
 	}
 	payload, err := EncodeHandshakePayload(s.hash, md)
 	if err != nil {
 		return nil, err
 	}
+	s.served.Add(1)
 	return [][]byte{payload, tsFrame()}, warn
 }
 

@@ -142,6 +142,11 @@ func decodeReadsFromStandIn(t *testing.T, backend string) {
 	if c := s.Counts(); c.Served != 1 || c.Rejected != 0 || c.Failed != 0 {
 		t.Errorf("counts = %+v", c)
 	}
+	// The decode's handshake was served by the stand-in's side channel
+	// (issue 26: the stand-in reported 0 handshakes after serving some).
+	if st := pre.Stats(); st.HandshakesServed != 1 {
+		t.Errorf("stand-in counted %d handshakes served, want 1", st.HandshakesServed)
+	}
 }
 
 func TestStandInRefuses(t *testing.T) {
