@@ -229,6 +229,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Duration("sglang-waiting-timeout", d.SGLWaitingTimeout, "SGLang decode: how long a room waits for its KV (default: $"+envSGLWaitingTimeout+" seconds, else upstream's 300s)")
 	f.Duration("sglang-heartbeat-interval", d.SGLHeartbeatInterval, "SGLang decode: GET /health on each prefill's bootstrap server this often, at least 2s (default: $"+envSGLHeartbeatIntvl+", else upstream's 5s)")
 	f.Int("sglang-heartbeat-max-failures", d.SGLHeartbeatMaxFailures, "SGLang decode: failed /health checks in a row that fail the rooms waiting on that prefill (default: $"+envSGLHeartbeatMax+", else upstream's 2)")
+	f.String("sglang-kv-dtype", d.SGLKVDType, "SGLang: the --kv-cache-dtype string the prefill registers and the decode compares, exactly as SGLang compares it (a real SGLang peer's setting; its default is \"auto\")")
 	f.String("verify", d.Verify.String(), "tag check: sparse (4 words per block: its ends and both ends of one head that moves on per block; NHD: of 3 tokens) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
 	f.String("mem", strings.ToLower(d.Mem.String()), "where the KV pools live: dram or vram (GPU memory through the CUDA driver; use --backend cuda-ipc on one node)")

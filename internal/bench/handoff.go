@@ -83,16 +83,20 @@ type HandoffOptions struct {
 	// upstream's environment variables for them): prefill's bootstrap
 	// timeout, decode's waiting timeout, and decode's /health heartbeat
 	// (interval, failures in a row that give a prefill up).
-	SGLBootstrapTimeout     time.Duration    `mapstructure:"sglang-bootstrap-timeout"`
-	SGLWaitingTimeout       time.Duration    `mapstructure:"sglang-waiting-timeout"`
-	SGLHeartbeatInterval    time.Duration    `mapstructure:"sglang-heartbeat-interval"`
-	SGLHeartbeatMaxFailures int              `mapstructure:"sglang-heartbeat-max-failures"`
-	Verify                  engine.Verify    `mapstructure:"verify"`
-	DRAMAlloc               engine.DRAMAlloc `mapstructure:"dram-alloc"`
-	Mem                     nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
-	Device                  int              `mapstructure:"device"`         // prefill's GPU (VRAM)
-	DecodeDevice            int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
-	XferRef                 bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	SGLBootstrapTimeout     time.Duration `mapstructure:"sglang-bootstrap-timeout"`
+	SGLWaitingTimeout       time.Duration `mapstructure:"sglang-waiting-timeout"`
+	SGLHeartbeatInterval    time.Duration `mapstructure:"sglang-heartbeat-interval"`
+	SGLHeartbeatMaxFailures int           `mapstructure:"sglang-heartbeat-max-failures"`
+	// SGLKVDType is SGLang's --kv-cache-dtype string, registered by the
+	// prefill and compared by the decode as SGLang does ("auto" unless a
+	// peer sets it).
+	SGLKVDType   string           `mapstructure:"sglang-kv-dtype"`
+	Verify       engine.Verify    `mapstructure:"verify"`
+	DRAMAlloc    engine.DRAMAlloc `mapstructure:"dram-alloc"`
+	Mem          nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
+	Device       int              `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef      bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
 	// XferRounds splits a closed loop's measured requests into this many
 	// rounds with a bench xfer round after each (the reference measured
 	// beside the handoff, so that both see the host in the same state).
@@ -187,7 +191,7 @@ func DefaultHandoffOptions() HandoffOptions {
 		RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: engine.HBKeysUpstream,
 		SGLBootstrapTimeout: engine.SGLDefaultBootstrapTimeout, SGLWaitingTimeout: engine.SGLDefaultWaitingTimeout,
 		SGLHeartbeatInterval: engine.SGLDefaultHeartbeatInterval, SGLHeartbeatMaxFailures: engine.SGLDefaultHeartbeatMaxFailures,
-		Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
+		SGLKVDType: engine.SGLDefaultKVCacheDType, Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
 		JoinWindow: 60 * time.Second, XferRounds: 8}
 }
 
@@ -492,6 +496,10 @@ func (o *HandoffOptions) validateSGL(bad func(field, format string, a ...any)) {
 	o.SGLWaitingTimeout = cmpOr(o.SGLWaitingTimeout, engine.SGLDefaultWaitingTimeout)
 	o.SGLHeartbeatInterval = cmpOr(o.SGLHeartbeatInterval, engine.SGLDefaultHeartbeatInterval)
 	o.SGLHeartbeatMaxFailures = cmpOr(o.SGLHeartbeatMaxFailures, engine.SGLDefaultHeartbeatMaxFailures)
+	o.SGLKVDType = cmpOr(o.SGLKVDType, engine.SGLDefaultKVCacheDType)
+	if strings.TrimSpace(o.SGLKVDType) != o.SGLKVDType {
+		bad("SGLKVDType", "%q has surrounding spaces: SGLang compares the strings exactly", o.SGLKVDType)
+	}
 	if o.SGLBootstrapTimeout < 0 {
 		bad("SGLBootstrapTimeout", "must be positive")
 	}
@@ -621,7 +629,7 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
 		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices,
 		SGLBootstrapTimeout: o.SGLBootstrapTimeout, SGLWaitingTimeout: o.SGLWaitingTimeout,
-		SGLHeartbeatInterval: o.SGLHeartbeatInterval, SGLHeartbeatMaxFailures: o.SGLHeartbeatMaxFailures}
+		SGLHeartbeatInterval: o.SGLHeartbeatInterval, SGLHeartbeatMaxFailures: o.SGLHeartbeatMaxFailures, SGLKVCacheDType: o.SGLKVDType}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed
@@ -677,6 +685,7 @@ type HandoffConfig struct {
 	SGLWaitingTimeout       Duration         `json:"sglang_waiting_timeout,omitempty"`
 	SGLHeartbeatInterval    Duration         `json:"sglang_heartbeat_interval,omitempty"`
 	SGLHeartbeatMaxFailures int              `json:"sglang_heartbeat_max_failures,omitempty"`
+	SGLKVDType              string           `json:"sglang_kv_cache_dtype,omitempty"`
 	Verify                  engine.Verify    `json:"verify"`
 	DRAMAlloc               engine.DRAMAlloc `json:"dram_alloc"`
 	Mem                     string           `json:"mem"`
@@ -758,6 +767,7 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		c.RegTimeout = 0 // push's
 		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = Duration(o.SGLBootstrapTimeout), Duration(o.SGLWaitingTimeout)
 		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
+		c.SGLKVDType = o.SGLKVDType
 	}
 	ps, ds := o.engines()
 	switch {

@@ -99,6 +99,10 @@ type Config struct {
 	SGLWaitingTimeout       time.Duration `json:"sglang_waiting_timeout,omitempty"`
 	SGLHeartbeatInterval    time.Duration `json:"sglang_heartbeat_interval,omitempty"`
 	SGLHeartbeatMaxFailures int           `json:"sglang_heartbeat_max_failures,omitempty"`
+	// SGLKVCacheDType is SGLang's --kv-cache-dtype as a prefill registers
+	// it with the bootstrap server and a decode compares it, as a string
+	// ("": SGLang's default, "auto"; see SGLDefaultKVCacheDType).
+	SGLKVCacheDType string `json:"sglang_kv_cache_dtype,omitempty"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got

@@ -114,7 +114,7 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 	if err := json.Unmarshal(wirefixture.Raw(t, "sglang_route_info.json"), &info); err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(sglPrefillInfo{AttnTPSize: 1, AttnCPSize: 1, DPSize: 1, PPSize: 1, PageSize: 16, KVCacheDType: "auto",
+	if d := cmp.Diff(sglPrefillInfo{AttnTPSize: 1, AttnCPSize: 1, DPSize: 1, PPSize: 1, PageSize: 16, KVCacheDType: ptr("auto"),
 		FollowBootstrapRoom: true}, info); d != "" {
 		t.Errorf("PrefillServerInfo (-upstream +nixlctl):\n%s", d)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
@@ -332,6 +334,12 @@ func TestSGLangBootstrapWire(t *testing.T) {
 	if info["attn_tp_size"] != 2.0 {
 		t.Errorf("attn_tp_size %v, want 2", info["attn_tp_size"])
 	}
+	// SGLang registers its --kv-cache-dtype setting, "auto" by default,
+	// and a default SGLang decode compares it as a string (it refused
+	// nixlctl's "bf16").
+	if info["kv_cache_dtype"] != "auto" {
+		t.Errorf("kv_cache_dtype %v, want SGLang's default \"auto\"", info["kv_cache_dtype"])
+	}
 	code, rank := get("/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0")
 	if _, isNum := rank["rank_port"].(float64); code != http.StatusOK || !isNum {
 		t.Errorf("rank 1: %d %v: rank_port must be an integer", code, rank)
@@ -428,5 +436,80 @@ func TestSGLangBootstrapDPRanks(t *testing.T) {
 		} else {
 			resp.Body.Close()
 		}
+	}
+}
+
+// TestSGLangBootstrapFillsUnsetFields: SGLang's _handle_route_put takes
+// kv_cache_dtype and prefill_http_port from the first registration that
+// gives them, so a later rank fills what the first left null; the
+// server's sizes stay the first's. kv_cache_dtype may be null but must be
+// there.
+func TestSGLangBootstrapFillsUnsetFields(t *testing.T) {
+	t.Parallel()
+	b := newSGLBootstrap(func() int64 { return 0 }, func() {})
+	srv := httptest.NewServer(b.mux())
+	defer srv.Close()
+	put := func(rank int, extra string) int {
+		t.Helper()
+		body := fmt.Sprintf(`{"attn_tp_size": 3, "attn_tp_rank": %d, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0, `+
+			`"pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": "10.0.0.1", "rank_port": %d, "page_size": 16%s}`,
+			rank, 41000+rank, extra)
+		req, _ := http.NewRequest(http.MethodPut, srv.URL+"/route", strings.NewReader(body))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := put(0, ``); code != http.StatusBadRequest {
+		t.Errorf("registration without kv_cache_dtype: %d, want 400 (SGLang reads data[\"kv_cache_dtype\"])", code)
+	}
+	for i, extra := range []string{`, "kv_cache_dtype": null`, `, "kv_cache_dtype": "fp8_e4m3", "prefill_http_port": 30000`,
+		`, "kv_cache_dtype": "auto", "prefill_http_port": 30001`} {
+		if code := put(i, extra); code != http.StatusOK {
+			t.Fatalf("registration %d: %d", i, code)
+		}
+	}
+	resp, err := srv.Client().Get(srv.URL + "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var info map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		t.Fatal(err)
+	}
+	if info["kv_cache_dtype"] != "fp8_e4m3" || info["prefill_http_port"] != 30000.0 || info["attn_tp_size"] != 3.0 {
+		t.Errorf("server info %v: want kv_cache_dtype fp8_e4m3 and prefill_http_port 30000 from the second registration", info)
+	}
+}
+
+// TestSGLCompatible: SGLang decode's check of a prefill's server info
+// (try_ensure_parallel_info): equal page sizes, and equal --kv-cache-dtype
+// strings unless the prefill registered none.
+func TestSGLCompatible(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		decode string // Config.SGLKVCacheDType after defaults
+		page   int
+		dtype  *string
+		want   string // "" accepted
+	}{
+		{"both default", "auto", 16, ptr("auto"), ""},
+		{"prefill registered none", "auto", 16, nil, ""},
+		{"explicit on both", "bf16", 16, ptr("bf16"), ""},
+		{"auto against bf16", "auto", 16, ptr("bf16"), "KV cache dtype mismatch: prefill server has kv_cache_dtype=bf16, but decode has auto"},
+		{"bf16 against auto", "bf16", 16, ptr("auto"), "KV cache dtype mismatch"},
+		{"page size", "auto", 32, ptr("auto"), "page size mismatch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{cfg: Config{SGLKVCacheDType: tc.decode}, spec: kv.Spec{BlockSize: 16}}
+			err := e.sglCompatible(sglPrefillInfo{PageSize: tc.page, KVCacheDType: tc.dtype})
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("got %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

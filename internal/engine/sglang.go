@@ -370,28 +370,31 @@ type sglState struct {
 // sglPrefillInfo is SGLang's PrefillServerInfo, every field of it: a
 // decode reads them all.
 type sglPrefillInfo struct {
-	AttnTPSize               int    `json:"attn_tp_size"`
-	AttnCPSize               int    `json:"attn_cp_size"`
-	DPSize                   int    `json:"dp_size"`
-	PPSize                   int    `json:"pp_size"`
-	PageSize                 int    `json:"page_size"`
-	KVCacheDType             string `json:"kv_cache_dtype"`
-	FollowBootstrapRoom      bool   `json:"follow_bootstrap_room"`
-	EnableDSACacheLayerSplit bool   `json:"enable_dsa_cache_layer_split"`
-	PrefillHTTPPort          *int   `json:"prefill_http_port"` // null: no HTTP API to recompute on
+	AttnTPSize               int     `json:"attn_tp_size"`
+	AttnCPSize               int     `json:"attn_cp_size"`
+	DPSize                   int     `json:"dp_size"`
+	PPSize                   int     `json:"pp_size"`
+	PageSize                 int     `json:"page_size"`
+	KVCacheDType             *string `json:"kv_cache_dtype"` // Optional upstream: null when no rank gave one
+	FollowBootstrapRoom      bool    `json:"follow_bootstrap_room"`
+	EnableDSACacheLayerSplit bool    `json:"enable_dsa_cache_layer_split"`
+	PrefillHTTPPort          *int    `json:"prefill_http_port"` // null: no HTTP API to recompute on
 }
 
 // pyDict is the body of SGLang's GET /route with every parameter -1:
 // dataclasses.asdict(PrefillServerInfo) in field order, so the decode-side
 // fields (target ranks, required counts) follow as null.
 func (i sglPrefillInfo) pyDict() sidechannel.PyDict {
-	var port any
+	var port, dtype any
 	if i.PrefillHTTPPort != nil {
 		port = *i.PrefillHTTPPort
 	}
+	if i.KVCacheDType != nil {
+		dtype = *i.KVCacheDType
+	}
 	return sidechannel.PyDict{{Key: "attn_tp_size", Value: i.AttnTPSize}, {Key: "attn_cp_size", Value: i.AttnCPSize},
 		{Key: "dp_size", Value: i.DPSize}, {Key: "pp_size", Value: i.PPSize}, {Key: "page_size", Value: i.PageSize},
-		{Key: "kv_cache_dtype", Value: i.KVCacheDType}, {Key: "follow_bootstrap_room", Value: i.FollowBootstrapRoom},
+		{Key: "kv_cache_dtype", Value: dtype}, {Key: "follow_bootstrap_room", Value: i.FollowBootstrapRoom},
 		{Key: "enable_dsa_cache_layer_split", Value: i.EnableDSACacheLayerSplit}, {Key: "prefill_http_port", Value: port},
 		{Key: "target_tp_rank"}, {Key: "target_tp_ranks"}, {Key: "target_cp_ranks"}, {Key: "target_pp_ranks"},
 		{Key: "required_dst_info_num"}, {Key: "required_prefill_response_num"}}
@@ -519,7 +522,7 @@ func (s *sglState) serveBootstrap(host string) error {
 		// (follow_bootstrap_room); no HTTP API (prefill_http_port absent).
 		body, _ := json.Marshal(map[string]any{"attn_tp_size": len(s.ranks), "attn_tp_rank": i, "attn_cp_size": 1, "attn_cp_rank": 0,
 			"attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": string(s.e.spec.DType),
+			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": s.e.cfg.SGLKVCacheDType,
 			"load_balance_method": "follow_bootstrap_room", "enable_dsa_cache_layer_split": false})
 		// Registered over the listener's own address: the advertised one
 		// may be reachable only from other hosts (NAT, a service name).
@@ -861,8 +864,8 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 	if err != nil {
 		return err
 	}
-	if info.PageSize != e.spec.BlockSize || info.KVCacheDType != string(e.spec.DType) {
-		return fmt.Errorf("prefill page size %d / kv dtype %s differ from decode's %d / %s", info.PageSize, info.KVCacheDType, e.spec.BlockSize, e.spec.DType)
+	if err := e.sglCompatible(info); err != nil {
+		return err
 	}
 	pspec := e.spec
 	pspec.TP = info.AttnTPSize
@@ -1142,4 +1145,21 @@ func loopbackFor(a net.Addr) string {
 		}
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// sglCompatible is SGLang decode's sanity check of a prefill's server info
+// (common/conn.py CommonKVManager.try_ensure_parallel_info @0094505d): the
+// page sizes must be equal, and the kv_cache_dtype strings too unless the
+// prefill registered none. The strings are the --kv-cache-dtype settings
+// ("auto" by default), compared as given: "auto" and "bf16" differ even
+// where both mean bf16.
+func (e *Engine) sglCompatible(info sglPrefillInfo) error {
+	if info.PageSize != e.spec.BlockSize {
+		return fmt.Errorf("page size mismatch: prefill server has page_size=%d, but decode has %d", info.PageSize, e.spec.BlockSize)
+	}
+	if info.KVCacheDType != nil && *info.KVCacheDType != e.cfg.SGLKVCacheDType {
+		return fmt.Errorf("KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode has %s (SGLang compares the --kv-cache-dtype strings; set --sglang-kv-dtype to the prefill's)",
+			*info.KVCacheDType, e.cfg.SGLKVCacheDType)
+	}
+	return nil
 }

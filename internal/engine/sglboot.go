@@ -66,24 +66,36 @@ func (b *sglBootstrap) mux() *http.ServeMux {
 
 // sglRegistration is a prefill rank's PUT /route body.
 type sglRegistration struct {
-	AttnTPSize   *int    `json:"attn_tp_size"`
-	AttnTPRank   *int    `json:"attn_tp_rank"`
-	AttnCPSize   *int    `json:"attn_cp_size"`
-	AttnCPRank   *int    `json:"attn_cp_rank"`
-	AttnDPSize   *int    `json:"attn_dp_size"`
-	AttnDPRank   *int    `json:"attn_dp_rank"`
-	PPSize       *int    `json:"pp_size"`
-	PPRank       *int    `json:"pp_rank"`
-	SystemDPSize *int    `json:"system_dp_size"`
-	SystemDPRank *int    `json:"system_dp_rank"`
-	RankIP       *string `json:"rank_ip"`
-	RankPort     *int    `json:"rank_port"`
-	PageSize     *int    `json:"page_size"`
-	KVCacheDType *string `json:"kv_cache_dtype"`
+	AttnTPSize   *int         `json:"attn_tp_size"`
+	AttnTPRank   *int         `json:"attn_tp_rank"`
+	AttnCPSize   *int         `json:"attn_cp_size"`
+	AttnCPRank   *int         `json:"attn_cp_rank"`
+	AttnDPSize   *int         `json:"attn_dp_size"`
+	AttnDPRank   *int         `json:"attn_dp_rank"`
+	PPSize       *int         `json:"pp_size"`
+	PPRank       *int         `json:"pp_rank"`
+	SystemDPSize *int         `json:"system_dp_size"`
+	SystemDPRank *int         `json:"system_dp_rank"`
+	RankIP       *string      `json:"rank_ip"`
+	RankPort     *int         `json:"rank_port"`
+	PageSize     *int         `json:"page_size"`
+	KVCacheDType sglOptString `json:"kv_cache_dtype"` // required, may be null
 	// Optional in SGLang's handler.
 	LoadBalanceMethod        *string `json:"load_balance_method"`
 	EnableDSACacheLayerSplit bool    `json:"enable_dsa_cache_layer_split"`
 	PrefillHTTPPort          *int    `json:"prefill_http_port"`
+}
+
+// sglOptString is a key SGLang's handler reads as data[key] (so it must be
+// there) whose value may be null (PrefillServerInfo's Optional[str]).
+type sglOptString struct {
+	present bool
+	v       *string
+}
+
+func (o *sglOptString) UnmarshalJSON(b []byte) error {
+	o.present = true
+	return json.Unmarshal(b, &o.v)
 }
 
 func (r sglRegistration) check() error {
@@ -101,7 +113,7 @@ func (r sglRegistration) check() error {
 	if r.RankIP == nil || *r.RankIP == "" {
 		return fmt.Errorf("rank_ip missing")
 	}
-	if r.KVCacheDType == nil {
+	if !r.KVCacheDType.present {
 		return fmt.Errorf("kv_cache_dtype missing")
 	}
 	if *r.RankPort == 0 || *r.RankPort > 65535 {
@@ -145,11 +157,22 @@ func (b *sglBootstrap) putRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	b.mu.Lock()
 	if b.info == nil {
-		// The first registration describes the server, as in SGLang.
+		// The first registration describes the server's sizes, its load
+		// balancing and DSA split, as in SGLang.
 		follow := reg.LoadBalanceMethod == nil || *reg.LoadBalanceMethod == "follow_bootstrap_room"
 		b.info = &sglPrefillInfo{AttnTPSize: *reg.AttnTPSize, AttnCPSize: *reg.AttnCPSize, DPSize: dp, PPSize: *reg.PPSize,
-			PageSize: *reg.PageSize, KVCacheDType: *reg.KVCacheDType, FollowBootstrapRoom: follow,
-			EnableDSACacheLayerSplit: reg.EnableDSACacheLayerSplit, PrefillHTTPPort: reg.PrefillHTTPPort}
+			PageSize: *reg.PageSize, FollowBootstrapRoom: follow, EnableDSACacheLayerSplit: reg.EnableDSACacheLayerSplit}
+	}
+	// kv_cache_dtype and prefill_http_port are Optional: SGLang's
+	// _handle_route_put (common/conn.py CommonKVBootstrapServer @0094505d)
+	// takes each from the first registration that gives one ("if
+	// self.x is None and x is not None"), so a later rank fills what an
+	// earlier one left null.
+	if b.info.KVCacheDType == nil && reg.KVCacheDType.v != nil {
+		b.info.KVCacheDType = reg.KVCacheDType.v
+	}
+	if b.info.PrefillHTTPPort == nil && reg.PrefillHTTPPort != nil {
+		b.info.PrefillHTTPPort = reg.PrefillHTTPPort
 	}
 	b.table[[4]int{group, *reg.AttnCPRank, *reg.AttnTPRank, *reg.PPRank}] = sglRankEntry{RankIP: *reg.RankIP, RankPort: *reg.RankPort}
 	b.registered++

@@ -36,6 +36,14 @@ const (
 	SGLMinHeartbeatInterval        = 2 * time.Second
 )
 
+// SGLDefaultKVCacheDType is SGLang's ServerArgs.kv_cache_dtype default. A
+// prefill registers the setting itself, not the dtype it resolves to
+// (common/conn.py CommonKVManager.register_to_bootstrap @0094505d), and a
+// decode refuses a prefill whose string differs from its own
+// (try_ensure_parallel_info: "KV cache dtype mismatch"), so nixlctl
+// speaks the default unless told what a peer sets.
+const SGLDefaultKVCacheDType = "auto"
+
 // The connect and read timeouts of upstream's health GET (timeout=(2, 3)).
 const (
 	sglHealthConnectTimeout = 2 * time.Second
@@ -54,6 +62,7 @@ func (c *Config) sglDefaults() error {
 	if c.SGLHeartbeatMaxFailures < 0 {
 		return fmt.Errorf("sglang_heartbeat_max_failures %d must not be negative", c.SGLHeartbeatMaxFailures)
 	}
+	c.SGLKVCacheDType = cmp.Or(c.SGLKVCacheDType, SGLDefaultKVCacheDType)
 	c.SGLBootstrapTimeout = cmp.Or(c.SGLBootstrapTimeout, SGLDefaultBootstrapTimeout)
 	c.SGLWaitingTimeout = cmp.Or(c.SGLWaitingTimeout, SGLDefaultWaitingTimeout)
 	c.SGLHeartbeatInterval = max(cmp.Or(c.SGLHeartbeatInterval, SGLDefaultHeartbeatInterval), SGLMinHeartbeatInterval)
