@@ -118,6 +118,8 @@ func newBenchECCmd(a *app) *cobra.Command {
 	f.Bool("verify", d.Verify, "check every delivered block's tags (outside the timed path)")
 	f.Int("warmup", d.Warmup, "untimed transfers per consumer first")
 	f.Uint64("seed", d.Seed, "workload seed")
+	f.String("compat-factors", "", "JSON file of a vLLM EC peer's compatibility factors (vllm_version, model, dtype as str(torch dtype) e.g. \"torch.bfloat16\", block_size_bytes): advertise and check the hash that peer computes (default: vLLM's factors for this geometry with nixlctl's version, which a vLLM peer refuses)")
+	f.String("compat-hash", "", "adopt this EC compatibility hash (sha256 hex) as a vLLM peer advertises it")
 	f.String("records", "", "write one JSON line per image request to this file")
 	f.Bool("inproc", d.Producer.Inproc, "run the encoder in this process")
 	f.String("producer", d.Producer.Addr, "use an encoder started with serve encoder --listen (host:port)")

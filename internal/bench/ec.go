@@ -28,6 +28,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // ECOptions configure `bench ec`: encoder-cache transfers between an
@@ -53,6 +54,15 @@ type ECOptions struct {
 	Verify           bool          `mapstructure:"verify"`      // check every block's tags on delivery, hits included
 	Warmup           int           `mapstructure:"warmup"`      // untimed transfers per consumer before the run
 	Seed             uint64        `mapstructure:"seed"`
+
+	// The EC connector's compatibility hash: CompatFactorsFile is a JSON
+	// object of a vLLM peer's four factors (vllm_version, model, dtype,
+	// block_size_bytes), CompatHash a known hash to adopt; neither: the
+	// factors as vLLM computes them for this geometry, with nixlctl's
+	// version as vllm_version (a vLLM peer refuses that hash).
+	CompatFactorsFile string                       `mapstructure:"compat-factors"`
+	CompatHash        string                       `mapstructure:"compat-hash"`
+	compatFactors     *sidechannel.ECCompatFactors `mapstructure:"-"`
 
 	Producer ProducerSpec `mapstructure:",squash"`
 	Records  io.Writer    `mapstructure:"-"` // JSON lines, one per image request (nil: none)
@@ -161,6 +171,7 @@ func (o *ECOptions) Validate() error {
 	if o.Producer.Inproc && o.Producer.Addr != "" {
 		bad("Producer.Inproc", "excludes a producer address")
 	}
+	o.validateCompat(bad)
 	if o.ProducerRegion > 0 && o.ConsumerRegion > 0 && o.Consumers > 0 {
 		if err := o.checkRegionsFit(readHostRoom()); err != nil {
 			errs = append(errs, err)
@@ -309,19 +320,72 @@ type ecRun struct {
 	done      int
 }
 
-// TorchDType is the dtype name vLLM puts in its compatibility hash.
+// TorchDType is the dtype factor vLLM puts in its EC compatibility hash:
+// str() of the model's torch dtype, "torch.bfloat16" and not "bfloat16"
+// (ec_connector/cpu/scheduler.py ECCPUScheduler.__init__ @1730d65e:
+// dtype=str(layout.dtype), layout.dtype = model_config.dtype).
 func TorchDType(d kv.DType) string {
 	switch d {
 	case kv.BF16:
-		return "bfloat16"
+		return "torch.bfloat16"
 	case kv.FP16:
-		return "float16"
+		return "torch.float16"
 	case kv.FP32:
-		return "float32"
+		return "torch.float32"
 	case kv.FP8:
-		return "float8_e4m3fn"
+		return "torch.float8_e4m3fn"
 	}
 	return string(d)
+}
+
+// validateCompat reads --compat-factors and checks that the factors
+// describe this run's blocks: the hash stands for the layout, so a peer
+// whose dtype or block size differs would be admitted with blocks of
+// another shape.
+func (o *ECOptions) validateCompat(bad func(field, format string, a ...any)) {
+	if o.CompatFactorsFile != "" && o.CompatHash != "" {
+		bad("CompatHash", "give --compat-factors or --compat-hash, not both")
+	}
+	if h := o.CompatHash; h != "" {
+		if _, err := hex.DecodeString(h); err != nil || len(h) != 64 {
+			bad("CompatHash", "%q is not a sha256 in hex (64 characters)", h)
+		}
+	}
+	if o.CompatFactorsFile == "" {
+		return
+	}
+	b, err := userfile.ReadFile(o.CompatFactorsFile, userfile.MaxSmall)
+	if err != nil {
+		bad("CompatFactorsFile", "%v", err)
+		return
+	}
+	f, err := sidechannel.ParseECCompatFactors(b)
+	if err != nil {
+		bad("CompatFactorsFile", "%s: %v", o.CompatFactorsFile, err)
+		return
+	}
+	if o.Vision.Validate() == nil {
+		if want := TorchDType(o.Vision.DType); f.DType != want {
+			bad("CompatFactorsFile", "%s: dtype %q, but this run's embeddings are %s (%q)", o.CompatFactorsFile, f.DType, o.Vision.DType, want)
+		}
+		if want := o.Vision.BlockBytes(); f.BlockSizeBytes != want {
+			bad("CompatFactorsFile", "%s: block_size_bytes %d, but this run's blocks are %d bytes (hidden size × element size)", o.CompatFactorsFile, f.BlockSizeBytes, want)
+		}
+	}
+	o.compatFactors = &f
+}
+
+// compatHash is the EC compatibility hash the run's peers advertise and
+// check: a peer's factors or hash when given, else vLLM's factors for
+// this geometry with nixlctl's version in place of vLLM's.
+func (o *ECOptions) compatHash() string {
+	switch {
+	case o.compatFactors != nil:
+		return o.compatFactors.Hash()
+	case o.CompatHash != "":
+		return strings.ToLower(o.CompatHash)
+	}
+	return sidechannel.ECCompatHash("nixlctl-"+o.Version, o.Vision.HFName, TorchDType(o.Vision.DType), o.Vision.BlockBytes())
 }
 
 // RunEC runs the benchmark. Interrupted, it returns what finished (with
@@ -342,7 +406,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	o.Grids = o.grids()
 	v := o.Vision
 	block := v.BlockBytes()
-	compat := sidechannel.ECCompatHash("nixlctl-"+o.Version, v.HFName, TorchDType(v.DType), block)
+	compat := o.compatHash()
 	r := &ecRun{o: &o, lat: report.NewHistogram(), ack: report.NewHistogram(), xfer: report.NewHistogram(), hit: report.NewHistogram(),
 		sum: ECSummary{FailuresByStatus: map[string]int64{}}}
 	if o.Records != nil {

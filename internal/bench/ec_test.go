@@ -317,3 +317,55 @@ func TestZipfDraws(t *testing.T) {
 		}
 	}
 }
+
+// TestECCompatHash: the EC hash's factors are vLLM's (ECCPUScheduler:
+// str(torch dtype), so "torch.bfloat16"); a peer's factors or hash can be
+// given, and factors that describe other blocks are refused. Hashes pinned
+// from CPython: sha256(json.dumps([...], separators=(",", ":"))).
+func TestECCompatHash(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	o := smallEC(nixl.Read)
+	o.Version = "dev"
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if h := o.compatHash(); h != "24c1632772f992be0e4f11d922d7cd9e09714c16b566900645a49a2a693d6c39" {
+		t.Errorf("default hash %s: want [\"nixlctl-dev\",\"Qwen/Qwen3.5-4B\",\"torch.bfloat16\",5120]'s", h)
+	}
+	o.CompatFactorsFile = write("peer.json", `{"vllm_version": "0.11.1", "model": "Qwen/Qwen3.5-4B", "dtype": "torch.bfloat16", "block_size_bytes": 5120}`)
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if h := o.compatHash(); h != "1ef878cfcc469861e6227afdf6a66527879e657579b13dfd06c6a06d1a2da158" {
+		t.Errorf("--compat-factors hash %s", h)
+	}
+	for _, tc := range []struct{ name, body, hash, want string }{
+		{"bare dtype", `{"vllm_version": "0.11.1", "model": "m", "dtype": "bfloat16", "block_size_bytes": 5120}`, "", `dtype "bfloat16", but this run's embeddings are bf16 ("torch.bfloat16")`},
+		{"other block", `{"vllm_version": "0.11.1", "model": "m", "dtype": "torch.bfloat16", "block_size_bytes": 7168}`, "", "block_size_bytes 7168, but this run's blocks are 5120 bytes"},
+		{"both", `{"vllm_version": "0.11.1", "model": "m", "dtype": "torch.bfloat16", "block_size_bytes": 5120}`, strings.Repeat("a", 64), "not both"},
+		{"bad hash", "", "abc", "not a sha256"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := smallEC(nixl.Read)
+			if tc.body != "" {
+				o.CompatFactorsFile = write(tc.name+".json", tc.body)
+			}
+			o.CompatHash = tc.hash
+			if err := o.Validate(); !errkind.IsBadInput(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	o = smallEC(nixl.Read)
+	o.CompatHash = strings.Repeat("AB", 32)
+	if err := o.Validate(); err != nil || o.compatHash() != strings.Repeat("ab", 32) {
+		t.Errorf("--compat-hash: %v, %s", err, o.compatHash())
+	}
+}

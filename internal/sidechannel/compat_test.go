@@ -40,3 +40,25 @@ func TestParseCompatFactorsRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestParseECCompatFactors: a vLLM EC peer's factors as it hashes them,
+// hash pinned from CPython 3.11:
+// sha256(json.dumps(["0.11.1","Qwen/Qwen2.5-VL-7B-Instruct","torch.bfloat16",7168], separators=(",",":"))).
+func TestParseECCompatFactors(t *testing.T) {
+	t.Parallel()
+	f, err := ParseECCompatFactors([]byte(`{"vllm_version": "0.11.1", "model": "Qwen/Qwen2.5-VL-7B-Instruct", "dtype": "torch.bfloat16", "block_size_bytes": 7168}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := f.Hash(); h != "ac82d7fa5bd65640e8a1ff86bae1d6bcd5f5a1f17433fef0839472ba961ea06c" {
+		t.Errorf("hash %s, Python's ac82d7fa...", h)
+	}
+	for _, bad := range []string{`[]`, `null`, `{"vllm_version": "1", "model": "m", "dtype": "torch.bfloat16"}`,
+		`{"vllm_version": "1", "model": "m", "dtype": "torch.bfloat16", "block_size_bytes": 1.5}`,
+		`{"vllm_version": null, "model": "m", "dtype": "torch.bfloat16", "block_size_bytes": 1}`,
+		`{"vllm_version": "1", "model": "m", "dtype": "torch.bfloat16", "block_size_bytes": 1, "extra": 2}`} {
+		if _, err := ParseECCompatFactors([]byte(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

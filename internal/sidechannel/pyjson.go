@@ -195,6 +195,65 @@ func ECCompatHash(vllmVersion, model, dtype string, blockBytes int) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// ECCompatFactorNames are the encoder-cache connector's factors, in the
+// order it hashes them: vLLM's ECCPUScheduler passes VLLM_VERSION,
+// str(model_config.model), str(dtype) of the model's torch dtype (e.g.
+// "torch.bfloat16") and hidden_dim*element_size to
+// compute_ec_compatibility_hash (ec_connector/cpu/scheduler.py __init__
+// @1730d65e).
+var ECCompatFactorNames = []string{"vllm_version", "model", "dtype", "block_size_bytes"}
+
+// ECCompatFactors are a vLLM EC connector's hash factors.
+type ECCompatFactors struct {
+	VLLMVersion    string `json:"vllm_version"`
+	Model          string `json:"model"`
+	DType          string `json:"dtype"`
+	BlockSizeBytes int    `json:"block_size_bytes"`
+}
+
+// Hash is the hash a vLLM EC connector with these factors advertises.
+func (f ECCompatFactors) Hash() string {
+	return ECCompatHash(f.VLLMVersion, f.Model, f.DType, f.BlockSizeBytes)
+}
+
+// ParseECCompatFactors reads a JSON object of exactly the EC connector's
+// four factors (a string each, block_size_bytes an integer).
+func ParseECCompatFactors(b []byte) (ECCompatFactors, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || raw == nil {
+		return ECCompatFactors{}, fmt.Errorf("EC compatibility factors: want a JSON object of %s", strings.Join(ECCompatFactorNames, ", "))
+	}
+	for _, n := range ECCompatFactorNames {
+		if _, ok := raw[n]; !ok {
+			return ECCompatFactors{}, fmt.Errorf("EC compatibility factors: %q missing (vLLM's EC connector hashes %s)", n, strings.Join(ECCompatFactorNames, ", "))
+		}
+	}
+	var f ECCompatFactors
+	for k, v := range raw {
+		var err error
+		switch k {
+		case "vllm_version":
+			err = json.Unmarshal(v, &f.VLLMVersion)
+		case "model":
+			err = json.Unmarshal(v, &f.Model)
+		case "dtype":
+			err = json.Unmarshal(v, &f.DType)
+		case "block_size_bytes":
+			var n int64
+			if err = json.Unmarshal(v, &n); err == nil && (n <= 0 || n > 1<<40) {
+				err = fmt.Errorf("%d out of range", n)
+			}
+			f.BlockSizeBytes = int(n)
+		default:
+			return ECCompatFactors{}, fmt.Errorf("EC compatibility factors: %q is not one of vLLM's (%s)", k, strings.Join(ECCompatFactorNames, ", "))
+		}
+		if err != nil || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return ECCompatFactors{}, fmt.Errorf("EC compatibility factors: %s: want a string (block_size_bytes: a positive integer), got %s", k, v)
+		}
+	}
+	return f, nil
+}
+
 // CompatFactorNames are the factors vLLM's NixlConnector hashes into its
 // compatibility hash (compute_nixl_compatibility_hash, connector version
 // 12, metadata.py @02cfb534; some versions end with cross_layers_blocks
