@@ -65,8 +65,11 @@ type Acceptance struct {
 // Accept says whether a vLLM decode built as d would be accepted by the
 // prefill the handshakes describe, and if not which rule refuses it. It
 // follows vLLM's NIXL worker (connector version 12): the compatibility
-// hash first, then the heterogeneous-TP rules, the block-size ratio and
-// the per-region block_len validation it makes at handshake time.
+// hash first (base_worker.py _nixl_handshake), then the rules of
+// _validate_remote_agent_handshake (nixl/base_worker.py @00bd5131), each
+// cited where it is checked. What nixlctl does not model (Mamba state,
+// enable_permute_local_kv, the CPU_ATTN post-process) is left as upstream
+// leaves it by default.
 func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 	if d.TP == 0 {
 		d.TP = p.TP
@@ -113,7 +116,10 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 	divides := knownTP && (p.TP%d.TP == 0 || d.TP%p.TP == 0)
 
 	// 3. vLLM asserts against reading replicated KV heads from several
-	// prefill ranks (base_worker.py, _validate_remote_agent_handshake).
+	// prefill ranks: _validate_remote_agent_handshake, for non-MLA,
+	// non-Mamba models, `assert not (tp_ratio < 0 and
+	// is_kv_replicated(remote))`, where the remote replicates when its
+	// tp_size > total_num_kv_heads.
 	switch {
 	case !divides:
 		add("replicated kv heads", ptp, tpOrUnknown(d.TP), nil, "needs both TP sizes (see tp ratio)")
@@ -135,6 +141,12 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 	// reads a slice of each prefill block, one with fewer lands each
 	// prefill rank's heads in a slice of its own block. A slice is one
 	// contiguous range only when heads are outermost in a block (HND).
+	// _validate_remote_agent_handshake raises "Heterogeneous TP
+	// head-dimension splitting requires contiguous heads" only when
+	// abs(tp_ratio) != 1, not MLA, the remote does not replicate its KV
+	// heads (tp_size > total_num_kv_heads: its blocks hold whole heads, so
+	// nothing is split) and the decode's own layout is not HND (the
+	// layouts are equal by rule 7).
 	split := divides && d.TP != p.TP && !mla
 	switch {
 	case !divides:
@@ -142,11 +154,15 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 	case !split:
 		add("head split layout", p.Layout, d.Layout, yes, "no head split (%s): whole blocks move", cond(mla, "MLA", "equal TP"))
 	case d.Model == nil:
-		add("head split layout", p.Layout, d.Layout, nil, "needs the model (MLA is never split): give --model")
-	case p.Layout != string(kv.HND) || d.Layout != string(kv.HND):
-		add("head split layout", p.Layout, d.Layout, no, "prefill tp %d and decode tp %d split blocks by heads, which needs HND on both sides (heads contiguous in a block)", p.TP, d.TP)
+		add("head split layout", p.Layout, d.Layout, nil, "needs the model (MLA is never split, replicated heads are not): give --model")
+	case p.TP > d.Model.NumKVHeads:
+		add("head split layout", p.Layout, d.Layout, yes, "the prefill replicates KV heads (tp %d > %d kv heads): no head split, any layout", p.TP, d.Model.NumKVHeads)
+	case p.TP > d.TP && p.TPLowerBound:
+		add("head split layout", p.Layout, d.Layout, nil, "the prefill's TP may be above the %d kv heads (then nothing is split); give --tp", d.Model.NumKVHeads)
+	case d.Layout != string(kv.HND):
+		add("head split layout", p.Layout, d.Layout, no, "prefill tp %d and decode tp %d split blocks by heads, which needs HND (heads contiguous in a block); vLLM: \"Use HND layout on the prefill side\"", p.TP, d.TP)
 	default:
-		add("head split layout", p.Layout, d.Layout, yes, "HND on both sides: each head slice is one contiguous range")
+		add("head split layout", p.Layout, d.Layout, yes, "HND: each head slice is one contiguous range")
 	}
 
 	// 5. Block-size ratio: the decode maps each of its blocks onto whole
@@ -159,9 +175,14 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no, "prefill block %d larger than decode block %d is not supported", p.BlockSize, d.BlockSize)
 	case d.BlockSize%p.BlockSize != 0:
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no, "decode block %d is not a multiple of prefill block %d", d.BlockSize, p.BlockSize)
-	case d.BlockSize > p.BlockSize && hmaEnabled(d.Factors):
+	case d.BlockSize > p.BlockSize && hmaRequired(d) == nil:
 		bsr = d.BlockSize / p.BlockSize
-		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no, "block_size_ratio %d is not supported with the hybrid allocator (the factors say is_hma_enabled)", bsr)
+		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), nil,
+			"block_size_ratio %d is refused only if the hybrid allocator is required (on, and a layer that is not full attention): give --model and --compat-factors (is_hma_enabled)", bsr)
+	case d.BlockSize > p.BlockSize && *hmaRequired(d):
+		bsr = d.BlockSize / p.BlockSize
+		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no,
+			"block_size_ratio %d is not supported when the hybrid allocator is required (is_hma_enabled, and %s has sliding-window layers): vLLM asserts \"HMA does not support different remote block size yet\"", bsr, d.Model.Name)
 	default:
 		bsr = d.BlockSize / p.BlockSize
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), yes, "block_size_ratio %d%s", bsr, cond(bsr > 1, ": each decode block takes that many prefill blocks", ""))
@@ -172,7 +193,13 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 	a.Checks = append(a.Checks, blockLenCheck(p, d, divides, bsr))
 
 	// 7. Blocks are read byte for byte: the token/head order must agree.
+	// _validate_remote_agent_handshake compares kv_cache_layout for
+	// non-MLA models only (MLA has no head dimension), and raises unless
+	// enable_permute_local_kv (off by default) handles a HND prefill for an
+	// NHD decode.
 	switch {
+	case mla:
+		add("kv cache layout", cond(p.Layout == "", "?", p.Layout), d.Layout, yes, "MLA: a latent has no heads to order, vLLM does not compare layouts")
 	case p.Layout == "":
 		add("kv cache layout", "?", d.Layout, nil, "the prefill did not say")
 	case p.Layout != d.Layout:
@@ -416,9 +443,24 @@ func firstPP(p PrefillFacts) int {
 	return p.Ranks[0].PP
 }
 
-func hmaEnabled(f map[string]any) bool {
-	b, _ := f["is_hma_enabled"].(bool)
-	return b
+// hmaRequired is vLLM's _is_hma_required (nixl/base_scheduler.py
+// __init__ @0050936b, the worker's likewise): the hybrid allocator is on
+// (not disable_hybrid_kv_cache_manager, hashed as is_hma_enabled) and a
+// KV-cache group is not full attention. nil: unknown (no factors saying
+// whether it is on, for a model with other layers, or no model).
+func hmaRequired(d DecodeSpec) *bool {
+	on, known := d.Factors["is_hma_enabled"].(bool)
+	switch {
+	case known && !on:
+		return ptr(false)
+	case d.Model == nil:
+		return nil
+	case d.Model.NumSlidingLayers() == 0:
+		return ptr(false) // every group is full attention
+	case !known:
+		return nil
+	}
+	return ptr(true)
 }
 
 func tpString(p PrefillFacts) string {

@@ -44,6 +44,7 @@ func TestAccept(t *testing.T) {
 	t.Parallel()
 	llama := preset(t, "llama-3.1-8b") // 32 layers, 8 KV heads of 128, bf16
 	ds := preset(t, "deepseek-v3")
+	gptoss := preset(t, "gpt-oss-20b") // alternating sliding-window layers
 	fewerHeads := llama
 	fewerHeads.Name, fewerHeads.NumKVHeads = "llama-4-heads", 4
 	hashA, hashB := strings.Repeat("a", 64), strings.Repeat("b", 64)
@@ -61,7 +62,7 @@ func TestAccept(t *testing.T) {
 		{"decode tp defaults to the prefill's", prefillOf(t, spec(llama, 4, 16, kv.HND), hashA), DecodeSpec{Model: &llama}, "", "tp=4, block 16, HND would be accepted (not checked: compatibility hash)"},
 		{"head split P2 D4", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, TP: 4}, "", "would be accepted"},
 		{"gather P4 D2", prefillOf(t, spec(llama, 4, 16, kv.HND), ""), DecodeSpec{Model: &llama, TP: 2}, "", "would be accepted"},
-		{"head split needs HND on the decode", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, TP: 4, Layout: "NHD"}, "head split layout", "needs HND on both sides"},
+		{"head split needs HND on the decode", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, TP: 4, Layout: "NHD"}, "head split layout", "needs HND"},
 		{"gather needs HND on the prefill", prefillOf(t, spec(llama, 4, 16, kv.NHD), ""), DecodeSpec{Model: &llama, TP: 2, Layout: "NHD"}, "head split layout", "needs HND"},
 		{"NHD at equal TP is fine", prefillOf(t, spec(llama, 2, 16, kv.NHD), ""), DecodeSpec{Model: &llama, Layout: "NHD"}, "", "would be accepted"},
 		{"layouts differ", prefillOf(t, spec(llama, 2, 16, kv.NHD), ""), DecodeSpec{Model: &llama}, "kv cache layout", "a NHD block in a HND cache"},
@@ -73,8 +74,21 @@ func TestAccept(t *testing.T) {
 		{"decode block 2x", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 32}, "", "would be accepted"},
 		{"prefill block larger", prefillOf(t, spec(llama, 2, 32, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 16}, "block size", "prefill block 32 larger than decode block 16 is not supported"},
 		{"decode block not a multiple", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 24}, "block size", "not a multiple"},
-		{"block ratio with HMA", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 32, Factors: map[string]any{"is_hma_enabled": true}},
-			"block size", "not supported with the hybrid allocator"},
+		// HMA refuses a block-size ratio only when required: on, and a
+		// group that is not full attention (issue 26: llama-3.1-8b, all
+		// full attention, was refused).
+		{"block ratio with HMA, full attention only", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 32, Factors: map[string]any{"is_hma_enabled": true}},
+			"", "would be accepted"},
+		{"block ratio with HMA required", prefillOf(t, spec(gptoss, 1, 16, kv.HND), ""), DecodeSpec{Model: &gptoss, BlockSize: 32, Factors: map[string]any{"is_hma_enabled": true}},
+			"block size", "HMA does not support different remote block size yet"},
+		{"block ratio, HMA off, sliding layers", prefillOf(t, spec(gptoss, 1, 16, kv.HND), ""), DecodeSpec{Model: &gptoss, BlockSize: 32, Factors: map[string]any{"is_hma_enabled": false}},
+			"", "would be accepted"},
+		{"block ratio, HMA unknown, sliding layers", prefillOf(t, spec(gptoss, 1, 16, kv.HND), ""), DecodeSpec{Model: &gptoss, BlockSize: 32},
+			"", "not checked: compatibility hash, block size"},
+		// A prefill that replicates KV heads splits none, so vLLM skips the
+		// HND requirement (issue 26: P16 -> D32 NHD was refused).
+		{"replicated heads P16 D32 NHD", prefillOf(t, spec(llama, 16, 16, kv.NHD), ""), DecodeSpec{Model: &llama, TP: 32, Layout: "NHD"}, "", "would be accepted"},
+		{"MLA layouts are not compared", prefillOf(t, spec(ds, 4, 64, kv.NHD), ""), DecodeSpec{Model: &ds, BlockSize: 64}, "", "would be accepted"},
 		{"decode model with fewer heads", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &fewerHeads}, "block_len", "expects 8192 B"},
 		{"decode kv dtype fp8", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, DType: kv.FP8}, "block_len", "holds 16384 B a block"},
 		{"decode model with other layers", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: ptr(preset(t, "qwen3-8b"))}, "block_len", "vLLM refuses a different number of regions"},
