@@ -187,7 +187,7 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
 	fmt.Fprintf(a.io.ErrOut, "side channel %s (compatibility hash %s)\nAPI http://%s/v1/completions\n", rep.SideChannel, rep.CompatHash, ln.Addr())
 	api := standin.New(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
-		MaxModelLen: kv.MaxTokens}, a.log)
+		MaxModelLen: spec.Model.MaxPositions}, a.log)
 	start := time.Now()
 	err = api.Serve(ctx, ln)
 	c, st := api.Counts(), eng.Stats()

@@ -82,6 +82,17 @@ func TestStandinCLI(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, `"engine_id": "standin-cli"`) {
 		t.Errorf("probe sidechannel: exit %d\n%s\n%s", code, out, stderr)
 	}
+	// /v1/models reports the model's context (max_position_embeddings),
+	// not nixlctl's token bound.
+	resp, err = http.Get("http://" + api + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	models, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(models), `"max_model_len":131072`) {
+		t.Errorf("/v1/models: %s, want llama-3.1-8b's max_model_len 131072", models)
+	}
 	// The probe's handshakes were served by the stand-in: its stats and
 	// summary count them (issue 26: both said 0 after three).
 	resp, err = http.Get("http://" + api + "/nixlctl/stats")

@@ -8,24 +8,25 @@ import (
 
 // The presets carry the numbers of each model's published HuggingFace
 // config.json (num_hidden_layers, num_attention_heads, num_key_value_heads,
-// head_dim or hidden_size / heads, torch_dtype, MLA ranks, sliding window).
+// head_dim or hidden_size / heads, torch_dtype, MLA ranks, sliding window,
+// max_position_embeddings).
 var presets = map[string]Model{
-	"llama-3.2-1b":    gqa("llama-3.2-1b", 16, 32, 8, 64, 2048),
-	"llama-3.2-3b":    gqa("llama-3.2-3b", 28, 24, 8, 128, 3072),
-	"llama-3.1-8b":    gqa("llama-3.1-8b", 32, 32, 8, 128, 4096),
-	"llama-3.1-70b":   gqa("llama-3.1-70b", 80, 64, 8, 128, 8192),
-	"llama-3.3-70b":   gqa("llama-3.3-70b", 80, 64, 8, 128, 8192),
-	"llama-3.1-405b":  gqa("llama-3.1-405b", 126, 128, 8, 128, 16384),
-	"mistral-7b":      gqa("mistral-7b", 32, 32, 8, 128, 4096),
-	"qwen3-8b":        gqa("qwen3-8b", 36, 32, 8, 128, 4096),
-	"qwen3-32b":       gqa("qwen3-32b", 64, 64, 8, 128, 5120),
-	"qwen3-30b-a3b":   gqa("qwen3-30b-a3b", 48, 32, 4, 128, 2048),
-	"qwen3-235b-a22b": gqa("qwen3-235b-a22b", 94, 64, 4, 128, 4096),
-	"deepseek-r1":     mla("deepseek-r1", 61, 128, 7168),
-	"deepseek-v3":     mla("deepseek-v3", 61, 128, 7168),
-	"kimi-k2":         mla("kimi-k2", 61, 64, 7168),
-	"gpt-oss-20b":     alternatingSliding(gqa("gpt-oss-20b", 24, 64, 8, 64, 2880), 128),
-	"gpt-oss-120b":    alternatingSliding(gqa("gpt-oss-120b", 36, 64, 8, 64, 2880), 128),
+	"llama-3.2-1b":    ctx(gqa("llama-3.2-1b", 16, 32, 8, 64, 2048), 131072),
+	"llama-3.2-3b":    ctx(gqa("llama-3.2-3b", 28, 24, 8, 128, 3072), 131072),
+	"llama-3.1-8b":    ctx(gqa("llama-3.1-8b", 32, 32, 8, 128, 4096), 131072),
+	"llama-3.1-70b":   ctx(gqa("llama-3.1-70b", 80, 64, 8, 128, 8192), 131072),
+	"llama-3.3-70b":   ctx(gqa("llama-3.3-70b", 80, 64, 8, 128, 8192), 131072),
+	"llama-3.1-405b":  ctx(gqa("llama-3.1-405b", 126, 128, 8, 128, 16384), 131072),
+	"mistral-7b":      ctx(gqa("mistral-7b", 32, 32, 8, 128, 4096), 32768),
+	"qwen3-8b":        ctx(gqa("qwen3-8b", 36, 32, 8, 128, 4096), 40960),
+	"qwen3-32b":       ctx(gqa("qwen3-32b", 64, 64, 8, 128, 5120), 40960),
+	"qwen3-30b-a3b":   ctx(gqa("qwen3-30b-a3b", 48, 32, 4, 128, 2048), 40960),
+	"qwen3-235b-a22b": ctx(gqa("qwen3-235b-a22b", 94, 64, 4, 128, 4096), 40960),
+	"deepseek-r1":     ctx(mla("deepseek-r1", 61, 128, 7168), 163840),
+	"deepseek-v3":     ctx(mla("deepseek-v3", 61, 128, 7168), 163840),
+	"kimi-k2":         ctx(mla("kimi-k2", 61, 64, 7168), 131072),
+	"gpt-oss-20b":     ctx(alternatingSliding(gqa("gpt-oss-20b", 24, 64, 8, 64, 2880), 128), 131072),
+	"gpt-oss-120b":    ctx(alternatingSliding(gqa("gpt-oss-120b", 36, 64, 8, 64, 2880), 128), 131072),
 }
 
 // DefaultModel is the model commands use when none is named.
@@ -42,6 +43,12 @@ func mla(name string, layers, heads, hidden int) Model {
 	return Model{Name: name, Source: "preset", NumLayers: layers, NumAttentionHeads: heads,
 		NumKVHeads: 1, HeadDim: 512 + 64, HiddenSize: hidden, DType: BF16,
 		MLA: &MLA{KVLoraRank: 512, QKRopeHeadDim: 64}}
+}
+
+// ctx sets max_position_embeddings.
+func ctx(m Model, maxPositions int) Model {
+	m.MaxPositions = maxPositions
+	return m
 }
 
 // alternatingSliding marks even layers sliding-window and odd layers full,

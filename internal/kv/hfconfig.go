@@ -138,6 +138,10 @@ func modelFromFields(f map[string]json.RawMessage) (Model, error) {
 	if m.NumLayers > 1<<20 {
 		return m, fmt.Errorf("num_hidden_layers = %d is implausibly large (limit %d)", m.NumLayers, 1<<20)
 	}
+	// Not KV geometry: an odd value is left unknown, not refused.
+	if maxPos, _, err := optionalInt(f, "max_position_embeddings"); err == nil && maxPos > 0 && maxPos <= MaxTokens {
+		m.MaxPositions = maxPos
+	}
 	window, _, err := optionalInt(f, "sliding_window")
 	if err != nil {
 		return m, err

@@ -37,6 +37,10 @@ type Model struct {
 	MLA               *MLA        `json:"mla,omitempty"`
 	SlidingWindow     int         `json:"sliding_window,omitempty"`
 	LayerTypes        []LayerKind `json:"layer_types,omitempty"` // nil: every layer is full attention
+	// MaxPositions is config.json's max_position_embeddings, the context
+	// length vLLM derives its default max_model_len from (0: unknown). Not
+	// part of the KV geometry, so not in results.
+	MaxPositions int `json:"-"`
 }
 
 // IsMLA reports whether the model caches an MLA latent instead of K and V.

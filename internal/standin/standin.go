@@ -41,7 +41,9 @@ type Options struct {
 	// (nixlctl has no tokenizer); 0 counts a text prompt's bytes, an upper
 	// bound for byte-level BPE tokenizers (see TextTokens).
 	PromptTokens int
-	// MaxModelLen is what /v1/models reports.
+	// MaxModelLen is what /v1/models reports and the longest prompt
+	// served (0: kv.MaxTokens): the model's max_position_embeddings, from
+	// which vLLM derives its default max_model_len.
 	MaxModelLen int
 }
 
@@ -60,6 +62,7 @@ func New(eng *engine.Engine, o Options, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	o.MaxModelLen = min(cmp.Or(o.MaxModelLen, kv.MaxTokens), kv.MaxTokens)
 	s := &Server{eng: eng, o: o, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.complete(false))
@@ -120,6 +123,7 @@ type completionRequest struct {
 	Messages         json.RawMessage `json:"messages"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	RequestID        string          `json:"request_id"`
+	Stream           bool            `json:"stream"`
 }
 
 func (s *Server) complete(chat bool) http.HandlerFunc {
@@ -140,19 +144,35 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 			s.reject(w, r, `this is a stand-in prefill: it serves only prefill legs, requests with "kv_transfer_params": {"do_remote_decode": true}`)
 			return
 		}
+		if req.Stream {
+			// vLLM would answer with server-sent events, whose chunks do not
+			// carry the kv_transfer_params the proxy needs from the prefill
+			// leg (vLLM's toy_proxy_server.py sends that leg with "stream":
+			// false). Answering as if false misled a streaming client; the
+			// stand-in refuses it instead.
+			s.reject(w, r, `"stream": true is not served: the stand-in answers a prefill leg with one JSON response carrying kv_transfer_params; send "stream": false, as vLLM's proxy does for the prefill leg`)
+			return
+		}
 		var tokens int
 		if chat {
 			tokens, err = s.chatTokens(req.Messages)
 		} else {
 			tokens, err = s.promptTokens(req.Prompt)
 		}
+		if err == nil && tokens > s.o.MaxModelLen {
+			// vLLM's wording for a prompt over max_model_len.
+			err = fmt.Errorf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", s.o.MaxModelLen, tokens)
+		}
 		if err != nil {
 			s.reject(w, r, err.Error())
 			return
 		}
+		// The response's id prefixes this with cmpl- (chatcmpl-), as vLLM
+		// prefixes the X-Request-Id; a generated one is bare hex (it read
+		// cmpl-cmpl-<hex>).
 		id := cmp.Or(r.Header.Get("X-Request-Id"), req.RequestID)
 		if id == "" {
-			id = fmt.Sprintf("cmpl-%016x", TagKey(fmt.Sprint(time.Now().UnixNano(), r.RemoteAddr)))
+			id = fmt.Sprintf("%016x", TagKey(fmt.Sprint(time.Now().UnixNano(), r.RemoteAddr)))
 		}
 		rep, err := s.eng.Prefill(r.Context(), engine.PrefillRequest{ID: id, Tokens: tokens, Key: TagKey(id)})
 		if err != nil {

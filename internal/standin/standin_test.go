@@ -231,3 +231,50 @@ func FuzzPromptTokens(f *testing.F) {
 		}
 	})
 }
+
+// TestStandInAPIAsVLLM (issue 26): /v1/models reports the model's
+// max_model_len (it said kv.MaxTokens), a generated completion id is
+// cmpl-<hex> (it read cmpl-cmpl-<hex>), "stream": true is refused rather
+// than answered as if false, and a prompt over max_model_len is refused.
+func TestStandInAPIAsVLLM(t *testing.T) {
+	m := testModel()
+	if m.MaxPositions != 131072 {
+		t.Fatalf("llama-3.1-8b max_position_embeddings %d, want 131072", m.MaxPositions)
+	}
+	_, pre, base := standIn(t, "ucx", Options{MaxModelLen: 64})
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []struct {
+			MaxModelLen int `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&models); err != nil || len(models.Data) != 1 || models.Data[0].MaxModelLen != 64 {
+		t.Errorf("/v1/models: %+v, %v; want max_model_len 64", models, err)
+	}
+	resp.Body.Close()
+
+	leg := `{"prompt":[1,2,3],"kv_transfer_params":{"do_remote_decode":true}`
+	code, m1 := post(t, base+"/v1/completions", "", leg+`}`)
+	var id string
+	_ = json.Unmarshal(m1["id"], &id)
+	if code != http.StatusOK || !strings.HasPrefix(id, "cmpl-") || strings.HasPrefix(id, "cmpl-cmpl-") || len(id) != len("cmpl-")+16 {
+		t.Errorf("status %d, id %q: want cmpl-<16 hex>", code, id)
+	}
+	for _, tc := range []struct{ name, body, want string }{
+		{"stream", leg + `,"stream":true}`, `"stream": true is not served`},
+		{"over max_model_len", `{"prompt":[` + strings.Repeat("1,", 64) + `1],"kv_transfer_params":{"do_remote_decode":true}}`, "maximum context length is 64 tokens. However, your request has 65 input tokens"},
+	} {
+		code, m := post(t, base+"/v1/completions", "", tc.body)
+		var msg string
+		_ = json.Unmarshal(m["message"], &msg)
+		if code != http.StatusBadRequest || !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: status %d, %q; want 400 and %q", tc.name, code, msg, tc.want)
+		}
+	}
+	if n := pre.Stats().BlocksInUse; n != 1 {
+		t.Errorf("%d blocks held, want the one leg's 1", n)
+	}
+}
