@@ -175,6 +175,12 @@ func Accept(p PrefillFacts, d DecodeSpec) Acceptance {
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no, "prefill block %d larger than decode block %d is not supported", p.BlockSize, d.BlockSize)
 	case d.BlockSize%p.BlockSize != 0:
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no, "decode block %d is not a multiple of prefill block %d", d.BlockSize, p.BlockSize)
+	case d.BlockSize > p.BlockSize && knownTP && p.TP > d.TP && !mla && d.Model != nil:
+		// The per-region block_len validation's P TP > D TP branch for a
+		// split (not replicated) region asserts block_size_ratio == 1.
+		bsr = d.BlockSize / p.BlockSize
+		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), no,
+			"block_size_ratio %d with prefill tp %d > decode tp %d: vLLM asserts \"Different local/remote block sizes are not supported when P TP > D TP\"", bsr, p.TP, d.TP)
 	case d.BlockSize > p.BlockSize && hmaRequired(d) == nil:
 		bsr = d.BlockSize / p.BlockSize
 		add("block size", fmt.Sprint(p.BlockSize), fmt.Sprint(d.BlockSize), nil,

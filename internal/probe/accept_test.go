@@ -72,6 +72,8 @@ func TestAccept(t *testing.T) {
 		{"MLA P8 D2 is not refused", prefillOf(t, spec(ds, 8, 64, kv.HND), ""), DecodeSpec{Model: &ds, TP: 2, BlockSize: 64}, "", "would be accepted"},
 		{"MLA decode block twice the prefill's", prefillOf(t, spec(ds, 4, 32, kv.HND), ""), DecodeSpec{Model: &ds, TP: 4, BlockSize: 64}, "", "would be accepted"},
 		{"decode block 2x", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 32}, "", "would be accepted"},
+		{"decode block 2x with P TP > D TP", prefillOf(t, spec(llama, 4, 16, kv.HND), ""), DecodeSpec{Model: &llama, TP: 2, BlockSize: 32}, "block size", "not supported when P TP > D TP"},
+		{"MLA decode block 2x with P TP > D TP", prefillOf(t, spec(ds, 4, 32, kv.HND), ""), DecodeSpec{Model: &ds, TP: 2, BlockSize: 64}, "", "would be accepted"},
 		{"prefill block larger", prefillOf(t, spec(llama, 2, 32, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 16}, "block size", "prefill block 32 larger than decode block 16 is not supported"},
 		{"decode block not a multiple", prefillOf(t, spec(llama, 2, 16, kv.HND), ""), DecodeSpec{Model: &llama, BlockSize: 24}, "block size", "not a multiple"},
 		// HMA refuses a block-size ratio only when required: on, and a
