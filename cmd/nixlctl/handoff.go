@@ -229,6 +229,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.Duration("sglang-waiting-timeout", d.SGLWaitingTimeout, "SGLang decode: how long a room waits for its KV (default: $"+envSGLWaitingTimeout+" seconds, else upstream's 300s)")
 	f.Duration("sglang-heartbeat-interval", d.SGLHeartbeatInterval, "SGLang decode: GET /health on each prefill's bootstrap server this often, at least 2s (default: $"+envSGLHeartbeatIntvl+", else upstream's 5s)")
 	f.Int("sglang-heartbeat-max-failures", d.SGLHeartbeatMaxFailures, "SGLang decode: failed /health checks in a row that fail the rooms waiting on that prefill (default: $"+envSGLHeartbeatMax+", else upstream's 2)")
+	f.String("bootstrap", "", "SGLang: an external SGLang prefill's bootstrap server, http://HOST:PORT: its prefill serves the prefill legs (POST /generate on its registered prefill_http_port) and nixlctl's decode receives the KV, unverified (the bytes are the model's)")
 	f.String("sglang-kv-dtype", d.SGLKVDType, "SGLang: the --kv-cache-dtype string the prefill registers and the decode compares, exactly as SGLang compares it (a real SGLang peer's setting; its default is \"auto\")")
 	f.String("verify", d.Verify.String(), "tag check: sparse (4 words per block: its ends and both ends of one head that moves on per block; NHD: of 3 tokens) or full (every byte)")
 	f.String("dram-alloc", d.DRAMAlloc.String(), "pool allocation: mmap or ucx")
@@ -271,6 +272,9 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	}
 	if err := engine.CheckPP(proto, o.PP); err != nil {
 		return errkind.BadInputf("--pp %d: %v", o.PP, err)
+	}
+	if h.Bootstrap != "" && proto == engine.ProtoSGLang && set("prefill-tp") {
+		return errkind.BadInputf("--prefill-tp: not with --bootstrap: the external SGLang prefill's TP is its own (attn_tp_size in its server info)")
 	}
 	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, o.PP, false); err != nil {
 		return fmt.Errorf("prefill: %w", err)

@@ -90,7 +90,10 @@ type HandoffOptions struct {
 	// SGLKVDType is SGLang's --kv-cache-dtype string, registered by the
 	// prefill and compared by the decode as SGLang does ("auto" unless a
 	// peer sets it).
-	SGLKVDType   string           `mapstructure:"sglang-kv-dtype"`
+	SGLKVDType string `mapstructure:"sglang-kv-dtype"`
+	// Bootstrap is an external SGLang prefill's bootstrap server,
+	// http://HOST:PORT: that prefill replaces nixlctl's (sglext.go).
+	Bootstrap    string           `mapstructure:"bootstrap"`
 	Verify       engine.Verify    `mapstructure:"verify"`
 	DRAMAlloc    engine.DRAMAlloc `mapstructure:"dram-alloc"`
 	Mem          nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
@@ -277,6 +280,7 @@ func (o *HandoffOptions) Validate() error {
 		bad("ChunkTokens", "%d is not a multiple of the page size (--block-size %d)", o.ChunkTokens, bs)
 	}
 	o.validateSGL(bad)
+	o.validateBootstrap(bad)
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
 	} else if o.DecodeTP > kv.MaxParallel {
@@ -486,6 +490,35 @@ func (o *HandoffOptions) validateLocalEngines(bad func(field, format string, a .
 	}
 }
 
+// validateBootstrap checks --bootstrap and refuses what it conflicts
+// with: other prefill engines, and the options of nixlctl's own prefill
+// (the external one chunks, computes and caches by itself).
+func (o *HandoffOptions) validateBootstrap(bad func(field, format string, a ...any)) {
+	if o.Bootstrap == "" || o.Protocol != engine.ProtoSGLang {
+		return // other protocols: Ignored names it
+	}
+	if _, err := ParseBootstrapURL(o.Bootstrap); err != nil {
+		bad("Bootstrap", "%v", err)
+		return
+	}
+	for _, c := range []struct {
+		field string
+		set   bool
+	}{{"Prefill", o.Prefill != ""}, {"Prefills", o.Prefills > 1}, {"Topology", o.Topology != ""}, {"Rendezvous", o.Rendezvous != ""}} {
+		if c.set {
+			bad(c.field, "not with --bootstrap: the external SGLang prefill is the run's one prefill")
+		}
+	}
+	for _, c := range []struct {
+		field string
+		set   bool
+	}{{"ChunkTokens", o.ChunkTokens > 0}, {"PrefillPerTok", o.PrefillPerTok > 0}, {"PrefixHit", o.PrefixHit > 0}, {"XferRef", o.XferRef}} {
+		if c.set {
+			bad(c.field, "not with --bootstrap: it shapes nixlctl's own prefill; the external SGLang prefill chunks, computes and caches by itself")
+		}
+	}
+}
+
 // validateSGL checks SGLang's timeouts; options built without
 // DefaultHandoffOptions get upstream's.
 func (o *HandoffOptions) validateSGL(bad func(field, format string, a ...any)) {
@@ -686,6 +719,7 @@ type HandoffConfig struct {
 	SGLHeartbeatInterval    Duration         `json:"sglang_heartbeat_interval,omitempty"`
 	SGLHeartbeatMaxFailures int              `json:"sglang_heartbeat_max_failures,omitempty"`
 	SGLKVDType              string           `json:"sglang_kv_cache_dtype,omitempty"`
+	SGLBootstrap            string           `json:"sglang_bootstrap,omitempty"` // an external SGLang prefill's
 	Verify                  engine.Verify    `json:"verify"`
 	DRAMAlloc               engine.DRAMAlloc `json:"dram_alloc"`
 	Mem                     string           `json:"mem"`
@@ -767,7 +801,7 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		c.RegTimeout = 0 // push's
 		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = Duration(o.SGLBootstrapTimeout), Duration(o.SGLWaitingTimeout)
 		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
-		c.SGLKVDType = o.SGLKVDType
+		c.SGLKVDType, c.SGLBootstrap = o.SGLKVDType, o.Bootstrap
 	}
 	ps, ds := o.engines()
 	switch {
@@ -1016,6 +1050,12 @@ func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, sl
 		// A reverse rendezvous member: its control channel is the
 		// connection it registered on.
 		return &Endpoint{rpc: ctl.NewConnClient(o.reverse[addr])}, nil
+	case role == "prefill" && o.Bootstrap != "":
+		hostPort, err := ParseBootstrapURL(o.Bootstrap)
+		if err != nil {
+			return nil, err
+		}
+		return &Endpoint{rpc: ctl.StartInProcess(keep, sglExternalPrefillRole(hostPort, o.SGLBootstrapTimeout+time.Minute, o.Log.With("role", name)))}, nil
 	case o.Inproc:
 		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
 	case addr != "":
@@ -2015,7 +2055,8 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: psetup.Bootstrap}, &lr)
+			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Room: room, Bootstrap: psetup.Bootstrap,
+				Foreign: o.Bootstrap != ""}, &lr)
 		}()
 		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: isl, Key: key, CheckTP: h.dtp[d], Room: room, ChunkTokens: o.ChunkTokens}, &pr)
 		wg.Wait()

@@ -6,7 +6,7 @@ import (
 )
 
 // sglOnly are the options only bench sglang reads.
-var sglOnly = []string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures", "SGLKVDType"}
+var sglOnly = []string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures", "SGLKVDType", "Bootstrap"}
 
 // IgnoredField is an option that the chosen protocol or mode does not
 // read: Field is its Go field path in the options (as errkind.FieldError

@@ -175,6 +175,10 @@ type LoadRequest struct {
 	Params       TransferParams `json:"params"`
 	Room         uint64         `json:"room,omitempty"`
 	Bootstrap    string         `json:"bootstrap,omitempty"` // SGLang bootstrap server host:port
+	// Foreign: the KV comes from an engine that is not nixlctl's (an
+	// external SGLang prefill), so its bytes carry no tags and its aux
+	// row is SGLang's own: neither is checked.
+	Foreign bool `json:"foreign,omitempty"`
 }
 
 // AbortRequest asks decode to abort a request the router gave it; only a

@@ -103,6 +103,9 @@ type Config struct {
 	// it with the bootstrap server and a decode compares it, as a string
 	// ("": SGLang's default, "auto"; see SGLDefaultKVCacheDType).
 	SGLKVCacheDType string `json:"sglang_kv_cache_dtype,omitempty"`
+	// SGLPrefillHTTPPort is the port of an HTTP API in front of an SGLang
+	// prefill, registered as prefill_http_port (0: none, null).
+	SGLPrefillHTTPPort int `json:"sglang_prefill_http_port,omitempty"`
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got

@@ -516,14 +516,19 @@ func (s *sglState) serveBootstrap(host string) error {
 	go func() { _ = s.http.Serve(ln) }()
 	_, bport, _ := splitEndpoint(ln.Addr().String())
 	s.bootstrapAddr = net.JoinHostPort(s.e.cfg.Advertise, strconv.Itoa(bport))
+	var httpPort any // null: no HTTP API in front of this prefill
+	if p := s.e.cfg.SGLPrefillHTTPPort; p > 0 {
+		httpPort = p
+	}
 	for i, sr := range s.ranks {
 		_, port, _ := splitEndpoint(sr.inbox.Endpoint())
 		// One DP rank, so a room's DP rank follows from the room alone
-		// (follow_bootstrap_room); no HTTP API (prefill_http_port absent).
+		// (follow_bootstrap_room); prefill_http_port only with SGLPrefillHTTPPort.
 		body, _ := json.Marshal(map[string]any{"attn_tp_size": len(s.ranks), "attn_tp_rank": i, "attn_cp_size": 1, "attn_cp_rank": 0,
 			"attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
 			"rank_ip": s.e.cfg.Advertise, "rank_port": port, "page_size": s.e.spec.BlockSize, "kv_cache_dtype": s.e.cfg.SGLKVCacheDType,
-			"load_balance_method": "follow_bootstrap_room", "enable_dsa_cache_layer_split": false})
+			"load_balance_method": "follow_bootstrap_room", "enable_dsa_cache_layer_split": false,
+			"prefill_http_port": httpPort})
 		// Registered over the listener's own address: the advertised one
 		// may be reachable only from other hosts (NAT, a service name).
 		req, _ := http.NewRequest(http.MethodPut, "http://"+loopbackFor(ln.Addr())+"/route", bytes.NewReader(body))
@@ -947,7 +952,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 		defer func(d int, row int) {
 			// A room that failed never had its aux row written: that is
 			// the failure, not corruption.
-			if loadErr == nil {
+			if loadErr == nil && !r.Foreign {
 				rep.CorruptBlocks += s.checkAux(d, row, r.Room)
 			}
 		}(d, row[0])
@@ -994,7 +999,9 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 		s.mu.Unlock()
 	}
 	rep.TReady = mono.Now()
-	e.dec.verify(r, local, start, rep)
+	if !r.Foreign {
+		e.dec.verify(r, local, start, rep)
+	}
 	return nil
 }
 
