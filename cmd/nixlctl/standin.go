@@ -194,7 +194,7 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 	// The stand-in serves handshakes, it makes none: report those its
 	// side channel answered (Stats.Handshakes counts the ones an engine
 	// makes, always 0 here).
-	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes served (%d for unknown ranks, unanswered); %d blocks still held\n",
+	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes served, %d for unknown ranks left unanswered; %d blocks still held\n",
 		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.HandshakesServed, st.UnknownRankHandshakes, st.BlocksInUse)
 	var intr errInterrupted
 	if err == nil && errors.As(context.Cause(ctx), &intr) {
