@@ -211,6 +211,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	f.String("trace", "", "JSON-lines trace of {\"arrival\": s, \"isl\": n}")
 	f.Float64("rate", d.Rate, "open loop: requests per second (Poisson); 0 = closed loop")
 	f.Int("concurrency", d.Concurrency, "closed loop: requests in flight")
+	f.Int("max-inflight", d.MaxInflight, "open loop (--rate, --trace): at most this many requests in flight; an arrival past it waits for one to finish, and is counted (summary.arrivals_delayed)")
 	f.Float64("prefix-hit", d.PrefixHit, "fraction of each prompt decode already holds")
 	f.String("fragmentation", d.Fragmentation.String(), "block tables: contiguous or scattered")
 	f.Bool("no-merge", d.NoMerge, "post one descriptor per block per region (do not merge contiguous runs as NIXL does)")
@@ -301,6 +302,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	if err := refuseExplicitZero(set,
 		zeroFlag{"prefills", h.Prefills == 0, "at least 1", "one prefill engine"},
 		zeroFlag{"decodes", h.Decodes == 0, "at least 1", "one decode engine"},
+		zeroFlag{"max-inflight", h.MaxInflight == 0, "at least 1", fmt.Sprintf("%d", bench.DefaultMaxInflight)},
 		zeroFlag{"sglang-bootstrap-timeout", h.SGLBootstrapTimeout == 0, "a positive duration", "$" + envSGLBootstrapTimeout + " or upstream's 300s"},
 		zeroFlag{"sglang-waiting-timeout", h.SGLWaitingTimeout == 0, "a positive duration", "$" + envSGLWaitingTimeout + " or upstream's 300s"},
 		zeroFlag{"sglang-heartbeat-interval", h.SGLHeartbeatInterval == 0, "at least SGLang's floor of 2s", "$" + envSGLHeartbeatIntvl + " or upstream's 5s"},

@@ -53,15 +53,20 @@ type HandoffOptions struct {
 	Backend  string          `mapstructure:"backend"`
 	// Spec is the prefill's KV layout (its TP is the prefill's), which the
 	// CLI resolves from the model flags.
-	Spec          kv.Spec              `mapstructure:"-"`
-	DecodeTP      int                  `mapstructure:"decode-tp"`
-	Requests      int                  `mapstructure:"requests"`
-	Warmup        int                  `mapstructure:"warmup"` // requests run first and left out of the summary; WarmupPoolPass: one pass over the pool
-	ISL           ISL                  `mapstructure:",squash"`
-	Trace         []TraceEntry         `mapstructure:"-"`           // arrivals and prompt lengths; overrides ISL and the load
-	Rate          float64              `mapstructure:"rate"`        // open loop, requests per second (Poisson); 0 = closed loop
-	Concurrency   int                  `mapstructure:"concurrency"` // closed loop
-	PrefixHit     float64              `mapstructure:"prefix-hit"`  // fraction of each prompt decode already holds
+	Spec        kv.Spec      `mapstructure:"-"`
+	DecodeTP    int          `mapstructure:"decode-tp"`
+	Requests    int          `mapstructure:"requests"`
+	Warmup      int          `mapstructure:"warmup"` // requests run first and left out of the summary; WarmupPoolPass: one pass over the pool
+	ISL         ISL          `mapstructure:",squash"`
+	Trace       []TraceEntry `mapstructure:"-"`           // arrivals and prompt lengths; overrides ISL and the load
+	Rate        float64      `mapstructure:"rate"`        // open loop, requests per second (Poisson); 0 = closed loop
+	Concurrency int          `mapstructure:"concurrency"` // closed loop
+	// MaxInflight caps an open loop's (or a trace's) requests in flight:
+	// an arrival past it waits for one to finish, as behind a router's
+	// queue, and is counted. Uncapped, a rate the endpoints could not keep
+	// up with grew goroutines and waits without bound.
+	MaxInflight   int                  `mapstructure:"max-inflight"`
+	PrefixHit     float64              `mapstructure:"prefix-hit"` // fraction of each prompt decode already holds
 	Fragmentation engine.Fragmentation `mapstructure:"fragmentation"`
 	NoMerge       bool                 `mapstructure:"no-merge"`   // one descriptor per block per region, not merged as NIXL does
 	NumBlocks     int                  `mapstructure:"num-blocks"` // per engine; 0 = enough for the workload
@@ -195,8 +200,12 @@ func DefaultHandoffOptions() HandoffOptions {
 		SGLBootstrapTimeout: engine.SGLDefaultBootstrapTimeout, SGLWaitingTimeout: engine.SGLDefaultWaitingTimeout,
 		SGLHeartbeatInterval: engine.SGLDefaultHeartbeatInterval, SGLHeartbeatMaxFailures: engine.SGLDefaultHeartbeatMaxFailures,
 		SGLKVDType: engine.SGLDefaultKVCacheDType, Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
-		JoinWindow: 60 * time.Second, XferRounds: 8}
+		JoinWindow: 60 * time.Second, XferRounds: 8, MaxInflight: DefaultMaxInflight}
 }
+
+// DefaultMaxInflight is --max-inflight's default: four times what the
+// automatic pools are sized to hold in flight.
+const DefaultMaxInflight = 4 * openLoopInflight
 
 // Validate checks the options. Problems with one field are
 // errkind.FieldErrors (so the CLI can name the flag), all of them joined
@@ -429,6 +438,9 @@ func (o *HandoffOptions) validateBounds(bad func(field, format string, a ...any)
 	}
 	if len(o.Trace) > 0 && o.Warmup >= len(o.Trace) {
 		bad("Warmup", "%d: the trace has %d requests, so none would be measured", o.Warmup, len(o.Trace))
+	}
+	if o.MaxInflight < 0 || o.MaxInflight > MaxConcurrency {
+		bad("MaxInflight", "%d: want 1 to %d requests in flight", o.MaxInflight, MaxConcurrency)
 	}
 	if o.Concurrency > MaxConcurrency {
 		bad("Concurrency", "%d: at most %d requests in flight", o.Concurrency, MaxConcurrency)
@@ -690,10 +702,13 @@ type HandoffConfig struct {
 	// Seed is --seed: with the options above it draws the same prompt
 	// lengths, arrivals and blocks again. A pointer so that a seed of 0
 	// is written while results from before it read back without one.
-	Seed          *uint64              `json:"seed,omitempty"`
-	ISL           ISL                  `json:"isl"`
-	Rate          float64              `json:"rate"`
-	Concurrency   int                  `json:"concurrency"`
+	Seed        *uint64 `json:"seed,omitempty"`
+	ISL         ISL     `json:"isl"`
+	Rate        float64 `json:"rate"`
+	Concurrency int     `json:"concurrency"`
+	// MaxInflight is an open loop's cap on requests in flight (absent for
+	// a closed loop).
+	MaxInflight   int                  `json:"max_inflight,omitempty"`
 	PrefixHit     float64              `json:"prefix_hit"`
 	Fragmentation engine.Fragmentation `json:"fragmentation"`
 	Merge         bool                 `json:"merge_descriptors"`
@@ -786,7 +801,7 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 	s := o.Spec
 	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
 		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, Seed: new(o.Seed), ISL: o.ISL, Rate: o.Rate,
-		Concurrency: o.Concurrency, PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
+		Concurrency: o.Concurrency, MaxInflight: o.openLoopCap(), PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
 		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
 		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP()}
@@ -927,6 +942,10 @@ type HandoffSummary struct {
 	// and none finished, when it was a stall (stall.go): at least a
 	// second and 20 median requests long; absent otherwise.
 	StallMS float64 `json:"stall_ms,omitempty"`
+	// ArrivalsDelayed counts an open loop's arrivals that found
+	// --max-inflight requests in flight and waited for one to finish; the
+	// wait is not in their latencies.
+	ArrivalsDelayed int `json:"arrivals_delayed,omitempty"`
 	// NegativeStages counts, per stage, the requests whose stage ended
 	// before it started by the stamps (left out of that stage's
 	// histogram): clocks that disagree, or a stamp on the wrong side.
@@ -1099,6 +1118,15 @@ func (o *HandoffOptions) poolBlocks() int {
 	}
 	per := o.blocksPerRequest()
 	return max(per*o.poolInflight()*3/2+per, 64)
+}
+
+// openLoopCap is --max-inflight where it applies (an open loop or a
+// trace), else 0.
+func (o *HandoffOptions) openLoopCap() int {
+	if o.Rate > 0 || len(o.Trace) > 0 {
+		return cmp.Or(o.MaxInflight, DefaultMaxInflight)
+	}
+	return 0
 }
 
 // openLoopInflight is what an open loop's (or a trace's) automatic pools
@@ -1576,6 +1604,11 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if res.Summary.CorruptBlocks > 0 {
 		res.Warn(fmt.Sprintf("%d corrupt blocks: data arrived wrong or late", res.Summary.CorruptBlocks))
 	}
+	if k := h.arrivalsDelayed; k > 0 {
+		res.Summary.ArrivalsDelayed = k
+		res.Warn(fmt.Sprintf("%d of %d arrivals found --max-inflight %d requests in flight and waited for one to finish: the endpoints did not keep up with --rate %g (the waits are not in the latencies; the offered load was not the measured one)",
+			k, len(h.records), o.openLoopCap(), o.Rate))
+	}
 	if w, _ := stallWarning(h.records); w != "" {
 		res.Warn(w)
 	}
@@ -1653,12 +1686,15 @@ type handoff struct {
 	psetups  []engine.SetupReply
 	dtp      []int // each decode's TP
 	router   *router
-	mu       sync.Mutex
-	records  []HandoffRecord
-	freed    map[string]engine.FreedEvent // by router id
-	waiting  map[string]chan engine.FreedEvent
-	start    int64
-	end      int64
+	// arrivalsDelayed counts open-loop arrivals that waited for a slot
+	// (--max-inflight); only the dispatching goroutine touches it.
+	arrivalsDelayed int
+	mu              sync.Mutex
+	records         []HandoffRecord
+	freed           map[string]engine.FreedEvent // by router id
+	waiting         map[string]chan engine.FreedEvent
+	start           int64
+	end             int64
 	// rounds, when set, interleaves the bench xfer reference with the
 	// closed loop's requests, a round at a time.
 	rounds *interleave
@@ -1924,6 +1960,7 @@ func (h *handoff) run(ctx context.Context) error {
 	}
 	if arrivals != nil { // open loop
 		t0 := time.Now()
+		slots := make(chan struct{}, o.openLoopCap())
 		for i := 0; i < n && ctx.Err() == nil; i++ {
 			if d := time.Until(t0.Add(arrivals[i])); d > 0 {
 				select {
@@ -1931,8 +1968,23 @@ func (h *handoff) run(ctx context.Context) error {
 				case <-ctx.Done():
 				}
 			}
+			select {
+			case slots <- struct{}{}:
+			default:
+				h.arrivalsDelayed++
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
+				}
+			}
+			if ctx.Err() != nil {
+				break
+			}
 			wg.Add(1)
-			go runOne(i)
+			go func() {
+				defer func() { <-slots }()
+				runOne(i)
+			}()
 		}
 	} else { // closed loop
 		next := make(chan int)

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -870,5 +871,50 @@ func TestTagWorkWarning(t *testing.T) {
 				t.Errorf("warning %q does not say why", w)
 			}
 		})
+	}
+}
+
+// An open loop faster than its endpoints keeps at most --max-inflight
+// requests in flight, counts the arrivals that waited and says so; before,
+// every arrival started at once, without bound.
+func TestHandoffOpenLoopMaxInflight(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoPull, 1, 1)
+	o.Requests, o.Warmup, o.Rate, o.MaxInflight = 12, 0, 10000, 2
+	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 64}, time.Millisecond // 64 ms of prefill each
+	res, err := RunHandoff(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Summary.Failed != 0 || res.Summary.Requests != 12 {
+		t.Fatalf("summary %+v", res.Summary)
+	}
+	if res.Summary.ArrivalsDelayed == 0 || res.Config.MaxInflight != 2 {
+		t.Errorf("arrivals delayed %d, config max_inflight %d", res.Summary.ArrivalsDelayed, res.Config.MaxInflight)
+	}
+	if !slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, "--max-inflight 2") }) {
+		t.Errorf("no warning about the delayed arrivals: %q", res.Warnings)
+	}
+	// No moment had more than 2 requests between their start and ready.
+	type edge struct {
+		t     int64
+		delta int
+	}
+	var edges []edge
+	for _, r := range res.Records {
+		edges = append(edges, edge{r.TStart, 1}, edge{r.TReady, -1})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if a.t != b.t {
+			return int(min(max(a.t-b.t, -1), 1))
+		}
+		return a.delta - b.delta // a finish before a start at the same stamp
+	})
+	in, most := 0, 0
+	for _, e := range edges {
+		in += e.delta
+		most = max(most, in)
+	}
+	if most > 2 {
+		t.Errorf("%d requests in flight at once with --max-inflight 2", most)
 	}
 }

@@ -56,6 +56,9 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 			ig("only with remote endpoints (--prefill/--decode HOST:PORT, --topology or --rendezvous)", "XferTarget")
 		}
 	}
+	if o.Rate == 0 && len(o.Trace) == 0 {
+		ig("only with an open loop (--rate or --trace); a closed loop has --concurrency in flight", "MaxInflight")
+	}
 	if len(o.Trace) > 0 {
 		// usesTrace: the trace's arrivals and prompt lengths replace the
 		// load and the distribution.
