@@ -206,6 +206,7 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		return err
 	}
 	x.ChildStderr = a.childStderr(o.measureOptions)
+	x.Snapshot = a.snapshot(o.measureOptions)
 	got, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
 		res, err := bench.RunXfer(ctx, x)

@@ -175,6 +175,7 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	}
 	mo.Records = "" // bench ec writes its own records (x.Records)
 	x.ChildStderr = a.childStderr(mo)
+	x.Snapshot = a.snapshot(mo)
 	got, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
 		res, err := bench.RunEC(ctx, x)

@@ -46,6 +46,20 @@ type measureOptions struct {
 	stream *recordsStream
 }
 
+// snapshot is what a runner that streams no records (bench xfer, bench
+// ec) calls to leave its result as it stands in --save DIR while it runs,
+// so that a killed run leaves a partial result there; nil without --save,
+// or with --repeat (whose runs would overwrite one another).
+func (a *app) snapshot(o measureOptions) func(report.Result) error {
+	if o.Save == "" || o.Repeat > 1 {
+		return nil
+	}
+	return func(r report.Result) error {
+		r.Header().Args = a.args
+		return report.SaveSnapshot(o.Save, r)
+	}
+}
+
 // streamRecords returns the sink a streaming runner (bench pull|push|
 // sglang) writes its records to as it goes: --records FILE and --save
 // DIR's records.jsonl, so that a driver killed mid-run leaves what it

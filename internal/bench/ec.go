@@ -74,6 +74,10 @@ type ECOptions struct {
 	// Live receives a Start, then a Request per image request's transfer
 	// or hit (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
+	// Snapshot, when set (--save), is given the result as it stands when
+	// the timed phase starts, so that a killed run leaves a result that
+	// says what ran (its --records lines say what finished).
+	Snapshot func(report.Result) error `mapstructure:"-"`
 }
 
 // DefaultECOptions are the defaults of every knob that has one (the CLI's
@@ -479,6 +483,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	// does for an interrupt a second later.
 	live.Emit(o.Live, live.Start{Title: "bench ec " + c.Direction, Total: o.Requests * o.ImagesPerRequest, Unit: "images"})
 	live.Emit(o.Live, live.Phase{Text: "measuring"})
+	snapshotter(o.Snapshot, res, o.Live)()
 
 	path := watchPath(ctx, o.Producer.Addr != "", pathEnd{"producer", r.producer.Client, netpath.Send}, pathEnd{"consumer", nil, netpath.Receive})
 	var wg sync.WaitGroup

@@ -76,6 +76,10 @@ type XferOptions struct {
 	// Live receives a Start, then a Point per finished sweep point, and
 	// warnings as they happen (nil: nobody listens).
 	Live live.Sink `mapstructure:"-"`
+	// Snapshot, when set (--save), is given the result as it stands when
+	// the sweep starts and after each point, so that a killed run leaves
+	// the points it finished.
+	Snapshot func(report.Result) error `mapstructure:"-"`
 }
 
 // DefaultXferOptions are nixlbench's defaults where it has them (the
@@ -497,6 +501,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	live.Emit(o.Live, live.Start{Title: "bench xfer " + res.Config.Op, Total: len(points), Unit: "points"})
 	live.Emit(o.Live, live.Phase{Text: "sweeping"})
 	path := watchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
+	snap := snapshotter(o.Snapshot, res, o.Live)
+	snap()
 	for i, pt := range points {
 		if ctx.Err() != nil {
 			break
@@ -515,6 +521,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			break
 		}
 		res.Points = append(res.Points, p)
+		snap()
 		failed := strings.HasPrefix(p.Consistency, "FAILED")
 		live.Emit(o.Live, live.Point{Label: p.Series(), Bytes: p.Bytes, Elapsed: time.Duration(p.Seconds * 1e9),
 			Requests: p.Iterations, P50: time.Duration(p.LatencyUS.P50 * 1e3), P99: time.Duration(p.LatencyUS.P99 * 1e3), OK: !failed})

@@ -97,6 +97,38 @@ func SaveProvisional(dir string, r Result) error {
 	return err
 }
 
+// SaveSnapshot writes a result as it stands in the middle of a run that
+// streams no records (bench xfer after each point, bench ec before its
+// timed phase), marked Partial, with a manifest: a run killed then still
+// leaves what it had measured for `report show DIR`, and the gate refuses
+// it as partial. The final Save replaces both.
+func SaveSnapshot(dir string, r Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	h := r.Header()
+	keep := *h
+	defer func() { *h = keep }()
+	h.Partial = true
+	h.RecordsFile = nil
+	var b bytes.Buffer
+	if err := WriteJSON(&b, r); err != nil {
+		return err
+	}
+	sum, err := writeFile(filepath.Join(dir, ResultName), b.Bytes())
+	if err != nil {
+		return err
+	}
+	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC(),
+		Files: []ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}}}
+	var mb bytes.Buffer
+	if err := WriteJSON(&mb, m); err != nil {
+		return err
+	}
+	_, err = writeFile(filepath.Join(dir, ManifestName), mb.Bytes())
+	return err
+}
+
 func save(dir string, r Result, streamed *Streamed, extra []string) (*Manifest, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -240,6 +272,9 @@ func Load(path string) (*Loaded, error) {
 	h := r.Header()
 	ref := h.RecordsFile
 	rk, keeps := r.(RecordsKeeper)
+	if ref == nil && h.Partial {
+		l.Notes = append(l.Notes, "the run did not finish: this is the result as it stood when it was last saved (SaveSnapshot), before it was stopped")
+	}
 	if ref == nil || !keeps {
 		return l, nil
 	}
