@@ -43,9 +43,14 @@ func TestProbeSideChannelVerdictCLI(t *testing.T) {
 		verdict  string
 	}{
 		{"head split", []string{"--decode-tp", "4"}, exitOK, true, "a decode with tp=4, block 16, HND would be accepted (not checked: compatibility hash)"},
-		{"gather", []string{"--decode-tp", "1", "--decode-block-size", "32"}, exitOK, true, "a decode with tp=1, block 32, HND would be accepted"},
+		{"gather", []string{"--decode-tp", "1"}, exitOK, true, "a decode with tp=1, block 16, HND would be accepted"},
+		{"bigger decode block", []string{"--decode-block-size", "32"}, exitOK, true, "a decode with tp=2, block 32, HND would be accepted"},
+		// vLLM asserts equal block sizes when prefill TP > decode TP
+		// (base_worker.py, _validate_remote_agent_handshake).
+		{"gather with a bigger decode block", []string{"--decode-tp", "1", "--decode-block-size", "32"}, exitFailure, false,
+			"a decode with tp=1, block 32, HND would be refused: block size: block_size_ratio 2 with prefill tp 2 > decode tp 1"},
 		{"NHD head split", []string{"--decode-tp", "4", "--decode-layout", "nhd"}, exitFailure, false,
-			"would be refused: head split layout: prefill tp 2 and decode tp 4 split blocks by heads, which needs HND on both sides"},
+			"would be refused: head split layout: prefill tp 2 and decode tp 4 split blocks by heads, which needs HND"},
 		{"smaller block", []string{"--decode-block-size", "8"}, exitFailure, false,
 			"a decode with tp=2, block 8, HND would be refused: block size: prefill block 16 larger than decode block 8 is not supported"},
 		{"fp8 decode", []string{"--decode-tp", "2", "--kv-dtype", "fp8"}, exitFailure, false,
