@@ -160,8 +160,10 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 			tokens, err = s.promptTokens(req.Prompt)
 		}
 		if err == nil && tokens > s.o.MaxModelLen {
-			// vLLM's wording for a prompt over max_model_len.
-			err = fmt.Errorf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", s.o.MaxModelLen, tokens)
+			// vLLM's wording for a prompt over max_model_len, capitals
+			// and full stops included: clients match on it.
+			msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", s.o.MaxModelLen, tokens)
+			err = errors.New(msg)
 		}
 		if err != nil {
 			s.reject(w, r, err.Error())
