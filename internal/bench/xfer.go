@@ -966,7 +966,14 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 		}
 	}
 	if o.CheckConsistency {
-		p.Consistency = r.check(ctx, idx, block, batch)
+		c, err := r.check(ctx, idx, block, batch)
+		if err != nil {
+			// The check could not run (the target gone, a post that
+			// failed): the point failed, and that is no verdict on the
+			// bytes. A lost target read "consistency FAILED" before.
+			return XferPoint{}, fmt.Errorf("consistency check: %w", err)
+		}
+		p.Consistency = c
 	}
 	return p, nil
 }
@@ -1019,12 +1026,14 @@ func (r *xferRun) memcpy(block int, offs []int, budget time.Duration) float64 {
 }
 
 // check moves one batch of tagged, distinct descriptors and verifies every
-// byte at the receiver, so a misaddressed or partial block is caught.
-func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
+// byte at the receiver, so a misaddressed or partial block is caught. Its
+// verdict is "ok (...)" or "FAILED: ..." (bytes that arrived wrong); an
+// error says the check could not run.
+func (r *xferRun) check(ctx context.Context, idx, block, batch int) (string, error) {
 	slots := r.rlen / block
 	n := min(batch, slots)
 	if n == 0 {
-		return "skipped: buffer smaller than a block"
+		return "skipped: buffer smaller than a block", nil
 	}
 	rng := rand.New(rand.NewPCG(uint64(idx), 7))
 	perm := rng.Perm(slots)[:n] // distinct destinations, scattered
@@ -1041,38 +1050,38 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) string {
 	key := func(i int) uint64 { return blocktag.Key(seed, uint64(i)) }
 	if r.o.Op == nixl.Write {
 		if err := blocktag.FillSpans(r.local, spans, key); err != nil {
-			return "FAILED: " + err.Error()
+			return "", err
 		}
 	} else if _, err := r.target.Call(xfertarget.Request{Op: "fill", Seed: seed, DescLen: block, Offsets: offs64}); err != nil {
-		return "FAILED: " + err.Error()
+		return "", err
 	}
 	q, err := r.makeReq(block, offs, false)
 	if err != nil {
-		return "FAILED: " + err.Error()
+		return "", err
 	}
 	defer r.agent.ReleaseXferReq(q)
 	if st, err := r.agent.PostXferReq(q); st == nixl.Failed {
-		return "FAILED: post: " + err.Error()
+		return "", fmt.Errorf("post: %w", err)
 	}
 	if err := r.wait(ctx, q); err != nil {
-		return "FAILED: " + err.Error()
+		return "", err
 	}
 	if r.o.Op == nixl.Write {
 		rep, err := r.target.Call(xfertarget.Request{Op: "verify", Seed: seed, DescLen: block, Offsets: offs64})
 		if err != nil {
-			return "FAILED: " + err.Error()
+			return "", err
 		}
 		if rep.Corrupt > 0 {
-			return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", rep.Corrupt, n, rep.First)
+			return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", rep.Corrupt, n, rep.First), nil
 		}
-		return fmt.Sprintf("ok (%d descriptors)", n)
+		return fmt.Sprintf("ok (%d descriptors)", n), nil
 	}
 	c, err := blocktag.CheckSpans(r.local, spans, key)
 	if err != nil {
-		return "FAILED: " + err.Error()
+		return "", err
 	}
 	if c.Bad > 0 {
-		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", c.Bad, n, c.First)
+		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", c.Bad, n, c.First), nil
 	}
-	return fmt.Sprintf("ok (%d descriptors)", n)
+	return fmt.Sprintf("ok (%d descriptors)", n), nil
 }
