@@ -379,6 +379,8 @@ type serveEngineOptions struct {
 	CompatFactors string `mapstructure:"compat-factors"`
 	CompatHash    string `mapstructure:"compat-hash"`
 	NoCompatCheck bool   `mapstructure:"no-compat-check"`
+	// Verify: the stand-in decode's checks (serve decode --http).
+	Verify string `mapstructure:"verify"`
 }
 
 // identity reads the endpoint's compatibility flags, refusing bad ones
@@ -465,6 +467,19 @@ setup with an error naming both.`, role),
 					}
 				}
 			}
+			if role == "decode" {
+				if o.HTTP != "" {
+					if o.Stdio || o.Listen != "" || o.Register != "" {
+						return errkind.BadInputf("--http runs without a driver: not with --stdio, --listen or --register")
+					}
+					return runStandinDecode(cmd.Context(), a, o)
+				}
+				for _, f := range standinDecodeFlags[1:] {
+					if set(f) {
+						return errkind.BadInputf("--%s goes with --http (a driven decode gets its configuration from the driver)", f)
+					}
+				}
+			}
 			if o.Register != "" {
 				return runRegisteredEngine(cmd.Context(), a, role, o, set)
 			}
@@ -494,6 +509,13 @@ setup with an error naming both.`, role),
   nixlctl serve prefill --side-channel 10.0.0.1:5600 --http 0.0.0.0:8100 \
     --model llama-3.1-8b --compat-factors factors.json`
 		addStandinFlags(cmd)
+	}
+	if role == "decode" {
+		cmd.Long += "\n" + standinDecodeHelp
+		cmd.Example += `
+  # stand in for a decode behind a disaggregated proxy (it sends decode legs to :8200)
+  nixlctl serve decode --http 0.0.0.0:8200 --model llama-3.1-8b`
+		addStandinDecodeFlags(cmd)
 	}
 	return cmd
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/mono"
 )
 
 // maxBody bounds a request body: prompts of token ids at MaxTokens fit.
@@ -55,6 +56,7 @@ type Server struct {
 	http *http.Server
 
 	served, rejected, failed atomic.Int64
+	legs                     *stampLog
 }
 
 // New wraps a prefill engine (protocol pull) in the API.
@@ -63,13 +65,14 @@ func New(eng *engine.Engine, o Options, log *slog.Logger) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	o.MaxModelLen = min(cmp.Or(o.MaxModelLen, kv.MaxTokens), kv.MaxTokens)
-	s := &Server{eng: eng, o: o, log: log}
+	s := &Server{eng: eng, o: o, log: log, legs: newStampLog()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.complete(false))
 	mux.HandleFunc("POST /v1/chat/completions", s.complete(true))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /nixlctl/stats", s.stats)
+	mux.HandleFunc("GET /nixlctl/legs", s.legs.serve)
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return s
 }
@@ -128,6 +131,7 @@ type completionRequest struct {
 
 func (s *Server) complete(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		arrived := mono.Now()
 		var req completionRequest
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err == nil {
@@ -184,6 +188,9 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 			return
 		}
 		s.served.Add(1)
+		// Stamped for bench proxy's split of a request's latency, under
+		// the id that travels to the decode in kv_transfer_params.
+		s.legs.add(LegStamps{RemoteRequestID: rep.RequestID, Blocks: rep.Blocks, TArrive: arrived, TReady: rep.TFinish, TSent: mono.Now()})
 		s.log.Info("prefill leg", "request_id", id, "remote_request_id", rep.RequestID, "tokens", tokens, "blocks", rep.Blocks)
 		writeJSON(w, http.StatusOK, s.response(chat, id, req.Model, tokens, rep.Params))
 	}
@@ -293,7 +300,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"api": s.Counts(), "engine": s.eng.Stats()})
+	writeJSON(w, http.StatusOK, map[string]any{"api": s.Counts(), "engine": s.eng.Stats(), "mono_ns": mono.Now()})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/standin"
+)
+
+// standinDecodeFlags are the flags only the stand-in decode reads (the
+// first, --http, starts it).
+var standinDecodeFlags = []string{"http", "engine-id", "served-model-name", "prompt-tokens", "tp", "num-blocks",
+	"backend", "mem", "device", "verify", "model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
+
+const standinDecodeHelp = `
+Without a driver (--http HOST:PORT), "serve decode" stands in for a vLLM decode
+engine behind a disaggregated proxy: it serves the slice of vLLM's OpenAI API a
+proxy calls on the decode, POST /v1/completions and /v1/chat/completions carrying
+the prefill's "kv_transfer_params" ({"do_remote_prefill": true,
+"remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "tp_size",
+...}) as the proxy forwards them. Each request handshakes with the prefill's side
+channel (once per engine), READs the blocks over NIXL/UCX into a KV cache laid
+out like the model's (--model, --tp, --block-size, --kv-dtype,
+--kv-cache-layout), checks their tags (--verify) and sends the completion
+notification that frees them, then answers as vLLM does (JSON, or server-sent
+events for "stream": true). GET /health, GET /v1/models and GET /nixlctl/stats
+(requests, blocks read, corrupt, the engine's handshakes) as the stand-in
+prefill has; GET /nixlctl/legs lists the last legs' stamps for bench proxy.
+
+Bad kv_transfer_params (a missing field, an engine whose side channel does not
+answer as that engine) get a 400 naming what is wrong; a failed READ or a block
+with wrong bytes a 500. The tags are checked with the key the stand-in prefill
+writes (its remote_request_id less the suffix): the KV of a real vLLM prefill
+fails the check. No model runs: the text is empty and one token is reported.`
+
+func addStandinDecodeFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.String("http", "", "run without a driver: stand in for a decode engine, serving the OpenAI-style API on [HOST]:PORT (see above)")
+	f.String("engine-id", "", "with --http: the engine id (default: decode-<random>)")
+	f.String("served-model-name", "", "with --http: the model name /v1/models lists (default: --model)")
+	f.Int("prompt-tokens", 0, "with --http: count every text prompt as this many tokens when kv_transfer_params carry no remote_num_tokens")
+	f.Int("tp", 1, "with --http: tensor-parallel ranks of this decode (one agent and region each)")
+	f.Int("num-blocks", 4096, "with --http: KV blocks per rank")
+	f.String("backend", "nixl", "with --http: transfer backend (nixl or ucx, as the prefill's)")
+	f.String("mem", "dram", "with --http: where the KV cache lives: dram or vram")
+	f.Int("device", 0, "with --http --mem vram: the GPU")
+	f.String("verify", "sparse", "with --http: how much of every block read is checked: sparse or full")
+	f.String("model", "", "with --http: model preset (default "+kv.DefaultModel+")")
+	f.String("model-config", "", "with --http: a HuggingFace config.json instead of --model")
+	f.String("kv-dtype", "", "with --http: KV cache dtype (default: the model's)")
+	f.Int("block-size", 16, "with --http: tokens per KV block")
+	f.String("layout", "", "with --http: attention layout (default: the model's)")
+	f.String("kv-cache-layout", "", "with --http: HND or NHD (default HND)")
+}
+
+// standinDecodeConfig checks the stand-in decode's flags and builds its
+// engine's configuration, before anything is allocated.
+func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
+	o := so.standinOptions
+	var cfg engine.Config
+	if _, _, err := net.SplitHostPort(o.HTTP); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--http %q: want [HOST]:PORT", o.HTTP)
+	}
+	if o.PromptTokens < 0 || o.PromptTokens > kv.MaxTokens {
+		return cfg, kv.Spec{}, errkind.BadInputf("--prompt-tokens %d: want 0 (count bytes) to %d", o.PromptTokens, kv.MaxTokens)
+	}
+	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
+		return cfg, kv.Spec{}, errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
+	}
+	var verify engine.Verify
+	switch so.Verify {
+	case "sparse", "":
+		verify = engine.Sparse
+	case "full":
+		verify = engine.Full
+	default:
+		return cfg, kv.Spec{}, errkind.BadInputf("--verify %q: want sparse or full", so.Verify)
+	}
+	m, err := loadModel(o.Model, o.ModelConfig)
+	if err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.TP, 1, false)
+	if err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	if spec, err = spec.Normalize(); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInput(err)
+	}
+	mem, err := nixl.ParseMemType(o.Mem)
+	if err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--mem %q: %v", o.Mem, err)
+	}
+	if err := checkBackendName(o.Backend); err != nil {
+		return cfg, kv.Spec{}, err
+	}
+	if _, err := nixl.Resolve(o.Backend); err != nil {
+		return cfg, kv.Spec{}, errkind.BadInputf("--backend %s: %v", o.Backend, err)
+	}
+	cfg = engine.Config{Role: engine.RoleDecode, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
+		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
+		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: verify}
+	id, err := so.identity()
+	if err != nil {
+		return cfg, spec, err
+	}
+	cfg.CompatHashHex, cfg.NoCompatCheck = id.HashHex, id.NoCheck
+	if len(id.Factors) > 0 {
+		cfg.CompatFactors = json.RawMessage(id.Factors)
+	}
+	if err := standin.CheckDecodeConfig(cfg); err != nil {
+		return cfg, spec, errkind.BadInput(err)
+	}
+	return cfg, spec, nil
+}
+
+// runStandinDecode serves until interrupted.
+func runStandinDecode(ctx context.Context, a *app, so serveEngineOptions) error {
+	o := so.standinOptions
+	cfg, spec, err := standinDecodeConfig(so)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.HTTP)
+	if err != nil {
+		return errkind.BadInputf("--http: %v", err)
+	}
+	defer ln.Close()
+	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
+	if err != nil {
+		return fmt.Errorf("decode engine: %w", err)
+	}
+	defer eng.Close()
+	rep := eng.Setup()
+	fmt.Fprintf(a.io.ErrOut, "stand-in decode %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s, %s checks\n",
+		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version, cfg.Verify)
+	fmt.Fprintf(a.io.ErrOut, "API http://%s/v1/completions\n", ln.Addr())
+	api := standin.NewDecode(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
+		MaxModelLen: spec.Model.MaxPositions}, a.log)
+	start := time.Now()
+	err = api.Serve(ctx, ln)
+	c, st := api.Counts(), eng.Stats()
+	fmt.Fprintf(a.io.ErrOut, "stand-in decode stopped after %v: %d requests, %d served, %d refused, %d failed; %d blocks read, %d corrupt; %d handshakes, %d failed\n",
+		time.Since(start).Round(time.Second), c.Requests, c.Served, c.Rejected, c.Failed, c.BlocksRead, c.CorruptBlocks, st.Handshakes, st.HandshakeFails)
+	var intr errInterrupted
+	if err == nil && errors.As(context.Cause(ctx), &intr) {
+		return intr
+	}
+	return err
+}
