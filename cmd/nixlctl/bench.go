@@ -23,7 +23,7 @@ func newBenchCmd(a *app) *cobra.Command {
 default) and report bandwidth, per-request latency percentiles, and efficiency
 against a reference measured in the same run.`,
 	}
-	cmd.AddCommand(newBenchXferCmd(a), newHandoffCmd(a, "pull"), newHandoffCmd(a, "push"), newHandoffCmd(a, "sglang"), newBenchECCmd(a))
+	cmd.AddCommand(newBenchXferCmd(a), newHandoffCmd(a, "pull"), newHandoffCmd(a, "push"), newHandoffCmd(a, "sglang"), newBenchECCmd(a), newBenchProxyCmd(a))
 	return cmd
 }
 

@@ -379,8 +379,6 @@ type serveEngineOptions struct {
 	CompatFactors string `mapstructure:"compat-factors"`
 	CompatHash    string `mapstructure:"compat-hash"`
 	NoCompatCheck bool   `mapstructure:"no-compat-check"`
-	// Verify: the stand-in decode's checks (serve decode --http).
-	Verify string `mapstructure:"verify"`
 }
 
 // identity reads the endpoint's compatibility flags, refusing bad ones

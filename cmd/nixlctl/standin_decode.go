@@ -21,7 +21,7 @@ import (
 // standinDecodeFlags are the flags only the stand-in decode reads (the
 // first, --http, starts it).
 var standinDecodeFlags = []string{"http", "engine-id", "served-model-name", "prompt-tokens", "tp", "num-blocks",
-	"backend", "mem", "device", "verify", "model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
+	"backend", "mem", "device", "model", "model-config", "kv-dtype", "block-size", "layout", "kv-cache-layout"}
 
 const standinDecodeHelp = `
 Without a driver (--http HOST:PORT), "serve decode" stands in for a vLLM decode
@@ -32,7 +32,7 @@ the prefill's "kv_transfer_params" ({"do_remote_prefill": true,
 ...}) as the proxy forwards them. Each request handshakes with the prefill's side
 channel (once per engine), READs the blocks over NIXL/UCX into a KV cache laid
 out like the model's (--model, --tp, --block-size, --kv-dtype,
---kv-cache-layout), checks their tags (--verify) and sends the completion
+--kv-cache-layout), checks their tags and sends the completion
 notification that frees them, then answers as vLLM does (JSON, or server-sent
 events for "stream": true). GET /health, GET /v1/models and GET /nixlctl/stats
 (requests, blocks read, corrupt, the engine's handshakes) as the stand-in
@@ -55,7 +55,6 @@ func addStandinDecodeFlags(cmd *cobra.Command) {
 	f.String("backend", "nixl", "with --http: transfer backend (nixl or ucx, as the prefill's)")
 	f.String("mem", "dram", "with --http: where the KV cache lives: dram or vram")
 	f.Int("device", 0, "with --http --mem vram: the GPU")
-	f.String("verify", "sparse", "with --http: how much of every block read is checked: sparse or full")
 	f.String("model", "", "with --http: model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "with --http: a HuggingFace config.json instead of --model")
 	f.String("kv-dtype", "", "with --http: KV cache dtype (default: the model's)")
@@ -77,15 +76,6 @@ func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) 
 	}
 	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
 		return cfg, kv.Spec{}, errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
-	}
-	var verify engine.Verify
-	switch so.Verify {
-	case "sparse", "":
-		verify = engine.Sparse
-	case "full":
-		verify = engine.Full
-	default:
-		return cfg, kv.Spec{}, errkind.BadInputf("--verify %q: want sparse or full", so.Verify)
 	}
 	m, err := loadModel(o.Model, o.ModelConfig)
 	if err != nil {
@@ -110,7 +100,10 @@ func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) 
 	}
 	cfg = engine.Config{Role: engine.RoleDecode, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
-		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: verify}
+		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device,
+		// The stand-in prefill tags what sparse checks read (Verify
+		// Sparse there too): a full check would find untagged bytes.
+		Verify: engine.Sparse}
 	id, err := so.identity()
 	if err != nil {
 		return cfg, spec, err
@@ -143,8 +136,8 @@ func runStandinDecode(ctx context.Context, a *app, so serveEngineOptions) error 
 	}
 	defer eng.Close()
 	rep := eng.Setup()
-	fmt.Fprintf(a.io.ErrOut, "stand-in decode %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s, %s checks\n",
-		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version, cfg.Verify)
+	fmt.Fprintf(a.io.ErrOut, "stand-in decode %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s\n",
+		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
 	fmt.Fprintf(a.io.ErrOut, "API http://%s/v1/completions\n", ln.Addr())
 	api := standin.NewDecode(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
 		MaxModelLen: spec.Model.MaxPositions}, a.log)

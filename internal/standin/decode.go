@@ -254,7 +254,7 @@ func (s *DecodeServer) complete(chat bool) http.HandlerFunc {
 			stamps.TSent = mono.Now()
 			s.legs.add(stamps)
 			s.log.Warn("corrupt KV", "request_id", id, "remote_request_id", p.RemoteRequestID, "blocks", rep.CorruptBlocks, "first", rep.Corrupt)
-			writeError(w, http.StatusInternalServerError, "InternalServerError", fmt.Sprintf("%d of %d blocks of %s read from %s had wrong bytes (tag key of %q): %s",
+			writeError(w, http.StatusInternalServerError, "InternalServerError", fmt.Sprintf("wrong bytes in %d places of the %d blocks of %s read from %s (tag key of %q): %s",
 				rep.CorruptBlocks, rep.Blocks, p.RemoteRequestID, p.RemoteEngineID, tag, rep.Corrupt))
 			return
 		}
