@@ -459,8 +459,12 @@ setup with an error naming both.`, role),
 					}
 					return runStandin(cmd.Context(), a, o)
 				}
+				// Only the command line counts: a driven endpoint inherits
+				// its driver's environment, whose NIXLCTL_BACKEND or
+				// NIXLCTL_MODEL (the bench's own flags) refused every
+				// child of "NIXLCTL_BACKEND=ucx nixlctl bench pull".
 				for _, f := range standinFlags[1:] {
-					if set(f) {
+					if cmd.Flags().Changed(f) {
 						return errkind.BadInputf("--%s goes with --side-channel (a driven prefill gets its configuration from the driver)", f)
 					}
 				}
@@ -473,7 +477,7 @@ setup with an error naming both.`, role),
 					return runStandinDecode(cmd.Context(), a, o)
 				}
 				for _, f := range standinDecodeFlags[1:] {
-					if set(f) {
+					if cmd.Flags().Changed(f) { // as for prefill, above
 						return errkind.BadInputf("--%s goes with --http (a driven decode gets its configuration from the driver)", f)
 					}
 				}
