@@ -248,11 +248,15 @@ func (r *Result) table(w io.Writer) error {
 		}
 	}
 	for _, w := range r.Meta.Warnings {
-		fmt.Fprintf(&b, "\n  warning: %s", w)
+		fmt.Fprintf(&b, "\n  warning: %s\n", w)
 	}
-	if len(s.Problems) == 0 {
+	switch {
+	case len(s.Problems) == 0 && len(o.Decode) == 0:
+		// Said "every block read and checked" with no decode asked.
+		b.WriteString("\n  check: passed (every request answered; no --decode stand-in, so no block was checked)\n")
+	case len(s.Problems) == 0:
 		b.WriteString("\n  check: passed (every request answered, every block read and checked, none corrupt)\n")
-	} else {
+	default:
 		b.WriteString("\n  check: FAILED\n")
 		for _, p := range s.Problems {
 			fmt.Fprintf(&b, "    %s\n", p)
