@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,6 +27,7 @@ type benchProxyOptions struct {
 	Settle      time.Duration `mapstructure:"settle"`
 	Seed        uint64        `mapstructure:"seed"`
 	PerRequest  bool          `mapstructure:"per-request"`
+	Header      []string      `mapstructure:"header"`
 }
 
 const benchProxyLong = `Test a disaggregated-serving proxy or router without GPUs: send --requests
@@ -85,6 +87,7 @@ func newBenchProxyCmd(a *app) *cobra.Command {
 	f.Duration("settle", 5*time.Second, "after the run, how long to wait for the prefills to free the blocks read")
 	f.Uint64("seed", 1, "prompt token seed")
 	f.Bool("per-request", false, "list every request in the table")
+	f.StringArray("header", nil, "NAME:VALUE header on every request, repeatable (llm-d's routing sidecar: x-prefiller-host-port:HOST:PORT)")
 	return cmd
 }
 
@@ -95,6 +98,16 @@ func runBenchProxy(ctx context.Context, a *app, o benchProxyOptions) error {
 	po := proxybench.Options{Proxy: o.Proxy, Path: o.Path, Requests: o.Requests, Concurrency: o.Concurrency, ISL: o.ISL,
 		MaxTokens: o.MaxTokens, Model: o.Model, Timeout: o.Timeout, Prefill: o.Prefill, Decode: o.Decode, Settle: o.Settle,
 		Seed: o.Seed, Version: version}
+	for _, h := range o.Header {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return errkind.BadInputf("--header %q: want NAME:VALUE", h)
+		}
+		if po.Headers == nil {
+			po.Headers = map[string]string{}
+		}
+		po.Headers[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
 	if err := po.Validate(); err != nil {
 		return errkind.BadInput(err)
 	}

@@ -45,9 +45,12 @@ type Options struct {
 	Decode  []string `json:"decode"`
 	// Settle bounds the wait, after the last answer, for the prefills to
 	// free the blocks the decodes' notifications released.
-	Settle  time.Duration `json:"settle_ns"`
-	Seed    uint64        `json:"seed"`
-	Version string        `json:"-"`
+	Settle time.Duration `json:"settle_ns"`
+	Seed   uint64        `json:"seed"`
+	// Headers go on every request (llm-d's routing sidecar picks the
+	// prefill by x-prefiller-host-port).
+	Headers map[string]string `json:"headers,omitempty"`
+	Version string            `json:"-"`
 }
 
 // Validate refuses options a run cannot use.
@@ -475,6 +478,9 @@ func send(ctx context.Context, c *http.Client, o Options, i int, id string, prom
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", id)
+	for k, v := range o.Headers {
+		req.Header.Set(k, v)
+	}
 	rec.t0 = mono.Now()
 	resp, err := c.Do(req)
 	if err != nil {
