@@ -11,6 +11,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/proxybench"
+	"github.com/nixlctl/nixlctl/internal/report"
 )
 
 type benchProxyOptions struct {
@@ -51,7 +52,7 @@ the prefill leg (sent here to the prefill's answer), the KV handoff (the
 prefill's answer to the decode's blocks read and checked: the proxy's relay,
 the decode's handshake and READ) and the decode leg (to the answer here).
 
-The run fails (exit 3) unless every request came back 200, the decode
+The run fails (exit 1) unless every request came back 200, the decode
 stand-ins served as many legs, read and checked as many blocks as the prefill
 legs held, found none corrupt, refused and failed none, and the prefills hold
 no more blocks after the run (--settle) than before. Without --prefill and
@@ -110,6 +111,10 @@ func runBenchProxy(ctx context.Context, a *app, o benchProxyOptions) error {
 	}
 	if err := po.Validate(); err != nil {
 		return errkind.BadInput(err)
+	}
+	// Refused before the run, not after it (render would refuse it then).
+	if a.format != report.FormatJSON && a.format != report.FormatTable {
+		return errkind.BadInputf("-o %s: bench proxy writes json or table", a.format)
 	}
 	res, err := proxybench.Run(ctx, po)
 	if err != nil {

@@ -190,7 +190,7 @@ func TestBenchProxyFakeToyProxy(t *testing.T) {
 }
 
 // TestStandinDecodeRefuses: bad kv_transfer_params get a 400 that names
-// what is wrong, counted; bench proxy's check then fails (exit 3).
+// what is wrong, and each is counted as refused.
 func TestStandinDecodeRefuses(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "small.json")
 	if err := os.WriteFile(cfg, []byte(smallModelConfig), 0o644); err != nil {
