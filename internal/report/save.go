@@ -70,31 +70,7 @@ func SaveStreamed(dir string, r Result, recs Streamed, extra ...string) (*Manife
 // still finds a result to recompute from the records. The final Save
 // replaces both.
 func SaveProvisional(dir string, r Result) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	h := r.Header()
-	keep := *h
-	defer func() { *h = keep }()
-	h.Partial = true
-	h.RecordsFile = &RecordsRef{Path: RecordsName, Schema: RecordsSchema}
-	var b bytes.Buffer
-	if err := WriteJSON(&b, r); err != nil {
-		return err
-	}
-	sum, err := writeFile(filepath.Join(dir, ResultName), b.Bytes())
-	if err != nil {
-		return err
-	}
-	// The records are still growing: no size or checksum yet.
-	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC(),
-		Files: []ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}, {Name: RecordsName, Role: "records"}}}
-	var mb bytes.Buffer
-	if err := WriteJSON(&mb, m); err != nil {
-		return err
-	}
-	_, err = writeFile(filepath.Join(dir, ManifestName), mb.Bytes())
-	return err
+	return savePartial(dir, r, &RecordsRef{Path: RecordsName, Schema: RecordsSchema})
 }
 
 // SaveSnapshot writes a result as it stands in the middle of a run that
@@ -102,15 +78,19 @@ func SaveProvisional(dir string, r Result) error {
 // timed phase), marked Partial, with a manifest: a run killed then still
 // leaves what it had measured for `report show DIR`, and the gate refuses
 // it as partial. The final Save replaces both.
-func SaveSnapshot(dir string, r Result) error {
+func SaveSnapshot(dir string, r Result) error { return savePartial(dir, r, nil) }
+
+// savePartial writes r marked Partial, linking records (nil: none), and
+// a manifest listing the result and the records file. The records are
+// still growing: the manifest gives them no size or checksum.
+func savePartial(dir string, r Result, records *RecordsRef) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	h := r.Header()
 	keep := *h
 	defer func() { *h = keep }()
-	h.Partial = true
-	h.RecordsFile = nil
+	h.Partial, h.RecordsFile = true, records
 	var b bytes.Buffer
 	if err := WriteJSON(&b, r); err != nil {
 		return err
@@ -119,8 +99,11 @@ func SaveSnapshot(dir string, r Result) error {
 	if err != nil {
 		return err
 	}
-	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC(),
-		Files: []ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}}}
+	files := []ManifestFile{{Name: ResultName, Role: "result", Bytes: b.Len(), SHA256: sum}}
+	if records != nil {
+		files = append(files, ManifestFile{Name: records.Path, Role: "records"})
+	}
+	m := &Manifest{Schema: ManifestSchema, Command: h.Command, Version: h.Version, CreatedAt: time.Now().UTC(), Files: files}
 	var mb bytes.Buffer
 	if err := WriteJSON(&mb, m); err != nil {
 		return err
