@@ -323,11 +323,36 @@ type chaosRun struct {
 	// not): request i+1 waits for it, so the queue keeps the plan's order.
 	inQueue []chan struct{}
 	inOnce  []sync.Once
+	// granted[i] closes when request i's prefill call returned: request
+	// i+1's prefill waits for it, so prefill grants the leases in the
+	// plan's order. Sent at once, a loaded machine could grant a later
+	// request first, and a head-only reaper then found an aborted lease at
+	// the head and passed a scenario it must fail.
+	granted   []chan struct{}
+	grantOnce []sync.Once
 }
 
 func (c *chaosRun) markQueued(i int) {
+	c.markGranted(i)
 	if i >= 0 && i < len(c.inQueue) {
 		c.inOnce[i].Do(func() { close(c.inQueue[i]) })
+	}
+}
+
+func (c *chaosRun) markGranted(i int) {
+	if i >= 0 && i < len(c.granted) {
+		c.grantOnce[i].Do(func() { close(c.granted[i]) })
+	}
+}
+
+// after waits for ch (a previous request's event) as the plan's order
+// asks, but not past ctx or a generous bound: a loaded machine delays
+// the event, and a lost one must not hang the run.
+func after(ctx context.Context, ch <-chan struct{}) {
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
 	}
 }
 
@@ -359,9 +384,10 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 		Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
 	c := &chaosRun{o: o, plan: plan, lc: lc, base: base, live: o.Live, liveT0: liveT0, freed: map[string]engine.FreedEvent{},
 		grants: map[string]int64{}, loads: map[string]engine.LoadReply{}, loadErr: map[string]string{}, aborted: map[string]bool{},
-		inQueue: make([]chan struct{}, plan.Requests), inOnce: make([]sync.Once, plan.Requests)}
+		inQueue: make([]chan struct{}, plan.Requests), inOnce: make([]sync.Once, plan.Requests),
+		granted: make([]chan struct{}, plan.Requests), grantOnce: make([]sync.Once, plan.Requests)}
 	for i := range c.inQueue {
-		c.inQueue[i] = make(chan struct{})
+		c.inQueue[i], c.granted[i] = make(chan struct{}), make(chan struct{})
 	}
 	defer c.close()
 	if err := c.startPrefill(ctx); err != nil {
@@ -686,16 +712,15 @@ func (c *chaosRun) drive(ctx context.Context) {
 func (c *chaosRun) one(ctx context.Context, i int) {
 	defer c.markQueued(i)
 	id := reqID(i)
-	// Send the load after the previous request is in decode's queue.
+	// Send the load after the previous request is in decode's queue, and
+	// the prefill after the previous one's was granted.
 	inOrder := func() {
-		if i == 0 {
-			return
+		if i > 0 {
+			after(ctx, c.inQueue[i-1])
 		}
-		select {
-		case <-c.inQueue[i-1]:
-		case <-time.After(10 * time.Second): // generous: a loaded machine delays the queued event, and order is the plan
-		case <-ctx.Done():
-		}
+	}
+	if i > 0 {
+		after(ctx, c.granted[i-1])
 	}
 	key := c.o.Seed<<20 ^ uint64(i+1)
 	c.mu.Lock()
@@ -707,6 +732,7 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 	switch c.o.Protocol {
 	case engine.ProtoPull:
 		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		c.markGranted(i)
 		if perr == nil {
 			c.mu.Lock()
 			c.grants[id] = pr.TFinish
@@ -721,6 +747,7 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 		// The router sends both at once; decode's arrival is when prefill
 		// is done, as in the plan, so prefill goes first here.
 		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		c.markGranted(i)
 		if perr == nil {
 			c.mu.Lock()
 			c.grants[id] = pr.TFinish
