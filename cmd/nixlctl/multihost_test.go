@@ -282,7 +282,7 @@ func TestMultiHost(t *testing.T) {
 		// namespace): said, not asserted.
 		code, _, stderr := mh.run(t, "a", 0, args...)
 		t.Logf("without --net-devices: exit %d %s", code, lastLines(stderr, 1))
-		if code != 0 && strings.Contains(stderr, "unreachable") && !strings.Contains(stderr, "with --net-devices") {
+		if code != 0 && strings.Contains(stderr, "unreachable") && !strings.Contains(stderr, "pin one that does with --net-devices") {
 			t.Errorf("requests failed as unreachable without a word on --net-devices: %s", lastLines(stderr, 4))
 		}
 		var res handoffJSON

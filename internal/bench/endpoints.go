@@ -188,19 +188,28 @@ func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]Endp
 // UCX's UCS_ERR_UNREACHABLE and the kernel's.
 var unreachable = regexp.MustCompile(`(?i)destination is unreachable|no route to host|network is unreachable`)
 
+// unreachableFailures counts the failed requests whose reason's example
+// says the path did not reach the peer.
+func unreachableFailures(s HandoffSummary) int {
+	n := 0
+	for reason, k := range s.FailuresByReason {
+		if unreachable.MatchString(s.FailureExamples[reason]) {
+			n += k
+		}
+	}
+	return n
+}
+
 // unreachableWarning explains failures whose path did not reach the peer:
 // on a host with a second network device UCX may pick it, and every request
 // fails with nothing but "Destination is unreachable" in its records. It
 // names the device this host routes each remote peer through (route) and
 // the flag that pins it.
 func unreachableWarning(s HandoffSummary, netDevices string, eps []EndpointInfo, route func(ip string) (string, error)) string {
-	n, first := 0, ""
+	n, first := unreachableFailures(s), ""
 	for _, reason := range reasonOrder(s.FailuresByReason) {
-		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) {
-			n += s.FailuresByReason[reason]
-			if first == "" {
-				first = ex
-			}
+		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) && first == "" {
+			first = ex
 		}
 	}
 	if n == 0 {

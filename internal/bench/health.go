@@ -27,6 +27,10 @@ func (res *HandoffResult) Problems() []string {
 		if ex := firstExamples(s.FailuresByReason, s.FailureExamples); ex != "" {
 			line += "; first of each: " + ex
 		}
+		if res.Config.NetDevices == "" && unreachableFailures(s) > 0 {
+			// The first thing a user reads: name the fix there too.
+			line += "; UCX used a network device that does not reach the peer: pin one that does with --net-devices (see the warnings)"
+		}
 		p = append(p, line)
 	}
 	if s.CorruptBlocks > 0 {

@@ -66,6 +66,15 @@ func TestUnreachableWarning(t *testing.T) {
 	if w := unreachableWarning(failed, "veth-a", eps, route); !strings.Contains(w, "the pinned device does not reach") {
 		t.Errorf("pinned: %q", w)
 	}
+	failed.Requests, failed.Failed = 7, 7
+	res := &HandoffResult{Summary: failed}
+	if p := res.Problems(); len(p) == 0 || !strings.Contains(p[0], "pin one that does with --net-devices") {
+		t.Errorf("the failure line does not name the fix: %q", p)
+	}
+	res.Config.NetDevices = "veth-a"
+	if p := res.Problems(); strings.Contains(p[0], "pin one that does") {
+		t.Errorf("pinned, the failure line still suggests a pin: %q", p)
+	}
 	other := HandoffSummary{FailuresByReason: map[string]int{"prefill: out of KV blocks": 2}, FailureExamples: map[string]string{"prefill: out of KV blocks": "prefill: out of KV blocks"}}
 	if w := unreachableWarning(other, "", eps, route); w != "" {
 		t.Errorf("warned about other failures: %q", w)
