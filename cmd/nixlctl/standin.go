@@ -99,39 +99,16 @@ func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 	if err != nil || port == "" {
 		return cfg, kv.Spec{}, errkind.BadInputf("--side-channel %q: want [tcp://]HOST:PORT (vLLM's default port is 5600)", o.SideChannel)
 	}
-	if _, _, err := net.SplitHostPort(o.HTTP); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--http %q: want [HOST]:PORT", o.HTTP)
-	}
-	if o.PromptTokens < 0 || o.PromptTokens > kv.MaxTokens {
-		return cfg, kv.Spec{}, errkind.BadInputf("--prompt-tokens %d: want 0 (count bytes) to %d", o.PromptTokens, kv.MaxTokens)
-	}
-	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
-		return cfg, kv.Spec{}, errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
+	if err := o.checkHTTPSide(); err != nil {
+		return cfg, kv.Spec{}, err
 	}
 	lease, err := parseDurationFlag("kv-lease-duration", o.Lease, false)
 	if err != nil {
 		return cfg, kv.Spec{}, err
 	}
-	m, err := loadModel(o.Model, o.ModelConfig)
+	spec, mem, err := o.engineSpec()
 	if err != nil {
 		return cfg, kv.Spec{}, err
-	}
-	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.TP, 1, false)
-	if err != nil {
-		return cfg, kv.Spec{}, err
-	}
-	if spec, err = spec.Normalize(); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInput(err)
-	}
-	mem, err := nixl.ParseMemType(o.Mem)
-	if err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--mem %q: %v", o.Mem, err)
-	}
-	if err := checkBackendName(o.Backend); err != nil {
-		return cfg, kv.Spec{}, err
-	}
-	if _, err := nixl.Resolve(o.Backend); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--backend %s: %v", o.Backend, err)
 	}
 	cfg = engine.Config{Role: engine.RolePrefill, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
@@ -203,4 +180,46 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 		return intr
 	}
 	return err
+}
+
+// checkHTTPSide checks the flags of a stand-in's OpenAI-style HTTP side,
+// which the prefill and the decode stand-ins share.
+func (o standinOptions) checkHTTPSide() error {
+	if _, _, err := net.SplitHostPort(o.HTTP); err != nil {
+		return errkind.BadInputf("--http %q: want [HOST]:PORT", o.HTTP)
+	}
+	if o.PromptTokens < 0 || o.PromptTokens > kv.MaxTokens {
+		return errkind.BadInputf("--prompt-tokens %d: want 0 (count bytes) to %d", o.PromptTokens, kv.MaxTokens)
+	}
+	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
+		return errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
+	}
+	return nil
+}
+
+// engineSpec is a stand-in's KV layout, memory type and backend, checked:
+// what its engine is built from, the same for the prefill and the decode.
+func (o standinOptions) engineSpec() (kv.Spec, nixl.MemType, error) {
+	m, err := loadModel(o.Model, o.ModelConfig)
+	if err != nil {
+		return kv.Spec{}, 0, err
+	}
+	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.TP, 1, false)
+	if err != nil {
+		return kv.Spec{}, 0, err
+	}
+	if spec, err = spec.Normalize(); err != nil {
+		return kv.Spec{}, 0, errkind.BadInput(err)
+	}
+	mem, err := nixl.ParseMemType(o.Mem)
+	if err != nil {
+		return kv.Spec{}, 0, errkind.BadInputf("--mem %q: %v", o.Mem, err)
+	}
+	if err := checkBackendName(o.Backend); err != nil {
+		return kv.Spec{}, 0, err
+	}
+	if _, err := nixl.Resolve(o.Backend); err != nil {
+		return kv.Spec{}, 0, errkind.BadInputf("--backend %s: %v", o.Backend, err)
+	}
+	return spec, mem, nil
 }

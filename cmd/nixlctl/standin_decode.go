@@ -14,7 +14,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/standin"
 )
 
@@ -68,35 +67,12 @@ func addStandinDecodeFlags(cmd *cobra.Command) {
 func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 	o := so.standinOptions
 	var cfg engine.Config
-	if _, _, err := net.SplitHostPort(o.HTTP); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--http %q: want [HOST]:PORT", o.HTTP)
-	}
-	if o.PromptTokens < 0 || o.PromptTokens > kv.MaxTokens {
-		return cfg, kv.Spec{}, errkind.BadInputf("--prompt-tokens %d: want 0 (count bytes) to %d", o.PromptTokens, kv.MaxTokens)
-	}
-	if o.NumBlocks <= 0 || o.NumBlocks > 1<<24 {
-		return cfg, kv.Spec{}, errkind.BadInputf("--num-blocks %d: want 1 to %d", o.NumBlocks, 1<<24)
-	}
-	m, err := loadModel(o.Model, o.ModelConfig)
-	if err != nil {
+	if err := o.checkHTTPSide(); err != nil {
 		return cfg, kv.Spec{}, err
 	}
-	spec, err := kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.TP, 1, false)
+	spec, mem, err := o.engineSpec()
 	if err != nil {
 		return cfg, kv.Spec{}, err
-	}
-	if spec, err = spec.Normalize(); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInput(err)
-	}
-	mem, err := nixl.ParseMemType(o.Mem)
-	if err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--mem %q: %v", o.Mem, err)
-	}
-	if err := checkBackendName(o.Backend); err != nil {
-		return cfg, kv.Spec{}, err
-	}
-	if _, err := nixl.Resolve(o.Backend); err != nil {
-		return cfg, kv.Spec{}, errkind.BadInputf("--backend %s: %v", o.Backend, err)
 	}
 	cfg = engine.Config{Role: engine.RoleDecode, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
