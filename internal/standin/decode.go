@@ -82,22 +82,7 @@ func NewDecode(eng *engine.Engine, o Options, log *slog.Logger) *DecodeServer {
 
 // Serve answers on ln until ctx ends.
 func (s *DecodeServer) Serve(ctx context.Context, ln net.Listener) error {
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_ = s.http.Shutdown(sctx)
-			cancel()
-		case <-done:
-		}
-	}()
-	err := s.http.Serve(ln)
-	close(done)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
+	return serveUntil(ctx, s.http, ln)
 }
 
 // Counts reads the counters.

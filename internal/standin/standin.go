@@ -79,22 +79,7 @@ func New(eng *engine.Engine, o Options, log *slog.Logger) *Server {
 
 // Serve answers on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_ = s.http.Shutdown(sctx)
-			cancel()
-		case <-done:
-		}
-	}()
-	err := s.http.Serve(ln)
-	close(done)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
+	return serveUntil(ctx, s.http, ln)
 }
 
 // Counts are the API's counters: legs answered, refused as bad input,
@@ -329,6 +314,21 @@ func CheckConfig(cfg engine.Config) error {
 	}
 	if strings.TrimSpace(cfg.SideChannel) == "" {
 		return errors.New("a stand-in needs a side channel address")
+	}
+	return nil
+}
+
+// serveUntil serves srv on ln until ctx ends, then shuts it down (5 s for
+// requests in flight); a shutdown is a clean end. Both stand-ins serve so.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	defer stop()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
 	}
 	return nil
 }
