@@ -1,15 +1,21 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/clocksync"
 	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 )
 
 // EndpointInfo is where one endpoint ran and how its clock was related to
@@ -235,4 +241,277 @@ func unreachableWarning(s HandoffSummary, netDevices string, eps []EndpointInfo,
 		hint += "; this host reaches " + strings.Join(via, ", ")
 	}
 	return fmt.Sprintf("%d requests failed as unreachable (first: %q): UCX used a network device that does not reach the peer, as happens on hosts with a second interface (a docker or libvirt bridge); %s", n, first, hint)
+}
+
+// Endpoint is a connection to a prefill or decode endpoint.
+type Endpoint struct {
+	rpc   *ctl.Client
+	clock clocksync.Offset // its clock relative to the driver's
+	host  ctl.HostInfo
+	info  EndpointInfo
+	// stderr is a child's stderr, its repeated UCX warnings counted
+	// (nil for an endpoint this process did not start).
+	stderr *warnFolder
+}
+
+// checkRemoteNetDevices checks --net-devices at every endpoint the driver
+// did not start, against the devices it reports, before any engine is set
+// up.
+func checkRemoteNetDevices(ctx context.Context, list string, pes, des []*Endpoint, pslots, dslots []EngineSlot) error {
+	check := func(eps []*Endpoint, slots []EngineSlot) error {
+		for i, ep := range eps {
+			if slots[i].Local() {
+				continue // this host: checked against /sys in Validate
+			}
+			nctx, cancel := context.WithTimeout(ctx, netstatTimeout)
+			ns, err := ep.rpc.NetStat(nctx)
+			cancel()
+			if err != nil {
+				continue // an older serve: its engine set-up says
+			}
+			if err := checkNetDevicesAt(ep.info.Role, cmp.Or(ns.Host.Hostname, ep.info.Hostname), ns.Snapshot.Devices, list); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := check(pes, pslots); err != nil {
+		return err
+	}
+	return check(des, dslots)
+}
+
+// dialError says why an endpoint could not be reached and, for one that
+// registered in a rendezvous, which rank registered the address and that
+// it may be stale: an endpoint killed within its etcd lease leaves its key
+// behind, and the next run dials the dead address.
+func dialError(name, addr string, reg registration, err error) error {
+	switch {
+	case reg.who == "":
+		return fmt.Errorf("%s endpoint %s: %w", name, addr, err)
+	case reg.etcd:
+		return fmt.Errorf("%s endpoint %s (%s) cannot be reached: %w; a stale registration? An endpoint killed within its etcd lease leaves its key until the lease runs out (about 10 s): start that rank again, or wait and rerun", name, addr, reg.who, err)
+	}
+	return fmt.Errorf("%s endpoint %s (%s) cannot be reached: %w", name, addr, reg.who, err)
+}
+
+// endpointGrace is how long an endpoint may take to close its engine
+// (agents, pools) before it is killed.
+const endpointGrace = 15 * time.Second
+
+// startEndpoint starts (or dials, for an address) an endpoint of role
+// (prefill or decode); name is how errors call it ("prefill-1").
+func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, slot EngineSlot) (*Endpoint, error) {
+	// Endpoints outlive the run's context: an interrupted run still asks
+	// them for their stats.
+	keep := context.WithoutCancel(ctx)
+	addr := slot.remoteAddr()
+	switch {
+	case o.reverse[addr] != nil:
+		// A reverse rendezvous member: its control channel is the
+		// connection it registered on.
+		return &Endpoint{rpc: ctl.NewConnClient(o.reverse[addr])}, nil
+	case role == "prefill" && o.Bootstrap != "":
+		hostPort, err := ParseBootstrapURL(o.Bootstrap)
+		if err != nil {
+			return nil, err
+		}
+		return &Endpoint{rpc: ctl.StartInProcess(keep, sglExternalPrefillRole(hostPort, o.SGLBootstrapTimeout+time.Minute, o.Log.With("role", name)))}, nil
+	case o.Inproc:
+		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
+	case addr != "":
+		c, err := ctl.Dial(ctx, addr)
+		if err != nil {
+			return nil, dialError(name, addr, o.registered[addr], err)
+		}
+		return &Endpoint{rpc: c}, nil
+	}
+	args := append(append([]string(nil), o.ExeArgs...), role, "--stdio")
+	if o.ExeArgs == nil {
+		args = []string{"serve", role, "--stdio"}
+	}
+	stderr := newWarnFolder(childStderr(o.ChildStderr), name)
+	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: stderr})
+	if err != nil {
+		return nil, fmt.Errorf("%s endpoint: %w", name, err)
+	}
+	return &Endpoint{rpc: c, stderr: stderr}, nil
+}
+
+func (ep *Endpoint) close() {
+	if ep == nil {
+		return
+	}
+	_ = ep.rpc.Close(endpointGrace, nil)
+	if ep.stderr != nil {
+		// The child exited: all it wrote was copied.
+		_ = ep.stderr.Close()
+	}
+}
+
+// Signal sends the endpoint process a signal (fault tests, chaos).
+func (ep *Endpoint) Signal(sig syscall.Signal) error { return ep.rpc.Signal(sig) }
+
+// handoffFleet is one handoff run's endpoints: the engine slots asked for,
+// the endpoints started or dialled for them (nil where none was yet), and
+// what their engines' setup answered.
+type handoffFleet struct {
+	pslots, dslots   []EngineSlot
+	pes, des         []*Endpoint
+	psetups, dsetups []engine.SetupReply
+}
+
+func (f *handoffFleet) prefillName(i int) string { return engineName("prefill", i, len(f.pslots)) }
+func (f *handoffFleet) decodeName(i int) string  { return engineName("decode", i, len(f.dslots)) }
+
+// all is every endpoint, prefills first.
+func (f *handoffFleet) all() []*Endpoint { return slices.Concat(f.pes, f.des) }
+
+// close closes every endpoint started so far; closing one twice is
+// harmless.
+func (f *handoffFleet) close() {
+	for _, ep := range f.all() {
+		ep.close()
+	}
+}
+
+// pathEnds are the endpoints as the network path watcher reads them: each
+// engine's counters against its own bytes (engines of one host read the
+// same host-wide counters and are judged together, judgePath).
+func (f *handoffFleet) pathEnds() []pathEnd {
+	var ends []pathEnd
+	for i, ep := range f.pes {
+		ends = append(ends, pathEnd{f.prefillName(i), ep.rpc, netpath.Send})
+	}
+	for i, ep := range f.des {
+		ends = append(ends, pathEnd{f.decodeName(i), ep.rpc, netpath.Receive})
+	}
+	return ends
+}
+
+// start starts or dials every endpoint, relates each one's clock and host
+// to the driver's, and sets up its engine.
+func (f *handoffFleet) start(ctx context.Context, o *HandoffOptions, backend string, blocks int) error {
+	n, m := len(f.pslots), len(f.dslots)
+	f.pes, f.des = make([]*Endpoint, n), make([]*Endpoint, m)
+	// Remote endpoints are dialled first: one that cannot be reached
+	// fails the run before any local engine is started (--decode
+	// 127.0.0.1:1 failed after the local prefill was up).
+	for _, remote := range []bool{true, false} {
+		for i, s := range f.pslots {
+			if !s.Local() == remote {
+				ep, err := startEndpoint(ctx, o, "prefill", f.prefillName(i), s)
+				if err != nil {
+					return err
+				}
+				f.pes[i] = ep
+			}
+		}
+		for i, s := range f.dslots {
+			if !s.Local() == remote {
+				ep, err := startEndpoint(ctx, o, "decode", f.decodeName(i), s)
+				if err != nil {
+					return err
+				}
+				f.des[i] = ep
+			}
+		}
+	}
+	pcs, dcs := make([]engine.Config, n), make([]engine.Config, m)
+	for i, s := range f.pslots {
+		pcs[i] = o.engineConfig(engine.RolePrefill, backend, blocks, i, s.TP)
+	}
+	for i, s := range f.dslots {
+		dcs[i] = o.engineConfig(engine.RoleDecode, backend, blocks, i, s.TP)
+	}
+	// A local child whose peers are on another host binds and advertises
+	// the address this host reaches them by, not loopback.
+	bindFor(f.pslots, pcs, remoteOf(f.dslots, f.des))
+	bindFor(f.dslots, dcs, remoteOf(f.pslots, f.pes))
+	for i, ep := range f.pes {
+		if err := ep.meet(ctx, f.prefillName(i), f.pslots[i].remoteAddr()); err != nil {
+			return err
+		}
+	}
+	for i, ep := range f.des {
+		if err := ep.meet(ctx, f.decodeName(i), f.dslots[i].remoteAddr()); err != nil {
+			return err
+		}
+	}
+	if o.NetDevices != "" && (o.remote() || o.Rendezvous != "") {
+		if err := checkRemoteNetDevices(ctx, o.NetDevices, f.pes, f.des, f.pslots, f.dslots); err != nil {
+			return err
+		}
+	}
+	f.psetups, f.dsetups = make([]engine.SetupReply, n), make([]engine.SetupReply, m)
+	for i, ep := range f.pes {
+		if err := ep.rpc.Call(ctx, "setup", pcs[i], &f.psetups[i]); err != nil {
+			return fmt.Errorf("%s setup: %w", f.prefillName(i), err)
+		}
+		ep.info.SideChannel = f.psetups[i].SideChannel
+	}
+	for i, ep := range f.des {
+		if err := ep.rpc.Call(ctx, "setup", dcs[i], &f.dsetups[i]); err != nil {
+			return fmt.Errorf("%s setup: %w", f.decodeName(i), err)
+		}
+		ep.info.SideChannel = f.dsetups[i].SideChannel
+	}
+	return nil
+}
+
+// remoteOf is the endpoints of slots on other hosts.
+func remoteOf(slots []EngineSlot, eps []*Endpoint) []*Endpoint {
+	var out []*Endpoint
+	for i, s := range slots {
+		if !s.Local() {
+			out = append(out, eps[i])
+		}
+	}
+	return out
+}
+
+// bindFor makes the local engines of slots bind and advertise the address
+// by which this host reaches peers, when they have peers on another host.
+func bindFor(slots []EngineSlot, cfgs []engine.Config, peers []*Endpoint) {
+	if len(peers) == 0 {
+		return
+	}
+	host := localHostFor(peers...)
+	if host == "" {
+		return
+	}
+	for i, s := range slots {
+		if s.Local() {
+			cfgs[i].SideChannel, cfgs[i].Advertise = "tcp://"+net.JoinHostPort(host, "0"), host
+		}
+	}
+}
+
+// checkAdverts checks, for a run across hosts, that every address an
+// engine advertised is one its peers can dial: not loopback when a peer is
+// on another host, and reachable from the driver.
+func (f *handoffFleet) checkAdverts(ctx context.Context) error {
+	for i := range f.pes {
+		for _, a := range []string{f.psetups[i].SideChannel, f.psetups[i].Bootstrap} {
+			if err := checkLoopbackAdvert(f.prefillName(i), f.pes[i], a, f.des); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range f.des {
+		if err := checkLoopbackAdvert(f.decodeName(i), f.des[i], f.dsetups[i].SideChannel, f.pes); err != nil {
+			return err
+		}
+	}
+	for i := range f.pes {
+		if err := checkReachable(ctx, f.prefillName(i), f.psetups[i].SideChannel, f.psetups[i].Bootstrap); err != nil {
+			return err
+		}
+	}
+	for i := range f.des {
+		if err := checkReachable(ctx, f.decodeName(i), f.dsetups[i].SideChannel); err != nil {
+			return err
+		}
+	}
+	return nil
 }
