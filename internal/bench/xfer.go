@@ -811,7 +811,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	depth := o.PipelineDepth
 	slotOffs := make([][]int, depth)
 	reqs := make([]nixl.XferReq, depth)
-	prep, post, tx, lat := report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
+	prep := report.NewHistogram()
 	defer func() {
 		for _, q := range reqs {
 			if q != nil {
@@ -931,6 +931,15 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 		return XferPoint{}, err
 	}
 	elapsed := time.Since(start)
+	return r.measured(ctx, idx, block, batch, iters, elapsed, samples, slotOffs[0], prep)
+}
+
+// measured is a point's result from its timed requests: bandwidth and
+// latency histograms, the same-run copy reference, and the consistency
+// check of what was moved.
+func (r *xferRun) measured(ctx context.Context, idx, block, batch, iters int, elapsed time.Duration, samples [][2]time.Duration, offs []int, prep *report.Histogram) (XferPoint, error) {
+	o := r.o
+	post, tx, lat := report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
 	for _, sm := range samples {
 		post.Record(sm[0])
 		tx.Record(sm[1])
@@ -956,7 +965,7 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	p.TxHistogram, _ = tx.Encode()
 	p.PostHistogram, _ = post.Encode()
 	if !o.NoCopyReference {
-		ref, err := r.reference(block, slotOffs[0], elapsed)
+		ref, err := r.reference(block, offs, elapsed)
 		if err != nil {
 			return XferPoint{}, fmt.Errorf("reference copy (%s): %w", r.ref, err)
 		}
