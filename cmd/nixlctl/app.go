@@ -17,6 +17,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -74,7 +75,19 @@ func Main() int {
 	defer startCPUProfile()()
 	ctx, stop := interruptContext()
 	defer stop()
-	return run(ctx, systemStreams(), os.Args[1:])
+	code := run(ctx, systemStreams(), os.Args[1:])
+	reportFoldedUCX(os.Stderr)
+	return code
+}
+
+// reportFoldedUCX says, once the command's agents are closed, how many
+// lines of each repeated UCX warning or error were not printed (UCX itself
+// prints the first ucx.LogRepeats): a serve whose peer died mid-transfer
+// logged one "not returned to mpool" line per request its worker held.
+func reportFoldedUCX(w io.Writer) {
+	for _, f := range ucx.FoldedLogs() {
+		fmt.Fprintf(w, "nixlctl: UCX logged %d more %s lines like %q (%s; %d in all, not shown)\n", f.Hidden(), f.Level, f.Example, f.Where, f.Count)
+	}
 }
 
 // startCPUProfile writes a CPU profile of this process to

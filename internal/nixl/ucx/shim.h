@@ -33,6 +33,10 @@ typedef struct {
 } nx_op_t;
 
 int         nx_global_init(char *err, size_t errlen);
+void        nx_logfold_install(unsigned repeats);
+int  nx_logfold_get(int i, char *file, size_t filelen, unsigned *line, int *level, unsigned long *count, char *example,
+                    size_t examplelen);
+void nx_logfold_test(int n);
 const char *nx_ucx_version(void);
 const char *nx_ucp_path(void);
 

@@ -6,7 +6,8 @@
  *   progress.c  the progress thread and its pacing
  *   notif.c     the notification queue, its active-message receive and send
  *   peer.c      endpoints, connect ping/pong, rkeys, peer failure, flush
- *   mem.c       memory registration and packed rkeys */
+ *   mem.c       memory registration and packed rkeys
+ *   logfold.c   folding of UCX's repeated warnings and errors */
 #ifndef NIXLCTL_UCX_SHIM_INTERNAL_H
 #define NIXLCTL_UCX_SHIM_INTERNAL_H
 

@@ -12,6 +12,7 @@ package ucx
 #cgo CFLAGS: -O2 -Wall
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
+#include <ucs/config/types.h>
 #include "shim.h"
 */
 import "C"
@@ -49,12 +50,54 @@ var initNetDevices string
 
 var initErr = sync.OnceValue(func() error {
 	initNetDevices = os.Getenv("UCX_NET_DEVICES")
+	C.nx_logfold_install(C.uint(LogRepeats))
 	var buf [256]C.char
 	if C.nx_global_init(&buf[0], C.size_t(len(buf))) != 0 {
 		return fmt.Errorf("%w: ucx: %s", nixl.ErrUnavailable, C.GoString(&buf[0]))
 	}
 	return nil
 })
+
+// LogRepeats is how many lines of one repeated UCX warning or error (one
+// call site in UCX) are printed before the rest are only counted.
+const LogRepeats = 3
+
+// FoldedLog is a UCX warning or error that repeated: where UCX logs it, its
+// first message, and how often it was logged.
+type FoldedLog struct {
+	Level   string // "WARN" or "ERROR"
+	Where   string // UCX's source file and line
+	Example string
+	Count   int
+}
+
+// Hidden is how many of its lines were not printed.
+func (f FoldedLog) Hidden() int { return max(0, f.Count-LogRepeats) }
+
+// FoldedLogs is every UCX warning or error this process logged more than
+// LogRepeats times, the lines UCX printed itself left out: a caller says
+// what was hidden (once its agents are closed: UCX's worst repeats come
+// from closing them).
+func FoldedLogs() []FoldedLog {
+	var out []FoldedLog
+	var file [256]C.char
+	var example [512]C.char
+	for i := 0; ; i++ {
+		var line C.uint
+		var level C.int
+		var count C.ulong
+		if C.nx_logfold_get(C.int(i), &file[0], C.size_t(len(file)), &line, &level, &count, &example[0], C.size_t(len(example))) == 0 {
+			return out
+		}
+		f := FoldedLog{Level: "WARN", Where: fmt.Sprintf("%s:%d", C.GoString(&file[0]), line), Example: C.GoString(&example[0]), Count: int(count)}
+		if level == C.UCS_LOG_LEVEL_ERROR {
+			f.Level = "ERROR"
+		}
+		if f.Hidden() > 0 {
+			out = append(out, f)
+		}
+	}
+}
 
 // Available reports whether UCX initialises here.
 func Available() (bool, string) {
@@ -1083,3 +1126,7 @@ func durNS(from, to C.uint64_t) time.Duration {
 }
 
 var _ nixl.Allocator = (*agent)(nil)
+
+// logFoldProbe logs n copies of one warning and one other warning through
+// UCX's own logging macro (tests).
+func logFoldProbe(n int) { C.nx_logfold_test(C.int(n)) }
