@@ -1,7 +1,7 @@
-// Package wirefixture loads the hand-written wire fixtures under
-// testdata/wire at the repository root for the packages' tests. Each
-// fixture is derived from upstream's encoding rules (see the README
-// there), never from nixlctl's own encoders.
+// Package wirefixture loads the wire fixtures under testdata/wire at the
+// repository root for the packages' tests. Each fixture is either derived
+// by hand from upstream's encoding rules or, under upstream/, produced by
+// upstream's own encoder (see the README there); never by nixlctl's.
 //
 // A .hex fixture is annotated hex: on each line, everything after '#'
 // is a comment and whitespace is ignored; "@include NAME" splices another
@@ -35,6 +35,13 @@ func Raw(t testing.TB, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Upstream returns a fixture under testdata/wire/upstream: bytes upstream's
+// own encoder produced (see the README), stored raw.
+func Upstream(t testing.TB, name string) []byte {
+	t.Helper()
+	return Raw(t, filepath.Join("upstream", name))
 }
 
 // Hex returns a single-frame .hex fixture's bytes.
