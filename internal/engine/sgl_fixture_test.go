@@ -93,6 +93,10 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 		if code != 200 || got != want {
 			t.Errorf("GET /route?%s: %d\n got %s\nwant %s", tc.query, code, got, want)
 		}
+		// What SGLang's own server answered to the same registration.
+		if up := string(wirefixture.Upstream(t, tc.fixture)); got != up || want != up {
+			t.Errorf("GET /route?%s differs from SGLang's own answer:\n  got %s\n hand %s\nsglang %s", tc.query, got, want, up)
+		}
 		if ctype != "application/json; charset=utf-8" {
 			t.Errorf("content type %q, aiohttp's json_response sends application/json; charset=utf-8", ctype)
 		}
@@ -105,8 +109,12 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 		}
 	}
 	want := string(wirefixture.Raw(t, "sglang_query_dp_ranks.json"))
-	if code, _, got := do(http.MethodPost, "/query_dp_ranks", `{"bootstrap_rooms": [12345678901234567, 7, 99]}`); code != 200 || got != want {
+	code, _, got := do(http.MethodPost, "/query_dp_ranks", `{"bootstrap_rooms": [12345678901234567, 7, 99]}`)
+	if code != 200 || got != want {
 		t.Errorf("query_dp_ranks: %d\n got %s\nwant %s", code, got, want)
+	}
+	if up := string(wirefixture.Upstream(t, "sglang_query_dp_ranks.json")); got != up || want != up {
+		t.Errorf("query_dp_ranks differs from SGLang's own answer:\n  got %s\n hand %s\nsglang %s", got, want, up)
 	}
 
 	// The decode side reads upstream's bodies.
