@@ -2,14 +2,15 @@ package bench
 
 import (
 	"fmt"
-	"github.com/nixlctl/nixlctl/internal/errkind"
-	"github.com/nixlctl/nixlctl/internal/netpath"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 )
 
 // checkAddr checks a host:port before anything dials it: a typo such as a

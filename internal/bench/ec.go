@@ -12,15 +12,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
-	"os"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -311,7 +310,10 @@ type ecRun struct {
 	images   []ecImage
 	cdf      []float64
 	producer *ec.EncoderClient
-	endpoint string
+	// producerConn is how the encoder was started: closing it flushes a
+	// child's stderr.
+	producerConn *fleet.Conn
+	endpoint     string
 
 	mu        sync.Mutex
 	recs      *json.Encoder
@@ -431,14 +433,15 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	r.images = makeImages(&o, block)
 	r.cdf = zipfCDF(o.UniqueImages, o.ZipfS)
 
-	if r.producer, res.Config.Producer, err = startProducer(ctx, &o); err != nil {
+	if r.producerConn, res.Config.Producer, err = startProducer(ctx, &o); err != nil {
 		return nil, err
 	}
+	r.producer = &ec.EncoderClient{Client: r.producerConn.Client}
 	if o.Producer.Addr != "" {
 		res.Endpoints, res.Placement = describePeer(ctx, "encoder", o.Producer.Addr, r.producer.Client)
 	}
 	defer func() {
-		r.producer.Close()
+		_ = r.producerConn.Close(10*time.Second, nil)
 		// A producer that was killed (or a child of an earlier run that
 		// was) leaves its region in /dev/shm: sweep the dead owners' files.
 		if removed, err := ec.CleanStaleRegions(ec.DefaultShmDir); err == nil && len(removed) > 0 {
@@ -530,28 +533,23 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	return res, nil
 }
 
-func startProducer(ctx context.Context, o *ECOptions) (*ec.EncoderClient, string, error) {
-	switch {
-	case o.Producer.Inproc:
-		return &ec.EncoderClient{Client: ctl.StartInProcess(context.WithoutCancel(ctx), ec.EncoderRole(o.Log))}, "inproc", nil
-	case o.Producer.Addr != "":
-		c, err := ctl.Dial(ctx, o.Producer.Addr)
-		if err != nil {
-			return nil, "", fmt.Errorf("connect to encoder %s: %w", o.Producer.Addr, err)
-		}
-		return &ec.EncoderClient{Client: c}, o.Producer.Addr, nil
-	}
-	args := o.Producer.Args
-	if args == nil {
-		args = []string{"serve", "encoder", "--stdio"}
-	}
+func startProducer(ctx context.Context, o *ECOptions) (*fleet.Conn, string, error) {
 	// The encoder outlives an interrupt until RunEC closes it: consumers
 	// finish their reads first, then it unlinks its region.
-	c, err := ctl.Start(context.WithoutCancel(ctx), ctl.Cmd{Exe: o.Producer.Exe, Args: args, Env: append(os.Environ(), o.Producer.Env...), Stderr: childStderr(o.ChildStderr)})
-	if err != nil {
+	p := fleet.Proc{Name: "encoder", Addr: o.Producer.Addr, Exe: o.Producer.Exe, Args: o.Producer.Args, DefaultArgs: []string{"serve", "encoder", "--stdio"},
+		Env: o.Producer.Env, Stderr: o.ChildStderr, Outlive: true}
+	if o.Producer.Inproc {
+		p.InProcess = ec.EncoderRole(o.Log)
+	}
+	c, err := fleet.Start(ctx, p)
+	var dial *fleet.DialError
+	switch {
+	case errors.As(err, &dial):
+		return nil, "", fmt.Errorf("connect to encoder %s: %w", o.Producer.Addr, err)
+	case err != nil:
 		return nil, "", fmt.Errorf("start encoder: %w", err)
 	}
-	return &ec.EncoderClient{Client: c}, "process", nil
+	return c, c.Where, nil
 }
 
 // reachable replaces a wildcard host in the side channel's endpoint with

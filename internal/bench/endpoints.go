@@ -3,9 +3,11 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/clocksync"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 )
 
@@ -249,9 +252,9 @@ type Endpoint struct {
 	clock clocksync.Offset // its clock relative to the driver's
 	host  ctl.HostInfo
 	info  EndpointInfo
-	// stderr is a child's stderr, its repeated UCX warnings counted
-	// (nil for an endpoint this process did not start).
-	stderr *warnFolder
+	// conn is how it was started or reached (nil for a reverse
+	// rendezvous member): closing it flushes a child's stderr.
+	conn *fleet.Conn
 }
 
 // checkRemoteNetDevices checks --net-devices at every endpoint the driver
@@ -299,53 +302,75 @@ func dialError(name, addr string, reg registration, err error) error {
 // (agents, pools) before it is killed.
 const endpointGrace = 15 * time.Second
 
+// launch is what starting a run's endpoints takes from its options: a
+// handoff's and lease-chaos's alike, so neither builds the other's.
+type launch struct {
+	exe     string   // default this program
+	exeArgs []string // before the role; default serve
+	env     []string
+	stderr  io.Writer
+	log     *slog.Logger
+	inproc  bool
+	// bootstrap is an external SGLang bootstrap server: the prefill is
+	// then a stand-in in this process that answers through it.
+	bootstrap        string
+	bootstrapTimeout time.Duration
+	// reverse maps a reverse rendezvous member's slot address to the
+	// connection it registered on; registered names who registered each
+	// member's address.
+	reverse    map[string]net.Conn
+	registered map[string]registration
+}
+
+// launch is how this handoff starts its endpoints.
+func (o *HandoffOptions) launch() launch {
+	return launch{exe: o.Exe, exeArgs: o.ExeArgs, env: o.ChildEnv, stderr: o.ChildStderr, log: o.Log, inproc: o.Inproc,
+		bootstrap: o.Bootstrap, bootstrapTimeout: o.SGLBootstrapTimeout, reverse: o.reverse, registered: o.registered}
+}
+
 // startEndpoint starts (or dials, for an address) an endpoint of role
 // (prefill or decode); name is how errors call it ("prefill-1").
-func startEndpoint(ctx context.Context, o *HandoffOptions, role, name string, slot EngineSlot) (*Endpoint, error) {
-	// Endpoints outlive the run's context: an interrupted run still asks
-	// them for their stats.
-	keep := context.WithoutCancel(ctx)
+func startEndpoint(ctx context.Context, l launch, role, name string, slot EngineSlot) (*Endpoint, error) {
 	addr := slot.remoteAddr()
-	switch {
-	case o.reverse[addr] != nil:
+	if c := l.reverse[addr]; c != nil {
 		// A reverse rendezvous member: its control channel is the
 		// connection it registered on.
-		return &Endpoint{rpc: ctl.NewConnClient(o.reverse[addr])}, nil
-	case role == "prefill" && o.Bootstrap != "":
-		hostPort, err := ParseBootstrapURL(o.Bootstrap)
+		return &Endpoint{rpc: ctl.NewConnClient(c)}, nil
+	}
+	// Endpoints outlive the run's context: an interrupted run still asks
+	// them for their stats.
+	p := fleet.Proc{Name: name, Addr: addr, Exe: l.exe, DefaultArgs: []string{"serve", role, "--stdio"}, Env: l.env, Stderr: l.stderr, Outlive: true}
+	if l.exeArgs != nil {
+		p.Args = append(slices.Clone(l.exeArgs), role, "--stdio")
+	}
+	switch {
+	case role == "prefill" && l.bootstrap != "":
+		hostPort, err := ParseBootstrapURL(l.bootstrap)
 		if err != nil {
 			return nil, err
 		}
-		return &Endpoint{rpc: ctl.StartInProcess(keep, sglExternalPrefillRole(hostPort, o.SGLBootstrapTimeout+time.Minute, o.Log.With("role", name)))}, nil
-	case o.Inproc:
-		return &Endpoint{rpc: ctl.StartInProcess(keep, engine.EndpointRole(o.Log.With("role", name), engine.SideChannelHost{}))}, nil
-	case addr != "":
-		c, err := ctl.Dial(ctx, addr)
-		if err != nil {
-			return nil, dialError(name, addr, o.registered[addr], err)
-		}
-		return &Endpoint{rpc: c}, nil
+		p.InProcess, p.Addr = sglExternalPrefillRole(hostPort, l.bootstrapTimeout+time.Minute, l.log.With("role", name)), ""
+	case l.inproc:
+		p.InProcess, p.Addr = engine.EndpointRole(l.log.With("role", name), engine.SideChannelHost{}), ""
 	}
-	args := append(append([]string(nil), o.ExeArgs...), role, "--stdio")
-	if o.ExeArgs == nil {
-		args = []string{"serve", role, "--stdio"}
-	}
-	stderr := newWarnFolder(childStderr(o.ChildStderr), name)
-	c, err := ctl.Start(keep, ctl.Cmd{Exe: o.Exe, Args: args, Env: append(os.Environ(), o.ChildEnv...), Stderr: stderr})
-	if err != nil {
+	c, err := fleet.Start(ctx, p)
+	var dial *fleet.DialError
+	switch {
+	case errors.As(err, &dial):
+		return nil, dialError(name, addr, l.registered[addr], err)
+	case err != nil:
 		return nil, fmt.Errorf("%s endpoint: %w", name, err)
 	}
-	return &Endpoint{rpc: c, stderr: stderr}, nil
+	return &Endpoint{rpc: c.Client, conn: c}, nil
 }
 
 func (ep *Endpoint) close() {
-	if ep == nil {
-		return
-	}
-	_ = ep.rpc.Close(endpointGrace, nil)
-	if ep.stderr != nil {
-		// The child exited: all it wrote was copied.
-		_ = ep.stderr.Close()
+	switch {
+	case ep == nil:
+	case ep.conn != nil:
+		_ = ep.conn.Close(endpointGrace, nil)
+	default:
+		_ = ep.rpc.Close(endpointGrace, nil)
 	}
 }
 
@@ -400,7 +425,7 @@ func (f *handoffFleet) start(ctx context.Context, o *HandoffOptions, backend str
 	for _, remote := range []bool{true, false} {
 		for i, s := range f.pslots {
 			if !s.Local() == remote {
-				ep, err := startEndpoint(ctx, o, "prefill", f.prefillName(i), s)
+				ep, err := startEndpoint(ctx, o.launch(), "prefill", f.prefillName(i), s)
 				if err != nil {
 					return err
 				}
@@ -409,7 +434,7 @@ func (f *handoffFleet) start(ctx context.Context, o *HandoffOptions, backend str
 		}
 		for i, s := range f.dslots {
 			if !s.Local() == remote {
-				ep, err := startEndpoint(ctx, o, "decode", f.decodeName(i), s)
+				ep, err := startEndpoint(ctx, o.launch(), "decode", f.decodeName(i), s)
 				if err != nil {
 					return err
 				}

@@ -408,12 +408,14 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	return r, nil
 }
 
-func (c *chaosRun) handoffOptions() *HandoffOptions {
-	return &HandoffOptions{Exe: c.o.Exe, ExeArgs: c.o.ExeArgs, ChildEnv: c.o.ChildEnv, ChildStderr: c.o.ChildStderr, Log: c.o.Log}
+// launch is how lease-chaos starts its endpoints: children of this
+// program, always.
+func (c *chaosRun) launch() launch {
+	return launch{exe: c.o.Exe, exeArgs: c.o.ExeArgs, env: c.o.ChildEnv, stderr: c.o.ChildStderr, log: c.o.Log}
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "prefill", "prefill", EngineSlot{})
+	ep, err := startEndpoint(ctx, c.launch(), "prefill", "prefill", EngineSlot{})
 	if err != nil {
 		return err
 	}
@@ -432,7 +434,7 @@ func (c *chaosRun) startPrefill(ctx context.Context) error {
 }
 
 func (c *chaosRun) startDecode(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.handoffOptions(), "decode", "decode", EngineSlot{})
+	ep, err := startEndpoint(ctx, c.launch(), "decode", "decode", EngineSlot{})
 	if err != nil {
 		return err
 	}

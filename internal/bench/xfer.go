@@ -7,16 +7,15 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
-	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
@@ -440,20 +439,23 @@ type XferPoint struct {
 }
 
 type xferRun struct {
-	o        *XferOptions
-	log      *slog.Logger
-	agent    nixl.Agent
-	target   *xfertarget.Client
-	local    *nixl.Buffer
-	scratch  []byte       // memcpy reference destination (DRAM to DRAM)
-	vscratch *nixl.Buffer // device reference buffer (runs with VRAM)
-	ref      string       // the reference: see XferConfig.Reference
-	remote   string
-	raddr    uint64
-	rlen     int
-	backend  string
-	transp   string
-	notifSeq int
+	o      *XferOptions
+	log    *slog.Logger
+	agent  nixl.Agent
+	target *xfertarget.Client
+	// targetConn is how the target was started: closing it flushes a
+	// child's stderr.
+	targetConn *fleet.Conn
+	local      *nixl.Buffer
+	scratch    []byte       // memcpy reference destination (DRAM to DRAM)
+	vscratch   *nixl.Buffer // device reference buffer (runs with VRAM)
+	ref        string       // the reference: see XferConfig.Reference
+	remote     string
+	raddr      uint64
+	rlen       int
+	backend    string
+	transp     string
+	notifSeq   int
 }
 
 // RunXfer runs the sweep. It returns the points finished so far when ctx
@@ -599,29 +601,23 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		return nil, err
 	}
 
+	p := fleet.Proc{Name: "target", Addr: o.Target.Addr, Exe: o.Target.Exe, Args: o.Target.Args, DefaultArgs: []string{"serve", "target", "--stdio"},
+		Env: o.Target.Env, Stderr: o.ChildStderr}
+	if o.Target.Inproc {
+		p.InProcess = xfertarget.Role(o.Log)
+	}
+	tc, err := fleet.Start(ctx, p)
+	var dial *fleet.DialError
 	switch {
-	case o.Target.Inproc:
-		r.target = &xfertarget.Client{Client: ctl.StartInProcess(ctx, xfertarget.Role(o.Log))}
-		res.Config.Target = "inproc"
-	case o.Target.Addr != "":
-		c, err := ctl.Dial(ctx, o.Target.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("connect to target %s: %w", o.Target.Addr, err)
-		}
-		r.target = &xfertarget.Client{Client: c}
-		res.Config.Target = o.Target.Addr
-		res.Endpoints, res.Placement = describePeer(ctx, "target", o.Target.Addr, c)
-	default:
-		args := o.Target.Args
-		if args == nil {
-			args = []string{"serve", "target", "--stdio"}
-		}
-		c, err := ctl.Start(ctx, ctl.Cmd{Exe: o.Target.Exe, Args: args, Env: append(os.Environ(), o.Target.Env...), Stderr: childStderr(o.ChildStderr)})
-		if err != nil {
-			return nil, fmt.Errorf("start target: %w", err)
-		}
-		r.target = &xfertarget.Client{Client: c}
-		res.Config.Target = "process"
+	case errors.As(err, &dial):
+		return nil, fmt.Errorf("connect to target %s: %w", o.Target.Addr, err)
+	case err != nil:
+		return nil, fmt.Errorf("start target: %w", err)
+	}
+	r.targetConn, r.target = tc, &xfertarget.Client{Client: tc.Client}
+	res.Config.Target = tc.Where
+	if p.InProcess == nil && o.Target.Addr != "" {
+		res.Endpoints, res.Placement = describePeer(ctx, "target", o.Target.Addr, tc.Client)
 	}
 	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size, Progress: tprog.String(),
 		Alloc: string(o.DRAMAlloc), HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
@@ -734,8 +730,8 @@ func (r *xferRun) close() {
 	if r.vscratch != nil {
 		r.vscratch.Free()
 	}
-	if r.target != nil {
-		r.target.Close()
+	if r.targetConn != nil {
+		_ = r.targetConn.Close(10*time.Second, nil)
 	}
 }
 

@@ -1,26 +1,12 @@
-package bench
+package fleet
 
 import (
 	"bytes"
 	"fmt"
-	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/report"
 	"io"
-	"os"
 	"regexp"
 	"sync"
 )
-
-// childStderr is where a child process's stderr goes: w when the caller
-// gave one (the CLI's live view sends it to a log file, also for children
-// started before the view came up), else this process's stderr, which
-// the child then inherits as it is.
-func childStderr(w io.Writer) io.Writer {
-	if w == nil {
-		return os.Stderr
-	}
-	return w
-}
 
 // ucxWarnLine matches UCX's own WARN lines ("[1700000000.123] [vm:42:0]
 // mpool.c:269 UCX WARN object 0x55d... was not returned to mpool
@@ -107,25 +93,4 @@ func (f *warnFolder) Close() error {
 	}
 	f.order = nil
 	return nil
-}
-
-// snapshotter returns what saves res as it stands through save (a no-op
-// when save is nil). A failed save is warned once and not tried again: the
-// run goes on, it only loses what a kill would have left.
-func snapshotter(save func(report.Result) error, res report.Result, sink live.Sink) func() {
-	if save == nil {
-		return func() {}
-	}
-	failed := false
-	return func() {
-		if failed {
-			return
-		}
-		if err := save(res); err != nil {
-			failed = true
-			w := "--save: the partial result could not be written as the run went (" + err.Error() + "): a kill would leave nothing"
-			res.Header().Warn(w)
-			live.Emit(sink, live.Warning{Text: w})
-		}
-	}
 }
