@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -56,6 +57,7 @@ func TestScripts(t *testing.T) {
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"waitport": waitPort,
 			"waitfile": waitFile,
+			"jsonkeys": jsonKeys,
 		},
 		Condition: func(cond string) (bool, error) {
 			switch cond {
@@ -120,6 +122,49 @@ func waitFile(ts *testscript.TestScript, neg bool, args []string) {
 		b, err := os.ReadFile(ts.MkAbs(args[0]))
 		return err == nil && re.Match(b)
 	})
+}
+
+// jsonKeys is the scripts' "jsonkeys FILE LIST": it fails when the JSON in
+// FILE lacks any of the paths LIST names, one per line ("summary.requests";
+// "[]" for an array's elements), so a result that loses a field fails
+// whatever its values.
+func jsonKeys(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: jsonkeys FILE LIST")
+	}
+	var v any
+	if err := json.Unmarshal([]byte(ts.ReadFile(args[0])), &v); err != nil {
+		ts.Fatalf("%s: %v", args[0], err)
+	}
+	have := map[string]bool{}
+	var walk func(v any, path string)
+	walk = func(v any, path string) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				p := k
+				if path != "" {
+					p = path + "." + k
+				}
+				have[p] = true
+				walk(x, p)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x, path+"[]")
+			}
+		}
+	}
+	walk(v, "")
+	var missing []string
+	for _, want := range strings.Fields(ts.ReadFile(args[1])) {
+		if !have[want] {
+			missing = append(missing, want)
+		}
+	}
+	if len(missing) > 0 {
+		ts.Fatalf("%s lacks %d fields of %s: %s", args[0], len(missing), args[1], strings.Join(missing, " "))
+	}
 }
 
 // runCLI runs nixlctl in-process with buffers for its streams.

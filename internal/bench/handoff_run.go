@@ -95,7 +95,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	}
 	psetup, dsetup := f.psetups[0], f.dsetups[0]
 	res.Config.PoolBytesPerEngine, res.Config.Alloc = psetup.PoolBytes, psetup.Alloc
-	res.Config.CompatHash, res.Config.NoCompatCheck = psetup.CompatHash, o.NoCompatCheck
+	res.Config.CompatHash = psetup.CompatHash
 	h := newHandoff(&o, f)
 	if o.Records != nil {
 		// The provisional result a kill leaves (--save) recomputes its

@@ -218,7 +218,7 @@ func (il *interleave) config(rounds int) *XferReference {
 	}
 	o := il.xfer.o
 	ref := &XferReference{Op: o.Op.String(), BlockSize: il.block, BatchSize: il.batch, PipelineDepth: o.PipelineDepth,
-		Polling: "paced", Rounds: rounds, RoundRequests: il.size}
+		Polling: "paced", Rounds: rounds, RoundRequests: il.size, Target: il.h.o.XferTarget}
 	if il.limit != nil {
 		ref.Limit = "the same transfers between UCX-allocated memory (--dram-alloc ucx: UCX's shared-memory path)"
 	}
