@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -401,6 +402,20 @@ func (o serveEngineOptions) identity() (engine.Identity, error) {
 	}
 	id.Source = "serve " + strings.Join(srcs, " ")
 	return id, nil
+}
+
+// applyIdentity sets a stand-in engine's compatibility identity from the
+// flags (a stand-in has no driver to hand it over).
+func (o serveEngineOptions) applyIdentity(cfg *engine.Config) error {
+	id, err := o.identity()
+	if err != nil {
+		return err
+	}
+	cfg.CompatHashHex, cfg.NoCompatCheck = id.HashHex, id.NoCheck
+	if len(id.Factors) > 0 {
+		cfg.CompatFactors = json.RawMessage(id.Factors)
+	}
+	return nil
 }
 
 func newServeEngineCmd(a *app, role string) *cobra.Command {

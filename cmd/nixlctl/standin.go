@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -114,13 +113,8 @@ func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
 		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: engine.Sparse, Lease: lease,
 		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise}
-	id, err := so.identity()
-	if err != nil {
+	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
-	}
-	cfg.CompatHashHex, cfg.NoCompatCheck = id.HashHex, id.NoCheck
-	if len(id.Factors) > 0 {
-		cfg.CompatFactors = json.RawMessage(id.Factors)
 	}
 	if cfg.Advertise == "" && engine.Unroutable(host) {
 		return cfg, spec, errkind.BadInput(engine.NoAdvertise("--side-channel " + o.SideChannel))

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -80,13 +79,8 @@ func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) 
 		// The stand-in prefill tags what sparse checks read (Verify
 		// Sparse there too): a full check would find untagged bytes.
 		Verify: engine.Sparse}
-	id, err := so.identity()
-	if err != nil {
+	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
-	}
-	cfg.CompatHashHex, cfg.NoCompatCheck = id.HashHex, id.NoCheck
-	if len(id.Factors) > 0 {
-		cfg.CompatFactors = json.RawMessage(id.Factors)
 	}
 	if err := standin.CheckDecodeConfig(cfg); err != nil {
 		return cfg, spec, errkind.BadInput(err)
