@@ -651,6 +651,13 @@ func (c *chaosRun) drive(ctx context.Context) {
 	}
 	if len(p.Abort) > 0 {
 		faultAt(p.AbortAt, func() {
+			// The requests to abort must be queued on decode first: on a
+			// busy machine they arrive later than the plan's clock says,
+			// and an abort that finds one not yet queued only skips it
+			// (4 expired leases read 1 under a loaded CI).
+			for _, i := range p.Abort {
+				after(ctx, c.inQueue[i])
+			}
 			t := c.fault(fmt.Sprintf("router aborts %d queued requests", len(p.Abort)))
 			c.mu.Lock()
 			c.tAbort = t
