@@ -513,3 +513,42 @@ func TestSGLCompatible(t *testing.T) {
 		})
 	}
 }
+
+// Rooms set up at once against a prefill rank the decode has not met
+// register its KV args there once, as SGLang's decode does (one
+// _register_kv_args per connection). Run against SGLang's own bootstrap
+// server, two rooms in flight sent it twice, and the second PUSH socket
+// replaced the first without closing it.
+func TestSGLangRegistersOnceUnderConcurrentRooms(t *testing.T) {
+	p, d, _ := engines(t, ProtoSGLang, 1, 1, nil)
+	addr := p.sgl.bootstrapAddr
+	const n = 8
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		mu    sync.Mutex
+		fresh int
+		socks = map[*sidechannel.Push]bool{}
+	)
+	for range n {
+		wg.Go(func() {
+			<-start
+			push, isNew, err := d.sgl.ensureRegistered(context.Background(), addr, d.ranks[0], 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			socks[push] = true
+			if isNew {
+				fresh++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if fresh != 1 || len(socks) != 1 {
+		t.Errorf("%d concurrent rooms: %d registrations sent over %d sockets, want 1 over 1", n, fresh, len(socks))
+	}
+}

@@ -364,7 +364,10 @@ type sglState struct {
 	recv       []map[uint64]*sglRecv
 	info       map[string]sglPrefillInfo // decode: bootstrap addr -> prefill info
 	registered map[[2]string]bool        // decode: (local agent, prefill rank addr) registered
-	client     *http.Client
+	// Decode: held while a registration is sent, so rooms set up at once
+	// register with a prefill rank once (keys as registered's).
+	registering map[[2]string]*sync.Mutex
+	client      *http.Client
 }
 
 // sglPrefillInfo is SGLang's PrefillServerInfo, every field of it: a
@@ -418,7 +421,7 @@ var sglRouteParams = []string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_r
 
 func newSGLState(e *Engine) (*sglState, error) {
 	s := &sglState{e: e, info: map[string]sglPrefillInfo{},
-		registered: map[[2]string]bool{}, client: &http.Client{Timeout: 5 * time.Second}}
+		registered: map[[2]string]bool{}, registering: map[[2]string]*sync.Mutex{}, client: &http.Client{Timeout: 5 * time.Second}}
 	// Inboxes and the bootstrap server bind where the handshake socket
 	// did; messages name the advertised host.
 	host, _, err := splitEndpoint(e.side.Endpoint())
@@ -1063,11 +1066,23 @@ func (s *sglState) getJSON(ctx context.Context, addr string, q url.Values, v any
 }
 
 // ensureRegistered sends decode rank rk's KV args to prefill rank p once
-// and returns the PUSH socket to that rank's inbox.
+// and returns the PUSH socket to that rank's inbox. Rooms that reach a
+// rank at once wait for the first one's registration (SGLang registers
+// once per connection); each sending its own had the prefill register the
+// agent again and left all but the last socket open.
 func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *rank, p int) (*sidechannel.Push, bool, error) {
 	var entry sglRankEntry
 	q := url.Values{"prefill_dp_rank": {"0"}, "prefill_cp_rank": {"0"}, "target_tp_rank": {strconv.Itoa(p)}, "target_pp_rank": {"0"}}
 	key := [2]string{rk.agent.Name(), bootstrap + "/" + strconv.Itoa(p)}
+	s.mu.Lock()
+	one := s.registering[key]
+	if one == nil {
+		one = &sync.Mutex{}
+		s.registering[key] = one
+	}
+	s.mu.Unlock()
+	one.Lock()
+	defer one.Unlock()
 	s.mu.Lock()
 	done := s.registered[key]
 	push := s.ranks[rk.idx].push[key[1]]
