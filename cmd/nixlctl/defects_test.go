@@ -95,7 +95,8 @@ func issue29Rows() []defectRow {
 			args: []string{"bench", "push", "--inproc", "--requests", "2", "--warmup", "0", "--isl", "64", "--tui", "off", "-o", "json"},
 			code: exitOK, stdout: `"command": "bench push"`}.check},
 		{"across-hosts-6/ucx-warnings-counted", coveredBy(
-			"internal/bench/child_test.go TestWarnFolder")},
+			"internal/fleet/warnfold_test.go TestWarnFolder",
+			"internal/nixl/ucx/logfold_test.go TestLogFoldCountsRepeats")},
 		{"across-hosts-7/job-id-precedence", coveredBy(
 			"internal/launcher/launcher_test.go TestDetect")},
 		{"across-hosts-7/docs", docsSay(map[string][]string{
