@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // role is what an engine is: prefill or decode, with vLLM's protocols or
@@ -163,7 +164,7 @@ type sglDecodeRole struct {
 }
 
 func (d sglDecodeRole) onNotif(rk *rank, from string, m []byte) {
-	if s := string(m); isSGLangNotif(s) {
+	if s := string(m); sidechannel.IsSGLangNotif(s) {
 		d.sgl.onNotif(rk, from, s)
 		return
 	}

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,49 +13,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/wirefixture"
 )
 
-// SGLang's side of the wire fixtures (see fixture_test.go): the ZMQ frames
-// decode sends a prefill rank and the bootstrap server's JSON answers.
-
-func sameFrames(t *testing.T, what string, got, want [][]byte) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: %d frames, upstream has %d", what, len(got), len(want))
-	}
-	for i := range min(len(got), len(want)) {
-		sameWire(t, fmt.Sprintf("%s frame %d", what, i), got[i], want[i])
-	}
-}
-
-func TestFixtureSGLTransferInfo(t *testing.T) {
-	t.Parallel()
-	want := wirefixture.Frames(t, "sglang_transfer_info.hex")
-	info := SGLTransferInfo{Room: 12345678901234567, DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0",
-		DstPages: []int32{7, 8, 300}, DstAux: 5, RequiredDst: 1, PrefixLen: 0}
-	sameFrames(t, "TransferInfo", info.Encode(), want)
-	reg, got, _, err := DecodeSGLMessage(want)
-	if err != nil || reg != nil || got == nil {
-		t.Fatalf("decoded %v %v %v", reg, got, err)
-	}
-	if d := cmp.Diff(info, *got); d != "" {
-		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-	}
-}
-
-func TestFixtureSGLRegistration(t *testing.T) {
-	t.Parallel()
-	want := wirefixture.Frames(t, "sglang_kv_args.hex")
-	r := SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0", AgentMD: []byte("\x00\x01nixl"),
-		KVPtrs: []uint64{0x7f0000000000, 0x7f0000100000}, AuxPtrs: []uint64{0x55000000}, GPUID: 0, DecodeTP: 1,
-		DecodeRank: 0, KVItemLen: 32768}
-	sameFrames(t, "KV-args registration", r.Encode(), want)
-	got, info, _, err := DecodeSGLMessage(want)
-	if err != nil || info != nil || got == nil {
-		t.Fatalf("decoded %v %v %v", got, info, err)
-	}
-	if d := cmp.Diff(r, *got); d != "" {
-		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-	}
-}
+// SGLang's bootstrap server against the wire fixtures (see fixture_test.go):
+// the JSON answers of its /route, /register_dp_rank and /query_dp_ranks.
+// The ZMQ frames and notifications are internal/sidechannel's (sgl_fixture_test.go there).
 
 func TestFixtureSGLBootstrapRoute(t *testing.T) {
 	t.Parallel()
@@ -129,37 +88,5 @@ func TestFixtureSGLBootstrapRoute(t *testing.T) {
 	var rank sglRankEntry
 	if err := json.Unmarshal(wirefixture.Raw(t, "sglang_route_rank.json"), &rank); err != nil || rank != (sglRankEntry{"10.0.0.1", 41235}) {
 		t.Errorf("rank entry %+v, %v", rank, err)
-	}
-}
-
-func TestFixtureSGLNotifs(t *testing.T) {
-	t.Parallel()
-	const room = 12345678901234567
-	for _, tc := range []struct {
-		fixture string
-		got     []byte
-		want    sglNotif
-	}{
-		{"sglang_notif_kv.hex", sglKVNotif(room, 3, true, 1), sglNotif{room: room, kind: "kv", chunk: 3, last: true, sender: 1}},
-		{"sglang_notif_aux.hex", sglAuxNotif(room), sglNotif{room: room, kind: "aux"}},
-		{"sglang_notif_aux_nokv.hex", sglNoKVNotif(room, 1), sglNotif{room: room, kind: "nokv", sender: 1}},
-	} {
-		want := wirefixture.Hex(t, tc.fixture)
-		sameWire(t, tc.fixture, tc.got, want)
-		n, err := parseSGLNotif(string(want))
-		if err != nil || n != tc.want {
-			t.Errorf("%s parsed %+v, %v; want %+v", tc.fixture, n, err, tc.want)
-		}
-	}
-}
-
-// Decode's ABORT (sent on its waiting timeout) is SGLang's, and prefill
-// reads SGLang's.
-func TestFixtureSGLAbort(t *testing.T) {
-	t.Parallel()
-	sameFrames(t, "ABORT", sglAbort(12345678901234567, "10.0.0.2", 41235), wirefixture.Frames(t, "sglang_abort.hex"))
-	reg, info, room, err := DecodeSGLMessage(wirefixture.Frames(t, "sglang_abort.hex"))
-	if err != nil || reg != nil || info != nil || room != 12345678901234567 {
-		t.Errorf("ABORT decoded to room %d, %v %v %v", room, reg, info, err)
 	}
 }

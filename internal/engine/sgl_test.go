@@ -19,44 +19,10 @@ import (
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
-func TestSGLMessagesRoundTrip(t *testing.T) {
-	reg := SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 5000, AgentName: "decode-0-tp1", AgentMD: []byte("md"),
-		KVPtrs: []uint64{1 << 40, 1<<40 + 4096}, AuxPtrs: []uint64{7, 8, 9}, GPUID: 1, DecodeTP: 2, DecodeRank: 1, KVItemLen: 4096, DstNumSlots: 512}
-	r, info, _, err := DecodeSGLMessage(reg.Encode())
-	if err != nil || info != nil || r == nil {
-		t.Fatalf("registration: %v", err)
-	}
-	if diff := cmp.Diff(reg, *r); diff != "" {
-		t.Error(diff)
-	}
-	ti := SGLTransferInfo{Room: 1<<62 + 5, DecodeIP: "10.0.0.2", DecodePort: 5000, AgentName: "decode-0-tp1", DstPages: []int32{3, 4, 9},
-		DstAux: 7, RequiredDst: 2, PrefixLen: 32}
-	_, got, _, err := DecodeSGLMessage(ti.Encode())
-	if err != nil || got == nil {
-		t.Fatalf("transfer info: %v", err)
-	}
-	if diff := cmp.Diff(ti, *got); diff != "" {
-		t.Error(diff)
-	}
-	if _, _, room, err := DecodeSGLMessage([][]byte{[]byte("ABORT"), []byte("42"), []byte("ip"), []byte("1")}); err != nil || room != 42 {
-		t.Errorf("abort: %d %v", room, err)
-	}
-	for _, m := range []string{"5_kv_0_1_2", "5_aux", "5_aux_nokv_3"} {
-		if _, err := parseSGLNotif(m); err != nil {
-			t.Errorf("%s: %v", m, err)
-		}
-	}
-	for _, m := range []string{"x_kv_0_1_2", "5_kv_0_2_2", "5_kv_-1_1_2", "5_aux_2", "5"} {
-		if _, err := parseSGLNotif(m); err == nil {
-			t.Errorf("%s accepted", m)
-		}
-	}
-}
-
 func TestSGLRooms(t *testing.T) {
 	const ttl = 100
-	ti := func(room uint64, agent string, want int) SGLTransferInfo {
-		return SGLTransferInfo{Room: room, AgentName: agent, RequiredDst: want, DstPages: []int32{int32(len(agent))}}
+	ti := func(room uint64, agent string, want int) sidechannel.SGLTransferInfo {
+		return sidechannel.SGLTransferInfo{Room: room, AgentName: agent, RequiredDst: want, DstPages: []int32{int32(len(agent))}}
 	}
 	type step struct {
 		at    int64
@@ -163,25 +129,25 @@ func TestSGLRooms(t *testing.T) {
 }
 
 func TestSGLTracker(t *testing.T) {
-	kvN := func(chunk int, last bool, sender int) sglNotif {
-		return sglNotif{kind: "kv", chunk: chunk, last: last, sender: sender}
+	kvN := func(chunk int, last bool, sender int) sidechannel.SGLNotif {
+		return sidechannel.SGLNotif{Kind: "kv", Chunk: chunk, Last: last, Sender: sender}
 	}
-	aux, nokv := sglNotif{kind: "aux"}, func(sender int) sglNotif { return sglNotif{kind: "nokv", sender: sender} }
+	aux, nokv := sidechannel.SGLNotif{Kind: "aux"}, func(sender int) sidechannel.SGLNotif { return sidechannel.SGLNotif{Kind: "nokv", Sender: sender} }
 	for _, tc := range []struct {
 		name    string
 		senders int
-		notifs  []sglNotif
+		notifs  []sidechannel.SGLNotif
 		want    []sglNotifEvent
 	}{
-		{"in order", 1, []sglNotif{kvN(0, false, 0), kvN(1, true, 0), aux},
+		{"in order", 1, []sidechannel.SGLNotif{kvN(0, false, 0), kvN(1, true, 0), aux},
 			[]sglNotifEvent{notifProgress, notifProgress, notifComplete}},
-		{"last chunk and aux first", 1, []sglNotif{aux, kvN(2, true, 0), kvN(0, false, 0), kvN(1, false, 0)},
+		{"last chunk and aux first", 1, []sidechannel.SGLNotif{aux, kvN(2, true, 0), kvN(0, false, 0), kvN(1, false, 0)},
 			[]sglNotifEvent{notifProgress, notifProgress, notifProgress, notifComplete}},
-		{"duplicates", 1, []sglNotif{kvN(0, false, 0), kvN(0, false, 0), aux, aux, kvN(1, true, 0)},
+		{"duplicates", 1, []sidechannel.SGLNotif{kvN(0, false, 0), kvN(0, false, 0), aux, aux, kvN(1, true, 0)},
 			[]sglNotifEvent{notifProgress, notifDuplicate, notifProgress, notifDuplicate, notifComplete}},
-		{"late after complete", 1, []sglNotif{kvN(0, true, 0), aux, kvN(0, true, 0), aux},
+		{"late after complete", 1, []sidechannel.SGLNotif{kvN(0, true, 0), aux, kvN(0, true, 0), aux},
 			[]sglNotifEvent{notifProgress, notifComplete, notifLate, notifLate}},
-		{"two senders and a dummy rank", 3, []sglNotif{kvN(0, true, 1), nokv(2), nokv(2), aux, kvN(0, true, 0)},
+		{"two senders and a dummy rank", 3, []sidechannel.SGLNotif{kvN(0, true, 1), nokv(2), nokv(2), aux, kvN(0, true, 0)},
 			[]sglNotifEvent{notifProgress, notifProgress, notifDuplicate, notifProgress, notifComplete}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -230,7 +196,7 @@ func TestSGLangDuplicateTransferInfoDuringSend(t *testing.T) {
 		st, ok := p.sgl.rooms[0].State(room)
 		return ok && st != roomBootstrapping
 	})
-	dup := SGLTransferInfo{Room: room, DecodeIP: "127.0.0.1", DecodePort: 1, AgentName: d.ranks[0].agent.Name(),
+	dup := sidechannel.SGLTransferInfo{Room: room, DecodeIP: "127.0.0.1", DecodePort: 1, AgentName: d.ranks[0].agent.Name(),
 		DstPages: []int32{0}, RequiredDst: 1}.Encode()
 	var perr error
 	sent := 0

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,252 +30,14 @@ import (
 // notifications and the aux row with "{room}_aux"; decode polls until all
 // chunks and the aux arrived, then checks that the aux row carries its room.
 
-// SGLGuard opens every decode->prefill message except ABORT.
-const SGLGuard = "NixlMsgGuard"
-
 // Aux buffers: one row per request in flight, each row 64 bytes (SGLang
 // pads rows to the 64-byte RDMA minimum); written with one descriptor per
 // buffer.
 const (
-	auxRows    = 1024
+	auxRows    = sidechannel.SGLAuxRows
 	auxRowSize = 64
 	auxBuffers = 3 // output ids, cached tokens, bootstrap room
 )
-
-// SGLRegistration is decode's once-per-peer KV-args message.
-type SGLRegistration struct {
-	DecodeIP   string
-	DecodePort int
-	AgentName  string
-	AgentMD    []byte
-	KVPtrs     []uint64 // one per region (K layers then V layers, or latents)
-	AuxPtrs    []uint64
-	GPUID      int
-	DecodeTP   int
-	DecodeRank int
-	KVItemLen  int64 // bytes of one page of one region
-	// DstNumSlots, pages in decode's pool, is nixlctl's addition: an 18th
-	// frame SGLang's receiver ignores (it reads fixed positions), sent only
-	// when set; 0 when absent (a real SGLang decode), meaning unbounded.
-	DstNumSlots int
-}
-
-// SGLTransferInfo is decode's per-request message.
-type SGLTransferInfo struct {
-	Room        uint64
-	DecodeIP    string
-	DecodePort  int
-	AgentName   string
-	DstPages    []int32
-	DstAux      int
-	RequiredDst int
-	PrefixLen   int
-}
-
-// Encode builds the ZMQ frames of a KV-args registration as SGLang's
-// _register_kv_args does: the guard, then 16 frames (no state buffers, no
-// staging), then nixlctl's dst_num_slots when set.
-func (r SGLRegistration) Encode() [][]byte {
-	f := [][]byte{[]byte(SGLGuard), []byte("None"), []byte(r.DecodeIP), []byte(strconv.Itoa(r.DecodePort)),
-		[]byte(r.AgentName), r.AgentMD, packU64(r.KVPtrs), packU64(r.AuxPtrs), {}, []byte(strconv.Itoa(r.GPUID)),
-		[]byte(strconv.Itoa(r.DecodeTP)), []byte(strconv.Itoa(r.DecodeRank)), []byte(strconv.FormatInt(r.KVItemLen, 10)),
-		{}, {}, {}, {}}
-	if r.DstNumSlots > 0 {
-		f = append(f, []byte(strconv.Itoa(r.DstNumSlots)))
-	}
-	return f
-}
-
-// sglAbort is decode's best-effort ABORT of a room (common/conn.py's
-// _send_abort_notification): no guard frame; room, decode ip and port.
-func sglAbort(room uint64, ip string, port int) [][]byte {
-	return [][]byte{[]byte("ABORT"), []byte(strconv.FormatUint(room, 10)), []byte(ip), []byte(strconv.Itoa(port))}
-}
-
-// Encode builds the ZMQ frames of a TransferInfo.
-func (t SGLTransferInfo) Encode() [][]byte {
-	pages := make([]byte, 4*len(t.DstPages))
-	for i, p := range t.DstPages {
-		binary.LittleEndian.PutUint32(pages[4*i:], uint32(p))
-	}
-	return [][]byte{[]byte(SGLGuard), []byte(strconv.FormatUint(t.Room, 10)), []byte(t.DecodeIP), []byte(strconv.Itoa(t.DecodePort)),
-		[]byte(t.AgentName), pages, []byte(strconv.Itoa(t.DstAux)), []byte(strconv.Itoa(t.RequiredDst)), {},
-		[]byte(strconv.Itoa(t.PrefixLen))}
-}
-
-func packU64(xs []uint64) []byte {
-	b := make([]byte, 8*len(xs))
-	for i, x := range xs {
-		binary.LittleEndian.PutUint64(b[8*i:], x)
-	}
-	return b
-}
-
-func unpackU64(b []byte) ([]uint64, error) {
-	if len(b)%8 != 0 {
-		return nil, fmt.Errorf("%d bytes is not a list of u64", len(b))
-	}
-	out := make([]uint64, len(b)/8)
-	for i := range out {
-		out[i] = binary.LittleEndian.Uint64(b[8*i:])
-	}
-	return out, nil
-}
-
-func atoiFrame(b []byte, what string, lo, hi int) (int, error) {
-	n, err := strconv.Atoi(string(b))
-	if err != nil || n < lo || n > hi {
-		return 0, fmt.Errorf("%s: %q is not an integer in [%d, %d]", what, b, lo, hi)
-	}
-	return n, nil
-}
-
-// DecodeSGLMessage parses a message received on a prefill rank's PULL
-// inbox: a registration (room "None"), a TransferInfo, or an ABORT.
-func DecodeSGLMessage(frames [][]byte) (reg *SGLRegistration, info *SGLTransferInfo, abort uint64, err error) {
-	if len(frames) >= 2 && string(frames[0]) == "ABORT" {
-		room, err := strconv.ParseUint(string(frames[1]), 10, 64)
-		if err != nil {
-			return nil, nil, 0, fmt.Errorf("ABORT: room %q", frames[1])
-		}
-		return nil, nil, room, nil
-	}
-	if len(frames) < 2 || string(frames[0]) != SGLGuard {
-		return nil, nil, 0, errors.New("no guard frame (foreign traffic?)")
-	}
-	f := frames[1:]
-	if string(f[0]) == "None" {
-		if len(f) < 13 {
-			return nil, nil, 0, fmt.Errorf("registration has %d frames, want at least 13", len(f))
-		}
-		r := &SGLRegistration{DecodeIP: string(f[1]), AgentName: string(f[3]), AgentMD: append([]byte(nil), f[4]...)}
-		if r.DecodePort, err = atoiFrame(f[2], "decode port", 1, 65535); err != nil {
-			return nil, nil, 0, err
-		}
-		if r.KVPtrs, err = unpackU64(f[5]); err != nil || len(r.KVPtrs) == 0 {
-			return nil, nil, 0, fmt.Errorf("kv_data_ptrs: %v", err)
-		}
-		if r.AuxPtrs, err = unpackU64(f[6]); err != nil {
-			return nil, nil, 0, fmt.Errorf("aux_data_ptrs: %w", err)
-		}
-		if r.GPUID, err = atoiFrame(f[8], "gpu id", 0, 1<<20); err != nil {
-			return nil, nil, 0, err
-		}
-		if r.DecodeTP, err = atoiFrame(f[9], "decode tp size", 1, 1024); err != nil {
-			return nil, nil, 0, err
-		}
-		if r.DecodeRank, err = atoiFrame(f[10], "decode rank", 0, 1023); err != nil {
-			return nil, nil, 0, err
-		}
-		item, err := atoiFrame(f[11], "kv item len", 1, 1<<30)
-		if err != nil {
-			return nil, nil, 0, err
-		}
-		r.KVItemLen = int64(item)
-		if len(f) > 16 && len(f[16]) > 0 {
-			if r.DstNumSlots, err = atoiFrame(f[16], "dst num slots", 1, 1<<30); err != nil {
-				return nil, nil, 0, err
-			}
-		}
-		if r.AgentName == "" {
-			return nil, nil, 0, errors.New("registration without an agent name")
-		}
-		return r, nil, 0, nil
-	}
-	if len(f) < 8 {
-		return nil, nil, 0, fmt.Errorf("transfer info has %d frames, want at least 8", len(f))
-	}
-	t := &SGLTransferInfo{DecodeIP: string(f[1]), AgentName: string(f[3])}
-	if t.Room, err = strconv.ParseUint(string(f[0]), 10, 64); err != nil {
-		return nil, nil, 0, fmt.Errorf("room %q is not a number", f[0])
-	}
-	if t.DecodePort, err = atoiFrame(f[2], "decode port", 1, 65535); err != nil {
-		return nil, nil, 0, err
-	}
-	if len(f[4])%4 != 0 {
-		return nil, nil, 0, fmt.Errorf("page indices: %d bytes is not a list of int32", len(f[4]))
-	}
-	for i := 0; i < len(f[4]); i += 4 {
-		p := int32(binary.LittleEndian.Uint32(f[4][i:]))
-		if p < 0 {
-			return nil, nil, 0, fmt.Errorf("negative page index %d", p)
-		}
-		t.DstPages = append(t.DstPages, p)
-	}
-	if t.DstAux, err = atoiFrame(f[5], "aux index", 0, auxRows-1); err != nil {
-		return nil, nil, 0, err
-	}
-	if t.RequiredDst, err = atoiFrame(f[6], "required dst info num", 1, 1024); err != nil {
-		return nil, nil, 0, err
-	}
-	if len(f) > 8 && len(f[8]) > 0 {
-		if t.PrefixLen, err = atoiFrame(f[8], "decode prefix len", 0, kv.MaxTokens); err != nil {
-			return nil, nil, 0, err
-		}
-	}
-	return nil, t, 0, nil
-}
-
-// sglNotif is a parsed decode-side notification.
-type sglNotif struct {
-	room   uint64
-	kind   string // kv, aux, nokv
-	chunk  int
-	last   bool
-	sender int
-}
-
-// sglKVNotif tags a KV chunk's WRITE: "{room}_kv_{chunk}_{0|1}_{sender}".
-func sglKVNotif(room uint64, chunk int, last bool, sender int) []byte {
-	return []byte(fmt.Sprintf("%d_kv_%d_%d_%d", room, chunk, b2i(last), sender))
-}
-
-// sglAuxNotif tags the aux row's WRITE: "{room}_aux".
-func sglAuxNotif(room uint64) []byte { return []byte(fmt.Sprintf("%d_aux", room)) }
-
-// sglNoKVNotif ends a room a sender has no pages for: "{room}_aux_nokv_{sender}".
-func sglNoKVNotif(room uint64, sender int) []byte {
-	return []byte(fmt.Sprintf("%d_aux_nokv_%d", room, sender))
-}
-
-func isSGLangNotif(m string) bool { _, err := parseSGLNotif(m); return err == nil }
-
-func parseSGLNotif(m string) (sglNotif, error) {
-	parts := strings.Split(m, "_")
-	var n sglNotif
-	if len(parts) < 2 {
-		return n, errors.New("not an SGLang notification")
-	}
-	room, err := strconv.ParseUint(parts[0], 10, 64)
-	if err != nil {
-		return n, errors.New("not an SGLang notification")
-	}
-	n.room = room
-	switch {
-	case parts[1] == "kv" && len(parts) == 5:
-		n.kind = "kv"
-		if n.chunk, err = strconv.Atoi(parts[2]); err != nil || n.chunk < 0 {
-			return n, fmt.Errorf("chunk id %q", parts[2])
-		}
-		if parts[3] != "0" && parts[3] != "1" {
-			return n, fmt.Errorf("is_last %q", parts[3])
-		}
-		n.last = parts[3] == "1"
-		if n.sender, err = strconv.Atoi(parts[4]); err != nil || n.sender < 0 || n.sender > 1023 {
-			return n, fmt.Errorf("sender %q", parts[4])
-		}
-	case parts[1] == "aux" && len(parts) == 2:
-		n.kind = "aux"
-	case parts[1] == "aux" && len(parts) == 4 && parts[2] == "nokv":
-		n.kind = "nokv"
-		if n.sender, err = strconv.Atoi(parts[3]); err != nil || n.sender < 0 || n.sender > 1023 {
-			return n, fmt.Errorf("sender %q", parts[3])
-		}
-	default:
-		return n, fmt.Errorf("unknown SGLang notification %q", m)
-	}
-	return n, nil
-}
 
 // sglRank is one rank's SGLang plumbing.
 type sglRank struct {
@@ -330,7 +91,7 @@ func auxRowFor(room uint64) []byte {
 }
 
 type sglPeer struct {
-	reg    SGLRegistration
+	reg    sidechannel.SGLRegistration
 	remote string // loaded agent name
 	ready  bool
 }
@@ -549,7 +310,7 @@ func (s *sglState) serveBootstrap(host string) error {
 
 // onInbox handles a message on a prefill rank's PULL socket.
 func (s *sglState) onInbox(r int, frames [][]byte) {
-	reg, info, abort, err := DecodeSGLMessage(frames)
+	reg, info, abort, err := sidechannel.DecodeSGLMessage(frames)
 	if err != nil {
 		s.e.c.malformedControl.Add(1)
 		s.e.log.Warn("SGLang inbox: bad message", "rank", r, "err", err)
@@ -677,7 +438,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	}
 	// Take every rank's room at once: from here on, a TransferInfo or an
 	// ABORT is late and changes nothing this call reads.
-	infos := make([][]SGLTransferInfo, len(e.ranks))
+	infos := make([][]sidechannel.SGLTransferInfo, len(e.ranks))
 	s.mu.Lock()
 	for i := range e.ranks {
 		var ok bool
@@ -731,7 +492,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 // in it, then the aux row, and waits for the WRITEs. infos is the room's
 // own copy, taken when it started sending: messages arriving meanwhile
 // cannot change it.
-func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferInfo, r PrefillRequest, blocks []int, chunk, bs int) (descs, logical int, err error) {
+func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []sidechannel.SGLTransferInfo, r PrefillRequest, blocks []int, chunk, bs int) (descs, logical int, err error) {
 	e := s.e
 	sr := s.ranks[rk.idx]
 	var xfers []nixl.XferReq
@@ -784,7 +545,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		}
 		if chunks == nil {
 			// A dummy rank (MLA fan-in): nothing to send but the room's end.
-			if err := rk.agent.SendNotif(peer.remote, sglNoKVNotif(r.Room, rk.idx)); err != nil {
+			if err := rk.agent.SendNotif(peer.remote, sidechannel.SGLNoKVNotif(r.Room, rk.idx)); err != nil {
 				return descs, logical, err
 			}
 			continue
@@ -802,7 +563,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		for c, from := 0, 0; from < len(src) || (c == 0 && len(src) == 0); c++ {
 			to := min(from+pagesPerChunk, len(src))
 			last := to == len(src)
-			notif := sglKVNotif(r.Room, c, last, rk.idx)
+			notif := sidechannel.SGLKVNotif(r.Room, c, last, rk.idx)
 			// SGLang registers KV as the pool's memory (VRAM on GPUs) and the aux rows as DRAM.
 			x, ml, err := e.makeMove(rk, nixl.Write, pp, peer.remote, rm, rk.buf.Mem, moveOpts{Chunks: chunks, LocalBlocks: src[from:to],
 				RemoteBlocks: dst[from:to], LogicalStart: prefixPages + from, Tokens: r.Tokens, LocalIsPrefill: true, Merge: e.cfg.Merge}, notif)
@@ -836,7 +597,7 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 			ld = append(ld, sr.aux.Desc((b*auxRows+row[0])*auxRowSize, auxRowSize))
 			rd = append(rd, nixl.Desc{Addr: peer.reg.AuxPtrs[b] + uint64(info.DstAux*auxRowSize), Len: auxRowSize})
 		}
-		x, err := rk.agent.CreateXferReq(nixl.Write, sr.aux.Mem, ld, sr.aux.Mem, rd, peer.remote, sglAuxNotif(r.Room))
+		x, err := rk.agent.CreateXferReq(nixl.Write, sr.aux.Mem, ld, sr.aux.Mem, rd, peer.remote, sidechannel.SGLAuxNotif(r.Room))
 		if err == nil {
 			xfers = append(xfers, x)
 			if st, perr := rk.agent.PostXferReq(x); st == nixl.Failed {
@@ -854,13 +615,6 @@ func (s *sglState) sendRoom(ctx context.Context, rk *rank, infos []SGLTransferIn
 		}
 	}
 	return descs, logical, nil
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // load is decode's side of a room: register with the prefill ranks it
@@ -940,7 +694,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			}
 			first = first || isNew
 			ip, port := e.advertised(s.ranks[d].inbox.Endpoint())
-			ti := SGLTransferInfo{Room: r.Room, DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), DstPages: pages,
+			ti := sidechannel.SGLTransferInfo{Room: r.Room, DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), DstPages: pages,
 				DstAux: row[0], RequiredDst: requiredDst, PrefixLen: start * e.spec.BlockSize}
 			if rep.TRegSent == 0 {
 				// Before the send: prefill may bootstrap the room (and
@@ -989,7 +743,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			// As upstream's decode: the room fails here and prefill is
 			// told, best effort, so that it does not write it later.
 			for _, to := range sentTo {
-				if err := to.push.Send(sglAbort(r.Room, to.ip, to.port)); err != nil {
+				if err := to.push.Send(sidechannel.SGLAbort(r.Room, to.ip, to.port)); err != nil {
 					e.log.Debug("SGLang ABORT not sent", "room", r.Room, "err", err)
 				}
 			}
@@ -1106,7 +860,7 @@ func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *r
 		return nil, false, err
 	}
 	ip, port := s.e.advertised(s.ranks[rk.idx].inbox.Endpoint())
-	reg := SGLRegistration{DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), AgentMD: md, GPUID: 0,
+	reg := sidechannel.SGLRegistration{DecodeIP: ip, DecodePort: port, AgentName: rk.agent.Name(), AgentMD: md, GPUID: 0,
 		DecodeTP: len(s.e.ranks), DecodeRank: rk.idx, DstNumSlots: s.e.cfg.NumBlocks}
 	for i := range rk.pool.Rank.Regions {
 		reg.KVPtrs = append(reg.KVPtrs, rk.pool.RegionBase(i))
@@ -1128,17 +882,17 @@ func (s *sglState) ensureRegistered(ctx context.Context, bootstrap string, rk *r
 
 // onNotif counts a decode-side SGLang notification.
 func (s *sglState) onNotif(rk *rank, from, m string) {
-	n, err := parseSGLNotif(m)
+	n, err := sidechannel.ParseSGLNotif(m)
 	if err != nil {
 		s.e.badNotif(err.Error(), from, m)
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rc := s.recv[rk.idx][n.room]
+	rc := s.recv[rk.idx][n.Room]
 	if rc == nil {
 		s.e.c.unknown.Add(1)
-		s.e.log.Warn("notification for an unknown room", "room", n.room, "from", from)
+		s.e.log.Warn("notification for an unknown room", "room", n.Room, "from", from)
 		return
 	}
 	// The tracker's time is a stage time (the last WRITE seen), joined

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"sort"
+
+	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
 // SGLang's rooms as plain state machines, like lease.Table: no locks, no
@@ -43,11 +45,11 @@ const (
 // sglRoom is one room on one prefill rank.
 type sglRoom struct {
 	state    roomState
-	infos    map[string]SGLTransferInfo // by decode agent name; first one wins
-	want     int                        // TransferInfos to wait for (0: none seen yet)
-	tReady   int64                      // when the last TransferInfo arrived
-	deadline int64                      // dropped after this (0: never, while sending)
-	gen      uint64                     // which expiry entry is the room's current one
+	infos    map[string]sidechannel.SGLTransferInfo // by decode agent name; first one wins
+	want     int                                    // TransferInfos to wait for (0: none seen yet)
+	tReady   int64                                  // when the last TransferInfo arrived
+	deadline int64                                  // dropped after this (0: never, while sending)
+	gen      uint64                                 // which expiry entry is the room's current one
 }
 
 // sglRoomStats counts the room events that are not the happy path.
@@ -83,7 +85,7 @@ func newSGLRooms(ttl int64) *sglRooms {
 func (rs *sglRooms) room(id uint64, now int64) *sglRoom {
 	r := rs.rooms[id]
 	if r == nil {
-		r = &sglRoom{infos: map[string]SGLTransferInfo{}}
+		r = &sglRoom{infos: map[string]sidechannel.SGLTransferInfo{}}
 		rs.rooms[id] = r
 		rs.setDeadline(id, r, now)
 	}
@@ -117,7 +119,7 @@ func (rs *sglRooms) sweep(now int64) {
 // Info takes a decode rank's TransferInfo. The first one per agent wins:
 // a duplicate never changes what prefill sends, and nothing changes once
 // the room is sending (the infos were handed out then).
-func (rs *sglRooms) Info(info SGLTransferInfo, now int64) roomEvent {
+func (rs *sglRooms) Info(info sidechannel.SGLTransferInfo, now int64) roomEvent {
 	rs.sweep(now)
 	r := rs.room(info.Room, now)
 	switch r.state {
@@ -169,7 +171,7 @@ func (rs *sglRooms) Claim(id uint64, now int64) roomState {
 
 // Start hands a ready room's TransferInfos to prefill (sorted by agent,
 // a copy: the room keeps its own) and marks it sending.
-func (rs *sglRooms) Start(id uint64) (infos []SGLTransferInfo, tReady int64, ok bool) {
+func (rs *sglRooms) Start(id uint64) (infos []sidechannel.SGLTransferInfo, tReady int64, ok bool) {
 	r := rs.rooms[id]
 	if r == nil || r.state != roomReady {
 		return nil, 0, false
@@ -232,36 +234,36 @@ func newSGLTracker(senders int) *sglTracker {
 }
 
 // Notif counts one notification of the room.
-func (t *sglTracker) Notif(n sglNotif, now int64) sglNotifEvent {
+func (t *sglTracker) Notif(n sidechannel.SGLNotif, now int64) sglNotifEvent {
 	if t.complete {
 		return notifLate
 	}
 	t.tLast = now
 	ev := notifProgress
-	switch n.kind {
+	switch n.Kind {
 	case "aux":
 		if t.aux {
 			ev = notifDuplicate
 		}
 		t.aux = true
 	case "nokv":
-		if _, seen := t.expected[n.sender]; seen {
+		if _, seen := t.expected[n.Sender]; seen {
 			ev = notifDuplicate
 		}
-		t.expected[n.sender] = 0
-		if t.chunks[n.sender] == nil {
-			t.chunks[n.sender] = map[int]bool{}
+		t.expected[n.Sender] = 0
+		if t.chunks[n.Sender] == nil {
+			t.chunks[n.Sender] = map[int]bool{}
 		}
 	case "kv":
-		if t.chunks[n.sender] == nil {
-			t.chunks[n.sender] = map[int]bool{}
+		if t.chunks[n.Sender] == nil {
+			t.chunks[n.Sender] = map[int]bool{}
 		}
-		if t.chunks[n.sender][n.chunk] {
+		if t.chunks[n.Sender][n.Chunk] {
 			ev = notifDuplicate
 		}
-		t.chunks[n.sender][n.chunk] = true
-		if n.last {
-			t.expected[n.sender] = n.chunk + 1
+		t.chunks[n.Sender][n.Chunk] = true
+		if n.Last {
+			t.expected[n.Sender] = n.Chunk + 1
 		}
 	}
 	if t.done() {
