@@ -16,152 +16,9 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/sglrooms"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
-
-func TestSGLRooms(t *testing.T) {
-	const ttl = 100
-	ti := func(room uint64, agent string, want int) sidechannel.SGLTransferInfo {
-		return sidechannel.SGLTransferInfo{Room: room, AgentName: agent, RequiredDst: want, DstPages: []int32{int32(len(agent))}}
-	}
-	type step struct {
-		at    int64
-		op    string // info, abort, claim, start, finish
-		room  uint64
-		agent string
-		want  int
-		ev    roomEvent // info, abort
-		state roomState // claim; the room's state after any step
-		gone  bool      // the room is forgotten after the step
-	}
-	for _, tc := range []struct {
-		name  string
-		steps []step
-		stats sglRoomStats
-	}{
-		{name: "infos before prefill", steps: []step{
-			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: 1, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
-			{at: 2, op: "claim", room: 1, state: roomReady},
-			{at: 3, op: "start", room: 1, state: roomSending},
-			{at: 4, op: "finish", room: 1, state: roomDone},
-		}},
-		{name: "prefill before infos", steps: []step{
-			{at: 0, op: "claim", room: 1, state: roomBootstrapping},
-			{at: 1, op: "info", room: 1, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
-		}},
-		{name: "duplicate before sending: first wins", steps: []step{
-			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: 1, op: "info", room: 1, agent: "d0", want: 2, ev: roomDuplicate, state: roomBootstrapping},
-			{at: 2, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
-			{at: 3, op: "info", room: 1, agent: "d1", want: 2, ev: roomDuplicate, state: roomReady},
-		}, stats: sglRoomStats{Duplicates: 2}},
-		{name: "late while sending and after done", steps: []step{
-			{at: 0, op: "info", room: 1, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
-			{at: 1, op: "start", room: 1, state: roomSending},
-			{at: 2, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomSending},
-			{at: 3, op: "info", room: 1, agent: "d9", want: 1, ev: roomLate, state: roomSending},
-			{at: 4, op: "abort", room: 1, ev: roomLate, state: roomSending},
-			{at: 5, op: "finish", room: 1, state: roomDone},
-			{at: 6, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomDone},
-			// A done room is remembered for ttl, then forgotten.
-			{at: 5 + ttl, op: "info", room: 2, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: 5 + ttl, op: "claim", room: 1, state: roomBootstrapping},
-		}, stats: sglRoomStats{Late: 4}},
-		{name: "abort before and after ready", steps: []step{
-			{at: 0, op: "abort", room: 1, ev: roomWoke, state: roomAborted},
-			{at: 1, op: "info", room: 1, agent: "d0", want: 1, ev: roomLate, state: roomAborted},
-			{at: 2, op: "info", room: 2, agent: "d0", want: 1, ev: roomWoke, state: roomReady},
-			{at: 3, op: "abort", room: 2, ev: roomWoke, state: roomAborted},
-			{at: 4, op: "start", room: 2, state: roomAborted},
-		}, stats: sglRoomStats{Late: 1, Aborted: 2}},
-		{name: "a room nobody claims expires", steps: []step{
-			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: ttl - 1, op: "info", room: 2, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: ttl, op: "info", room: 3, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: ttl, op: "finish", room: 9, gone: true}, // checks room 9; room 1 was dropped above
-		}, stats: sglRoomStats{Expired: 1}},
-		{name: "a claim keeps the room past its first deadline", steps: []step{
-			{at: 0, op: "info", room: 1, agent: "d0", want: 2, ev: roomAccepted, state: roomBootstrapping},
-			{at: ttl - 1, op: "claim", room: 1, state: roomBootstrapping},
-			{at: ttl + 1, op: "info", room: 1, agent: "d1", want: 2, ev: roomWoke, state: roomReady},
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rs := newSGLRooms(ttl)
-			for i, st := range tc.steps {
-				var ev roomEvent
-				switch st.op {
-				case "info":
-					ev = rs.Info(ti(st.room, st.agent, st.want), st.at)
-				case "abort":
-					ev = rs.Abort(st.room, st.at)
-				case "claim":
-					if got := rs.Claim(st.room, st.at); got != st.state {
-						t.Fatalf("step %d: claim found %s, want %s", i, got, st.state)
-					}
-				case "start":
-					infos, _, ok := rs.Start(st.room)
-					if ok != (st.state == roomSending) {
-						t.Fatalf("step %d: start %v", i, ok)
-					}
-					for _, in := range infos {
-						if in.DstPages[0] != int32(len(in.AgentName)) {
-							t.Fatalf("step %d: start handed out %+v", i, in)
-						}
-					}
-				case "finish":
-					rs.Finish(st.room, st.at)
-				}
-				if (st.op == "info" || st.op == "abort") && ev != st.ev {
-					t.Fatalf("step %d (%s room %d %s): event %d, want %d", i, st.op, st.room, st.agent, ev, st.ev)
-				}
-				got, ok := rs.State(st.room)
-				if ok == st.gone || (ok && got != st.state) {
-					t.Fatalf("step %d: room %d is %s (present %v), want %s (gone %v)", i, st.room, got, ok, st.state, st.gone)
-				}
-			}
-			if diff := cmp.Diff(tc.stats, rs.stats); diff != "" {
-				t.Errorf("stats (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-func TestSGLTracker(t *testing.T) {
-	kvN := func(chunk int, last bool, sender int) sidechannel.SGLNotif {
-		return sidechannel.SGLNotif{Kind: "kv", Chunk: chunk, Last: last, Sender: sender}
-	}
-	aux, nokv := sidechannel.SGLNotif{Kind: "aux"}, func(sender int) sidechannel.SGLNotif { return sidechannel.SGLNotif{Kind: "nokv", Sender: sender} }
-	for _, tc := range []struct {
-		name    string
-		senders int
-		notifs  []sidechannel.SGLNotif
-		want    []sglNotifEvent
-	}{
-		{"in order", 1, []sidechannel.SGLNotif{kvN(0, false, 0), kvN(1, true, 0), aux},
-			[]sglNotifEvent{notifProgress, notifProgress, notifComplete}},
-		{"last chunk and aux first", 1, []sidechannel.SGLNotif{aux, kvN(2, true, 0), kvN(0, false, 0), kvN(1, false, 0)},
-			[]sglNotifEvent{notifProgress, notifProgress, notifProgress, notifComplete}},
-		{"duplicates", 1, []sidechannel.SGLNotif{kvN(0, false, 0), kvN(0, false, 0), aux, aux, kvN(1, true, 0)},
-			[]sglNotifEvent{notifProgress, notifDuplicate, notifProgress, notifDuplicate, notifComplete}},
-		{"late after complete", 1, []sidechannel.SGLNotif{kvN(0, true, 0), aux, kvN(0, true, 0), aux},
-			[]sglNotifEvent{notifProgress, notifComplete, notifLate, notifLate}},
-		{"two senders and a dummy rank", 3, []sidechannel.SGLNotif{kvN(0, true, 1), nokv(2), nokv(2), aux, kvN(0, true, 0)},
-			[]sglNotifEvent{notifProgress, notifProgress, notifDuplicate, notifProgress, notifComplete}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tr := newSGLTracker(tc.senders)
-			var got []sglNotifEvent
-			for i, n := range tc.notifs {
-				got = append(got, tr.Notif(n, int64(i+1)))
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("events (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
 
 // A peer that sends its TransferInfo again while prefill is writing the
 // room must not touch what the writer reads (it was a map shared with the
@@ -194,7 +51,7 @@ func TestSGLangDuplicateTransferInfoDuringSend(t *testing.T) {
 		p.sgl.mu.Lock()
 		defer p.sgl.mu.Unlock()
 		st, ok := p.sgl.rooms[0].State(room)
-		return ok && st != roomBootstrapping
+		return ok && st != sglrooms.Bootstrapping
 	})
 	dup := sidechannel.SGLTransferInfo{Room: room, DecodeIP: "127.0.0.1", DecodePort: 1, AgentName: d.ranks[0].agent.Name(),
 		DstPages: []int32{0}, RequiredDst: 1}.Encode()

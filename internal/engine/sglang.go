@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/sglrooms"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -101,7 +102,7 @@ type sglPeer struct {
 // address), and the channel closed when that prefill is given up on (err
 // says why). complete and err are under sglState.mu.
 type sglRecv struct {
-	tr       *sglTracker
+	tr       *sglrooms.Tracker
 	done     chan struct{}
 	addr     string
 	failed   chan struct{}
@@ -119,7 +120,7 @@ type sglState struct {
 	peers         []map[string]*sglPeer // prefill, per rank: decode agent -> registration
 	// Prefill, per rank: the rooms, and the prefill calls waiting for a
 	// room to be bootstrapped (closed when it is, or aborted).
-	rooms []*sglRooms
+	rooms []*sglrooms.Rooms[sidechannel.SGLTransferInfo]
 	waits []map[uint64]chan struct{}
 	// Decode, per rank: the rooms being received.
 	recv       []map[uint64]*sglRecv
@@ -200,7 +201,7 @@ func newSGLState(e *Engine) (*sglState, error) {
 		}
 		s.ranks = append(s.ranks, sr)
 		s.peers = append(s.peers, map[string]*sglPeer{})
-		s.rooms = append(s.rooms, newSGLRooms(int64(e.cfg.SGLBootstrapTimeout)))
+		s.rooms = append(s.rooms, sglrooms.New[sidechannel.SGLTransferInfo](int64(e.cfg.SGLBootstrapTimeout)))
 		s.waits = append(s.waits, map[uint64]chan struct{}{})
 		s.recv = append(s.recv, map[uint64]*sglRecv{})
 	}
@@ -339,7 +340,7 @@ func (s *sglState) onInbox(r int, frames [][]byte) {
 			s.e.log.Warn("SGLang transfer info from an unregistered decode agent", "agent", info.AgentName)
 			return
 		}
-		s.roomEventLocked(r, info.Room, s.rooms[r].Info(*info, s.e.now()), "transfer info")
+		s.roomEventLocked(r, info.Room, s.rooms[r].Info(info.Room, info.AgentName, info.RequiredDst, *info, s.e.now()), "transfer info")
 	default:
 		s.roomEventLocked(r, abort, s.rooms[r].Abort(abort, s.e.now()), "abort")
 	}
@@ -347,14 +348,14 @@ func (s *sglState) onInbox(r int, frames [][]byte) {
 
 // roomEventLocked acts on what a message did to a room: wake the prefill
 // call waiting for it, or count a duplicate or late message.
-func (s *sglState) roomEventLocked(r int, room uint64, ev roomEvent, what string) {
+func (s *sglState) roomEventLocked(r int, room uint64, ev sglrooms.Event, what string) {
 	switch ev {
-	case roomWoke:
+	case sglrooms.Woke:
 		if ch := s.waits[r][room]; ch != nil {
 			close(ch)
 			delete(s.waits[r], room)
 		}
-	case roomDuplicate, roomLate:
+	case sglrooms.Duplicate, sglrooms.Late:
 		s.e.c.staleControl.Add(1)
 		s.e.log.Debug("SGLang "+what+": duplicate or late, ignored", "rank", r, "room", room)
 	}
@@ -418,7 +419,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 	for i := range e.ranks {
 		s.mu.Lock()
 		var ready chan struct{}
-		if s.rooms[i].Claim(r.Room, e.now()) == roomBootstrapping {
+		if s.rooms[i].Claim(r.Room, e.now()) == sglrooms.Bootstrapping {
 			if ready = s.waits[i][r.Room]; ready == nil {
 				ready = make(chan struct{})
 				s.waits[i][r.Room] = ready
@@ -446,7 +447,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		if infos[i], tReady, ok = s.rooms[i].Start(r.Room); !ok {
 			st, _ := s.rooms[i].State(r.Room)
 			s.mu.Unlock()
-			if st == roomAborted {
+			if st == sglrooms.Aborted {
 				return rep, fmt.Errorf("room %d aborted by decode", r.Room)
 			}
 			return rep, fmt.Errorf("room %d is %s on rank %d", r.Room, st, i)
@@ -674,7 +675,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			targets = append(targets, rd.PrefillRank)
 		}
 		targets = append(targets, plan.Decode[d].NotifyOnly...)
-		rc := &sglRecv{tr: newSGLTracker(len(targets)), done: make(chan struct{}), addr: r.Bootstrap, failed: make(chan struct{})}
+		rc := &sglRecv{tr: sglrooms.NewTracker(len(targets)), done: make(chan struct{}), addr: r.Bootstrap, failed: make(chan struct{})}
 		recvs[d] = rc
 		s.mu.Lock()
 		s.recv[d][r.Room] = rc
@@ -752,7 +753,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 			return ctx.Err()
 		}
 		s.mu.Lock()
-		rep.TXferDone = max(rep.TXferDone, rc.tr.tLast)
+		rep.TXferDone = max(rep.TXferDone, rc.tr.TLast())
 		s.mu.Unlock()
 	}
 	rep.TReady = mono.Now()
@@ -897,11 +898,11 @@ func (s *sglState) onNotif(rk *rank, from, m string) {
 	}
 	// The tracker's time is a stage time (the last WRITE seen), joined
 	// with prefill's: the real clock, not the engine's.
-	switch rc.tr.Notif(n, mono.Now()) {
-	case notifComplete:
+	switch rc.tr.Notif(sglrooms.Notif{Kind: n.Kind, Chunk: n.Chunk, Last: n.Last, Sender: n.Sender}, mono.Now()) {
+	case sglrooms.NotifComplete:
 		rc.complete = true
 		close(rc.done)
-	case notifDuplicate, notifLate:
+	case sglrooms.NotifDuplicate, sglrooms.NotifLate:
 		s.e.c.duplicate.Add(1)
 	}
 }

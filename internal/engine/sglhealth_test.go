@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/sglrooms"
 )
 
 func TestSGLLiveness(t *testing.T) {
@@ -134,7 +136,7 @@ func TestSGLangPrefillHealthLost(t *testing.T) {
 				p.sgl.mu.Lock()
 				defer p.sgl.mu.Unlock()
 				st, ok := p.sgl.rooms[0].State(room)
-				return ok && st == roomReady
+				return ok && st == sglrooms.Ready
 			})
 			mu.Lock()
 			t0 = time.Now()
@@ -250,7 +252,7 @@ func TestSGLangWaitingTimeoutAborts(t *testing.T) {
 		p.sgl.mu.Lock()
 		defer p.sgl.mu.Unlock()
 		st, ok := p.sgl.rooms[0].State(room)
-		return ok && st == roomAborted
+		return ok && st == sglrooms.Aborted
 	})
 	if st := d.Stats(); st.RegTimeouts != 1 || st.BlocksInUse != 0 {
 		t.Errorf("decode: %+v", st)
