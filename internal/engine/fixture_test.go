@@ -26,7 +26,13 @@ func sameWire(t *testing.T, what string, got, want []byte) {
 
 func TestFixturePushReg(t *testing.T) {
 	t.Parallel()
-	want := wirefixture.Hex(t, "vllm_push_reg.hex")
+	checkPushReg(t, wirefixture.Hex(t, "vllm_push_reg.hex"))
+}
+
+// checkPushReg encodes the fixtures' registration and compares it with
+// want byte for byte, then decodes want back to the same registration.
+func checkPushReg(t *testing.T, want []byte) {
+	t.Helper()
 	reg := PushReg{RequestID: "r1-0a1b2c3d", DecodeEngineID: "decode-0", DecodeHost: "10.0.0.2", DecodePort: 5600,
 		DecodeTPSize: 2, LocalBlockIDs: [][]int{{3, 4, 200}}, RemoteEngineID: "prefill-0", RemoteHost: "10.0.0.1",
 		RemotePort: 5600, RemoteTPSize: 1, RemotePPSize: 1}
@@ -37,7 +43,7 @@ func TestFixturePushReg(t *testing.T) {
 	sameWire(t, "PUSH_REG", got, want)
 	payload, ok := strings.CutPrefix(string(want), PushRegPrefix)
 	if !ok {
-		t.Fatal("fixture lacks the PUSH_REG: prefix")
+		t.Fatal("the bytes lack the PUSH_REG: prefix")
 	}
 	back, ids, err := DecodePushReg([]byte(payload))
 	if err != nil {
@@ -45,7 +51,7 @@ func TestFixturePushReg(t *testing.T) {
 	}
 	back.LocalBlockIDs, reg.LocalBlockIDs = nil, nil
 	if d := cmp.Diff(reg, back); d != "" || !cmp.Equal(ids, []int{3, 4, 200}) {
-		t.Errorf("decoded (-upstream +nixlctl):\n%s\nblocks %v", d, ids)
+		t.Errorf("decoded (-want +nixlctl):\n%s\nblocks %v", d, ids)
 	}
 }
 
