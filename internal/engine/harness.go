@@ -40,6 +40,8 @@ import (
 type harnessCPU struct {
 	jobs    chan *harnessJob
 	closed  chan struct{}
+	mu      sync.Mutex
+	workers []*harnessWorker
 	once    sync.Once
 	wg      sync.WaitGroup
 	refused atomic.Pointer[string] // why a worker runs at normal priority
@@ -69,9 +71,19 @@ type harnessJob struct {
 
 // harnessWorker is one worker's thread. mu orders the guard's raise
 // against the job's end, so a raise never outlives its job.
+//
+// A worker is at idle priority only while it runs a job: one waiting
+// for work waits at normal priority. A thread must be scheduled to die,
+// and on cores that something else keeps busy a SCHED_IDLE thread waits
+// about a second for its turn: a decode SIGKILLed under load took 2.5 to
+// 3.7 s to close its sockets (its idle workers exiting one by one), the
+// driver saw the death that late, and closing a prefill waited as long
+// for its workers to see the end.
 type harnessWorker struct {
-	tid int
-	mu  sync.Mutex
+	tid     int
+	mu      sync.Mutex
+	busy    bool // running a job
+	closing bool // close raised it: it stays at normal priority
 }
 
 // newHarnessCPU starts n workers, each on an OS thread of its own at
@@ -125,19 +137,28 @@ func (h *harnessCPU) work(idle bool) {
 	// so no other goroutine ever runs at this priority.
 	runtime.LockOSThread()
 	w := &harnessWorker{tid: unix.Gettid()}
-	if idle {
-		_ = h.setPolicy(w.tid, unix.SCHED_IDLE) // the probe did the same
-	}
+	h.mu.Lock()
+	h.workers = append(h.workers, w)
+	h.mu.Unlock()
 	for {
 		select {
 		case job := <-h.jobs:
+			if idle {
+				w.mu.Lock()
+				w.busy = true
+				if !w.closing {
+					_ = h.setPolicy(w.tid, unix.SCHED_IDLE)
+				}
+				w.mu.Unlock()
+			}
 			job.worker <- w
 			job.f()
 			w.mu.Lock()
-			close(job.done)
-			if job.raised {
-				_ = h.setPolicy(w.tid, unix.SCHED_IDLE) // back down for the next job
+			if idle && !job.raised && !w.closing {
+				_ = h.setPolicy(w.tid, unix.SCHED_NORMAL)
 			}
+			w.busy = false
+			close(job.done)
 			w.mu.Unlock()
 		case <-h.closed:
 			return
@@ -263,6 +284,20 @@ func (h *harnessCPU) close() {
 	if h == nil {
 		return
 	}
-	h.once.Do(func() { close(h.closed) })
+	h.once.Do(func() {
+		// A job running at idle priority would hold the close (and the
+		// engine's) for as long as the busy cores leave it waiting.
+		h.mu.Lock()
+		for _, w := range h.workers {
+			w.mu.Lock()
+			if w.busy && h.refused.Load() == nil {
+				_ = h.setPolicy(w.tid, unix.SCHED_NORMAL)
+			}
+			w.closing = true
+			w.mu.Unlock()
+		}
+		h.mu.Unlock()
+		close(h.closed)
+	})
 	h.wg.Wait()
 }

@@ -141,3 +141,50 @@ func TestHarnessRaisesAStarvedJob(t *testing.T) {
 		t.Errorf("priority() = %q, want it to count 1 of 2 jobs raised", got)
 	}
 }
+
+// threadPolicy is thread tid's scheduling policy.
+func threadPolicy(t *testing.T, tid int) uint32 {
+	t.Helper()
+	attr, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		t.Fatalf("sched_getattr %d: %v", tid, err)
+	}
+	return attr.Policy
+}
+
+// TestHarnessWaitsAtNormalPriority: a worker is at idle priority only
+// while it runs a job. Between jobs it waits at normal priority, so a
+// process killed on busy cores is not kept alive (its sockets open)
+// while its idle workers wait their turn to exit; and close raises a
+// job still running, so the engine's close does not wait for it either.
+func TestHarnessWaitsAtNormalPriority(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := newHarnessCPU(1, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var tid int
+	h.Do(func() { tid = unix.Gettid() })
+	if p := threadPolicy(t, tid); p != unix.SCHED_NORMAL {
+		t.Errorf("a worker waiting for work is under policy %d, want SCHED_NORMAL", p)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var during uint32
+	go h.Do(func() {
+		during = threadPolicy(t, unix.Gettid())
+		close(started)
+		<-release
+	})
+	<-started
+	if during != unix.SCHED_IDLE {
+		t.Errorf("the job ran under policy %d, want SCHED_IDLE", during)
+	}
+	closed := make(chan struct{})
+	go func() { h.close(); close(closed) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for threadPolicy(t, tid) != unix.SCHED_NORMAL {
+		if time.Now().After(deadline) {
+			t.Fatal("close did not raise the job running at idle priority")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	<-closed
+}
