@@ -188,11 +188,25 @@ void nx_ctx_destroy(nx_ctx_t *c)
     wake_eventfd(c->wakefd);
     pthread_join(c->thread, NULL);
     nx_lock(c);
-    /* Let what can still finish finish, then release the rest. */
-    uint64_t deadline = nx_now_ns() + 1000000000ull;
+    /* Let what can still finish finish (up to a second), then release the
+     * rest. Requests towards a dead peer (a rendezvous receive of its
+     * notification, a reply on its endpoint) never finish: once nothing
+     * has finished for 100 ms the rest are taken as those. Waiting out
+     * the second made every agent that had talked to a killed decode
+     * take a second to close (a push prefill's session end, and with it
+     * the run's exit). */
+    uint64_t start = nx_now_ns(), last = start, seen = c->released;
     do {
         nx_progress_locked(c);
-    } while (c->pending != NULL && nx_now_ns() < deadline);
+        uint64_t now = nx_now_ns();
+        if (c->released != seen) {
+            seen = c->released;
+            last = now;
+        }
+        if (now - start >= 1000000000ull || now - last >= 100000000ull) {
+            break;
+        }
+    } while (c->pending != NULL);
     while (c->pending != NULL) {
         void *req = c->pending;
         pend_del(req);

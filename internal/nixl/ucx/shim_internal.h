@@ -49,6 +49,7 @@ struct nx_ctx {
     size_t          namelen;
 
     struct pend    *pending;    /* UCX requests in flight (under mu) */
+    uint64_t        released;   /* requests pend_del took off pending (under mu) */
     uint64_t        pong;       /* last connect-probe token answered (under mu) */
     uint64_t        ping_token; /* next token (under mu) */
 
@@ -131,6 +132,7 @@ static inline void pend_del(void *req)
     if (n->next) {
         n->next->prev = n->prev;
     }
+    n->c->released++;
     n->c = NULL;
 }
 
