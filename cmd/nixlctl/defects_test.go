@@ -826,11 +826,14 @@ func measuring(path string) func() bool {
 
 // pushDecodeKilled: push took 10.3 s to exit after its decode was killed
 // (pull 6.3), sleeping about 9 s for releases and leases a dead decode
-// never ends: 17.7 s here under the race detector on a loaded machine.
-// Now 3.5 s on an idle machine, but 9.7 to 13 s at a load average of 7
-// to 9 on two cores: what is left is CPU work, which the load stretches
-// and the old sleeps were not. So the bound is 8 s on an idle machine,
-// stretched by the load, and the row runs alone.
+// never ends. Then 3.5 s on an idle machine and 9 to 13 s on busy cores,
+// where the killed decode's idle-priority harness threads waited about a
+// second each for their turn to exit (its sockets stayed open), the
+// prefill's close waited a second for UCX requests towards the dead peer
+// and the driver scanned a million empty records. Now 0.48-0.54 s idle
+// (race detector) and 0.12-2.3 s beside a `yes` hog (the tail: a decode
+// killed in the middle of an idle-priority job). The bound is 5 s on an
+// idle machine, stretched by the load, and the row runs alone.
 func pushDecodeKilled(t *testing.T) {
 	dir := t.TempDir()
 	prefill := startNixlctl(t, dir, nil, "serve", "prefill", "--listen", "127.0.0.1:0")
@@ -844,7 +847,7 @@ func pushDecodeKilled(t *testing.T) {
 	r := run.wait(t, time.Since(run.start)+defectBound)
 	took := time.Since(killed)
 	t.Logf("push exited %v after its decode was killed", took.Round(10*time.Millisecond))
-	if bound := loadStretched(8 * time.Second); took > bound {
+	if bound := loadStretched(5 * time.Second); took > bound {
 		t.Errorf("push exited %v after its decode was killed (bound %v at this load)", took, bound.Round(100*time.Millisecond))
 	}
 	if r.code != exitFailure || !strings.Contains(r.stdout, `"endpoint_died": "decode`) {

@@ -76,7 +76,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		if drv != nil {
 			drv.Ending()
 		}
+		o.Log.Debug("phase: closing endpoints")
 		f.close()
+		o.Log.Debug("phase: endpoints closed")
 	}()
 	if err := f.start(ctx, &o, backend.Name, blocks); err != nil {
 		return nil, err
@@ -118,7 +120,9 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
 	died, path, runErr := h.runWatched(ctx, runCtx, stopRun, f, res, backend.Name)
+	o.Log.Debug("phase: requests ended", "died", died)
 	h.settle(ctx, f, res, died)
+	o.Log.Debug("phase: settled")
 	res.Summary = SummarizeHandoff(h.records, dsetup.MemcpyGBps)
 	res.Summary.LeakedBlocks = res.Prefill.BlocksInUse + res.Decode.BlocksInUse
 	res.NetPath = path.verdicts(handoffPairBytes(h.records, len(f.pes)), res.Warn)
@@ -128,6 +132,7 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 		}
 	}
 	h.judge(res, f)
+	o.Log.Debug("phase: judged")
 	h.measureReference(ctx, f, res, backend.Name, runErr)
 	for _, w := range res.Warnings {
 		live.Emit(o.Live, live.Warning{Text: w})
@@ -297,11 +302,12 @@ func (h *handoff) settle(ctx context.Context, f *handoffFleet, res *HandoffResul
 	// holds for a dead decode stays held for the whole lease (vLLM's
 	// abort timeout), so the waits only delayed the exit (push took 10 s
 	// to exit after its decode was killed) and reported the same blocks.
-	freedWait, lease := 2*time.Second, o.Lease
+	freedWait, blocksBack := 2*time.Second, min(o.Lease, 5*time.Second)+time.Second
 	if died {
-		freedWait, lease = 500*time.Millisecond, 0
+		freedWait, blocksBack = 500*time.Millisecond, 250*time.Millisecond
 	}
 	h.drainFreed(freedWait)
+	o.Log.Debug("phase: frees drained")
 	h.streamRest()
 	res.Records = h.records
 	// Calls the run gave up on may still be finishing at prefill (a slow
@@ -311,7 +317,8 @@ func (h *handoff) settle(ctx context.Context, f *handoffFleet, res *HandoffResul
 	n, m := len(f.pes), len(f.des)
 	pstats, dstats := make([]engine.Stats, n), make([]engine.Stats, m)
 	for i, pe := range f.pes {
-		st, err := settlePrefill(nctx, pe, lease, 10*time.Second)
+		st, err := settlePrefill(nctx, pe, blocksBack, 10*time.Second)
+		o.Log.Debug("phase: prefill settled", "engine", i, "in_flight", st.InFlight, "blocks_in_use", st.BlocksInUse)
 		pstats[i] = st
 		if err != nil {
 			res.Warn(f.prefillName(i) + " stats: " + err.Error())
