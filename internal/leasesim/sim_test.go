@@ -136,7 +136,7 @@ func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
 		if d := cmp.Diff(want, countsOf(r)); d != "" {
 			t.Errorf("%v: counts (-want +got):\n%s", L, d)
 		}
-		if r.Passed || !strings.Contains(r.Expectation, "0 leases expired but not released") {
+		if r.Passed || !strings.Contains(r.Expectation, "NOT MET: 0 leases expired but not released") {
 			t.Errorf("%v: judge passed a leaking reaper: %s", L, r.Expectation)
 		}
 		if r.ExpiredUnreleasedEnd != 0 {
