@@ -148,19 +148,33 @@ static void am_sent(void *req, ucs_status_t st, void *user)
     done_req(req);
 }
 
-/* send_am sends [u16 name length][sender name][msg] as one active message;
- * the buffer is freed when UCX is done with it. */
-static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
+/* nx_notif_frame builds a notification's active message, [u16 name
+ * length][sender name][msg], in a buffer the caller frees (NULL: out of
+ * memory). Notifications sent alone and those a transfer carries share it,
+ * so that the receiver (nx_am_recv) parses one frame. */
+char *nx_notif_frame(const nx_ctx_t *c, const void *msg, size_t len, size_t *total)
 {
-    size_t total = 2 + c->namelen + len;
-    char  *buf   = malloc(total);
+    *total    = 2 + c->namelen + len;
+    char *buf = malloc(*total);
     if (buf == NULL) {
-        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+        return NULL;
     }
     uint16_t nl = (uint16_t)c->namelen;
     memcpy(buf, &nl, 2);
     memcpy(buf + 2, c->name, c->namelen);
     memcpy(buf + 2 + c->namelen, msg, len);
+    return buf;
+}
+
+/* send_am sends a notification as one active message; the buffer is freed
+ * when UCX is done with it. */
+static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
+{
+    size_t total;
+    char  *buf = nx_notif_frame(c, msg, len, &total);
+    if (buf == NULL) {
+        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+    }
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;

@@ -103,6 +103,9 @@ struct nx_xfer {
     void        *am_buf;         /* the notification being sent */
 };
 
+/* A notification's active-message frame (notif.c). */
+char *nx_notif_frame(const nx_ctx_t *c, const void *msg, size_t len, size_t *total);
+
 /* The process's one UCP context (nx_global_init). */
 extern ucp_context_h nx_g_ctx;
 

@@ -76,16 +76,11 @@ static void xfer_am_sent(void *req, ucs_status_t st, void *user)
 
 static ucs_status_ptr_t send_xfer_am(nx_xfer_t *x)
 {
-    nx_ctx_t *c     = x->c;
-    size_t    total = 2 + c->namelen + x->nlen;
-    char     *buf   = malloc(total);
+    size_t total;
+    char  *buf = nx_notif_frame(x->c, x->notif, x->nlen, &total);
     if (buf == NULL) {
         return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
     }
-    uint16_t nl = (uint16_t)c->namelen;
-    memcpy(buf, &nl, 2);
-    memcpy(buf + 2, c->name, c->namelen);
-    memcpy(buf + 2 + c->namelen, x->notif, x->nlen);
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
