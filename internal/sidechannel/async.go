@@ -116,59 +116,41 @@ func (r *AsyncRouter) serve(ctx context.Context, sock, pull *zmq.Socket, log *sl
 		pull.Close()
 		sock.Close()
 	}()
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
-	poller.Add(pull, zmq.POLLIN)
-	for ctx.Err() == nil {
-		polled, err := poller.Poll(pollEvery)
-		if err != nil {
-			if errors.Is(err, zmq.ETERM) {
-				return
-			}
-			continue
-		}
-		for _, p := range polled {
-			switch p.Socket {
-			case sock:
-				for {
-					msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-					if err != nil {
-						break
-					}
-					if len(msg) < 2 {
-						log.Warn("side channel: message without routing envelope", "frames", len(msg))
-						continue
-					}
-					m := Msg{ID: msg[0], Frames: msg[1:]}
-					if len(m.Frames) > 0 && len(m.Frames[0]) == 0 {
-						m.Delim, m.Frames = true, m.Frames[1:]
-					}
-					select {
-					case r.in <- m:
-					case <-ctx.Done():
-						return
-					}
+	pollLoop(ctx, func(ready *zmq.Socket) bool {
+		switch ready {
+		case sock:
+			for {
+				msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					return true
 				}
-			case pull:
-				for {
-					msg, err := pull.RecvMessageBytes(zmq.DONTWAIT)
-					if err != nil || len(msg) < 2 {
-						break
-					}
-					out := [][]byte{msg[0]}
-					if msg[1][0] == 1 {
-						out = append(out, []byte{})
-					}
-					out = append(out, msg[2:]...)
-					// A peer that went away makes ROUTER drop the reply
-					// silently (no ROUTER_MANDATORY), as vLLM's does.
-					if _, err := sock.SendMessageDontwait(toAny(out)...); err != nil {
-						log.Warn("side channel: reply not sent", "err", err)
-					}
+				id, body, delim, ok := splitEnvelope(msg)
+				if !ok {
+					log.Warn("side channel: message without routing envelope", "frames", len(msg))
+					continue
+				}
+				select {
+				case r.in <- Msg{ID: id, Frames: body, Delim: delim}:
+				case <-ctx.Done():
+					return false
+				}
+			}
+		case pull:
+			for {
+				// [identity, delimiter flag, frames...] from Reply.
+				msg, err := pull.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil || len(msg) < 2 {
+					return true
+				}
+				// A peer that went away makes ROUTER drop the reply
+				// silently (no ROUTER_MANDATORY), as vLLM's does.
+				if _, err := sock.SendMessageDontwait(toAny(envelope(msg[0], msg[1][0] == 1, msg[2:]))...); err != nil {
+					log.Warn("side channel: reply not sent", "err", err)
 				}
 			}
 		}
-	}
+		return true
+	}, sock, pull)
 }
 
 // DealerOptions tune a DEALER. Zero values leave libzmq's defaults.

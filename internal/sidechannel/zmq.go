@@ -68,8 +68,40 @@ func (r *Router) Wait() { <-r.done }
 func (r *Router) serve(ctx context.Context, sock *zmq.Socket, h Handler, log *slog.Logger) {
 	defer close(r.done)
 	defer sock.Close()
+	pollLoop(ctx, func(*zmq.Socket) bool {
+		for {
+			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+			if err != nil {
+				return true
+			}
+			id, body, delim, ok := splitEnvelope(msg)
+			if !ok {
+				r.fail(log, fmt.Errorf("message of %d frames without routing envelope", len(msg)))
+				continue
+			}
+			reply, err := h(body)
+			if err != nil {
+				r.fail(log, err)
+			}
+			if reply == nil {
+				continue
+			}
+			if _, err := sock.SendMessageDontwait(toAny(envelope(id, delim, reply))...); err != nil {
+				r.fail(log, fmt.Errorf("reply: %w", err))
+			}
+		}
+	}, sock)
+}
+
+// pollLoop waits for messages on socks (pollEvery at a time, so that the
+// end of ctx is seen) and calls ready with each socket that has some,
+// until ctx ends, libzmq's context terminates, or ready returns false.
+// The side channel's serving goroutines all run on it.
+func pollLoop(ctx context.Context, ready func(*zmq.Socket) bool, socks ...*zmq.Socket) {
 	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
+	for _, s := range socks {
+		poller.Add(s, zmq.POLLIN)
+	}
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(pollEvery)
 		if err != nil {
@@ -78,40 +110,36 @@ func (r *Router) serve(ctx context.Context, sock *zmq.Socket, h Handler, log *sl
 			}
 			continue
 		}
-		if len(polled) == 0 {
-			continue
-		}
-		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-		if err != nil {
-			continue
-		}
-		// [identity, "", frames...]; a DEALER that skipped the delimiter
-		// gets its frames too.
-		if len(msg) < 2 {
-			r.fail(log, fmt.Errorf("message of %d frames without routing envelope", len(msg)))
-			continue
-		}
-		id, body := msg[0], msg[1:]
-		delim := len(body) > 0 && len(body[0]) == 0
-		if delim {
-			body = body[1:]
-		}
-		reply, err := h(body)
-		if err != nil {
-			r.fail(log, err)
-		}
-		if reply == nil {
-			continue
-		}
-		out := [][]byte{id}
-		if delim {
-			out = append(out, []byte{})
-		}
-		out = append(out, reply...)
-		if _, err := sock.SendMessageDontwait(toAny(out)...); err != nil {
-			r.fail(log, fmt.Errorf("reply: %w", err))
+		for _, p := range polled {
+			if !ready(p.Socket) {
+				return
+			}
 		}
 	}
+}
+
+// splitEnvelope takes a ROUTER's message apart: [identity, "", frames...],
+// or without the empty delimiter, which a DEALER may skip (delim says
+// which); ok is false for a message with no frames after the identity.
+func splitEnvelope(msg [][]byte) (id []byte, body [][]byte, delim, ok bool) {
+	if len(msg) < 2 {
+		return nil, nil, false, false
+	}
+	id, body = msg[0], msg[1:]
+	if len(body[0]) == 0 {
+		return id, body[1:], true, true
+	}
+	return id, body, false, true
+}
+
+// envelope is the message a ROUTER sends back to identity id: with the
+// empty delimiter when the request had one.
+func envelope(id []byte, delim bool, frames [][]byte) [][]byte {
+	out := [][]byte{id}
+	if delim {
+		out = append(out, []byte{})
+	}
+	return append(out, frames...)
 }
 
 func (r *Router) fail(log *slog.Logger, err error) {
@@ -283,21 +311,15 @@ func ListenPull(ctx context.Context, endpoint string, h func(frames [][]byte)) (
 	go func() {
 		defer close(p.done)
 		defer sock.Close()
-		poller := zmq.NewPoller()
-		poller.Add(sock, zmq.POLLIN)
-		for ctx.Err() == nil {
-			polled, err := poller.Poll(pollEvery)
-			if err != nil || len(polled) == 0 {
-				continue
-			}
+		pollLoop(ctx, func(*zmq.Socket) bool {
 			for {
 				msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
 				if err != nil {
-					break
+					return true
 				}
 				h(msg)
 			}
-		}
+		}, sock)
 	}()
 	return p, nil
 }
