@@ -116,40 +116,30 @@ func (r *AsyncRouter) serve(ctx context.Context, sock, pull *zmq.Socket, log *sl
 		pull.Close()
 		sock.Close()
 	}()
-	pollLoop(ctx, func(ready *zmq.Socket) bool {
-		switch ready {
-		case sock:
-			for {
-				msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-				if err != nil {
-					return true
-				}
-				id, body, delim, ok := splitEnvelope(msg)
-				if !ok {
-					log.Warn("side channel: message without routing envelope", "frames", len(msg))
-					continue
-				}
-				select {
-				case r.in <- Msg{ID: id, Frames: body, Delim: delim}:
-				case <-ctx.Done():
-					return false
-				}
+	pollLoop(ctx, func(from *zmq.Socket, msg [][]byte) bool {
+		if from == pull {
+			// [identity, delimiter flag, frames...] from Reply. A peer
+			// that went away makes ROUTER drop the reply silently (no
+			// ROUTER_MANDATORY), as vLLM's does.
+			if len(msg) < 2 || len(msg[1]) != 1 {
+				return true
 			}
-		case pull:
-			for {
-				// [identity, delimiter flag, frames...] from Reply.
-				msg, err := pull.RecvMessageBytes(zmq.DONTWAIT)
-				if err != nil || len(msg) < 2 {
-					return true
-				}
-				// A peer that went away makes ROUTER drop the reply
-				// silently (no ROUTER_MANDATORY), as vLLM's does.
-				if _, err := sock.SendMessageDontwait(toAny(envelope(msg[0], msg[1][0] == 1, msg[2:]))...); err != nil {
-					log.Warn("side channel: reply not sent", "err", err)
-				}
+			if _, err := sock.SendMessageDontwait(toAny(envelope(msg[0], msg[1][0] == 1, msg[2:]))...); err != nil {
+				log.Warn("side channel: reply not sent", "err", err)
 			}
+			return true
 		}
-		return true
+		id, body, delim, ok := splitEnvelope(msg)
+		if !ok {
+			log.Warn("side channel: message without routing envelope", "frames", len(msg))
+			return true
+		}
+		select {
+		case r.in <- Msg{ID: id, Frames: body, Delim: delim}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
 	}, sock, pull)
 }
 

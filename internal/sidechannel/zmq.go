@@ -68,36 +68,31 @@ func (r *Router) Wait() { <-r.done }
 func (r *Router) serve(ctx context.Context, sock *zmq.Socket, h Handler, log *slog.Logger) {
 	defer close(r.done)
 	defer sock.Close()
-	pollLoop(ctx, func(*zmq.Socket) bool {
-		for {
-			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				return true
-			}
-			id, body, delim, ok := splitEnvelope(msg)
-			if !ok {
-				r.fail(log, fmt.Errorf("message of %d frames without routing envelope", len(msg)))
-				continue
-			}
-			reply, err := h(body)
-			if err != nil {
-				r.fail(log, err)
-			}
-			if reply == nil {
-				continue
-			}
-			if _, err := sock.SendMessageDontwait(toAny(envelope(id, delim, reply))...); err != nil {
-				r.fail(log, fmt.Errorf("reply: %w", err))
-			}
+	pollLoop(ctx, func(_ *zmq.Socket, msg [][]byte) bool {
+		id, body, delim, ok := splitEnvelope(msg)
+		if !ok {
+			r.fail(log, fmt.Errorf("message of %d frames without routing envelope", len(msg)))
+			return true
 		}
+		reply, err := h(body)
+		if err != nil {
+			r.fail(log, err)
+		}
+		if reply == nil {
+			return true
+		}
+		if _, err := sock.SendMessageDontwait(toAny(envelope(id, delim, reply))...); err != nil {
+			r.fail(log, fmt.Errorf("reply: %w", err))
+		}
+		return true
 	}, sock)
 }
 
 // pollLoop waits for messages on socks (pollEvery at a time, so that the
-// end of ctx is seen) and calls ready with each socket that has some,
-// until ctx ends, libzmq's context terminates, or ready returns false.
-// The side channel's serving goroutines all run on it.
-func pollLoop(ctx context.Context, ready func(*zmq.Socket) bool, socks ...*zmq.Socket) {
+// end of ctx is seen) and hands each message of a socket that has some to
+// each, until ctx ends, libzmq's context terminates, or each returns
+// false. The side channel's serving goroutines all run on it.
+func pollLoop(ctx context.Context, each func(from *zmq.Socket, msg [][]byte) bool, socks ...*zmq.Socket) {
 	poller := zmq.NewPoller()
 	for _, s := range socks {
 		poller.Add(s, zmq.POLLIN)
@@ -111,8 +106,14 @@ func pollLoop(ctx context.Context, ready func(*zmq.Socket) bool, socks ...*zmq.S
 			continue
 		}
 		for _, p := range polled {
-			if !ready(p.Socket) {
-				return
+			for {
+				msg, err := p.Socket.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					break // drained
+				}
+				if !each(p.Socket, msg) {
+					return
+				}
 			}
 		}
 	}
@@ -311,14 +312,9 @@ func ListenPull(ctx context.Context, endpoint string, h func(frames [][]byte)) (
 	go func() {
 		defer close(p.done)
 		defer sock.Close()
-		pollLoop(ctx, func(*zmq.Socket) bool {
-			for {
-				msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-				if err != nil {
-					return true
-				}
-				h(msg)
-			}
+		pollLoop(ctx, func(_ *zmq.Socket, msg [][]byte) bool {
+			h(msg)
+			return true
 		}, sock)
 	}()
 	return p, nil
