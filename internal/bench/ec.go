@@ -542,12 +542,8 @@ func startProducer(ctx context.Context, o *ECOptions) (*fleet.Conn, string, erro
 		p.InProcess = ec.EncoderRole(o.Log)
 	}
 	c, err := fleet.Start(ctx, p)
-	var dial *fleet.DialError
-	switch {
-	case errors.As(err, &dial):
-		return nil, "", fmt.Errorf("connect to encoder %s: %w", o.Producer.Addr, err)
-	case err != nil:
-		return nil, "", fmt.Errorf("start encoder: %w", err)
+	if err != nil {
+		return nil, "", err
 	}
 	return c, c.Where, nil
 }

@@ -357,9 +357,9 @@ func startEndpoint(ctx context.Context, l launch, role, name string, slot Engine
 	var dial *fleet.DialError
 	switch {
 	case errors.As(err, &dial):
-		return nil, dialError(name, addr, l.registered[addr], err)
+		return nil, dialError(name, addr, l.registered[addr], dial.Err)
 	case err != nil:
-		return nil, fmt.Errorf("%s endpoint: %w", name, err)
+		return nil, err
 	}
 	return &Endpoint{rpc: c.Client, conn: c}, nil
 }

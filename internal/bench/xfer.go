@@ -607,12 +607,8 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		p.InProcess = xfertarget.Role(o.Log)
 	}
 	tc, err := fleet.Start(ctx, p)
-	var dial *fleet.DialError
-	switch {
-	case errors.As(err, &dial):
-		return nil, fmt.Errorf("connect to target %s: %w", o.Target.Addr, err)
-	case err != nil:
-		return nil, fmt.Errorf("start target: %w", err)
+	if err != nil {
+		return nil, err
 	}
 	r.targetConn, r.target = tc, &xfertarget.Client{Client: tc.Client}
 	res.Config.Target = tc.Where

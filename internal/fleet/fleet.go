@@ -10,6 +10,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"time"
@@ -60,14 +61,18 @@ type Conn struct {
 // caller says what it was (a stale registration, a wrong --target). Its
 // text is the dial's.
 type DialError struct {
-	Addr string
-	Err  error
+	Name, Addr string
+	Err        error
 }
 
-func (e *DialError) Error() string { return e.Err.Error() }
+func (e *DialError) Error() string {
+	return "connect to " + e.Name + " " + e.Addr + ": " + e.Err.Error()
+}
 func (e *DialError) Unwrap() error { return e.Err }
 
-// Start starts or reaches p.
+// Start starts or reaches p. Its errors name p: a DialError ("connect to
+// NAME ADDR: ...") for an address that could not be reached, "start
+// NAME: ..." for a child that could not be started.
 func Start(ctx context.Context, p Proc) (*Conn, error) {
 	keep := ctx
 	if p.Outlive {
@@ -79,7 +84,7 @@ func Start(ctx context.Context, p Proc) (*Conn, error) {
 	case p.Addr != "":
 		c, err := ctl.Dial(ctx, p.Addr)
 		if err != nil {
-			return nil, &DialError{Addr: p.Addr, Err: err}
+			return nil, &DialError{Name: p.Name, Addr: p.Addr, Err: err}
 		}
 		return &Conn{Client: c, Where: p.Addr}, nil
 	}
@@ -90,7 +95,7 @@ func Start(ctx context.Context, p Proc) (*Conn, error) {
 	stderr := newWarnFolder(childStderr(p.Stderr), p.Name)
 	c, err := ctl.Start(keep, ctl.Cmd{Exe: p.Exe, Args: args, Env: append(os.Environ(), p.Env...), Stderr: stderr})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("start %s: %w", p.Name, err)
 	}
 	return &Conn{Client: c, Where: Child, stderr: stderr}, nil
 }

@@ -39,8 +39,8 @@ func TestStart(t *testing.T) {
 	}{
 		{name: "in process", p: Proc{Name: "t", InProcess: echoRole, Addr: "ignored:1"}, where: InProcess},
 		{name: "in process, outliving", p: Proc{Name: "t", InProcess: echoRole, Outlive: true}, where: InProcess},
-		{name: "address refused", p: Proc{Name: "t", Addr: refused}, dialError: true, errHas: "refused"},
-		{name: "child that cannot start", p: Proc{Name: "t", Exe: "/nonexistent/nixlctl", DefaultArgs: []string{"serve"}}, errHas: "/nonexistent/nixlctl"},
+		{name: "address refused", p: Proc{Name: "t", Addr: refused}, dialError: true, errHas: "connect to t " + refused + ": "},
+		{name: "child that cannot start", p: Proc{Name: "t", Exe: "/nonexistent/nixlctl", DefaultArgs: []string{"serve"}}, errHas: "start t: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
