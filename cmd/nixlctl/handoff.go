@@ -20,17 +20,14 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
-	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
 // plus what only the command line has: the model flags that resolve to
-// its kv.Spec, the trace file that becomes its entries, and the measuring
-// flags.
+// its kv.Spec, and the measuring flags.
 type handoffOptions struct {
 	bench.HandoffOptions `mapstructure:",squash"`
 	specFlags            `mapstructure:",squash"`
-	Trace                string `mapstructure:"trace"`
 	measureOptions       `mapstructure:",squash"`
 }
 
@@ -280,17 +277,6 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	}
 	if h.Spec, err = kvSpec(m, o.KVDType, o.BlockSize, o.Layout, o.KVCacheLayout, o.PrefillTP, o.PP, false); err != nil {
 		return fmt.Errorf("prefill: %w", err)
-	}
-	if o.Trace != "" {
-		f, err := userfile.Open(o.Trace, userfile.MaxLarge)
-		if err != nil {
-			return errkind.BadInputf("--trace: %v", err)
-		}
-		h.Trace, err = bench.ReadTrace(f)
-		f.Close()
-		if err != nil {
-			return errkind.BadInputf("--trace %s: %v", o.Trace, err)
-		}
 	}
 	if h.Rendezvous != "" {
 		if h.RunID == "" {

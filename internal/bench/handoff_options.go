@@ -38,14 +38,18 @@ type HandoffOptions struct {
 	Backend  string          `mapstructure:"backend"`
 	// Spec is the prefill's KV layout (its TP is the prefill's), which the
 	// CLI resolves from the model flags.
-	Spec        kv.Spec      `mapstructure:"-"`
-	DecodeTP    int          `mapstructure:"decode-tp"`
-	Requests    int          `mapstructure:"requests"`
-	Warmup      int          `mapstructure:"warmup"` // requests run first and left out of the summary; WarmupPoolPass: one pass over the pool
-	ISL         ISL          `mapstructure:",squash"`
-	Trace       []TraceEntry `mapstructure:"-"`           // arrivals and prompt lengths; overrides ISL and the load
-	Rate        float64      `mapstructure:"rate"`        // open loop, requests per second (Poisson); 0 = closed loop
-	Concurrency int          `mapstructure:"concurrency"` // closed loop
+	Spec     kv.Spec      `mapstructure:"-"`
+	DecodeTP int          `mapstructure:"decode-tp"`
+	Requests int          `mapstructure:"requests"`
+	Warmup   int          `mapstructure:"warmup"` // requests run first and left out of the summary; WarmupPoolPass: one pass over the pool
+	ISL      ISL          `mapstructure:",squash"`
+	Trace    []TraceEntry `mapstructure:"-"` // arrivals and prompt lengths; overrides ISL and the load
+	// TraceFile is a JSON-lines file of Trace's entries, which Validate
+	// reads (the one place input files are read: --compat-factors and
+	// --topology are read there too).
+	TraceFile   string  `mapstructure:"trace"`
+	Rate        float64 `mapstructure:"rate"`        // open loop, requests per second (Poisson); 0 = closed loop
+	Concurrency int     `mapstructure:"concurrency"` // closed loop
 	// MaxInflight caps an open loop's (or a trace's) requests in flight:
 	// an arrival past it waits for one to finish, as behind a router's
 	// queue, and is counted. Uncapped, a rate the endpoints could not keep
@@ -196,6 +200,9 @@ const DefaultMaxInflight = 4 * openLoopInflight
 // errkind.FieldErrors (so the CLI can name the flag), all of them joined
 // and marked bad input.
 func (o *HandoffOptions) Validate() error {
+	if err := o.readTrace(); err != nil {
+		return errkind.BadInput(err) // nothing else is judged without the workload
+	}
 	var errs []error
 	bad := func(field, format string, a ...any) { errs = append(errs, errkind.Field(field, format, a...)) }
 	o.validateCompat(bad)
@@ -637,6 +644,23 @@ func valid[T comparable](v T, all []T) bool {
 		}
 	}
 	return false
+}
+
+// readTrace reads TraceFile into Trace, once: a second Validate keeps the
+// entries the first one read.
+func (o *HandoffOptions) readTrace() error {
+	if o.TraceFile == "" || o.Trace != nil {
+		return nil
+	}
+	f, err := userfile.Open(o.TraceFile, userfile.MaxLarge)
+	if err != nil {
+		return fmt.Errorf("--trace: %v", err)
+	}
+	defer f.Close()
+	if o.Trace, err = ReadTrace(f); err != nil {
+		return fmt.Errorf("--trace %s: %v", o.TraceFile, err)
+	}
+	return nil
 }
 
 // usesTrace settles what a trace overrides: prompt lengths and arrivals

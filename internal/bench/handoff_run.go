@@ -29,10 +29,10 @@ func RunHandoff(ctx context.Context, o HandoffOptions) (*HandoffResult, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	o.usesTrace()
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.usesTrace()
 	spec, _ := o.Spec.Normalize()
 	o.Spec = spec
 	backend, err := nixl.Resolve(o.Backend)

@@ -19,7 +19,7 @@ type IgnoredField struct {
 // and mode. pull, push and sglang share one flag set, so a flag that one
 // of them ignores would otherwise be accepted and change nothing, and the
 // result would read as if it had been measured; the CLI refuses each one
-// the user set. Call it after the trace is read (Trace decides the mode).
+// the user set. Call it after Validate, which reads the trace (Trace decides the mode).
 func (o *HandoffOptions) Ignored() []IgnoredField {
 	var out []IgnoredField
 	ig := func(why string, fields ...string) {
