@@ -50,9 +50,12 @@ var (
 var knobHops = map[string]knob{
 	// The result's top-level backend is the one resolved (auto -> ucx),
 	// set by RunHandoff; each engine is given that one, not the flag.
-	"Backend":       {hops: []string{}},
-	"DecodeTP":      {hops: []string{hopEngine, hopEcho}},
-	"Requests":      {hops: []string{hopEcho}},
+	"Backend":  {hops: []string{}},
+	"DecodeTP": {hops: []string{hopEngine, hopEcho}},
+	"Requests": {hops: []string{hopEcho}},
+	// Read by Validate into Trace, whose entries reach the echo as the
+	// ISL distribution "trace" and the request count.
+	"TraceFile":     {hops: []string{}},
 	"Warmup":        {hops: []string{hopEcho}},
 	"ISL.Dist":      {hops: []string{hopEcho}, to: ISLUniform},
 	"ISL.Fixed":     {hops: []string{hopEcho}},
