@@ -82,7 +82,6 @@ type harnessJob struct {
 type harnessWorker struct {
 	tid     int
 	mu      sync.Mutex
-	busy    bool // running a job
 	closing bool // close raised it: it stays at normal priority
 }
 
@@ -145,7 +144,6 @@ func (h *harnessCPU) work(idle bool) {
 		case job := <-h.jobs:
 			if idle {
 				w.mu.Lock()
-				w.busy = true
 				if !w.closing {
 					_ = h.setPolicy(w.tid, unix.SCHED_IDLE)
 				}
@@ -157,7 +155,6 @@ func (h *harnessCPU) work(idle bool) {
 			if idle && !job.raised && !w.closing {
 				_ = h.setPolicy(w.tid, unix.SCHED_NORMAL)
 			}
-			w.busy = false
 			close(job.done)
 			w.mu.Unlock()
 		case <-h.closed:
@@ -290,8 +287,8 @@ func (h *harnessCPU) close() {
 		h.mu.Lock()
 		for _, w := range h.workers {
 			w.mu.Lock()
-			if w.busy && h.refused.Load() == nil {
-				_ = h.setPolicy(w.tid, unix.SCHED_NORMAL)
+			if h.refused.Load() == nil {
+				_ = h.setPolicy(w.tid, unix.SCHED_NORMAL) // a waiting one is there already
 			}
 			w.closing = true
 			w.mu.Unlock()
