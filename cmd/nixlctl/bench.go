@@ -13,6 +13,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func newBenchCmd(a *app) *cobra.Command {
@@ -191,7 +192,7 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 			return errkind.BadInputf("--isl %d: %s at TP %d is %s descriptors a request per rank; at most %s",
 				o.ISL, m.Name, o.TP, report.Int(int64(an.DescriptorsPerRequest)), report.Int(bench.MaxXferBatch))
 		}
-		x.StartBlock, x.MaxBlock = bench.ByteSize(an.BytesPerDescriptor), bench.ByteSize(an.BytesPerDescriptor)
+		x.StartBlock, x.MaxBlock = runcore.ByteSize(an.BytesPerDescriptor), runcore.ByteSize(an.BytesPerDescriptor)
 		x.StartBatch, x.MaxBatch = an.DescriptorsPerRequest, an.DescriptorsPerRequest
 		x.Shape = fmt.Sprintf("%s, %d tokens, TP %d, %d-token blocks: %s descriptors of %s per request per rank",
 			m.Name, o.ISL, o.TP, spec.BlockSize, report.Int(int64(an.DescriptorsPerRequest)), report.Bytes(an.BytesPerDescriptor))

@@ -20,6 +20,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // handoffOptions is bench.HandoffOptions, which the flags decode into,
@@ -550,7 +551,7 @@ func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {
 // checkAdvertise is the one check of --advertise (serve and serve
 // --register): a host alone, which messages name with their own ports.
 func checkAdvertise(host string) error {
-	if host != "" && !bench.ValidHost(host) {
+	if host != "" && !runcore.ValidHost(host) {
 		return errkind.BadInputf("--advertise %q: want a host name or an IP address, no port or scheme", host)
 	}
 	return nil

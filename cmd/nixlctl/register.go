@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/launcher"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // launcherJobID is the run id a rendezvous defaults to: $NIXLCTL_JOB_ID
@@ -52,7 +52,7 @@ func runRegisteredEngine(ctx context.Context, a *app, role string, o serveEngine
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return errkind.BadInputf("--register %q: port must be 1..65535", o.Register)
 	}
-	if !bench.ValidHost(host) {
+	if !runcore.ValidHost(host) {
 		return errkind.BadInputf("--register %q: %q is not a host name or an IP address", o.Register, host)
 	}
 	if err := checkAdvertise(o.Advertise); err != nil {

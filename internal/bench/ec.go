@@ -26,6 +26,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
@@ -38,21 +39,21 @@ type ECOptions struct {
 	Direction nixl.Op `mapstructure:"direction"` // Read: the consumer READs (merged upstream); Write: the producer WRITEs
 	// Vision is the encoder's geometry, which the CLI resolves from the
 	// model flags.
-	Vision           kv.Vision     `mapstructure:"-"`
-	Grids            []kv.Grid     `mapstructure:"grid"` // unique image k has grid Grids[k % len]; none: the model's
-	Requests         int           `mapstructure:"requests"`
-	ImagesPerRequest int           `mapstructure:"images-per-request"`
-	UniqueImages     int           `mapstructure:"unique-images"`
-	ZipfS            float64       `mapstructure:"zipf-s"` // mm_hash popularity: P(k) ∝ 1/(k+1)^s; 0 is uniform
-	Consumers        int           `mapstructure:"consumers"`
-	ProducerRegion   ByteSize      `mapstructure:"producer-region"`
-	ConsumerRegion   ByteSize      `mapstructure:"consumer-region"`
-	AckTimeout       time.Duration `mapstructure:"ack-timeout"`
-	EncodeTime       time.Duration `mapstructure:"encode-time"` // the encoder's time per image (the entry is not ready meanwhile)
-	Overlap          bool          `mapstructure:"overlap"`     // ask consumers without waiting for the encode (NOT_READY happens)
-	Verify           bool          `mapstructure:"verify"`      // check every block's tags on delivery, hits included
-	Warmup           int           `mapstructure:"warmup"`      // untimed transfers per consumer before the run
-	Seed             uint64        `mapstructure:"seed"`
+	Vision           kv.Vision        `mapstructure:"-"`
+	Grids            []kv.Grid        `mapstructure:"grid"` // unique image k has grid Grids[k % len]; none: the model's
+	Requests         int              `mapstructure:"requests"`
+	ImagesPerRequest int              `mapstructure:"images-per-request"`
+	UniqueImages     int              `mapstructure:"unique-images"`
+	ZipfS            float64          `mapstructure:"zipf-s"` // mm_hash popularity: P(k) ∝ 1/(k+1)^s; 0 is uniform
+	Consumers        int              `mapstructure:"consumers"`
+	ProducerRegion   runcore.ByteSize `mapstructure:"producer-region"`
+	ConsumerRegion   runcore.ByteSize `mapstructure:"consumer-region"`
+	AckTimeout       time.Duration    `mapstructure:"ack-timeout"`
+	EncodeTime       time.Duration    `mapstructure:"encode-time"` // the encoder's time per image (the entry is not ready meanwhile)
+	Overlap          bool             `mapstructure:"overlap"`     // ask consumers without waiting for the encode (NOT_READY happens)
+	Verify           bool             `mapstructure:"verify"`      // check every block's tags on delivery, hits included
+	Warmup           int              `mapstructure:"warmup"`      // untimed transfers per consumer before the run
+	Seed             uint64           `mapstructure:"seed"`
 
 	// The EC connector's compatibility hash: CompatFactorsFile is a JSON
 	// object of a vLLM peer's four factors (vllm_version, model, dtype,
@@ -130,8 +131,8 @@ func (o *ECOptions) Validate() error {
 	// makeslice, and --requests or --warmup ran until killed.
 	if o.Requests <= 0 {
 		bad("Requests", "must be positive (got %d)", o.Requests)
-	} else if o.Requests > MaxRequests {
-		bad("Requests", "%d: at most %d", o.Requests, MaxRequests)
+	} else if o.Requests > runcore.MaxRequests {
+		bad("Requests", "%d: at most %d", o.Requests, runcore.MaxRequests)
 	}
 	if o.ImagesPerRequest <= 0 {
 		bad("ImagesPerRequest", "must be positive (got %d)", o.ImagesPerRequest)
@@ -160,8 +161,8 @@ func (o *ECOptions) Validate() error {
 	}
 	if o.Warmup < 0 {
 		bad("Warmup", "must not be negative")
-	} else if o.Warmup > MaxRequests {
-		bad("Warmup", "%d: at most %d", o.Warmup, MaxRequests)
+	} else if o.Warmup > runcore.MaxRequests {
+		bad("Warmup", "%d: at most %d", o.Warmup, runcore.MaxRequests)
 	}
 	if largest > 0 {
 		if int64(o.ProducerRegion) < largest {
@@ -191,12 +192,12 @@ type ECResult struct {
 	Reference ECReference        `json:"reference"`
 	Consumers []ec.ConsumerStats `json:"consumers"`
 	Producer  *ec.ProducerStats  `json:"producer,omitempty"`
-	NetPath   NetPath            `json:"net_path,omitempty"` // producer and consumers
+	NetPath   runcore.NetPath    `json:"net_path,omitempty"` // producer and consumers
 	// Endpoints and Placement say where the consumers (this process) and
 	// the encoder ran.
-	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
-	Placement   string         `json:"placement,omitempty"`
-	Interrupted bool           `json:"interrupted,omitempty"`
+	Endpoints   []runcore.EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string                 `json:"placement,omitempty"`
+	Interrupted bool                   `json:"interrupted,omitempty"`
 }
 
 // ECConfig echoes what ran.
@@ -408,7 +409,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		return nil, err
 	}
 	res := &ECResult{Meta: report.NewMeta("bench ec", o.Version)}
-	recordBackend(&res.Meta, backend.Name, backend.Version())
+	runcore.RecordBackend(&res.Meta, backend.Name, backend.Version())
 	o.Grids = o.grids()
 	v := o.Vision
 	block := v.BlockBytes()
@@ -438,7 +439,7 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	}
 	r.producer = &ec.EncoderClient{Client: r.producerConn.Client}
 	if o.Producer.Addr != "" {
-		res.Endpoints, res.Placement = describePeer(ctx, "encoder", o.Producer.Addr, r.producer.Client)
+		res.Endpoints, res.Placement = runcore.DescribePeer(ctx, "encoder", o.Producer.Addr, r.producer.Client)
 	}
 	defer func() {
 		_ = r.producerConn.Close(10*time.Second, nil)
@@ -486,9 +487,9 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 	// does for an interrupt a second later.
 	live.Emit(o.Live, live.Start{Title: "bench ec " + c.Direction, Total: o.Requests * o.ImagesPerRequest, Unit: "images"})
 	live.Emit(o.Live, live.Phase{Text: "measuring"})
-	snapshotter(o.Snapshot, res, o.Live)()
+	runcore.Snapshotter(o.Snapshot, res, o.Live)()
 
-	path := watchPath(ctx, o.Producer.Addr != "", pathEnd{"producer", r.producer.Client, netpath.Send}, pathEnd{"consumer", nil, netpath.Receive})
+	path := runcore.WatchPath(ctx, o.Producer.Addr != "", runcore.PathEnd{Role: "producer", RPC: r.producer.Client, Dir: netpath.Send}, runcore.PathEnd{Role: "consumer", RPC: nil, Dir: netpath.Receive})
 	var wg sync.WaitGroup
 	for i, cons := range consumers {
 		wg.Add(1)
@@ -500,9 +501,9 @@ func RunEC(ctx context.Context, o ECOptions) (*ECResult, error) {
 		}()
 	}
 	wg.Wait()
-	path.stop(ctx)
+	path.Stop(ctx)
 	r.finish(res, consumers)
-	res.NetPath = path.verdicts(twoEnds(res.Summary.Bytes), res.Warn)
+	res.NetPath = path.Verdicts(runcore.TwoEnds(res.Summary.Bytes), res.Warn)
 	if rep, err := r.producer.Call(ec.EncoderRequest{Op: "stats"}); err == nil {
 		res.Producer = rep.Stats
 		res.Summary.ProducerEvictions = rep.Stats.Cache.Evictions

@@ -8,6 +8,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // hostRoom is what this host can give the regions: free bytes of the
@@ -21,7 +22,7 @@ func readHostRoom() hostRoom {
 	if unix.Statfs(ec.DefaultShmDir, &st) == nil {
 		r.shmFree = int64(st.Bavail) * st.Bsize
 	}
-	if avail := memAvailable(); avail > 0 {
+	if avail := runcore.MemAvailable(); avail > 0 {
 		r.memAvail = avail
 	}
 	return r

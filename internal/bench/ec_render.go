@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // WriteEC renders a `bench ec` result: what ran, per-stage latency
@@ -28,7 +29,7 @@ func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
 func writeECMarkdown(w io.Writer, res *ECResult) error {
 	fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
 		res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
 	if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
@@ -55,7 +56,7 @@ func writeECText(w io.Writer, res *ECResult) error {
 	if s.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", s.Transport)
 	}
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n", p)
 	}
 	var imgs []string
@@ -147,7 +148,7 @@ func (res *ECResult) Render(w io.Writer, f report.Format) error { return WriteEC
 // failures beside them.
 func (res *ECResult) Metrics() []report.Metric {
 	s := res.Summary
-	cold, _ := decodeHist(s.Histogram)
+	cold, _ := runcore.DecodeHist(s.Histogram)
 	var out []report.Metric
 	m := func(key, unit string, v float64, better report.Better, stable bool, dist *report.Histogram) {
 		out = append(out, report.Metric{Key: key, Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
@@ -172,7 +173,7 @@ func (res *ECResult) Metrics() []report.Metric {
 // Figure implements report.Plottable: the cold transfer latency's
 // histogram and CDF.
 func (res *ECResult) Figure() (report.Figure, error) {
-	cold, err := decodeHist(res.Summary.Histogram)
+	cold, err := runcore.DecodeHist(res.Summary.Histogram)
 	if err != nil {
 		return report.Figure{}, err
 	}

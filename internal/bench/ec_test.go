@@ -19,6 +19,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // smallEC is a run of small images (Qwen3.5-4B geometry, grid 1x8x8 = 16
@@ -28,7 +29,7 @@ func smallEC(dir nixl.Op) ECOptions {
 	exe, _ := os.Executable()
 	img := 16 * 5120
 	return ECOptions{Backend: "ucx", Direction: dir, Vision: v, Grids: []kv.Grid{{T: 1, H: 8, W: 8}}, Requests: 40,
-		ImagesPerRequest: 2, UniqueImages: 12, ZipfS: 1, Consumers: 3, ProducerRegion: ByteSize(10 * img), ConsumerRegion: ByteSize(4 * img),
+		ImagesPerRequest: 2, UniqueImages: 12, ZipfS: 1, Consumers: 3, ProducerRegion: runcore.ByteSize(10 * img), ConsumerRegion: runcore.ByteSize(4 * img),
 		AckTimeout: 2 * time.Second, Verify: true, Warmup: 1, Seed: 7,
 		Producer: ProducerSpec{Exe: exe, Args: []string{"-test.run=^$"}, Env: []string{"NIXLCTL_BENCH_TEST_ENCODER=1"}}}
 }

@@ -19,57 +19,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/netpath"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
-
-// EndpointInfo is where one endpoint ran and how its clock was related to
-// the driver's: what a result needs to be read across hosts.
-type EndpointInfo struct {
-	Role     string `json:"role"`
-	Addr     string `json:"addr,omitempty"` // its control address; "" for a child of the driver
-	Hostname string `json:"hostname"`
-	BootID   string `json:"boot_id"`
-	// Clock is how its CLOCK_MONOTONIC relates to the driver's; its stamps
-	// were moved onto the driver's clock by it before any subtraction.
-	Clock ClockOffset `json:"clock"`
-	// SideChannel is the address it advertised to its peer.
-	SideChannel string `json:"side_channel,omitempty"`
-}
-
-// ClockOffset is clocksync.Offset as a result records it.
-type ClockOffset struct {
-	// SameClock: one kernel and time namespace, offset exactly 0.
-	SameClock     bool   `json:"same_clock"`
-	OffsetNS      int64  `json:"offset_ns"`
-	UncertaintyNS int64  `json:"uncertainty_ns"`
-	RTTNS         int64  `json:"rtt_ns,omitempty"`
-	Samples       int    `json:"samples,omitempty"`
-	Text          string `json:"text"`
-}
-
-func clockOffset(o clocksync.Offset) ClockOffset {
-	return ClockOffset{SameClock: o.SameClock, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
-		Samples: o.Samples, Text: o.String()}
-}
-
-// Placements of two endpoints.
-const (
-	PlacementOneHost    = "one host"
-	PlacementNamespaces = "one kernel, separate namespaces"
-	PlacementCrossHost  = "cross-host"
-)
-
-// placement says whether a run crossed hosts. Two ends on one kernel are
-// never called cross-host, even in separate namespaces (how tests stage
-// two hosts): the bytes did not leave the machine.
-func placement(a, b ctl.HostInfo) string {
-	switch {
-	case clocksync.SameHost(a.Identity, b.Identity):
-		return PlacementOneHost
-	case a.Identity.BootID != "" && a.Identity.BootID == b.Identity.BootID:
-		return PlacementNamespaces
-	}
-	return PlacementCrossHost
-}
 
 // meet relates the endpoint's clock to the driver's and learns its host.
 func (ep *Endpoint) meet(ctx context.Context, role, addr string) error {
@@ -78,7 +29,7 @@ func (ep *Endpoint) meet(ctx context.Context, role, addr string) error {
 		return fmt.Errorf("%s endpoint clock: %w", role, err)
 	}
 	ep.clock, ep.host = off, host
-	ep.info = EndpointInfo{Role: role, Addr: addr, Hostname: host.Hostname, BootID: host.Identity.BootID, Clock: clockOffset(off)}
+	ep.info = runcore.EndpointInfo{Role: role, Addr: addr, Hostname: host.Hostname, BootID: host.Identity.BootID, Clock: runcore.NewClockOffset(off)}
 	return nil
 }
 
@@ -172,27 +123,6 @@ func isLoopbackHost(h string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// describePeer records where a run's one remote process (bench xfer's
-// target, bench ec's encoder) and this driver ran, and whether that was one
-// host. Times of those runs come from the driver's side alone, so no clock
-// is estimated; a failure to ask costs the record, not the run.
-func describePeer(ctx context.Context, role, addr string, c *ctl.Client) ([]EndpointInfo, string) {
-	me, err := ctl.LocalHostInfo()
-	if err != nil {
-		return nil, ""
-	}
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	peer, err := c.Host(hctx)
-	if err != nil {
-		return nil, ""
-	}
-	self := EndpointInfo{Role: "driver", Hostname: me.Hostname, BootID: me.Identity.BootID, Clock: clockOffset(clocksync.SameClockOffset())}
-	other := EndpointInfo{Role: role, Addr: addr, Hostname: peer.Hostname, BootID: peer.Identity.BootID}
-	other.Clock.SameClock = clocksync.SameClock(me.Identity, peer.Identity)
-	return []EndpointInfo{self, other}, placement(me, peer)
-}
-
 // unreachable matches the errors of a path that does not reach the peer:
 // UCX's UCS_ERR_UNREACHABLE and the kernel's.
 var unreachable = regexp.MustCompile(`(?i)destination is unreachable|no route to host|network is unreachable`)
@@ -214,7 +144,7 @@ func unreachableFailures(s HandoffSummary) int {
 // fails with nothing but "Destination is unreachable" in its records. It
 // names the device this host routes each remote peer through (route) and
 // the flag that pins it.
-func unreachableWarning(s HandoffSummary, netDevices string, eps []EndpointInfo, route func(ip string) (string, error)) string {
+func unreachableWarning(s HandoffSummary, netDevices string, eps []runcore.EndpointInfo, route func(ip string) (string, error)) string {
 	n, first := unreachableFailures(s), ""
 	for _, reason := range reasonOrder(s.FailuresByReason) {
 		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) && first == "" {
@@ -251,7 +181,7 @@ type Endpoint struct {
 	rpc   *ctl.Client
 	clock clocksync.Offset // its clock relative to the driver's
 	host  ctl.HostInfo
-	info  EndpointInfo
+	info  runcore.EndpointInfo
 	// conn is how it was started or reached (nil for a reverse
 	// rendezvous member): closing it flushes a child's stderr.
 	conn *fleet.Conn
@@ -266,13 +196,13 @@ func checkRemoteNetDevices(ctx context.Context, list string, pes, des []*Endpoin
 			if slots[i].Local() {
 				continue // this host: checked against /sys in Validate
 			}
-			nctx, cancel := context.WithTimeout(ctx, netstatTimeout)
+			nctx, cancel := context.WithTimeout(ctx, runcore.NetstatTimeout)
 			ns, err := ep.rpc.NetStat(nctx)
 			cancel()
 			if err != nil {
 				continue // an older serve: its engine set-up says
 			}
-			if err := checkNetDevicesAt(ep.info.Role, cmp.Or(ns.Host.Hostname, ep.info.Hostname), ns.Snapshot.Devices, list); err != nil {
+			if err := runcore.CheckNetDevicesAt(ep.info.Role, cmp.Or(ns.Host.Hostname, ep.info.Hostname), ns.Snapshot.Devices, list); err != nil {
 				return err
 			}
 		}
@@ -403,13 +333,13 @@ func (f *handoffFleet) close() {
 // pathEnds are the endpoints as the network path watcher reads them: each
 // engine's counters against its own bytes (engines of one host read the
 // same host-wide counters and are judged together, judgePath).
-func (f *handoffFleet) pathEnds() []pathEnd {
-	var ends []pathEnd
+func (f *handoffFleet) pathEnds() []runcore.PathEnd {
+	var ends []runcore.PathEnd
 	for i, ep := range f.pes {
-		ends = append(ends, pathEnd{f.prefillName(i), ep.rpc, netpath.Send})
+		ends = append(ends, runcore.PathEnd{Role: f.prefillName(i), RPC: ep.rpc, Dir: netpath.Send})
 	}
 	for i, ep := range f.des {
-		ends = append(ends, pathEnd{f.decodeName(i), ep.rpc, netpath.Receive})
+		ends = append(ends, runcore.PathEnd{Role: f.decodeName(i), RPC: ep.rpc, Dir: netpath.Receive})
 	}
 	return ends
 }

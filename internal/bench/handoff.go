@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // handoff runs one benchmark's requests over a started fleet as the
@@ -439,7 +439,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: isl, PrefixTokens: prefix, Key: key, Params: pr.Params}, &lr)
 		}
 	case engine.ProtoPush:
-		host, port, _ := splitHostPort(psetup.SideChannel)
+		host, port, _ := runcore.SplitHostPort(psetup.SideChannel)
 		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
 			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: max(psetup.PP, 1), TransferMode: "push"}
 		var wg sync.WaitGroup
@@ -511,7 +511,7 @@ func (h *handoff) one(ctx context.Context, i, isl, p, d int) HandoffRecord {
 		// (sendRoom returns when they are).
 		rec.TransferMS = ms(pr.TPostStart, pr.TSent)
 		rec.Descriptors, rec.LogicalDescs = pr.Descriptors, pr.LogicalDescs
-		rec.Bytes = int64(lr.Blocks) * blockBytesAllRanks(h.o.Spec, h.dtp[d])
+		rec.Bytes = int64(lr.Blocks) * h.o.Spec.BlockBytesAllRanks(h.dtp[d])
 	}
 	return rec
 }
@@ -527,16 +527,6 @@ func (h *handoff) abortUnread(ctx context.Context, pe *Endpoint, id string) {
 	if err := pe.rpc.Call(actx, "abort", engine.AbortRequest{ID: id}, &ar); err != nil {
 		h.o.Log.Debug("aborting unread blocks at prefill", "request", id, "err", err)
 	}
-}
-
-func splitHostPort(ep string) (string, int, error) {
-	host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
-	if err != nil {
-		return "", 0, err
-	}
-	var p int
-	_, err = fmt.Sscanf(port, "%d", &p)
-	return host, p, err
 }
 
 // xferReference runs `bench xfer` on the same bytes: one point with the

@@ -18,9 +18,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
-	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
@@ -237,7 +237,7 @@ func (o *HandoffOptions) Validate() error {
 	if !o.Fragmentation.Valid() {
 		bad("Fragmentation", "unknown fragmentation %q (want contiguous or scattered)", o.Fragmentation)
 	}
-	if !valid(o.Verify, engine.Verifies) {
+	if !runcore.OneOf(o.Verify, engine.Verifies) {
 		bad("Verify", "unknown verify mode %v (want sparse or full)", o.Verify)
 	}
 	if !o.DRAMAlloc.Valid() {
@@ -259,8 +259,8 @@ func (o *HandoffOptions) Validate() error {
 		bad("RegTimeout", "must be positive")
 	}
 	// Options built without DefaultHandoffOptions get its push defaults.
-	o.RegWatchdog = cmpOr(o.RegWatchdog, engine.WatchdogFail)
-	o.PushHeartbeatKeys = cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+	o.RegWatchdog = cmp.Or(o.RegWatchdog, engine.WatchdogFail)
+	o.PushHeartbeatKeys = cmp.Or(o.PushHeartbeatKeys, engine.HBKeysUpstream)
 	if !o.RegWatchdog.Valid() {
 		bad("RegWatchdog", "unknown registration watchdog action %q (want drop or fail)", o.RegWatchdog)
 	}
@@ -269,7 +269,7 @@ func (o *HandoffOptions) Validate() error {
 	}
 	if o.NetDevices != "" && !o.remote() && o.Rendezvous == "" {
 		// Remote endpoints' devices are their hosts', not this one's.
-		if err := checkNetDevices(sysClassRoot, o.NetDevices); err != nil {
+		if err := runcore.CheckNetDevices(runcore.SysClassRoot, o.NetDevices); err != nil {
 			bad("NetDevices", "%v", err)
 		}
 	}
@@ -298,14 +298,14 @@ func (o *HandoffOptions) Validate() error {
 	if o.Inproc && o.remote() {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
-	if o.Router != "" && !valid(o.Router, Routers) {
+	if o.Router != "" && !runcore.OneOf(o.Router, Routers) {
 		bad("Router", "unknown router %q (want round-robin or least-loaded)", o.Router)
 	}
-	if o.OnEndpointDeath != "" && !valid(o.OnEndpointDeath, DeathPolicies) {
+	if o.OnEndpointDeath != "" && !runcore.OneOf(o.OnEndpointDeath, DeathPolicies) {
 		bad("OnEndpointDeath", "unknown policy %q (want stop or drain)", o.OnEndpointDeath)
 	}
 	if o.XferTarget != "" {
-		if err := checkAddr(o.XferTarget); err != nil {
+		if err := runcore.CheckAddr(o.XferTarget); err != nil {
 			bad("XferTarget", "%v", err)
 		}
 	}
@@ -333,7 +333,7 @@ func (o *HandoffOptions) Validate() error {
 	}
 	errs = append(errs, o.checkTopologyTPs()...)
 	if len(errs) == 0 {
-		if err := o.checkPoolMemory(hostMemRoom()); err != nil {
+		if err := o.checkPoolMemory(runcore.HostMemRoom()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -370,7 +370,7 @@ func (o *HandoffOptions) localBlockBytes(spec kv.Spec) int64 {
 	var per int64
 	for _, s := range append(append([]EngineSlot(nil), ps...), ds...) {
 		if s.Local() {
-			per += blockBytesAllRanks(spec, s.TP)
+			per += spec.BlockBytesAllRanks(s.TP)
 		}
 	}
 	return per
@@ -380,7 +380,7 @@ func (o *HandoffOptions) localBlockBytes(spec kv.Spec) int64 {
 // cannot hold: --num-blocks as asked (1 Ti blocks ran the driver out of
 // memory), or, when the pools are sized for the workload, one request of
 // its longest prompt (the run cuts automatic pools to fit, down to that).
-func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
+func (o *HandoffOptions) checkPoolMemory(room runcore.MemRoom) error {
 	spec, err := o.Spec.Normalize()
 	if err != nil || room <= 0 {
 		return nil
@@ -391,9 +391,9 @@ func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
 	}
 	what := fmt.Sprintf("a block on every rank of the %d local engines", o.localEngines())
 	if o.NumBlocks > 0 {
-		if !room.fits(int64(o.NumBlocks), per) {
+		if !room.Fits(int64(o.NumBlocks), per) {
 			return errkind.Field("NumBlocks", "%d blocks per engine do not fit on this host: %s",
-				o.NumBlocks, room.need(int64(o.NumBlocks), per, what))
+				o.NumBlocks, room.Need(int64(o.NumBlocks), per, what))
 		}
 		return nil
 	}
@@ -402,11 +402,11 @@ func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
 	t := *o
 	t.usesTrace()
 	n := int64(t.blocksPerRequest())
-	if (room / 2).fits(n, per) {
+	if (room / 2).Fits(n, per) {
 		return nil
 	}
 	msg := fmt.Sprintf("one request of %d tokens does not fit on this host: %s (automatic pools take at most half)",
-		t.longestPrompt(), room.need(n, per, what))
+		t.longestPrompt(), room.Need(n, per, what))
 	switch t.ISL.Dist {
 	case ISLTrace:
 		return fmt.Errorf("--trace: its longest prompt: %s", msg)
@@ -422,43 +422,43 @@ func (o *HandoffOptions) checkPoolMemory(room memRoom) error {
 // a slot each would not fit).
 func (o *HandoffOptions) validateBounds(bad func(field, format string, a ...any)) (enginesOK bool) {
 	enginesOK = true
-	if o.Requests > MaxRequests {
-		bad("Requests", "%d: at most %d", o.Requests, MaxRequests)
+	if o.Requests > runcore.MaxRequests {
+		bad("Requests", "%d: at most %d", o.Requests, runcore.MaxRequests)
 	}
-	if o.Warmup > MaxRequests {
-		bad("Warmup", "%d: at most %d", o.Warmup, MaxRequests)
+	if o.Warmup > runcore.MaxRequests {
+		bad("Warmup", "%d: at most %d", o.Warmup, runcore.MaxRequests)
 	}
 	if len(o.Trace) > 0 && o.Warmup >= len(o.Trace) {
 		bad("Warmup", "%d: the trace has %d requests, so none would be measured", o.Warmup, len(o.Trace))
 	}
-	if o.MaxInflight < 0 || o.MaxInflight > MaxConcurrency {
-		bad("MaxInflight", "%d: want 1 to %d requests in flight", o.MaxInflight, MaxConcurrency)
+	if o.MaxInflight < 0 || o.MaxInflight > runcore.MaxConcurrency {
+		bad("MaxInflight", "%d: want 1 to %d requests in flight", o.MaxInflight, runcore.MaxConcurrency)
 	}
-	if o.Concurrency > MaxConcurrency {
-		bad("Concurrency", "%d: at most %d requests in flight", o.Concurrency, MaxConcurrency)
+	if o.Concurrency > runcore.MaxConcurrency {
+		bad("Concurrency", "%d: at most %d requests in flight", o.Concurrency, runcore.MaxConcurrency)
 	}
 	for _, c := range []struct {
 		field string
 		n     int
 	}{{"Prefills", o.Prefills}, {"Decodes", o.Decodes}} {
-		if c.n > MaxEngines {
-			bad(c.field, "%d: at most %d engines", c.n, MaxEngines)
+		if c.n > runcore.MaxEngines {
+			bad(c.field, "%d: at most %d engines", c.n, runcore.MaxEngines)
 			enginesOK = false
 		}
 	}
-	if len(o.Trace) == 0 && o.Rate > 0 && o.Requests > 0 && o.Requests <= MaxRequests {
+	if len(o.Trace) == 0 && o.Rate > 0 && o.Requests > 0 && o.Requests <= runcore.MaxRequests {
 		// An arrival past a Duration's range wrapped and fired at once.
 		n := o.Requests + max(o.Warmup, 0)
-		if secs := float64(n) / o.Rate; secs > MaxRunTime.Seconds() {
-			bad("Rate", "%g: %d requests at this rate arrive over about %.3g s; a run may last at most %v", o.Rate, n, secs, MaxRunTime)
+		if secs := float64(n) / o.Rate; secs > runcore.MaxRunTime.Seconds() {
+			bad("Rate", "%g: %d requests at this rate arrive over about %.3g s; a run may last at most %v", o.Rate, n, secs, runcore.MaxRunTime)
 		}
 	}
 	if o.PrefillPerTok > 0 {
 		t := *o
 		t.usesTrace()
-		if longest := t.longestPrompt(); longest > 0 && o.PrefillPerTok > MaxPrefillTime/time.Duration(longest) {
+		if longest := t.longestPrompt(); longest > 0 && o.PrefillPerTok > runcore.MaxPrefillTime/time.Duration(longest) {
 			bad("PrefillPerTok", "%v per token: the longest prompt (%d tokens) would take %.3g s to prefill; at most %v a request",
-				o.PrefillPerTok, longest, o.PrefillPerTok.Seconds()*float64(longest), MaxPrefillTime)
+				o.PrefillPerTok, longest, o.PrefillPerTok.Seconds()*float64(longest), runcore.MaxPrefillTime)
 		}
 	}
 	return enginesOK
@@ -481,16 +481,16 @@ func (o *HandoffOptions) localEngines() int {
 // forked 200 UCX processes).
 func (o *HandoffOptions) validateLocalEngines(bad func(field, format string, a ...any)) {
 	local := o.localEngines()
-	if local <= MaxLocalEngines {
+	if local <= runcore.MaxLocalEngines {
 		return
 	}
 	switch {
 	case o.Topology != "":
-		bad("Topology", "%d engines would run on this host; at most %d", local, MaxLocalEngines)
+		bad("Topology", "%d engines would run on this host; at most %d", local, runcore.MaxLocalEngines)
 	case o.Decodes > o.Prefills:
-		bad("Decodes", "%d with --prefills %d: %d engines would run on this host; at most %d", o.Decodes, max(o.Prefills, 1), local, MaxLocalEngines)
+		bad("Decodes", "%d with --prefills %d: %d engines would run on this host; at most %d", o.Decodes, max(o.Prefills, 1), local, runcore.MaxLocalEngines)
 	default:
-		bad("Prefills", "%d with --decodes %d: %d engines would run on this host; at most %d", o.Prefills, max(o.Decodes, 1), local, MaxLocalEngines)
+		bad("Prefills", "%d with --decodes %d: %d engines would run on this host; at most %d", o.Prefills, max(o.Decodes, 1), local, runcore.MaxLocalEngines)
 	}
 }
 
@@ -529,11 +529,11 @@ func (o *HandoffOptions) validateSGL(bad func(field, format string, a ...any)) {
 	if o.Protocol != engine.ProtoSGLang {
 		return
 	}
-	o.SGLBootstrapTimeout = cmpOr(o.SGLBootstrapTimeout, engine.SGLDefaultBootstrapTimeout)
-	o.SGLWaitingTimeout = cmpOr(o.SGLWaitingTimeout, engine.SGLDefaultWaitingTimeout)
-	o.SGLHeartbeatInterval = cmpOr(o.SGLHeartbeatInterval, engine.SGLDefaultHeartbeatInterval)
-	o.SGLHeartbeatMaxFailures = cmpOr(o.SGLHeartbeatMaxFailures, engine.SGLDefaultHeartbeatMaxFailures)
-	o.SGLKVDType = cmpOr(o.SGLKVDType, engine.SGLDefaultKVCacheDType)
+	o.SGLBootstrapTimeout = cmp.Or(o.SGLBootstrapTimeout, engine.SGLDefaultBootstrapTimeout)
+	o.SGLWaitingTimeout = cmp.Or(o.SGLWaitingTimeout, engine.SGLDefaultWaitingTimeout)
+	o.SGLHeartbeatInterval = cmp.Or(o.SGLHeartbeatInterval, engine.SGLDefaultHeartbeatInterval)
+	o.SGLHeartbeatMaxFailures = cmp.Or(o.SGLHeartbeatMaxFailures, engine.SGLDefaultHeartbeatMaxFailures)
+	o.SGLKVDType = cmp.Or(o.SGLKVDType, engine.SGLDefaultKVCacheDType)
 	if strings.TrimSpace(o.SGLKVDType) != o.SGLKVDType {
 		bad("SGLKVDType", "%q has surrounding spaces: SGLang compares the strings exactly", o.SGLKVDType)
 	}
@@ -637,15 +637,6 @@ func prefixFields(prefix string, err error) []error {
 	return out
 }
 
-func valid[T comparable](v T, all []T) bool {
-	for _, x := range all {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
 // readTrace reads TraceFile into Trace, once: a second Validate keeps the
 // entries the first one read.
 func (o *HandoffOptions) readTrace() error {
@@ -691,21 +682,6 @@ func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlock
 		c.TP, c.EngineID, c.Device, c.Seed = o.DecodeTP, "decode-0", o.DecodeDevice, o.Seed+1
 	}
 	return c
-}
-
-// Duration is a time.Duration written as Go writes it ("30s"), as results
-// always had it.
-type Duration time.Duration
-
-func (d Duration) String() string { return time.Duration(d).String() }
-
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
-// UnmarshalText reads a Go duration ("30s", "1m0s").
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	*d = Duration(v)
-	return err
 }
 
 // poolBlocks sizes the pools: every request in flight may hold its blocks
@@ -806,30 +782,6 @@ func (o *HandoffOptions) longestPrompt() int {
 		}
 	}
 	return maxISL
-}
-
-// blockBytesAllRanks is what one block weighs on all ranks of an engine,
-// every TP rank of every pipeline stage.
-func blockBytesAllRanks(spec kv.Spec, tp int) int64 {
-	spec.TP = tp
-	var b int64
-	for pp := 0; pp < max(spec.PP, 1); pp++ {
-		for r := 0; r < tp; r++ {
-			for _, reg := range spec.Rank(r, pp).Regions {
-				b += reg.BlockBytes
-			}
-		}
-	}
-	return b
-}
-
-// memAvailable is MemAvailable from /proc/meminfo in bytes (0: unknown).
-func memAvailable() int64 {
-	m, err := procfs.ReadMemInfo()
-	if err != nil {
-		return 0
-	}
-	return m.AvailableBytes
 }
 
 // validateCompat reads --compat-factors and checks the compatibility

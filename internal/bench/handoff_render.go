@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // WriteHandoff renders a `bench pull|push|sglang` result.
@@ -35,7 +36,7 @@ func writeHandoffText(w io.Writer, res *HandoffResult) error {
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n", p)
 	}
 	if h := hostsLine(res); h != "" {
@@ -66,7 +67,7 @@ func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench %s** %s, %v tokens, %s, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
 		c.parallelLabel(), res.Backend, res.Env.BackendVersion)
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
 	if h := hostsLine(res); h != "" {
@@ -229,7 +230,7 @@ func (res *HandoffResult) Render(w io.Writer, f report.Format) error { return Wr
 // throughput metrics the handoff histogram.
 func (res *HandoffResult) Metrics() []report.Metric {
 	s := res.Summary
-	hand, _ := decodeHist(s.Histogram)
+	hand, _ := runcore.DecodeHist(s.Histogram)
 	var out []report.Metric
 	m := func(key, unit string, v float64, better report.Better, stable bool, dist *report.Histogram) {
 		out = append(out, report.Metric{Key: key, Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
@@ -266,7 +267,7 @@ func (res *HandoffResult) Metrics() []report.Metric {
 		p   report.Percentiles
 	}{{"transfer_ms", s.TransferMS}, {"post_ms", s.PostMS}, {"finish_to_post_ms", s.FinishToPostMS},
 		{"completion_to_ready_ms", s.CompletionMS}, {"registration_rtt_ms", s.RegRTTMS}} {
-		d, _ := decodeHist(s.StageHistograms[st.key])
+		d, _ := runcore.DecodeHist(s.StageHistograms[st.key])
 		pcts(st.key, st.p, d)
 	}
 	m("failed", "requests", float64(s.Failed), report.LowerIsBetter, false, nil)
@@ -291,10 +292,10 @@ func (res *HandoffResult) Figure() (report.Figure, error) {
 	}
 	if len(ser.Values) == 0 {
 		var err error
-		if ser.Hist, err = decodeHist(res.Summary.Histogram); err != nil {
+		if ser.Hist, err = runcore.DecodeHist(res.Summary.Histogram); err != nil {
 			return report.Figure{}, err
 		}
-		if xfer.Hist, err = decodeHist(res.Summary.StageHistograms["transfer_ms"]); err != nil {
+		if xfer.Hist, err = runcore.DecodeHist(res.Summary.StageHistograms["transfer_ms"]); err != nil {
 			return report.Figure{}, err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
@@ -46,10 +47,10 @@ type HandoffConfig struct {
 	// PoolSizedFor says what the automatic pools were sized for (the
 	// workload: requests in flight and the longest prompt), or
 	// "--num-blocks".
-	PoolSizedFor    string   `json:"pool_sized_for,omitempty"`
-	PrefillPerToken Duration `json:"prefill_time_per_token"`
-	Lease           Duration `json:"lease"`
-	RegTimeout      Duration `json:"registration_timeout,omitempty"`
+	PoolSizedFor    string           `json:"pool_sized_for,omitempty"`
+	PrefillPerToken runcore.Duration `json:"prefill_time_per_token"`
+	Lease           runcore.Duration `json:"lease"`
+	RegTimeout      runcore.Duration `json:"registration_timeout,omitempty"`
 	// Push: what the registration watchdog did when it fired, and what
 	// heartbeats were keyed by (upstream: they never renew, vLLM #53095).
 	RegWatchdog       engine.WatchdogAction `json:"registration_watchdog,omitempty"`
@@ -59,9 +60,9 @@ type HandoffConfig struct {
 	UnsupportedTP []string `json:"unsupported_tp,omitempty"`
 	ChunkTokens   int      `json:"chunk_tokens"`
 	// SGLang's timeouts and decode's /health heartbeat.
-	SGLBootstrapTimeout     Duration         `json:"sglang_bootstrap_timeout,omitempty"`
-	SGLWaitingTimeout       Duration         `json:"sglang_waiting_timeout,omitempty"`
-	SGLHeartbeatInterval    Duration         `json:"sglang_heartbeat_interval,omitempty"`
+	SGLBootstrapTimeout     runcore.Duration `json:"sglang_bootstrap_timeout,omitempty"`
+	SGLWaitingTimeout       runcore.Duration `json:"sglang_waiting_timeout,omitempty"`
+	SGLHeartbeatInterval    runcore.Duration `json:"sglang_heartbeat_interval,omitempty"`
 	SGLHeartbeatMaxFailures int              `json:"sglang_heartbeat_max_failures,omitempty"`
 	SGLKVDType              string           `json:"sglang_kv_cache_dtype,omitempty"`
 	SGLBootstrap            string           `json:"sglang_bootstrap,omitempty"` // an external SGLang prefill's
@@ -125,7 +126,7 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
 		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, Seed: new(o.Seed), ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, MaxInflight: o.openLoopCap(), PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
-		PrefillPerToken: Duration(o.PrefillPerTok), Lease: Duration(o.Lease), RegTimeout: Duration(o.RegTimeout),
+		PrefillPerToken: runcore.Duration(o.PrefillPerTok), Lease: runcore.Duration(o.Lease), RegTimeout: runcore.Duration(o.RegTimeout),
 		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
 		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP(), NoCompatCheck: o.NoCompatCheck}
 	if o.Mem == nixl.VRAM {
@@ -140,8 +141,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
 	case engine.ProtoSGLang:
 		c.RegTimeout = 0 // push's
-		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = Duration(o.SGLBootstrapTimeout), Duration(o.SGLWaitingTimeout)
-		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
+		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = runcore.Duration(o.SGLBootstrapTimeout), runcore.Duration(o.SGLWaitingTimeout)
+		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = runcore.Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
 		c.SGLKVDType, c.SGLBootstrap = o.SGLKVDType, o.Bootstrap
 	}
 	ps, ds := o.engines()
@@ -312,12 +313,12 @@ type HandoffResult struct {
 	Transports     map[string]string `json:"transports,omitempty"`
 	// NetPath says which devices carried the payload at prefill (tx) and
 	// decode (rx).
-	NetPath NetPath `json:"net_path,omitempty"`
+	NetPath runcore.NetPath `json:"net_path,omitempty"`
 	// Endpoints says where prefill and decode ran and how their clocks
 	// were related to the driver's; Placement whether they shared a host.
-	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
-	Placement   string         `json:"placement,omitempty"`
-	Interrupted bool           `json:"interrupted,omitempty"`
+	Endpoints   []runcore.EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string                 `json:"placement,omitempty"`
+	Interrupted bool                   `json:"interrupted,omitempty"`
 	// HostCPU says how steady the host's CPU speed was: readings of a
 	// fixed loop before, between the rounds of, and after the timed phase.
 	HostCPU *cpuspeed.Summary `json:"host_cpu,omitempty"`
@@ -480,4 +481,23 @@ func ppOrOmit(pp int) int {
 		return 0
 	}
 	return pp
+}
+
+// handoffPairBytes is what crossed the endpoints' devices during the
+// timed phase, per pair of ends (n prefills, then the decodes): every
+// request that moved its bytes, warm-up ones included (the counters saw
+// them too).
+func handoffPairBytes(records []HandoffRecord, n int) runcore.PairBytes {
+	by := map[[2]int]int64{}
+	for _, r := range records {
+		if r.Error == "" {
+			by[[2]int{r.Prefill, n + r.Decode}] += r.Bytes
+		}
+	}
+	return func(i, j int) int64 {
+		if i > j {
+			i, j = j, i
+		}
+		return by[[2]int{i, j}]
+	}
 }

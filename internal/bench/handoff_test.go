@@ -25,6 +25,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func smallModel(t *testing.T) kv.Model {
@@ -238,27 +239,27 @@ func writeTopology(t *testing.T, body string) string {
 // the numbers; the room is given, so the test does not depend on the host.
 func TestHandoffPoolMemory(t *testing.T) {
 	base := handoffOpts(t, engine.ProtoPull, 1, 1)
-	block := blockBytesAllRanks(base.Spec, 1) * 2 // a block on both local engines
+	block := base.Spec.BlockBytesAllRanks(1) * 2 // a block on both local engines
 	tests := []struct {
 		name string
 		mut  func(*HandoffOptions)
-		room memRoom
+		room runcore.MemRoom
 		want string // "": fits
 	}{
-		{"fits", func(o *HandoffOptions) { o.NumBlocks = 100 }, memRoom(block * 100), ""},
-		{"num-blocks past the room", func(o *HandoffOptions) { o.NumBlocks = 101 }, memRoom(block * 100), "NumBlocks: 101 blocks per engine do not fit"},
-		{"num-blocks past int64 bytes", func(o *HandoffOptions) { o.NumBlocks = 1 << 60 }, memRoom(block * 100), "NumBlocks: 1152921504606846976 blocks"},
-		{"vram pools are not the host's", func(o *HandoffOptions) { o.NumBlocks, o.Mem = 1<<40, nixl.VRAM }, memRoom(block), ""},
+		{"fits", func(o *HandoffOptions) { o.NumBlocks = 100 }, runcore.MemRoom(block * 100), ""},
+		{"num-blocks past the room", func(o *HandoffOptions) { o.NumBlocks = 101 }, runcore.MemRoom(block * 100), "NumBlocks: 101 blocks per engine do not fit"},
+		{"num-blocks past int64 bytes", func(o *HandoffOptions) { o.NumBlocks = 1 << 60 }, runcore.MemRoom(block * 100), "NumBlocks: 1152921504606846976 blocks"},
+		{"vram pools are not the host's", func(o *HandoffOptions) { o.NumBlocks, o.Mem = 1<<40, nixl.VRAM }, runcore.MemRoom(block), ""},
 		{"remote engines are not the host's", func(o *HandoffOptions) {
 			o.NumBlocks, o.Prefill, o.Decode = 1<<40, "10.0.0.1:7400", "10.0.0.2:7400"
-		}, memRoom(block), ""},
-		{"one request fits in half", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: 400} }, memRoom(block * 50), ""},
+		}, runcore.MemRoom(block), ""},
+		{"one request fits in half", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: 400} }, runcore.MemRoom(block * 50), ""},
 		// The run cuts automatic pools to half of the room: a request
 		// that fits only in the whole would fail every time.
-		{"one request does not fit in half", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: 400} }, memRoom(block * 49),
+		{"one request does not fit in half", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: 400} }, runcore.MemRoom(block * 49),
 			"ISL.Fixed: one request of 400 tokens does not fit on this host: 25 x"},
-		{"the longest of a distribution", func(o *HandoffOptions) {}, memRoom(block * 24), "ISL.Max: one request of 400 tokens"},
-		{"a trace's longest", func(o *HandoffOptions) { o.Trace = []TraceEntry{{0, 16}, {1, 400}} }, memRoom(block * 24), "--trace: its longest prompt"},
+		{"the longest of a distribution", func(o *HandoffOptions) {}, runcore.MemRoom(block * 24), "ISL.Max: one request of 400 tokens"},
+		{"a trace's longest", func(o *HandoffOptions) { o.Trace = []TraceEntry{{0, 16}, {1, 400}} }, runcore.MemRoom(block * 24), "--trace: its longest prompt"},
 		{"unknown room", func(o *HandoffOptions) { o.NumBlocks = 1 << 60 }, 0, ""},
 	}
 	for _, tc := range tests {
@@ -620,15 +621,15 @@ func TestHandoffXPyD(t *testing.T) {
 // and names each endpoint's host and offset.
 func TestHostsLine(t *testing.T) {
 	t.Parallel()
-	res := &HandoffResult{Placement: PlacementNamespaces, Endpoints: []EndpointInfo{
-		{Role: "prefill", Hostname: "a", Clock: ClockOffset{SameClock: true}},
-		{Role: "decode", Hostname: "b", Addr: "10.0.0.2:7401", Clock: ClockOffset{Text: "+1h0m0s ±16µs (rtt 32µs, 16 samples)"}},
+	res := &HandoffResult{Placement: runcore.PlacementNamespaces, Endpoints: []runcore.EndpointInfo{
+		{Role: "prefill", Hostname: "a", Clock: runcore.ClockOffset{SameClock: true}},
+		{Role: "decode", Hostname: "b", Addr: "10.0.0.2:7401", Clock: runcore.ClockOffset{Text: "+1h0m0s ±16µs (rtt 32µs, 16 samples)"}},
 	}}
 	want := "prefill on a (the driver's clock), decode on b 10.0.0.2:7401 (clock +1h0m0s ±16µs (rtt 32µs, 16 samples)); one kernel, separate namespaces"
 	if got := hostsLine(res); got != want {
 		t.Errorf("hostsLine:\n got %q\nwant %q", got, want)
 	}
-	res.Endpoints[1].Clock = ClockOffset{SameClock: true}
+	res.Endpoints[1].Clock = runcore.ClockOffset{SameClock: true}
 	if got := hostsLine(res); got != "" {
 		t.Errorf("every endpoint on the driver's clock: %q, want no line", got)
 	}
@@ -788,7 +789,7 @@ func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 	if d := res.Decode; d.SGLPrefillsLost != 1 || d.SGLHeartbeatFailures < 2 || d.RegTimeouts != 0 {
 		t.Errorf("decode did not give the dead prefill up by its heartbeat: %+v", d)
 	}
-	if c := res.Config; c.SGLWaitingTimeout != Duration(engine.SGLDefaultWaitingTimeout) || c.SGLHeartbeatInterval != Duration(2*time.Second) {
+	if c := res.Config; c.SGLWaitingTimeout != runcore.Duration(engine.SGLDefaultWaitingTimeout) || c.SGLHeartbeatInterval != runcore.Duration(2*time.Second) {
 		t.Errorf("config: waiting %v, heartbeat %v", c.SGLWaitingTimeout, c.SGLHeartbeatInterval)
 	}
 }
@@ -813,7 +814,7 @@ func TestHandoffPP(t *testing.T) {
 					t.Errorf("%s engine pp %d, want %d", role, got, c.pp)
 				}
 			}
-			if got, want := blockBytesAllRanks(o.Spec, 2), blockBytesAllRanks(one.Spec, 2); got != want {
+			if got, want := o.Spec.BlockBytesAllRanks(2), one.Spec.BlockBytesAllRanks(2); got != want {
 				t.Errorf("a block on all ranks weighs %d with pp %d, %d with pp 1", got, c.pp, want)
 			}
 		})

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func TestValidHost(t *testing.T) {
@@ -16,7 +18,7 @@ func TestValidHost(t *testing.T) {
 		{"!!", false}, {"", false}, {"-a", false}, {"a-", false}, {"a..b", false}, {"b@d", false}, {"a b", false},
 		{"x:1", false}, {string(make([]byte, 64)), false},
 	} {
-		if got := ValidHost(tc.host); got != tc.ok {
+		if got := runcore.ValidHost(tc.host); got != tc.ok {
 			t.Errorf("ValidHost(%q) = %v, want %v", tc.host, got, tc.ok)
 		}
 	}
@@ -36,7 +38,7 @@ func TestCheckNetDevices(t *testing.T) {
 		{"all", true}, {"eth1", true}, {"mlx5_0:1", true}, {"mlx5_0", true}, {"eth1,mlx5_0:1", true},
 		{"bogus0", false}, {"mlx5_0:2", false}, {"eth1,", false}, {"eth1,bogus0", false}, {"eth1:1", false},
 	} {
-		if err := checkNetDevices(root, tc.list); (err == nil) != tc.ok {
+		if err := runcore.CheckNetDevices(root, tc.list); (err == nil) != tc.ok {
 			t.Errorf("checkNetDevices(%q) = %v, want ok %v", tc.list, err, tc.ok)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func ignoredFields(ig []IgnoredField) []string {
@@ -177,7 +178,7 @@ func TestECRegionsFit(t *testing.T) {
 	const gib = 1 << 30
 	tests := []struct {
 		name      string
-		prod, con ByteSize
+		prod, con runcore.ByteSize
 		consumers int
 		remote    bool
 		room      hostRoom

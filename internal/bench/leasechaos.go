@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // LeaseChaosOptions configure `nixlctl lease-chaos`: every selected
@@ -166,27 +168,27 @@ func policyNames(ps []lease.Policy) []string {
 // JSON names results have always used; the fields only one mode has are
 // left out of the other's.
 type LeaseChaosConfig struct {
-	Scenarios []string `json:"scenarios"`
-	Policies  []string `json:"policies"`
-	Lease     Duration `json:"lease"`
-	Timeout   Duration `json:"timeout"`
-	Reaper    string   `json:"reaper"`
-	Protocol  string   `json:"protocol,omitempty"` // real
+	Scenarios []string         `json:"scenarios"`
+	Policies  []string         `json:"policies"`
+	Lease     runcore.Duration `json:"lease"`
+	Timeout   runcore.Duration `json:"timeout"`
+	Reaper    string           `json:"reaper"`
+	Protocol  string           `json:"protocol,omitempty"` // real
 	// HeartbeatKeys (push): upstream or fixed; RegWatchdog (push) what
 	// the harness's decode watchdog does (fail: a request whose KV
 	// never comes ends, as the scenarios need; upstream drops and waits).
-	HeartbeatKeys string   `json:"push_heartbeat_keys,omitempty"`
-	RegTimeout    Duration `json:"registration_timeout,omitempty"`
-	RegWatchdog   string   `json:"registration_watchdog,omitempty"`
-	Model         string   `json:"model"`
-	ISL           int      `json:"isl"`
+	HeartbeatKeys string           `json:"push_heartbeat_keys,omitempty"`
+	RegTimeout    runcore.Duration `json:"registration_timeout,omitempty"`
+	RegWatchdog   string           `json:"registration_watchdog,omitempty"`
+	Model         string           `json:"model"`
+	ISL           int              `json:"isl"`
 	// Seed is --seed, without which a run cannot be drawn again (a
 	// pointer: 0 is written, results from before it read back without).
-	Seed      *uint64  `json:"seed,omitempty"`
-	KVDType   kv.DType `json:"kv_dtype,omitempty"`   // real
-	BlockSize int      `json:"block_size,omitempty"` // real
-	Slack     Duration `json:"slack,omitempty"`      // real
-	Backend   string   `json:"backend,omitempty"`    // real
+	Seed      *uint64          `json:"seed,omitempty"`
+	KVDType   kv.DType         `json:"kv_dtype,omitempty"`   // real
+	BlockSize int              `json:"block_size,omitempty"` // real
+	Slack     runcore.Duration `json:"slack,omitempty"`      // real
+	Backend   string           `json:"backend,omitempty"`    // real
 	// BytesPerRequest is what one request's KV weighs (sim).
 	BytesPerRequest int64 `json:"bytes_per_request,omitempty"`
 }
@@ -252,14 +254,14 @@ func RunLeaseChaos(ctx context.Context, o LeaseChaosOptions) (*LeaseChaosResult,
 	}
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "real", Protocol: string(o.Protocol),
 		Backend: backend.Name, Model: spec.Model.Name}
-	recordBackend(&res.Meta, backend.Name, backend.Version())
-	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
+	runcore.RecordBackend(&res.Meta, backend.Name, backend.Version())
+	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: runcore.Duration(o.Lease), Timeout: runcore.Duration(o.Timeout),
 		Reaper: string(o.Reaper), Protocol: string(o.Protocol), Model: spec.Model.Name, ISL: o.ISL, Seed: new(o.Seed), KVDType: spec.DType,
-		BlockSize: spec.BlockSize, Slack: Duration(o.Slack), Backend: backend.Name}
+		BlockSize: spec.BlockSize, Slack: runcore.Duration(o.Slack), Backend: backend.Name}
 	if o.Protocol == engine.ProtoPush {
-		keys := cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+		keys := cmp.Or(o.PushHeartbeatKeys, engine.HBKeysUpstream)
 		res.Config.HeartbeatKeys = string(keys)
-		res.Config.RegTimeout, res.Config.RegWatchdog = Duration(chaosRegTimeout(o.Lease)), string(engine.WatchdogFail)
+		res.Config.RegTimeout, res.Config.RegWatchdog = runcore.Duration(chaosRegTimeout(o.Lease)), string(engine.WatchdogFail)
 		if keys == engine.HBKeysFixed {
 			res.Warn("--push-heartbeat-keys fixed: not upstream behaviour; decode heartbeats its own id and prefill matches it by base id (vLLM's push heartbeats never renew: #53095)")
 		}
@@ -367,7 +369,7 @@ func chaosRegTimeout(leaseDur time.Duration) time.Duration { return max(leaseDur
 func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario string, lc lease.Config, liveT0 time.Time) (leasesim.ScenarioResult, error) {
 	r := leasesim.ScenarioResult{Scenario: scenario, Policy: string(lc.Policy), Reaper: string(lc.Reaper), Protocol: string(o.Protocol), Mode: "real",
 		LeaseS: lc.Duration.Seconds(), TimeoutS: lc.Timeout.Seconds(), ExtensionS: lc.Extension().Seconds(), IntervalS: lc.HeartbeatInterval().Seconds()}
-	keys := cmpOr(o.PushHeartbeatKeys, engine.HBKeysUpstream)
+	keys := cmp.Or(o.PushHeartbeatKeys, engine.HBKeysUpstream)
 	if o.Protocol == engine.ProtoPush {
 		r.HeartbeatKeys = string(keys)
 	}
@@ -750,7 +752,7 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: pr.Params}, &lr)
 		}
 	case engine.ProtoPush:
-		host, port, _ := splitHostPort(psetup.SideChannel)
+		host, port, _ := runcore.SplitHostPort(psetup.SideChannel)
 		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
 			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: string(engine.ProtoPush)}
 		// The router sends both at once; decode's arrival is when prefill
@@ -892,7 +894,7 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 		if start > 0 && tEnd > start {
 			bytes := f.HeldBytes
 			if bytes == 0 {
-				bytes = int64(blocksPerRequest) * blockBytesAllRanks(c.o.Spec, 1)
+				bytes = int64(blocksPerRequest) * c.o.Spec.BlockBytesAllRanks(1)
 			}
 			deadGBs += float64(bytes) / 1e9 * float64(tEnd-start) / 1e9
 		}
@@ -983,7 +985,7 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	}
 	spec, _ := o.Spec.Normalize()
 	res := &LeaseChaosResult{Meta: report.NewMeta("lease-chaos", o.Version), Mode: "sim", Model: spec.Model.Name}
-	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: Duration(o.Lease), Timeout: Duration(o.Timeout),
+	res.Config = LeaseChaosConfig{Scenarios: o.Scenarios, Policies: policyNames(o.Policies), Lease: runcore.Duration(o.Lease), Timeout: runcore.Duration(o.Timeout),
 		Reaper: string(o.Reaper), Model: spec.Model.Name, ISL: o.ISL, Seed: new(o.Traffic.Seed), BytesPerRequest: geo.BytesPerRequest}
 	t0 := time.Now()
 	total := len(o.Scenarios) * len(o.Policies)

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"os"
@@ -169,7 +170,7 @@ func TestLeaseChaosPush(t *testing.T) {
 		{"", []string{leasesim.ScenarioDecodeOverload}},
 		{engine.HBKeysFixed, []string{leasesim.ScenarioDecodeOverload, leasesim.ScenarioDecodeCrash}},
 	} {
-		t.Run(cmpOr(string(tc.keys), "upstream"), func(t *testing.T) {
+		t.Run(cmp.Or(string(tc.keys), "upstream"), func(t *testing.T) {
 			o := chaosOpts(t, engine.ProtoPush, tc.scenarios...)
 			o.Policies = []lease.Policy{lease.PolicyLease}
 			o.PushHeartbeatKeys = tc.keys
@@ -178,7 +179,7 @@ func TestLeaseChaosPush(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range res.Scenarios {
-				if r.HeartbeatIDs == 0 || r.HeartbeatKeys != string(cmpOr(tc.keys, engine.HBKeysUpstream)) {
+				if r.HeartbeatIDs == 0 || r.HeartbeatKeys != string(cmp.Or(tc.keys, engine.HBKeysUpstream)) {
 					t.Errorf("%s: %d heartbeat ids, keys %q", r.Series(), r.HeartbeatIDs, r.HeartbeatKeys)
 				}
 				if tc.keys == engine.HBKeysFixed {
@@ -196,7 +197,7 @@ func TestLeaseChaosPush(t *testing.T) {
 				}
 			}
 			fixedWarned := slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, "not upstream behaviour") })
-			if fixedWarned != (tc.keys == engine.HBKeysFixed) || res.Config.HeartbeatKeys != string(cmpOr(tc.keys, engine.HBKeysUpstream)) {
+			if fixedWarned != (tc.keys == engine.HBKeysFixed) || res.Config.HeartbeatKeys != string(cmp.Or(tc.keys, engine.HBKeysUpstream)) {
 				t.Errorf("config %+v, warnings %q", res.Config, res.Warnings)
 			}
 		})

@@ -7,13 +7,14 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/clocksync"
 	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func TestCheckLoopbackAdvert(t *testing.T) {
 	hostA := ctl.HostInfo{Hostname: "a", Identity: clocksync.HostIdentity{BootID: "b", PIDNamespace: "pid:[1]", TimeNamespace: "time:[1]"}}
 	hostB := ctl.HostInfo{Hostname: "b", Identity: clocksync.HostIdentity{BootID: "b", PIDNamespace: "pid:[2]", TimeNamespace: "time:[1]"}}
 	at := func(role string, h ctl.HostInfo) *Endpoint {
-		return &Endpoint{host: h, info: EndpointInfo{Role: role, Hostname: h.Hostname}}
+		return &Endpoint{host: h, info: runcore.EndpointInfo{Role: role, Hostname: h.Hostname}}
 	}
 	prefill := at("prefill", hostA)
 	for _, tc := range []struct {
@@ -52,7 +53,7 @@ func TestUnreachableWarning(t *testing.T) {
 			"prefill: out of KV blocks":                   "prefill: out of KV blocks",
 		},
 	}
-	eps := []EndpointInfo{{Role: "prefill-0", SideChannel: "tcp://10.0.0.2:41233"}, {Role: "decode", SideChannel: "tcp://127.0.0.1:5000"}}
+	eps := []runcore.EndpointInfo{{Role: "prefill-0", SideChannel: "tcp://10.0.0.2:41233"}, {Role: "decode", SideChannel: "tcp://127.0.0.1:5000"}}
 	route := func(ip string) (string, error) { return map[string]string{"10.0.0.2": "veth-a"}[ip], nil }
 	w := unreachableWarning(failed, "", eps, route)
 	for _, want := range []string{"5 requests failed as unreachable", "Destination is unreachable", "--net-devices", "10.0.0.2 through veth-a"} {

@@ -13,6 +13,7 @@ import (
 	goldenfile "github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
@@ -56,7 +57,7 @@ func craftedXfer(t *testing.T) *XferResult {
 			PostNSPerDesc: 500, MemcpyGBps: 4, Efficiency: float64(bytes) / 1e9 / (0.001 * float64(i+1)) / 4,
 			Transport: "rma: cma/memory", Histogram: enc, TxHistogram: tx, PostHistogram: post})
 	}
-	res.NetPath = NetPath{
+	res.NetPath = runcore.NetPath{
 		"initiator": {Host: "host", Verdict: netpath.Verdict{Payload: 4 << 20, Direction: netpath.Send, NoDevice: true,
 			Notes: []string{"no network device sent a significant share of the 4194304-byte payload: it moved through shared memory or another path inside this host"}}},
 		"target": {Host: "host", Verdict: netpath.Verdict{Payload: 4 << 20, Direction: netpath.Receive, NoDevice: true,
@@ -69,7 +70,7 @@ func craftedHandoff(t *testing.T) *HandoffResult {
 	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: string(engine.ProtoPush), Backend: "ucx", Model: "llama-3.1-8b",
 		Config: HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", ISL: ISL{Dist: ISLFixed, Fixed: 512}, KVDType: "bf16",
 			PrefillTP: 1, DecodeTP: 1, BlockSize: 16, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
-			Endpoints: "process", Concurrency: 2, Warmup: 1, Verify: engine.Sparse, Lease: Duration(30 * time.Second)},
+			Endpoints: "process", Concurrency: 2, Warmup: 1, Verify: engine.Sparse, Lease: runcore.Duration(30 * time.Second)},
 		Prefill: engine.Stats{ExpiredLeases: 1, FailedTransfers: 0}, Decode: engine.Stats{FailedNotifs: 1}}
 	for i := range 6 {
 		r := HandoffRecord{Index: i, ID: "cmpl-" + string(rune('a'+i)), Warmup: i == 0, ISL: 512, Blocks: 32, Descriptors: 64,
@@ -84,7 +85,7 @@ func craftedHandoff(t *testing.T) *HandoffResult {
 	res.Summary = SummarizeHandoff(res.Records, 5)
 	res.Summary.XferGBps, res.Summary.LeakedBlocks = 4, 0
 	res.Summary.EfficiencyXfer = res.Summary.BandwidthGBps / 4
-	res.NetPath = NetPath{
+	res.NetPath = runcore.NetPath{
 		"prefill": {Host: "prefill-host", Verdict: netpath.Verdict{Payload: 320 << 20, Direction: netpath.Send,
 			Carriers: []netpath.Carrier{{Name: "veth0", Kind: netpath.Net, Bytes: 330 << 20, Share: 1}, {Name: "eth0", Kind: netpath.Net, Bytes: 12000, Share: 12000.0 / (320 << 20)}}}},
 		"decode": {Host: "decode-host", Verdict: netpath.Verdict{Payload: 320 << 20, Direction: netpath.Receive,
@@ -231,7 +232,7 @@ func TestHandoffConfigReadsSavedResults(t *testing.T) {
 		Order: "HND", PrefillTP: 2, DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLNormal, Fixed: 4096, Min: 128, Max: 8192, Mean: 4000, Std: 1500},
 		Concurrency: 8, PrefixHit: 0.25, Fragmentation: engine.FragScattered, Merge: true, NumBlocks: 1234,
-		PrefillPerToken: Duration(20 * time.Microsecond), Lease: Duration(30 * time.Second), Verify: engine.Full,
+		PrefillPerToken: runcore.Duration(20 * time.Microsecond), Lease: runcore.Duration(30 * time.Second), Verify: engine.Full,
 		DRAMAlloc: engine.AllocMmap, Mem: "DRAM", Endpoints: "process", PoolBytesPerEngine: 5678, Alloc: "mmap",
 		XferReference: &XferReference{Op: "WRITE", BlockSize: 4096, BatchSize: 64, PipelineDepth: 8, Iterations: 200}}
 	if diff := cmp.Diff(want, c); diff != "" {

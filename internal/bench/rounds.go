@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
@@ -170,7 +170,7 @@ func (il *interleave) setup(ctx context.Context) error {
 	set := int64(il.block) * int64(il.batch) * int64(depth)
 	// Initiator and target each hold the working set; the limit's pair
 	// too. Half of what is available, as the pools are sized.
-	avail := memAvailable()
+	avail := runcore.MemAvailable()
 	if avail > 0 && 2*set > avail/2 {
 		return fmt.Errorf("its working set (2 x %s) does not fit beside the engines' pools in half of the %s available", report.Bytes(set), report.Bytes(avail))
 	}
@@ -296,11 +296,11 @@ func (h *handoff) referenceOptions(backend string, block, batch int, alloc engin
 	// Notif: every handoff transfer carries its completion notification
 	// (pull's READ, push's and SGLang's WRITEs), so every reference
 	// request does too.
-	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: ByteSize(block), MaxBlock: ByteSize(block), StartBatch: batch, MaxBatch: batch,
+	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: runcore.ByteSize(block), MaxBlock: runcore.ByteSize(block), StartBatch: batch, MaxBatch: batch,
 		NumIter: 10 * depth, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: alloc, DescOrder: DescSequential, Paced: true, Notif: true, NoCopyReference: true,
 		// Progressed as the engines are, so the reference is the same path.
 		Progress:        XferThread,
-		TotalBufferSize: ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
+		TotalBufferSize: runcore.ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
 	// The same memory as the pools: GPU memory on the engines' GPUs, the
 	// initiator being the side that posts (prefill for WRITEs, decode for
 	// pull's READs).
@@ -314,18 +314,4 @@ func (h *handoff) referenceOptions(backend string, block, batch int, alloc engin
 		xo.Target.Args = append(append([]string(nil), h.o.ExeArgs...), "target", "--stdio")
 	}
 	return xo
-}
-
-// softwareRMAWarning explains a transport line that says UCX emulates RMA
-// over shared-memory active messages (the ucx backend on UCX 1.13 between
-// two processes on plain mmap'd memory, as vLLM allocates it): "" for any
-// other path, and for TCP, which has its own warning.
-func softwareRMAWarning(transport, measure string) string {
-	if !strings.Contains(transport, "emulated over active messages") || strings.Contains(transport, "emulated over active messages on tcp") {
-		return ""
-	}
-	return "software RMA: UCX copies every byte through its shared-memory active messages on both sides (protocols v1, UCX 1.13's default, " +
-		"serve put/get only on rma lanes, and cma offers only zero-copy, so it is never one: src/ucp/wireup/select.c); " +
-		"a NIXL engine on this UCX does the same. UCX 1.14 and later with UCX_PROTO_ENABLE=y (the default from 1.16) put and get zero-copy over cma; " +
-		measure
 }

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
@@ -112,7 +113,7 @@ func ParseTopology(name string, b []byte) (Topology, error) {
 				seen[key] = fmt.Sprintf("%s %d", r.role, i)
 			}
 			if !s.Local() {
-				if err := checkAddr(s.Addr); err != nil {
+				if err := runcore.CheckAddr(s.Addr); err != nil {
 					return Topology{}, fmt.Errorf("%s %d: %v (or \"local\")", r.role, i, err)
 				}
 			}
@@ -141,7 +142,7 @@ func parseEngineList(listField, countField, list string, count, tp int) ([]Engin
 	for _, a := range strings.Split(list, ",") {
 		a = strings.TrimSpace(a)
 		if a != "local" {
-			if err := checkAddr(a); err != nil {
+			if err := runcore.CheckAddr(a); err != nil {
 				return nil, errkind.Field(listField, "%v", err)
 			}
 		}

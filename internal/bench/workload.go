@@ -13,7 +13,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
-	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // ISLDist is the distribution prompt lengths are drawn from.
@@ -91,11 +91,11 @@ func ReadTrace(r io.Reader) ([]TraceEntry, error) {
 		if e.ISL > kv.MaxTokens {
 			return nil, fmt.Errorf("trace line %d: isl %d: at most %d tokens", line, e.ISL, kv.MaxTokens)
 		}
-		if e.Arrival > MaxRunTime.Seconds() {
-			return nil, fmt.Errorf("trace line %d: arrival %g s: at most %g s (%v)", line, e.Arrival, MaxRunTime.Seconds(), MaxRunTime)
+		if e.Arrival > runcore.MaxRunTime.Seconds() {
+			return nil, fmt.Errorf("trace line %d: arrival %g s: at most %g s (%v)", line, e.Arrival, runcore.MaxRunTime.Seconds(), runcore.MaxRunTime)
 		}
-		if len(out) == MaxRequests {
-			return nil, fmt.Errorf("trace line %d: more than %d requests", line, MaxRequests)
+		if len(out) == runcore.MaxRequests {
+			return nil, fmt.Errorf("trace line %d: more than %d requests", line, runcore.MaxRequests)
 		}
 		if n := len(out); n > 0 && e.Arrival < out[n-1].Arrival {
 			return nil, fmt.Errorf("trace line %d: arrivals must not go back in time", line)
@@ -170,13 +170,4 @@ func Arrivals(n int, rate float64, rng *rand.Rand) []time.Duration {
 		out[i] = time.Duration(t * float64(time.Second))
 	}
 	return out
-}
-
-// recordBackend says in a result which transfer backend ran, and which
-// UCX when it is nixlctl's own layer over it.
-func recordBackend(m *report.Meta, name, version string) {
-	m.Env.Backend, m.Env.BackendVersion = name, version
-	if name == "ucx" {
-		m.Env.UCX = version
-	}
 }

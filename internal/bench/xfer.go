@@ -13,14 +13,17 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
+	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/live"
+	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
 	"github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
@@ -37,15 +40,15 @@ type XferOptions struct {
 	TargetSeg        nixl.MemType     `mapstructure:"target-mem"`    // --target-seg-type is an alias
 	Device           int              `mapstructure:"device"`        // GPU of the initiator's VRAM
 	TargetDevice     int              `mapstructure:"target-device"` // GPU of the target's VRAM; -1: Device
-	StartBlock       ByteSize         `mapstructure:"start-block-size"`
-	MaxBlock         ByteSize         `mapstructure:"max-block-size"`
+	StartBlock       runcore.ByteSize `mapstructure:"start-block-size"`
+	MaxBlock         runcore.ByteSize `mapstructure:"max-block-size"`
 	StartBatch       int              `mapstructure:"start-batch-size"`
 	MaxBatch         int              `mapstructure:"max-batch-size"`
 	NumIter          int              `mapstructure:"num-iter"`
 	WarmupIter       int              `mapstructure:"warmup-iter"`
 	LargeBlkIterFtr  int              `mapstructure:"large-blk-iter-ftr"` // iterations are divided by this above 1 MiB blocks
 	PipelineDepth    int              `mapstructure:"pipeline-depth"`
-	TotalBufferSize  ByteSize         `mapstructure:"total-buffer-size"` // 0: max block x max batch, at least 64 KiB
+	TotalBufferSize  runcore.ByteSize `mapstructure:"total-buffer-size"` // 0: max block x max batch, at least 64 KiB
 	CheckConsistency bool             `mapstructure:"check-consistency"`
 	DRAMAlloc        engine.DRAMAlloc `mapstructure:"dram-alloc"`
 	HugePages        bool             `mapstructure:"use-hugepages"`
@@ -112,7 +115,7 @@ func (p XferProgress) String() string { return string(p) }
 
 // UnmarshalText accepts poll or thread.
 func (p *XferProgress) UnmarshalText(b []byte) error {
-	if !valid(XferProgress(b), XferProgresses) {
+	if !runcore.OneOf(XferProgress(b), XferProgresses) {
 		return fmt.Errorf("unknown progress %q (want poll, thread)", b)
 	}
 	*p = XferProgress(b)
@@ -154,48 +157,10 @@ func (d DescOrder) String() string { return string(d) }
 
 // UnmarshalText accepts sequential or random.
 func (d *DescOrder) UnmarshalText(b []byte) error {
-	if !valid(DescOrder(b), DescOrders) {
+	if !runcore.OneOf(DescOrder(b), DescOrders) {
 		return fmt.Errorf("unknown descriptor order %q (want sequential, random)", b)
 	}
 	*d = DescOrder(b)
-	return nil
-}
-
-// ByteSize is a byte count that parses sizes with binary units ("64K",
-// "1M"; report.ParseSize); empty is 0.
-type ByteSize int
-
-// String writes the largest binary unit that divides the size ("4K",
-// "64M"), so it parses back; 0 is empty.
-func (b ByteSize) String() string {
-	if b == 0 {
-		return ""
-	}
-	for _, u := range []struct {
-		suffix string
-		n      ByteSize
-	}{{"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
-		if b%u.n == 0 {
-			return fmt.Sprintf("%d%s", b/u.n, u.suffix)
-		}
-	}
-	return fmt.Sprint(int(b))
-}
-
-// UnmarshalText reads a size (4096, 64K, 1.5M).
-func (b *ByteSize) UnmarshalText(t []byte) error {
-	if len(t) == 0 {
-		*b = 0
-		return nil
-	}
-	v, err := report.ParseSize(string(t))
-	if err != nil {
-		return err
-	}
-	if int64(int(v)) != v {
-		return fmt.Errorf("%q is too large", t)
-	}
-	*b = ByteSize(v)
 	return nil
 }
 
@@ -240,10 +205,10 @@ func (o *XferOptions) Validate() error {
 	if !o.DRAMAlloc.Valid() {
 		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", o.DRAMAlloc)
 	}
-	if !valid(o.DescOrder, DescOrders) {
+	if !runcore.OneOf(o.DescOrder, DescOrders) {
 		bad("DescOrder", "unknown descriptor order %q (want sequential or random)", o.DescOrder)
 	}
-	if o.Progress != "" && !valid(o.Progress, XferProgresses) {
+	if o.Progress != "" && !runcore.OneOf(o.Progress, XferProgresses) {
 		bad("Progress", "unknown progress %q (want poll or thread)", o.Progress)
 	}
 	if o.Op != nixl.Read && o.Op != nixl.Write {
@@ -258,7 +223,7 @@ func (o *XferOptions) Validate() error {
 		bad("Target.Inproc", "excludes a target address")
 	}
 	if o.Target.Addr != "" {
-		if err := checkAddr(o.Target.Addr); err != nil {
+		if err := runcore.CheckAddr(o.Target.Addr); err != nil {
 			bad("Target.Addr", "%v", err)
 		}
 	}
@@ -266,7 +231,7 @@ func (o *XferOptions) Validate() error {
 		bad("CheckConsistency", "needs room for at least one block")
 	}
 	if len(errs) == 0 {
-		o.validateBounds(bad, hostMemRoom())
+		o.validateBounds(bad, runcore.HostMemRoom())
 	}
 	return errkind.BadInput(errors.Join(errs...))
 }
@@ -285,7 +250,7 @@ const (
 // validateBounds refuses sweeps past the bounds, and buffers this host
 // cannot hold (each side that runs here allocates bufferSize of DRAM;
 // 16G on a 24 GB host failed in mmap after the target started).
-func (o *XferOptions) validateBounds(bad func(field, format string, a ...any), room memRoom) {
+func (o *XferOptions) validateBounds(bad func(field, format string, a ...any), room runcore.MemRoom) {
 	if o.NumIter > MaxXferIters {
 		bad("NumIter", "%d: at most %d", o.NumIter, MaxXferIters)
 	}
@@ -301,18 +266,18 @@ func (o *XferOptions) validateBounds(bad func(field, format string, a ...any), r
 		bad("PipelineDepth", "%d x --max-batch-size %d: at most %d descriptors prepared at once", o.PipelineDepth, o.MaxBatch, maxXferPrepared)
 	}
 	if o.MaxBlock > maxXferBufferSize {
-		bad("MaxBlock", "%v: at most %v", o.MaxBlock, ByteSize(maxXferBufferSize))
+		bad("MaxBlock", "%v: at most %v", o.MaxBlock, runcore.ByteSize(maxXferBufferSize))
 		return
 	}
 	if o.TotalBufferSize > maxXferBufferSize {
-		bad("TotalBufferSize", "%v: at most %v", o.TotalBufferSize, ByteSize(maxXferBufferSize))
+		bad("TotalBufferSize", "%v: at most %v", o.TotalBufferSize, runcore.ByteSize(maxXferBufferSize))
 		return
 	}
 	if o.MaxBatch > MaxXferBatch || o.MaxBatch <= 0 {
 		return
 	}
 	if o.TotalBufferSize == 0 && int64(o.MaxBlock) > maxXferBufferSize/int64(o.MaxBatch) {
-		bad("MaxBatch", "%d x --max-block-size %v: more than %v a side; --total-buffer-size caps it", o.MaxBatch, o.MaxBlock, ByteSize(maxXferBufferSize))
+		bad("MaxBatch", "%d x --max-block-size %v: more than %v a side; --total-buffer-size caps it", o.MaxBatch, o.MaxBlock, runcore.ByteSize(maxXferBufferSize))
 		return
 	}
 	sides := int64(0) // the sides whose buffer is this host's DRAM
@@ -323,14 +288,14 @@ func (o *XferOptions) validateBounds(bad func(field, format string, a ...any), r
 		sides++
 	}
 	size := int64(o.bufferSize())
-	if sides == 0 || room.fits(sides, size) {
+	if sides == 0 || room.Fits(sides, size) {
 		return
 	}
 	field, what := "TotalBufferSize", fmt.Sprintf("--total-buffer-size on %d sides here", sides)
 	if o.TotalBufferSize == 0 {
 		field, what = "MaxBatch", fmt.Sprintf("--max-block-size %v x --max-batch-size %d on %d sides here; --total-buffer-size caps it", o.MaxBlock, o.MaxBatch, sides)
 	}
-	bad(field, "does not fit on this host: %s", room.need(sides, size, what))
+	bad(field, "does not fit on this host: %s", room.Need(sides, size, what))
 }
 
 // targetDevice is the target's GPU (-1 meaning the initiator's).
@@ -356,18 +321,18 @@ func (o *XferOptions) bufferSize() int {
 // XferResult is the whole sweep.
 type XferResult struct {
 	report.Meta
-	Config  XferConfig  `json:"config"`
-	Points  []XferPoint `json:"points"`
-	NetPath NetPath     `json:"net_path,omitempty"` // initiator and target
+	Config  XferConfig      `json:"config"`
+	Points  []XferPoint     `json:"points"`
+	NetPath runcore.NetPath `json:"net_path,omitempty"` // initiator and target
 	// Transports is the initiator agent's own description (nixl.Info
 	// Details), as bench push/pull record it: the UCX backend's lanes per
 	// peer, or NIXL's plugin, its UCX parameters and the libucp file.
 	Transports map[string]string `json:"transports,omitempty"`
 	// Endpoints and Placement say where the initiator (this process) and
 	// the target ran.
-	Endpoints   []EndpointInfo `json:"endpoints,omitempty"`
-	Placement   string         `json:"placement,omitempty"`
-	Interrupted bool           `json:"interrupted,omitempty"`
+	Endpoints   []runcore.EndpointInfo `json:"endpoints,omitempty"`
+	Placement   string                 `json:"placement,omitempty"`
+	Interrupted bool                   `json:"interrupted,omitempty"`
 	// Failure is why the sweep stopped before its last point (a target
 	// that died, a transfer error), with the point it stopped at: a
 	// result with fewer points must say why, or it reads as a shorter
@@ -487,7 +452,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	defer r.close()
 	res.Env.Backend = r.backend
 	res.Env.Transport = r.transp
-	if w := softwareRMAWarning(r.transp, "--dram-alloc ucx measures UCX-allocated (mapped) memory, the fastest path on this host"); w != "" {
+	if w := runcore.SoftwareRMAWarning(r.transp, "--dram-alloc ucx measures UCX-allocated (mapped) memory, the fastest path on this host"); w != "" {
 		res.Warn(w)
 	}
 	if strings.Contains(r.transp, "tcp") && strings.Contains(r.transp, "rma: emulated") {
@@ -502,8 +467,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	}
 	live.Emit(o.Live, live.Start{Title: "bench xfer " + res.Config.Op, Total: len(points), Unit: "points"})
 	live.Emit(o.Live, live.Phase{Text: "sweeping"})
-	path := watchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
-	snap := snapshotter(o.Snapshot, res, o.Live)
+	path := runcore.WatchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
+	snap := runcore.Snapshotter(o.Snapshot, res, o.Live)
 	snap()
 	for i, pt := range points {
 		if ctx.Err() != nil {
@@ -533,8 +498,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			live.Emit(o.Live, live.Warning{Text: w})
 		}
 	}
-	path.stop(ctx)
-	res.NetPath = path.verdicts(twoEnds(xferPayload(&o, res.Points)), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
+	path.Stop(ctx)
+	res.NetPath = path.Verdicts(runcore.TwoEnds(xferPayload(&o, res.Points)), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
@@ -550,7 +515,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		return nil, err
 	}
 	r := &xferRun{o: o, log: o.Log, backend: backend.Name}
-	recordBackend(&res.Meta, backend.Name, backend.Version())
+	runcore.RecordBackend(&res.Meta, backend.Name, backend.Version())
 	vram := o.InitiatorSeg == nixl.VRAM || o.TargetSeg == nixl.VRAM
 	if vram {
 		if err := cuda.Err(); err != nil {
@@ -613,7 +578,7 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 	r.targetConn, r.target = tc, &xfertarget.Client{Client: tc.Client}
 	res.Config.Target = tc.Where
 	if p.InProcess == nil && o.Target.Addr != "" {
-		res.Endpoints, res.Placement = describePeer(ctx, "target", o.Target.Addr, tc.Client)
+		res.Endpoints, res.Placement = runcore.DescribePeer(ctx, "target", o.Target.Addr, tc.Client)
 	}
 	rep, err := r.target.Call(xfertarget.Request{Op: "setup", Backend: backend.Name, Name: "xfer-target", Size: size, Progress: tprog.String(),
 		Alloc: string(o.DRAMAlloc), HugePages: o.HugePages, Seg: o.TargetSeg.String(), Device: o.TargetDevice})
@@ -1085,4 +1050,26 @@ func (r *xferRun) check(ctx context.Context, idx, block, batch int) (string, err
 		return fmt.Sprintf("FAILED: %d of %d descriptors wrong; first: %s", c.Bad, n, c.First), nil
 	}
 	return fmt.Sprintf("ok (%d descriptors)", n), nil
+}
+
+// xferPathEnds are bench xfer's endpoints: the initiator (this process)
+// sends what it WRITEs and receives what it READs.
+func xferPathEnds(op nixl.Op, target *ctl.Client) []runcore.PathEnd {
+	ini, tgt := netpath.Send, netpath.Receive
+	if op == nixl.Read {
+		ini, tgt = tgt, ini
+	}
+	return []runcore.PathEnd{{Role: "initiator", Dir: ini}, {Role: "target", RPC: target, Dir: tgt}}
+}
+
+// xferPayload is what the sweep moved between the readings: every
+// point's timed and warm-up requests (consistency checks, one batch a
+// point, are left out).
+func xferPayload(o *XferOptions, points []XferPoint) int64 {
+	var n int64
+	for _, p := range points {
+		iters, warm := o.iterations(p.BlockSize)
+		n += int64(p.BlockSize) * int64(p.BatchSize) * int64(iters+warm)
+	}
+	return n
 }

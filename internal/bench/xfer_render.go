@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // WriteXfer renders a `bench xfer` result. The table has nixlbench's
@@ -36,7 +37,7 @@ func writeXferText(w io.Writer, res *XferResult) error {
 	if res.Env.Transport != "" {
 		fmt.Fprintf(w, "transport: %s\n", res.Env.Transport)
 	}
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n", p)
 	}
 	if c.Shape != "" {
@@ -133,7 +134,7 @@ func xferMarkdown(w io.Writer, res *XferResult) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench xfer** %s %s->%s over %s (%s), target %s\n\n", c.Op, c.InitiatorSeg, c.TargetSeg, res.Env.Backend,
 		res.Env.BackendVersion, c.Target)
-	if p := pathLine(res.NetPath); p != "" {
+	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
 	if err := xferTable(res).WriteMarkdown(w); err != nil {
@@ -163,7 +164,7 @@ func (p XferPoint) Series() string {
 func (res *XferResult) Metrics() []report.Metric {
 	var out []report.Metric
 	for _, p := range res.Points {
-		dist, _ := decodeHist(p.Histogram)
+		dist, _ := runcore.DecodeHist(p.Histogram)
 		m := func(key, unit string, v float64, better report.Better, stable bool) {
 			out = append(out, report.Metric{Key: key, Series: p.Series(), Value: v, Unit: unit, Better: better, Stable: stable, Dist: dist})
 		}
@@ -181,15 +182,6 @@ func (res *XferResult) Metrics() []report.Metric {
 		out = append(out, report.Metric{Key: "memcpy_gbps", Series: p.Series(), Value: p.MemcpyGBps, Unit: "GB/s", Better: report.HigherIsBetter})
 	}
 	return out
-}
-
-// decodeHist decodes an encoded histogram; an empty string is no
-// histogram (results from before histograms were kept).
-func decodeHist(s string) (*report.Histogram, error) {
-	if s == "" {
-		return nil, nil
-	}
-	return report.DecodeHistogram(s)
 }
 
 // Figure implements report.Plottable: bandwidth and p99 latency against
@@ -224,11 +216,11 @@ func shortTransport(t string) string {
 func (res *XferResult) WriteProm(w io.Writer) error {
 	v := report.NewVLLMTransfers(map[string]string{"source": "nixlctl", "command": res.Command, "backend": res.Env.Backend})
 	for _, p := range res.Points {
-		tx, err := decodeHist(p.TxHistogram)
+		tx, err := runcore.DecodeHist(p.TxHistogram)
 		if err != nil {
 			return err
 		}
-		post, err := decodeHist(p.PostHistogram)
+		post, err := runcore.DecodeHist(p.PostHistogram)
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 
 	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
@@ -202,7 +203,7 @@ func TestXferBufferFits(t *testing.T) {
 			var got []errkind.FieldError
 			o.validateBounds(func(field, format string, a ...any) {
 				got = append(got, errkind.FieldError{Field: field, Err: fmt.Errorf(format, a...)})
-			}, memRoom(2<<30))
+			}, runcore.MemRoom(2<<30))
 			switch {
 			case tc.field == "" && len(got) > 0:
 				t.Errorf("refused: %v", got)
@@ -216,14 +217,14 @@ func TestXferBufferFits(t *testing.T) {
 func TestByteSize(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
-		want ByteSize
+		want runcore.ByteSize
 		out  string
 		err  bool
 	}{
 		{"4K", 4 << 10, "4K", false}, {"64M", 64 << 20, "64M", false}, {"1.5M", 3 << 19, "1536K", false}, {"4096", 4 << 10, "4K", false},
 		{"1000", 1000, "1000", false}, {"", 0, "", false}, {"2G", 2 << 30, "2G", false}, {"4X", 0, "", true}, {"-1", 0, "", true},
 	} {
-		var b ByteSize
+		var b runcore.ByteSize
 		err := b.UnmarshalText([]byte(tc.in))
 		if (err != nil) != tc.err || b != tc.want || (err == nil && b.String() != tc.out) {
 			t.Errorf("%q: %d (%q), %v; want %d (%q), error %v", tc.in, b, b.String(), err, tc.want, tc.out, tc.err)

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // resolveEngines settles the prefill and decode engines from --topology
@@ -32,10 +34,10 @@ func (o *HandoffOptions) resolveEngines(add func(error), bad func(field, format 
 			return
 		}
 		for _, s := range t.Prefill {
-			o.prefills = append(o.prefills, EngineSlot{Addr: cmpOr(s.Addr, "local"), TP: cmpOr(s.TP, o.Spec.TP)})
+			o.prefills = append(o.prefills, EngineSlot{Addr: cmp.Or(s.Addr, "local"), TP: cmp.Or(s.TP, o.Spec.TP)})
 		}
 		for _, s := range t.Decode {
-			o.decodes = append(o.decodes, EngineSlot{Addr: cmpOr(s.Addr, "local"), TP: cmpOr(s.TP, o.DecodeTP)})
+			o.decodes = append(o.decodes, EngineSlot{Addr: cmp.Or(s.Addr, "local"), TP: cmp.Or(s.TP, o.DecodeTP)})
 		}
 		return
 	}
@@ -48,23 +50,15 @@ func (o *HandoffOptions) resolveEngines(add func(error), bad func(field, format 
 	}
 }
 
-func cmpOr[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
-}
-
 // engines are the prefill and decode engines (one local child of each
 // when Validate has not run).
 func (o *HandoffOptions) engines() (p, d []EngineSlot) {
 	p, d = o.prefills, o.decodes
 	if len(p) == 0 {
-		p = []EngineSlot{{Addr: cmpOr(o.Prefill, "local"), TP: o.Spec.TP}}
+		p = []EngineSlot{{Addr: cmp.Or(o.Prefill, "local"), TP: o.Spec.TP}}
 	}
 	if len(d) == 0 {
-		d = []EngineSlot{{Addr: cmpOr(o.Decode, "local"), TP: o.DecodeTP}}
+		d = []EngineSlot{{Addr: cmp.Or(o.Decode, "local"), TP: o.DecodeTP}}
 	}
 	return p, d
 }
@@ -232,7 +226,7 @@ func heldByEngine(prefills, decodes []engine.Stats) string {
 func slotsLabel(slots []EngineSlot) string {
 	names := make([]string, len(slots))
 	for i, s := range slots {
-		names[i] = cmpOr(s.remoteAddr(), "local child")
+		names[i] = cmp.Or(s.remoteAddr(), "local child")
 	}
 	return strings.Join(names, ", ")
 }
@@ -240,11 +234,11 @@ func slotsLabel(slots []EngineSlot) string {
 // placementAll is the widest placement of any (prefill, decode) pair:
 // cross-host if one pair crosses hosts.
 func placementAll(pes, des []*Endpoint) string {
-	rank := map[string]int{PlacementOneHost: 0, PlacementNamespaces: 1, PlacementCrossHost: 2}
-	out := PlacementOneHost
+	rank := map[string]int{runcore.PlacementOneHost: 0, runcore.PlacementNamespaces: 1, runcore.PlacementCrossHost: 2}
+	out := runcore.PlacementOneHost
 	for _, pe := range pes {
 		for _, de := range des {
-			if p := placement(pe.host, de.host); rank[p] > rank[out] {
+			if p := runcore.Placement(pe.host, de.host); rank[p] > rank[out] {
 				out = p
 			}
 		}

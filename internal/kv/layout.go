@@ -347,3 +347,18 @@ func (s Spec) RequestBytes(tokens int) int64 {
 	}
 	return total
 }
+
+// BlockBytesAllRanks is what one block weighs on all ranks of an engine,
+// every TP rank of every pipeline stage.
+func (s Spec) BlockBytesAllRanks(tp int) int64 {
+	s.TP = tp
+	var b int64
+	for pp := 0; pp < max(s.PP, 1); pp++ {
+		for r := 0; r < tp; r++ {
+			for _, reg := range s.Rank(r, pp).Regions {
+				b += reg.BlockBytes
+			}
+		}
+	}
+	return b
+}

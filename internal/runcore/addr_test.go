@@ -1,4 +1,4 @@
-package bench
+package runcore
 
 import (
 	"strings"
@@ -22,7 +22,7 @@ func TestCheckAddr(t *testing.T) {
 		{":7400", false},
 		{"host:", false},
 	} {
-		if err := checkAddr(tc.addr); (err == nil) != tc.ok {
+		if err := CheckAddr(tc.addr); (err == nil) != tc.ok {
 			t.Errorf("%q: %v", tc.addr, err)
 		}
 	}
@@ -34,7 +34,7 @@ func TestCheckNetDevicesAt(t *testing.T) {
 		list string
 		ok   bool
 	}{{"eth0", true}, {"mlx5_0:1", true}, {"mlx5_0", true}, {"eth0,all", true}, {"bogus0", false}, {"eth0,eth1", false}} {
-		err := checkNetDevicesAt("decode", "node2", devs, tc.list)
+		err := CheckNetDevicesAt("decode", "node2", devs, tc.list)
 		if (err == nil) != tc.ok {
 			t.Errorf("%q: %v", tc.list, err)
 		}

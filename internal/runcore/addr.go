@@ -1,4 +1,4 @@
-package bench
+package runcore
 
 import (
 	"fmt"
@@ -13,10 +13,10 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 )
 
-// checkAddr checks a host:port before anything dials it: a typo such as a
+// CheckAddr checks a host:port before anything dials it: a typo such as a
 // missing port or port 99999 is the user's to fix (bad input), where a
 // well-formed address nobody listens on is a failed run.
-func checkAddr(s string) error {
+func CheckAddr(s string) error {
 	host, port, err := net.SplitHostPort(strings.TrimPrefix(s, "tcp://"))
 	if err != nil {
 		return fmt.Errorf("%q: want host:port", s)
@@ -57,15 +57,15 @@ func ValidHost(host string) bool {
 	return true
 }
 
-// sysClassRoot is where checkNetDevices looks (tests point it elsewhere).
-var sysClassRoot = "/sys/class"
+// SysClassRoot is where this host's network devices are listed.
+const SysClassRoot = "/sys/class"
 
-// checkNetDevices checks a UCX_NET_DEVICES list for local endpoints:
+// CheckNetDevices checks a UCX_NET_DEVICES list for local endpoints:
 // "all", or devices that exist here, a kernel interface (eth1) or an
 // RDMA device's port (mlx5_0:1). UCX given only unknown devices finds
 // no transport, and the run failed later with an error that did not
 // name the flag.
-func checkNetDevices(root, list string) error {
+func CheckNetDevices(root, list string) error {
 	for _, item := range strings.Split(list, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
@@ -88,11 +88,11 @@ func checkNetDevices(root, list string) error {
 	return nil
 }
 
-// checkNetDevicesAt checks --net-devices against the devices an endpoint
+// CheckNetDevicesAt checks --net-devices against the devices an endpoint
 // on another host reported (ctl.netstat): the local check reads this
 // host's /sys, which says nothing of theirs, and a name that host lacks
 // made UCX fail every request there.
-func checkNetDevicesAt(role, host string, devs []netpath.Device, list string) error {
+func CheckNetDevicesAt(role, host string, devs []netpath.Device, list string) error {
 	have := map[string]bool{}
 	var names []string
 	for _, d := range devs {
@@ -110,4 +110,14 @@ func checkNetDevicesAt(role, host string, devs []netpath.Device, list string) er
 		return errkind.BadInput(errkind.Field("NetDevices", "%q: %s (on host %s) has no such network device (it has: %s)", item, role, host, strings.Join(names, ", ")))
 	}
 	return nil
+}
+
+func SplitHostPort(ep string) (string, int, error) {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return "", 0, err
+	}
+	var p int
+	_, err = fmt.Sscanf(port, "%d", &p)
+	return host, p, err
 }

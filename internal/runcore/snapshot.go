@@ -1,14 +1,14 @@
-package bench
+package runcore
 
 import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// snapshotter returns what saves res as it stands through save (a no-op
+// Snapshotter returns what saves res as it stands through save (a no-op
 // when save is nil). A failed save is warned once and not tried again: the
 // run goes on, it only loses what a kill would have left.
-func snapshotter(save func(report.Result) error, res report.Result, sink live.Sink) func() {
+func Snapshotter(save func(report.Result) error, res report.Result, sink live.Sink) func() {
 	if save == nil {
 		return func() {}
 	}

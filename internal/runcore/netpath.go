@@ -1,4 +1,4 @@
-package bench
+package runcore
 
 import (
 	"cmp"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/netpath"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -35,18 +34,18 @@ type PathVerdict struct {
 	SharedWith []string `json:"shared_with,omitempty"`
 }
 
-// pathEnd is an endpoint whose counters a run reads: dir is which way
+// PathEnd is an endpoint whose counters a run reads: dir is which way
 // the payload crossed it (prefill and producers send, decode and
 // consumers receive; the xfer initiator sends what it WRITEs).
-type pathEnd struct {
-	role string
-	rpc  *ctl.Client // nil: this process
-	dir  netpath.Direction
+type PathEnd struct {
+	Role string
+	RPC  *ctl.Client // nil: this process
+	Dir  netpath.Direction
 }
 
-// pathWatch reads every endpoint's counters around a timed phase.
-type pathWatch struct {
-	ends []pathEnd
+// PathWatch reads every endpoint's counters around a timed phase.
+type PathWatch struct {
+	ends []PathEnd
 	// remote: an endpoint was asked for on another host, so a payload
 	// over loopback or an unintended device is a surprise worth a warning.
 	remote        bool
@@ -58,36 +57,36 @@ type netReading struct {
 	err error
 }
 
-// netstatTimeout bounds one endpoint's reading: a run whose endpoint
+// NetstatTimeout bounds one endpoint's reading: a run whose endpoint
 // hangs must not hang on its counters too.
-const netstatTimeout = 5 * time.Second
+const NetstatTimeout = 5 * time.Second
 
-// watchPath reads the counters before the timed phase.
-func watchPath(ctx context.Context, remote bool, ends ...pathEnd) *pathWatch {
-	w := &pathWatch{ends: ends, remote: remote}
+// WatchPath reads the counters before the timed phase.
+func WatchPath(ctx context.Context, remote bool, ends ...PathEnd) *PathWatch {
+	w := &PathWatch{ends: ends, remote: remote}
 	w.before = w.read(ctx)
 	return w
 }
 
-// stop reads the counters after the timed phase.
-func (w *pathWatch) stop(ctx context.Context) { w.after = w.read(ctx) }
+// Stop reads the counters after the timed phase.
+func (w *PathWatch) Stop(ctx context.Context) { w.after = w.read(ctx) }
 
 // read reads every endpoint at once, so that the readings are close in
 // time. It outlives ctx: an interrupted run still says where its bytes
 // went.
-func (w *pathWatch) read(ctx context.Context) []netReading {
+func (w *PathWatch) read(ctx context.Context) []netReading {
 	out := make([]netReading, len(w.ends))
 	done := make(chan struct{})
 	for i, e := range w.ends {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			if e.rpc == nil {
+			if e.RPC == nil {
 				out[i].ns, out[i].err = ctl.LocalNetStat("/sys")
 				return
 			}
-			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), netstatTimeout)
+			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), NetstatTimeout)
 			defer cancel()
-			out[i].ns, out[i].err = e.rpc.NetStat(c)
+			out[i].ns, out[i].err = e.RPC.NetStat(c)
 		}()
 	}
 	for range w.ends {
@@ -96,13 +95,13 @@ func (w *pathWatch) read(ctx context.Context) []netReading {
 	return out
 }
 
-// pairBytes is how many payload bytes moved between ends i and j (by
+// PairBytes is how many payload bytes moved between ends i and j (by
 // their index in pathWatch.ends) during the timed phase.
-type pairBytes func(i, j int) int64
+type PairBytes func(i, j int) int64
 
-// twoEnds is pairBytes of a run with two ends that moved payload between
+// TwoEnds is pairBytes of a run with two ends that moved payload between
 // them (bench xfer, bench ec).
-func twoEnds(payload int64) pairBytes {
+func TwoEnds(payload int64) PairBytes {
 	return func(i, j int) int64 {
 		if i != j {
 			return payload
@@ -111,10 +110,10 @@ func twoEnds(payload int64) pairBytes {
 	}
 }
 
-// verdicts attributes payload bytes (what moved during the timed phase)
+// Verdicts attributes payload bytes (what moved during the timed phase)
 // at every endpoint and warns, through warn, about what looks
 // unintended.
-func (w *pathWatch) verdicts(pb pairBytes, warn func(string)) NetPath {
+func (w *PathWatch) Verdicts(pb PairBytes, warn func(string)) NetPath {
 	if w == nil || w.after == nil {
 		return nil
 	}
@@ -142,7 +141,7 @@ func (w *pathWatch) verdicts(pb pairBytes, warn func(string)) NetPath {
 // not see the path. Counters that cannot be read leave that endpoint's
 // verdict empty, with the error, and warn nothing: the path is unknown,
 // not wrong.
-func judgePath(ends []pathEnd, before, after []netReading, pb pairBytes, remote bool) (NetPath, []string) {
+func judgePath(ends []PathEnd, before, after []netReading, pb PairBytes, remote bool) (NetPath, []string) {
 	np := NetPath{}
 	pinned := false
 	// Hosts are machines here, told apart by their kernel's boot id
@@ -187,11 +186,11 @@ func judgePath(ends []pathEnd, before, after []netReading, pb pairBytes, remote 
 			}
 		}
 		if pv.Error != "" {
-			pv.Verdict = netpath.Verdict{Payload: remoteB + localB, Direction: e.dir}
-			np[e.role] = pv
+			pv.Verdict = netpath.Verdict{Payload: remoteB + localB, Direction: e.Dir}
+			np[e.Role] = pv
 			continue
 		}
-		key := hostOf[i] + "/" + e.dir.String()
+		key := hostOf[i] + "/" + e.Dir.String()
 		g := byKey[key]
 		if g == nil {
 			g = &group{}
@@ -205,7 +204,7 @@ func judgePath(ends []pathEnd, before, after []netReading, pb pairBytes, remote 
 	var warnings []string
 	for _, g := range groups {
 		first := g.members[0]
-		a, b, dir := after[first], before[first], ends[first].dir
+		a, b, dir := after[first], before[first], ends[first].Dir
 		payload := g.remote
 		if payload == 0 {
 			payload = g.local
@@ -225,19 +224,19 @@ func judgePath(ends []pathEnd, before, after []netReading, pb pairBytes, remote 
 		}
 		var names []string
 		for _, i := range g.members {
-			names = append(names, ends[i].role)
+			names = append(names, ends[i].Role)
 		}
 		slices.SortFunc(names, naturalCompare)
 		for _, i := range g.members {
 			v := pv
 			if len(names) > 1 {
 				for _, n := range names {
-					if n != ends[i].role {
+					if n != ends[i].Role {
 						v.SharedWith = append(v.SharedWith, n)
 					}
 				}
 			}
-			np[ends[i].role] = v
+			np[ends[i].Role] = v
 		}
 		for _, s := range pv.Warnings {
 			warnings = append(warnings, fmt.Sprintf("net path, %s: %s", strings.Join(names, "+"), s))
@@ -253,10 +252,10 @@ const shmPath = "no device carried the payload: shared memory or cma"
 // comes from first.
 var roleOrder = []string{"prefill", "decode", "initiator", "target", "producer", "consumer"}
 
-// pathLine renders NetPath in one line: each endpoint's devices with a
+// PathLine renders NetPath in one line: each endpoint's devices with a
 // significant share of the payload, "veth0 98% (1.02 GiB tx)". Empty
 // when nothing was read.
-func pathLine(np NetPath) string {
+func PathLine(np NetPath) string {
 	if len(np) == 0 {
 		return ""
 	}
@@ -369,52 +368,11 @@ func (v PathVerdict) line() string {
 	return strings.Join(cs, " + ")
 }
 
-// handoffPairBytes is what crossed the endpoints' devices during the
-// timed phase, per pair of ends (n prefills, then the decodes): every
-// request that moved its bytes, warm-up ones included (the counters saw
-// them too).
-func handoffPairBytes(records []HandoffRecord, n int) pairBytes {
-	by := map[[2]int]int64{}
-	for _, r := range records {
-		if r.Error == "" {
-			by[[2]int{r.Prefill, n + r.Decode}] += r.Bytes
-		}
-	}
-	return func(i, j int) int64 {
-		if i > j {
-			i, j = j, i
-		}
-		return by[[2]int{i, j}]
-	}
-}
-
-// xferPathEnds are bench xfer's endpoints: the initiator (this process)
-// sends what it WRITEs and receives what it READs.
-func xferPathEnds(op nixl.Op, target *ctl.Client) []pathEnd {
-	ini, tgt := netpath.Send, netpath.Receive
-	if op == nixl.Read {
-		ini, tgt = tgt, ini
-	}
-	return []pathEnd{{"initiator", nil, ini}, {"target", target, tgt}}
-}
-
-// xferPayload is what the sweep moved between the readings: every
-// point's timed and warm-up requests (consistency checks, one batch a
-// point, are left out).
-func xferPayload(o *XferOptions, points []XferPoint) int64 {
-	var n int64
-	for _, p := range points {
-		iters, warm := o.iterations(p.BlockSize)
-		n += int64(p.BlockSize) * int64(p.BatchSize) * int64(iters+warm)
-	}
-	return n
-}
-
-// tcpChoiceWarnings warns, for a run whose data went over TCP with no
+// TCPChoiceWarnings warns, for a run whose data went over TCP with no
 // UCX_NET_DEVICES pin, about each endpoint whose host had several network
 // interfaces up that TCP could have used: UCX then picks by its own order,
 // which may be the slow or the wrong one (docker0, a management NIC).
-func (w *pathWatch) tcpChoiceWarnings(transport string) []string {
+func (w *PathWatch) TCPChoiceWarnings(transport string) []string {
 	if w == nil || w.after == nil || !strings.Contains(transport, "tcp/") {
 		return nil
 	}
@@ -432,7 +390,7 @@ func (w *pathWatch) tcpChoiceWarnings(transport string) []string {
 		}
 		if len(up) > 1 {
 			out = append(out, fmt.Sprintf("%s: TCP carried the data and %d interfaces could have (%s): --net-devices pins the one you mean",
-				e.role, len(up), strings.Join(up, ", ")))
+				e.Role, len(up), strings.Join(up, ", ")))
 		}
 	}
 	return out

@@ -1,4 +1,4 @@
-package bench
+package runcore
 
 import (
 	"fmt"
@@ -36,19 +36,19 @@ const (
 	MaxPrefillTime = 10 * time.Minute
 )
 
-// memRoom is what the host can give a run's buffers (MemAvailable;
+// MemRoom is what the host can give a run's buffers (MemAvailable;
 // 0: unknown, nothing is refused).
-type memRoom int64
+type MemRoom int64
 
-func hostMemRoom() memRoom { return memRoom(memAvailable()) }
+func HostMemRoom() MemRoom { return MemRoom(MemAvailable()) }
 
-// fits says whether n items of size bytes each fit, without overflow.
-func (m memRoom) fits(n, size int64) bool {
+// Fits says whether n items of size bytes each fit, without overflow.
+func (m MemRoom) Fits(n, size int64) bool {
 	return m <= 0 || size <= 0 || n <= 0 || n <= int64(m)/size
 }
 
-// need is "n x size (what) = total; free" for a refusal.
-func (m memRoom) need(n, size int64, what string) string {
+// Need is "n x size (what) = total; free" for a refusal.
+func (m MemRoom) Need(n, size int64, what string) string {
 	total := "more than " + report.Bytes(int64(m))
 	if size > 0 && n <= (1<<62)/size {
 		total = report.Bytes(n * size)
