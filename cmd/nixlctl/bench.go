@@ -156,16 +156,16 @@ func newBenchXferCmd(a *app) *cobra.Command {
 
 // ignored lists what this run does not read: the model's shape flags
 // without a model, and with one the sweep bounds it replaces.
-func (o benchXferOptions) ignored() []bench.IgnoredField {
+func (o benchXferOptions) ignored() []runcore.IgnoredField {
 	out := o.XferOptions.Ignored()
 	if o.Model == "" && o.ModelConfig == "" {
 		for _, f := range []string{"ISL", "TP", "BlockSize"} {
-			out = append(out, bench.IgnoredField{Field: f, Why: "only with --model or --model-config"})
+			out = append(out, runcore.IgnoredField{Field: f, Why: "only with --model or --model-config"})
 		}
 		return out
 	}
 	for _, f := range []string{"StartBlock", "MaxBlock", "StartBatch", "MaxBatch"} {
-		out = append(out, bench.IgnoredField{Field: f, Why: "--model sets the block and batch sizes"})
+		out = append(out, runcore.IgnoredField{Field: f, Why: "--model sets the block and batch sizes"})
 	}
 	return out
 }

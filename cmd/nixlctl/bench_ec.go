@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ec"
+	"github.com/nixlctl/nixlctl/internal/ecbench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -17,16 +17,16 @@ import (
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
 
-// benchECOptions is bench.ECOptions, which the flags decode into, plus
+// benchECOptions is ecbench.ECOptions, which the flags decode into, plus
 // the flags that resolve to its kv.Vision, the records file and the
 // measuring flags.
 type benchECOptions struct {
-	bench.ECOptions `mapstructure:",squash"`
-	Model           string `mapstructure:"model"`
-	HiddenSize      int    `mapstructure:"hidden-size"`
-	DType           string `mapstructure:"dtype"`
-	SpatialMerge    int    `mapstructure:"spatial-merge"`
-	measureOptions  `mapstructure:",squash"`
+	ecbench.ECOptions `mapstructure:",squash"`
+	Model             string `mapstructure:"model"`
+	HiddenSize        int    `mapstructure:"hidden-size"`
+	DType             string `mapstructure:"dtype"`
+	SpatialMerge      int    `mapstructure:"spatial-merge"`
+	measureOptions    `mapstructure:",squash"`
 }
 
 const benchECLong = `Encoder-cache (EPD) transfers as vLLM's ECCPUConnector moves them: an encoder
@@ -96,7 +96,7 @@ func newBenchECCmd(a *app) *cobra.Command {
 			return runBenchEC(cmd.Context(), a, o)
 		},
 	}
-	d := bench.DefaultECOptions()
+	d := ecbench.DefaultECOptions()
 	f := cmd.Flags()
 	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
 	f.String("direction", strings.ToLower(d.Direction.String()), "read: the consumer READs (upstream); write: the producer WRITEs")
@@ -178,13 +178,13 @@ func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
 	x.Snapshot = a.snapshot(mo)
 	got, runErr := a.measure(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
-		res, err := bench.RunEC(ctx, x)
+		res, err := ecbench.RunEC(ctx, x)
 		if res == nil {
 			return nil, err
 		}
 		return res, err
 	})
-	res, _ := got.(*bench.ECResult)
+	res, _ := got.(*ecbench.ECResult)
 	if res != nil {
 		if err := a.render(res); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // leaseChaosOptions is bench.LeaseChaosOptions and, for --sim, the
@@ -170,19 +171,19 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 // traffic option (each tagged field of leasesim.TrafficOptions but the
 // seed, which both modes use) and --sweep-lease; with --sim, what only
 // real processes use.
-func (o leaseChaosOptions) ignored() []bench.IgnoredField {
+func (o leaseChaosOptions) ignored() []runcore.IgnoredField {
 	if o.Sim {
 		return o.LeaseChaosOptions.Ignored(true)
 	}
 	const why = "only with --sim (real processes run the scenarios only)"
-	var out []bench.IgnoredField
+	var out []runcore.IgnoredField
 	t := reflect.TypeFor[leasesim.TrafficOptions]()
 	for i := range t.NumField() {
 		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("mapstructure"), ","); name != "" && name != "-" && name != "seed" {
-			out = append(out, bench.IgnoredField{Field: "Traffic." + t.Field(i).Name, Why: why})
+			out = append(out, runcore.IgnoredField{Field: "Traffic." + t.Field(i).Name, Why: why})
 		}
 	}
-	return append(out, bench.IgnoredField{Field: "SweepLease", Why: why})
+	return append(out, runcore.IgnoredField{Field: "SweepLease", Why: why})
 }
 
 func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {

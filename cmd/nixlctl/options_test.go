@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/ecbench"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 )
 
@@ -70,7 +71,7 @@ func TestOptionsAreFlags(t *testing.T) {
 	}{
 		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
 		{reflect.TypeFor[bench.XferOptions](), newBenchXferCmd(&app{})},
-		{reflect.TypeFor[bench.ECOptions](), newBenchECCmd(&app{})},
+		{reflect.TypeFor[ecbench.ECOptions](), newBenchECCmd(&app{})},
 		{reflect.TypeFor[bench.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
 		{reflect.TypeFor[leasesim.TrafficOptions](), newLeaseChaosCmd(&app{})},
 	} {

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // aliasAnnotation marks a flag as a deprecated spelling; its value is the
@@ -117,7 +117,7 @@ func resolveAliases(v *viper.Viper, flags *pflag.FlagSet, errOut io.Writer) erro
 // flag, environment or config file: silently dropping it would make a
 // result look as if the setting had been measured. The errors name the
 // flag and the mode; the result is bad input.
-func ignoredErrors(set explicitOptions, opts any, ignored []bench.IgnoredField) error {
+func ignoredErrors(set explicitOptions, opts any, ignored []runcore.IgnoredField) error {
 	var errs []error
 	for _, ig := range ignored {
 		if flag, ok := flagOf(reflect.TypeOf(opts), ig.Field); ok && set(flag) {

@@ -146,7 +146,7 @@ func unreachableFailures(s HandoffSummary) int {
 // the flag that pins it.
 func unreachableWarning(s HandoffSummary, netDevices string, eps []runcore.EndpointInfo, route func(ip string) (string, error)) string {
 	n, first := unreachableFailures(s), ""
-	for _, reason := range reasonOrder(s.FailuresByReason) {
+	for _, reason := range runcore.ReasonOrder(s.FailuresByReason) {
 		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) && first == "" {
 			first = ex
 		}

@@ -115,8 +115,8 @@ func resultTable(res *HandoffResult) *report.Table {
 	k := &report.Table{Columns: []report.Column{{Name: "Result"}, {Name: "Value", Align: report.Right}}}
 	k.AddRow("requests ok / failed", fmt.Sprintf("%d / %d", s.Requests-s.Failed, s.Failed))
 	if len(s.FailuresByReason) > 0 {
-		k.AddRow("failures by reason", strings.TrimSuffix(strings.TrimPrefix(byReason(s.FailuresByReason), " ("), ")"))
-		for _, reason := range reasonOrder(s.FailuresByReason) {
+		k.AddRow("failures by reason", strings.TrimSuffix(strings.TrimPrefix(runcore.ByReason(s.FailuresByReason), " ("), ")"))
+		for _, reason := range runcore.ReasonOrder(s.FailuresByReason) {
 			if ex, ok := s.FailureExamples[reason]; ok && ex != reason {
 				k.AddRow("  first: "+reason, ex)
 			}

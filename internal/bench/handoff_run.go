@@ -412,7 +412,7 @@ func (h *handoff) judge(res *HandoffResult, f *handoffFleet) {
 	}
 	if ns := res.Summary.NegativeStages; len(ns) > 0 {
 		res.Warn(fmt.Sprintf("negative stage times, left out of their histograms: %s (clocks that disagree, or a stamp on the wrong side)",
-			strings.TrimSuffix(strings.TrimPrefix(byReason(ns), " ("), ")")))
+			strings.TrimSuffix(strings.TrimPrefix(runcore.ByReason(ns), " ("), ")")))
 	}
 	if bad := res.Prefill.MalformedNotifs + res.Decode.MalformedNotifs + res.Prefill.MalformedControl + res.Decode.MalformedControl; bad > 0 {
 		res.Warn(fmt.Sprintf("%d malformed messages from peers (see the endpoints' logs)", bad))

@@ -3,11 +3,10 @@ package bench
 import (
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 
-	"github.com/nixlctl/nixlctl/internal/ec"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // Every result says what went wrong in its run (report.HealthReporter):
@@ -23,7 +22,7 @@ func (res *HandoffResult) Problems() []string {
 		p = append(p, "no request was measured")
 	}
 	if s.Failed > 0 {
-		line := fmt.Sprintf("%d of %d requests failed%s", s.Failed, s.Requests, byReason(s.FailuresByReason))
+		line := fmt.Sprintf("%d of %d requests failed%s", s.Failed, s.Requests, runcore.ByReason(s.FailuresByReason))
 		if ex := firstExamples(s.FailuresByReason, s.FailureExamples); ex != "" {
 			line += "; first of each: " + ex
 		}
@@ -68,24 +67,6 @@ func (res *XferResult) Problems() []string {
 }
 
 // Problems implements report.HealthReporter.
-func (res *ECResult) Problems() []string {
-	var p []string
-	s := res.Summary
-	if s.Images == 0 {
-		p = append(p, "no image was measured")
-	}
-	if s.Failed > 0 {
-		p = append(p, fmt.Sprintf("%d of %d images failed%s", s.Failed, s.Images, byReason(s.FailuresByStatus)))
-	} else if n := s.FailuresByStatus[ec.FailTagMismatch]; n > 0 {
-		p = append(p, fmt.Sprintf("%d deliveries had wrong bytes", n))
-	}
-	if res.Interrupted {
-		p = append(p, "interrupted")
-	}
-	return p
-}
-
-// Problems implements report.HealthReporter.
 func (res *LeaseChaosResult) Problems() []string {
 	var p []string
 	for _, s := range res.Scenarios {
@@ -99,37 +80,6 @@ func (res *LeaseChaosResult) Problems() []string {
 	return p
 }
 
-// byReason renders a count per reason as " (2 registration timeout, 1
-// peer died)", largest first; "" when there are none.
-func byReason[N int | int64](m map[string]N) string {
-	keys := reasonOrder(m)
-	if len(keys) == 0 {
-		return ""
-	}
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%d %s", m[k], k)
-	}
-	return " (" + strings.Join(parts, ", ") + ")"
-}
-
-// reasonOrder is m's reasons with a count, largest first, then by name.
-func reasonOrder[N int | int64](m map[string]N) []string {
-	keys := make([]string, 0, len(m))
-	for k, n := range m {
-		if n > 0 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if m[keys[i]] != m[keys[j]] {
-			return m[keys[i]] > m[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
-	return keys
-}
-
 // firstExamples renders the example of each reason, in byReason's order,
 // as `"full error"; "full error"`; "" without examples (results written
 // before they were recorded).
@@ -138,7 +88,7 @@ func firstExamples(m map[string]int, ex map[string]string) string {
 		return ""
 	}
 	var parts []string
-	for _, k := range reasonOrder(m) {
+	for _, k := range runcore.ReasonOrder(m) {
 		if e, ok := ex[k]; ok && e != k {
 			parts = append(parts, strconv.Quote(e))
 		}

@@ -3,28 +3,22 @@ package bench
 import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // sglOnly are the options only bench sglang reads.
 var sglOnly = []string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures", "SGLKVDType", "Bootstrap"}
-
-// IgnoredField is an option that the chosen protocol or mode does not
-// read: Field is its Go field path in the options (as errkind.FieldError
-// names it), Why the mode that ignores it.
-type IgnoredField struct {
-	Field, Why string
-}
 
 // Ignored lists the options RunHandoff does not read for o's protocol
 // and mode. pull, push and sglang share one flag set, so a flag that one
 // of them ignores would otherwise be accepted and change nothing, and the
 // result would read as if it had been measured; the CLI refuses each one
 // the user set. Call it after Validate, which reads the trace (Trace decides the mode).
-func (o *HandoffOptions) Ignored() []IgnoredField {
-	var out []IgnoredField
+func (o *HandoffOptions) Ignored() []runcore.IgnoredField {
+	var out []runcore.IgnoredField
 	ig := func(why string, fields ...string) {
 		for _, f := range fields {
-			out = append(out, IgnoredField{f, why})
+			out = append(out, runcore.IgnoredField{Field: f, Why: why})
 		}
 	}
 	p := o.Protocol.String()
@@ -94,57 +88,47 @@ func (o *HandoffOptions) Ignored() []IgnoredField {
 // Ignored lists the options of o that the simulator does not read (it
 // runs no processes and moves no bytes); the traffic options that only
 // the simulator reads are leasesim.TrafficOptions, outside o.
-func (o *LeaseChaosOptions) Ignored(sim bool) []IgnoredField {
+func (o *LeaseChaosOptions) Ignored(sim bool) []runcore.IgnoredField {
 	if !sim {
 		if o.Protocol != engine.ProtoPush {
-			return []IgnoredField{{"PushHeartbeatKeys", "push only (pull heartbeats name prefill's own id)"}}
+			return []runcore.IgnoredField{{Field: "PushHeartbeatKeys", Why: "push only (pull heartbeats name prefill's own id)"}}
 		}
 		return nil
 	}
 	const why = "--sim runs no processes and does not use it"
-	return []IgnoredField{{"Backend", why}, {"Protocol", why}, {"Slack", why}, {"PushHeartbeatKeys", "--sim models pull's heartbeats (exact ids), not push"}}
+	return []runcore.IgnoredField{{Field: "Backend", Why: why}, {Field: "Protocol", Why: why}, {Field: "Slack", Why: why}, {Field: "PushHeartbeatKeys", Why: "--sim models pull's heartbeats (exact ids), not push"}}
 }
 
 // Ignored lists the options of o that its memory types leave unread: the
 // GPUs mean nothing to DRAM (the target's device defaults to the
 // initiator's, so --device counts while either side is VRAM), and the
 // DRAM allocation nothing to VRAM.
-func (o *XferOptions) Ignored() []IgnoredField {
-	var out []IgnoredField
+func (o *XferOptions) Ignored() []runcore.IgnoredField {
+	var out []runcore.IgnoredField
 	if o.InitiatorSeg != nixl.VRAM && o.TargetSeg != nixl.VRAM {
-		out = append(out, IgnoredField{"Device", "only with VRAM (--mem or --target-mem)"})
+		out = append(out, runcore.IgnoredField{Field: "Device", Why: "only with VRAM (--mem or --target-mem)"})
 	}
 	if o.TargetSeg != nixl.VRAM {
-		out = append(out, IgnoredField{"TargetDevice", "only with --target-mem VRAM"})
+		out = append(out, runcore.IgnoredField{Field: "TargetDevice", Why: "only with --target-mem VRAM"})
 	}
 	if o.InitiatorSeg == nixl.VRAM && o.TargetSeg == nixl.VRAM {
 		// cuda.AllocSeg: VRAM comes from the CUDA driver on both sides.
-		out = append(out, IgnoredField{"DRAMAlloc", "no DRAM with --mem VRAM --target-mem VRAM"},
-			IgnoredField{"HugePages", "no DRAM with --mem VRAM --target-mem VRAM"})
+		out = append(out, runcore.IgnoredField{Field: "DRAMAlloc", Why: "no DRAM with --mem VRAM --target-mem VRAM"},
+			runcore.IgnoredField{Field: "HugePages", Why: "no DRAM with --mem VRAM --target-mem VRAM"})
 	} else if o.DRAMAlloc == engine.AllocUCX {
 		// Huge pages are asked of mmap (nixl.AllocDRAM); UCX allocates
 		// its own way.
-		out = append(out, IgnoredField{"HugePages", "only with --dram-alloc mmap (--dram-alloc ucx allocates through UCX)"})
+		out = append(out, runcore.IgnoredField{Field: "HugePages", Why: "only with --dram-alloc mmap (--dram-alloc ucx allocates through UCX)"})
 	}
 	if o.Backend == "ucx" {
 		// nixlctl's UCX layer progresses its own way (XferProgress).
-		out = append(out, IgnoredField{"Progress", "--backend ucx progresses on its own (--progress is for NIXL backends)"})
+		out = append(out, runcore.IgnoredField{Field: "Progress", Why: "--backend ucx progresses on its own (--progress is for NIXL backends)"})
 	} else if o.Backend == "" || o.Backend == "auto" {
 		// auto becomes ucx where NIXL is not installed: --progress is then
 		// as ignored as with --backend ucx, and was silently so.
 		if b, err := nixl.Resolve(o.Backend); err == nil && b.Name == "ucx" {
-			out = append(out, IgnoredField{"Progress", "--backend auto resolves to ucx here (NIXL is not installed), which progresses on its own (--progress is for NIXL backends)"})
+			out = append(out, runcore.IgnoredField{Field: "Progress", Why: "--backend auto resolves to ucx here (NIXL is not installed), which progresses on its own (--progress is for NIXL backends)"})
 		}
 	}
 	return out
-}
-
-// Ignored lists the options of o that bench ec does not read: without
-// an encode time the entry is ready at once, so there is nothing for
-// --overlap to overlap.
-func (o *ECOptions) Ignored() []IgnoredField {
-	if o.EncodeTime == 0 {
-		return []IgnoredField{{"Overlap", "only with --encode-time (without an encode time there is nothing to overlap)"}}
-	}
-	return nil
 }

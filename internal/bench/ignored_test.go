@@ -13,7 +13,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-func ignoredFields(ig []IgnoredField) []string {
+func ignoredFields(ig []runcore.IgnoredField) []string {
 	var out []string
 	for _, f := range ig {
 		out = append(out, f.Field)
@@ -96,15 +96,17 @@ func TestXferIgnored(t *testing.T) {
 func TestXferECIgnored(t *testing.T) {
 	tests := []struct {
 		name      string
-		got       func() []IgnoredField
+		got       func() []runcore.IgnoredField
 		want, not []string
 	}{
-		{"ucx backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "ucx"; return o.Ignored() }, []string{"Progress"}, nil},
-		{"nixl backend", func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "nixl"; return o.Ignored() }, nil, []string{"Progress"}},
-		{"dram alloc ucx", func() []IgnoredField { o := DefaultXferOptions(); o.DRAMAlloc = engine.AllocUCX; return o.Ignored() }, []string{"HugePages"}, nil},
-		{"dram alloc mmap", func() []IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages"}},
-		{"ec without encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 0; return o.Ignored() }, []string{"Overlap"}, nil},
-		{"ec with encode time", func() []IgnoredField { o := DefaultECOptions(); o.EncodeTime = 5e6; return o.Ignored() }, nil, []string{"Overlap"}},
+		{"ucx backend", func() []runcore.IgnoredField { o := DefaultXferOptions(); o.Backend = "ucx"; return o.Ignored() }, []string{"Progress"}, nil},
+		{"nixl backend", func() []runcore.IgnoredField { o := DefaultXferOptions(); o.Backend = "nixl"; return o.Ignored() }, nil, []string{"Progress"}},
+		{"dram alloc ucx", func() []runcore.IgnoredField {
+			o := DefaultXferOptions()
+			o.DRAMAlloc = engine.AllocUCX
+			return o.Ignored()
+		}, []string{"HugePages"}, nil},
+		{"dram alloc mmap", func() []runcore.IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages"}},
 	}
 	// --backend auto is ucx where NIXL is not installed: --progress is
 	// ignored exactly when it resolves so.
@@ -112,17 +114,17 @@ func TestXferECIgnored(t *testing.T) {
 	if b, err := nixl.Resolve("auto"); err == nil && b.Name == "ucx" {
 		autoUCX = true
 	}
-	auto := func() []IgnoredField { o := DefaultXferOptions(); o.Backend = "auto"; return o.Ignored() }
+	auto := func() []runcore.IgnoredField { o := DefaultXferOptions(); o.Backend = "auto"; return o.Ignored() }
 	if autoUCX {
 		tests = append(tests, struct {
 			name      string
-			got       func() []IgnoredField
+			got       func() []runcore.IgnoredField
 			want, not []string
 		}{"auto resolving to ucx", auto, []string{"Progress"}, nil})
 	} else {
 		tests = append(tests, struct {
 			name      string
-			got       func() []IgnoredField
+			got       func() []runcore.IgnoredField
 			want, not []string
 		}{"auto resolving to nixl", auto, nil, []string{"Progress"}})
 	}
@@ -168,45 +170,6 @@ func TestHandoffNumBlocksTooSmall(t *testing.T) {
 		}
 		if bad && !errorsAsField(err, &fe, "NumBlocks") {
 			t.Errorf("%s: not a NumBlocks field error: %v", tc.name, err)
-		}
-	}
-}
-
-// The regions must fit the smaller of /dev/shm's free space and
-// MemAvailable; the error names the region that does not.
-func TestECRegionsFit(t *testing.T) {
-	const gib = 1 << 30
-	tests := []struct {
-		name      string
-		prod, con runcore.ByteSize
-		consumers int
-		remote    bool
-		room      hostRoom
-		field     string // "" fits
-	}{
-		{"fits", gib, gib, 2, false, hostRoom{8 * gib, 8 * gib}, ""},
-		{"producer over shm", 4 * gib, gib, 2, false, hostRoom{3 * gib, 8 * gib}, "ProducerRegion"},
-		{"producer over memory", 4 * gib, gib, 2, false, hostRoom{8 * gib, 3 * gib}, "ProducerRegion"},
-		{"consumers over", gib, 2 * gib, 4, false, hostRoom{8 * gib, 8 * gib}, "ConsumerRegion"},
-		{"remote producer not ours", 100 * gib, gib, 2, true, hostRoom{8 * gib, 8 * gib}, ""},
-		{"unknown room", 100 * gib, gib, 2, false, hostRoom{-1, -1}, ""},
-		{"memory unknown", 4 * gib, gib, 2, false, hostRoom{3 * gib, -1}, "ProducerRegion"},
-	}
-	for _, tc := range tests {
-		o := DefaultECOptions()
-		o.ProducerRegion, o.ConsumerRegion, o.Consumers = tc.prod, tc.con, tc.consumers
-		if tc.remote {
-			o.Producer.Addr = "127.0.0.1:7000"
-		}
-		err := o.checkRegionsFit(tc.room)
-		var fe errkind.FieldError
-		switch {
-		case tc.field == "" && err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case tc.field != "" && !errorsAsField(err, &fe, tc.field):
-			t.Errorf("%s: want a %s error, got %v", tc.name, tc.field, err)
-		case tc.field != "" && !strings.Contains(err.Error(), "free in /dev/shm"):
-			t.Errorf("%s: the error does not say what is free: %v", tc.name, err)
 		}
 	}
 }

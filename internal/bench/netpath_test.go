@@ -56,15 +56,7 @@ func TestNetPathLocalRun(t *testing.T) {
 			t.Error("a READ's initiator receives")
 		}
 	})
-	t.Run("ec", func(t *testing.T) {
-		o := smallEC(nixl.Read)
-		o.Requests = 10
-		res, err := RunEC(context.Background(), o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkLocalPath(t, res.NetPath, res.Warnings, res.Summary.Bytes, "producer", "consumer")
-	})
+
 }
 
 func checkLocalPath(t *testing.T, np runcore.NetPath, warnings []string, payload int64, roles ...string) {

@@ -17,7 +17,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 
-	"github.com/nixlctl/nixlctl/internal/ec"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -44,14 +43,6 @@ func TestMain(m *testing.M) {
 			os.Exit(2)
 		}
 		if err := ctl.ServeStdio(context.Background(), role); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	// ... and as the encoder of bench ec.
-	if os.Getenv("NIXLCTL_BENCH_TEST_ENCODER") == "1" {
-		if err := ctl.ServeStdio(context.Background(), ec.EncoderRole(slog.New(slog.NewTextHandler(os.Stderr, nil)))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

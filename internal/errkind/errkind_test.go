@@ -27,3 +27,19 @@ func TestKinds(t *testing.T) {
 		t.Error("plain errors have no kind")
 	}
 }
+
+func TestFieldIn(t *testing.T) {
+	err := errors.Join(Field("A", "bad a"), fmt.Errorf("wrapped: %w", errors.Join(Field("D", "bad d"), errors.New("plain"), Field("B", "bad b"))))
+	for _, tc := range []struct {
+		field string
+		found bool
+	}{{"A", true}, {"B", true}, {"D", true}, {"C", false}} {
+		fe, ok := FieldIn(err, tc.field)
+		if ok != tc.found || (ok && fe.Field != tc.field) {
+			t.Errorf("%s: got %+v, %v", tc.field, fe, ok)
+		}
+	}
+	if _, ok := FieldIn(nil, "A"); ok {
+		t.Error("nil has no field")
+	}
+}

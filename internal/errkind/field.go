@@ -1,6 +1,9 @@
 package errkind
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // FieldError is a problem with one field of an options struct. Field is
 // the Go field's path ("ISL.Fixed"), not a flag name: internal packages do
@@ -17,4 +20,26 @@ func (e FieldError) Unwrap() error { return e.Err }
 // Field makes a FieldError with a formatted message.
 func Field(field, format string, a ...any) error {
 	return FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// FieldIn finds the FieldError for field anywhere in err's tree (Validate
+// joins one per bad field, and errors.As stops at the first FieldError
+// whatever its field).
+func FieldIn(err error, field string) (FieldError, bool) {
+	switch e := err.(type) {
+	case nil:
+		return FieldError{}, false
+	case FieldError:
+		if e.Field == field {
+			return e, true
+		}
+	case interface{ Unwrap() []error }:
+		for _, inner := range e.Unwrap() {
+			if fe, ok := FieldIn(inner, field); ok {
+				return fe, true
+			}
+		}
+		return FieldError{}, false
+	}
+	return FieldIn(errors.Unwrap(err), field)
 }

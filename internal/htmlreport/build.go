@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/ecbench"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -71,7 +72,7 @@ func placement(res report.Result) string {
 		return r.Placement
 	case *bench.XferResult:
 		return r.Placement
-	case *bench.ECResult:
+	case *ecbench.ECResult:
 		return r.Placement
 	}
 	return ""

@@ -1,4 +1,4 @@
-package bench
+package ecbench
 
 import (
 	"context"
@@ -790,4 +790,14 @@ func (r *ecRun) warnings(res *ECResult) {
 	if s.Exhausted > 0 {
 		res.Warn(fmt.Sprintf("consumer regions were exhausted %d times: one request's images did not fit beside pinned ones (raise --consumer-region)", s.Exhausted))
 	}
+}
+
+// Ignored lists the options of o that bench ec does not read: without
+// an encode time the entry is ready at once, so there is nothing for
+// --overlap to overlap.
+func (o *ECOptions) Ignored() []runcore.IgnoredField {
+	if o.EncodeTime == 0 {
+		return []runcore.IgnoredField{{Field: "Overlap", Why: "only with --encode-time (without an encode time there is nothing to overlap)"}}
+	}
+	return nil
 }
