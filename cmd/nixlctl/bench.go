@@ -7,13 +7,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 func newBenchCmd(a *app) *cobra.Command {
@@ -28,17 +28,17 @@ against a reference measured in the same run.`,
 	return cmd
 }
 
-// benchXferOptions is bench.XferOptions, which the flags decode into,
+// benchXferOptions is xferbench.XferOptions, which the flags decode into,
 // plus the model flags that shape one point like a KV transfer and the
 // measuring flags.
 type benchXferOptions struct {
-	bench.XferOptions `mapstructure:",squash"`
-	Model             string `mapstructure:"model"`
-	ModelConfig       string `mapstructure:"model-config"`
-	ISL               int    `mapstructure:"isl"` // --tokens before one vocabulary
-	TP                int    `mapstructure:"tp"`
-	BlockSize         int    `mapstructure:"block-size"` // --kv-block-size before one vocabulary
-	measureOptions    `mapstructure:",squash"`
+	xferbench.XferOptions `mapstructure:",squash"`
+	Model                 string `mapstructure:"model"`
+	ModelConfig           string `mapstructure:"model-config"`
+	ISL                   int    `mapstructure:"isl"` // --tokens before one vocabulary
+	TP                    int    `mapstructure:"tp"`
+	BlockSize             int    `mapstructure:"block-size"` // --kv-block-size before one vocabulary
+	measureOptions        `mapstructure:",squash"`
 }
 
 const benchXferLong = `A nixlbench-compatible transfer sweep: for each block size from
@@ -114,7 +114,7 @@ func newBenchXferCmd(a *app) *cobra.Command {
 			return runBenchXfer(cmd.Context(), a, o)
 		},
 	}
-	d := bench.DefaultXferOptions()
+	d := xferbench.DefaultXferOptions()
 	f := cmd.Flags()
 	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
 	f.String("op-type", d.Op.String(), "READ or WRITE")
@@ -188,9 +188,9 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 		}
 		// The model's shape sets the batch: a refusal of it would name
 		// --max-batch-size, which the user did not give.
-		if an.DescriptorsPerRequest > bench.MaxXferBatch {
+		if an.DescriptorsPerRequest > xferbench.MaxXferBatch {
 			return errkind.BadInputf("--isl %d: %s at TP %d is %s descriptors a request per rank; at most %s",
-				o.ISL, m.Name, o.TP, report.Int(int64(an.DescriptorsPerRequest)), report.Int(bench.MaxXferBatch))
+				o.ISL, m.Name, o.TP, report.Int(int64(an.DescriptorsPerRequest)), report.Int(xferbench.MaxXferBatch))
 		}
 		x.StartBlock, x.MaxBlock = runcore.ByteSize(an.BytesPerDescriptor), runcore.ByteSize(an.BytesPerDescriptor)
 		x.StartBatch, x.MaxBatch = an.DescriptorsPerRequest, an.DescriptorsPerRequest
@@ -210,13 +210,13 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 	x.Snapshot = a.snapshot(o.measureOptions)
 	got, runErr := a.measure(ctx, o.measureOptions, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		x.Live = sink
-		res, err := bench.RunXfer(ctx, x)
+		res, err := xferbench.RunXfer(ctx, x)
 		if res == nil {
 			return nil, err
 		}
 		return res, err
 	})
-	if res, _ := got.(*bench.XferResult); res != nil {
+	if res, _ := got.(*xferbench.XferResult); res != nil {
 		if err := a.render(res); err != nil {
 			return err
 		}

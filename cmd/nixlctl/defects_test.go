@@ -76,14 +76,14 @@ func issue29Rows() []defectRow {
 			"cmd/nixlctl/multihost_test.go TestMultiHost/loopback advertise with the driver on the prefill's host",
 			"internal/bench/loopback_test.go TestCheckLoopbackAdvert")},
 		{"across-hosts-3/path-share-per-endpoint", coveredBy(
-			"internal/bench/netpath_test.go TestJudgePathPerEndpoint/11 local decodes and one remote",
-			"internal/bench/netpath_test.go TestJudgePathPerEndpoint/2P x 2D across two hosts",
-			"internal/bench/netpath_test.go TestNaturalCompare")},
+			"internal/runcore/netpath_test.go TestJudgePathPerEndpoint/11 local decodes and one remote",
+			"internal/runcore/netpath_test.go TestJudgePathPerEndpoint/2P x 2D across two hosts",
+			"internal/runcore/netpath_test.go TestNaturalCompare")},
 		{"across-hosts-4/unreachable-nic", coveredBy(
 			"internal/bench/loopback_test.go TestUnreachableWarning",
 			"internal/netpath/route_test.go TestRouteDevice",
 			"internal/engine/handoff_test.go TestPrefillAbortUnread",
-			"internal/bench/addr_test.go TestCheckNetDevicesAt",
+			"internal/runcore/addr_test.go TestCheckNetDevicesAt",
 			"cmd/nixlctl/multihost_test.go TestMultiHost/--net-devices checked at the remote endpoint")},
 		{"across-hosts-5/failure-examples", coveredBy(
 			"internal/bench/health_test.go TestHandoffProblems")},

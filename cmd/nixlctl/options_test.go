@@ -12,6 +12,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ecbench"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 // Bad bench options exit 2 with one line that names the flag, whether
@@ -70,7 +71,7 @@ func TestOptionsAreFlags(t *testing.T) {
 		cmd  *cobra.Command
 	}{
 		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
-		{reflect.TypeFor[bench.XferOptions](), newBenchXferCmd(&app{})},
+		{reflect.TypeFor[xferbench.XferOptions](), newBenchXferCmd(&app{})},
 		{reflect.TypeFor[ecbench.ECOptions](), newBenchECCmd(&app{})},
 		{reflect.TypeFor[bench.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
 		{reflect.TypeFor[leasesim.TrafficOptions](), newLeaseChaosCmd(&app{})},

@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 // handoff runs one benchmark's requests over a started fleet as the
@@ -546,7 +547,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// 1.3-3.7 GB/s for the same work and the handoff 2.4x "faster" than
 	// it. One round of warm-up fills the pipeline first.
 	xo.NumIter = max(10*xo.PipelineDepth, min(400, int(4e9/float64(block*batch))+1))
-	xr, err := RunXfer(ctx, xo)
+	xr, err := xferbench.RunXfer(ctx, xo)
 	if err != nil {
 		return 0, err
 	}

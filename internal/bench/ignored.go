@@ -98,37 +98,3 @@ func (o *LeaseChaosOptions) Ignored(sim bool) []runcore.IgnoredField {
 	const why = "--sim runs no processes and does not use it"
 	return []runcore.IgnoredField{{Field: "Backend", Why: why}, {Field: "Protocol", Why: why}, {Field: "Slack", Why: why}, {Field: "PushHeartbeatKeys", Why: "--sim models pull's heartbeats (exact ids), not push"}}
 }
-
-// Ignored lists the options of o that its memory types leave unread: the
-// GPUs mean nothing to DRAM (the target's device defaults to the
-// initiator's, so --device counts while either side is VRAM), and the
-// DRAM allocation nothing to VRAM.
-func (o *XferOptions) Ignored() []runcore.IgnoredField {
-	var out []runcore.IgnoredField
-	if o.InitiatorSeg != nixl.VRAM && o.TargetSeg != nixl.VRAM {
-		out = append(out, runcore.IgnoredField{Field: "Device", Why: "only with VRAM (--mem or --target-mem)"})
-	}
-	if o.TargetSeg != nixl.VRAM {
-		out = append(out, runcore.IgnoredField{Field: "TargetDevice", Why: "only with --target-mem VRAM"})
-	}
-	if o.InitiatorSeg == nixl.VRAM && o.TargetSeg == nixl.VRAM {
-		// cuda.AllocSeg: VRAM comes from the CUDA driver on both sides.
-		out = append(out, runcore.IgnoredField{Field: "DRAMAlloc", Why: "no DRAM with --mem VRAM --target-mem VRAM"},
-			runcore.IgnoredField{Field: "HugePages", Why: "no DRAM with --mem VRAM --target-mem VRAM"})
-	} else if o.DRAMAlloc == engine.AllocUCX {
-		// Huge pages are asked of mmap (nixl.AllocDRAM); UCX allocates
-		// its own way.
-		out = append(out, runcore.IgnoredField{Field: "HugePages", Why: "only with --dram-alloc mmap (--dram-alloc ucx allocates through UCX)"})
-	}
-	if o.Backend == "ucx" {
-		// nixlctl's UCX layer progresses its own way (XferProgress).
-		out = append(out, runcore.IgnoredField{Field: "Progress", Why: "--backend ucx progresses on its own (--progress is for NIXL backends)"})
-	} else if o.Backend == "" || o.Backend == "auto" {
-		// auto becomes ucx where NIXL is not installed: --progress is then
-		// as ignored as with --backend ucx, and was silently so.
-		if b, err := nixl.Resolve(o.Backend); err == nil && b.Name == "ucx" {
-			out = append(out, runcore.IgnoredField{Field: "Progress", Why: "--backend auto resolves to ucx here (NIXL is not installed), which progresses on its own (--progress is for NIXL backends)"})
-		}
-	}
-	return out
-}

@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
@@ -41,8 +42,8 @@ func hist(t *testing.T, unit time.Duration, vals ...float64) (*report.Histogram,
 	return h, s
 }
 
-func craftedXfer(t *testing.T) *XferResult {
-	res := &XferResult{Meta: craftedMeta("bench xfer"), Config: XferConfig{Op: "WRITE", InitiatorSeg: "DRAM", TargetSeg: "DRAM",
+func craftedXfer(t *testing.T) *xferbench.XferResult {
+	res := &xferbench.XferResult{Meta: craftedMeta("bench xfer"), Config: xferbench.XferConfig{Op: "WRITE", InitiatorSeg: "DRAM", TargetSeg: "DRAM",
 		StartBlock: 4096, MaxBlock: 8192, StartBatch: 1, MaxBatch: 2, NumIter: 100, WarmupIter: 10, PipelineDepth: 1,
 		TotalBufferSize: 65536, DRAMAlloc: "mmap", InitiatorAlloc: "mmap", TargetAlloc: "mmap", DescOrder: "sequential", Target: "process"}}
 	for i, pt := range [][2]int{{4096, 1}, {4096, 2}, {8192, 1}, {8192, 2}} {
@@ -50,7 +51,7 @@ func craftedXfer(t *testing.T) *XferResult {
 		_, tx := hist(t, time.Microsecond, 8, 9, 10)
 		_, post := hist(t, time.Microsecond, 1, 1, 2)
 		bytes := int64(pt[0] * pt[1] * 100)
-		res.Points = append(res.Points, XferPoint{Backend: "ucx", Op: "WRITE", BlockSize: pt[0], BatchSize: pt[1], Iterations: 100,
+		res.Points = append(res.Points, xferbench.XferPoint{Backend: "ucx", Op: "WRITE", BlockSize: pt[0], BatchSize: pt[1], Iterations: 100,
 			Bytes: bytes, Seconds: 0.001 * float64(i+1), BandwidthGBps: float64(bytes) / 1e9 / (0.001 * float64(i+1)),
 			AvgLatUS: 10, LatencyUS: lat.In(time.Microsecond), PrepUS: report.Percentiles{Mean: 2, P99: 3},
 			PostUS: report.Percentiles{Mean: 1, P99: 2}, TxUS: report.Percentiles{Mean: 9, P99: 10}, DescriptorsPerS: 1e5,

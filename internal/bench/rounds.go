@@ -12,6 +12,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/stats"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 // XferRound is one round of an interleaved reference: the handoff's
@@ -66,7 +67,7 @@ type interleave struct {
 	// xfer and limit measure on runs set up after the first round, when
 	// the handoff's descriptors are known; limit is nil where there is no
 	// faster path to measure (another backend, VRAM, a remote endpoint).
-	xfer, limit  *xferRun
+	xfer, limit  *xferbench.Session
 	block, batch int
 	mu           sync.Mutex
 	refs         []roundRefs
@@ -115,18 +116,17 @@ func (il *interleave) between(ctx context.Context, k int) {
 	}
 	live.Emit(il.h.o.Live, live.Phase{Text: fmt.Sprintf("bench xfer reference, round %d", k+1)})
 	for _, m := range []struct {
-		run *xferRun
+		run *xferbench.Session
 		to  *float64
 	}{{il.xfer, &ref.xfer}, {il.limit, &ref.limit}} {
 		if m.run == nil {
 			continue
 		}
-		m.run.o.NumIter = iters
-		m.run.o.WarmupIter = 0
+		warmup := 0
 		if k == 0 {
-			m.run.o.WarmupIter = m.run.o.PipelineDepth
+			warmup = m.run.Options().PipelineDepth
 		}
-		p, err := m.run.point(ctx, k, il.block, il.batch)
+		p, err := m.run.Point(ctx, k, il.block, il.batch, iters, warmup)
 		if err != nil {
 			if ctx.Err() == nil {
 				il.off = fmt.Sprintf("round %d: %v", k+1, err)
@@ -176,12 +176,12 @@ func (il *interleave) setup(ctx context.Context) error {
 	}
 	xo := h.referenceOptions(il.backend, il.block, il.batch, h.o.DRAMAlloc)
 	var err error
-	if il.xfer, err = startReference(ctx, xo); err != nil {
+	if il.xfer, err = xferbench.StartSession(ctx, xo); err != nil {
 		return err
 	}
 	if il.backend == "ucx" && h.o.Mem == nixl.DRAM && !h.o.remote() && h.o.DRAMAlloc != engine.AllocUCX && 4*set <= avail/2 {
 		lo := h.referenceOptions(il.backend, il.block, il.batch, engine.AllocUCX)
-		if il.limit, err = startReference(ctx, lo); err != nil {
+		if il.limit, err = xferbench.StartSession(ctx, lo); err != nil {
 			h.o.Log.Warn("the host-limit reference (UCX-allocated memory) did not start", "err", err)
 			il.limit = nil
 		}
@@ -189,23 +189,12 @@ func (il *interleave) setup(ctx context.Context) error {
 	return nil
 }
 
-// startReference sets up one bench xfer run for rounds of point calls.
-func startReference(ctx context.Context, xo XferOptions) (*xferRun, error) {
-	if err := xo.Validate(); err != nil {
-		return nil, err
-	}
-	xo.TargetDevice = xo.targetDevice()
-	res := &XferResult{Meta: report.NewMeta("bench xfer", xo.Version)}
-	o := xo
-	return setupXfer(ctx, &o, res, o.bufferSize())
-}
-
 // close stops the references' processes and frees their buffers; a
 // second call does nothing.
 func (il *interleave) close() {
-	for _, r := range []**xferRun{&il.xfer, &il.limit} {
+	for _, r := range []**xferbench.Session{&il.xfer, &il.limit} {
 		if *r != nil {
-			(*r).close()
+			(*r).Close()
 			*r = nil
 		}
 	}
@@ -216,7 +205,7 @@ func (il *interleave) config(rounds int) *XferReference {
 	if il.xfer == nil {
 		return nil
 	}
-	o := il.xfer.o
+	o := il.xfer.Options()
 	ref := &XferReference{Op: o.Op.String(), BlockSize: il.block, BatchSize: il.batch, PipelineDepth: o.PipelineDepth,
 		Polling: "paced", Rounds: rounds, RoundRequests: il.size, Target: il.h.o.XferTarget}
 	if il.limit != nil {
@@ -286,7 +275,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 // the handoff's: its mean descriptor, as many in flight as the run had,
 // the same direction, each request carrying a notification, progressed
 // as the engines are.
-func (h *handoff) referenceOptions(backend string, block, batch int, alloc engine.DRAMAlloc) XferOptions {
+func (h *handoff) referenceOptions(backend string, block, batch int, alloc engine.DRAMAlloc) xferbench.XferOptions {
 	depth := max(1, h.o.Concurrency)
 	// Paced: the endpoints wait for their transfers with sleeps between
 	// polls (a nixl.Poller per rank; push's owner polls every millisecond), which
@@ -296,11 +285,11 @@ func (h *handoff) referenceOptions(backend string, block, batch int, alloc engin
 	// Notif: every handoff transfer carries its completion notification
 	// (pull's READ, push's and SGLang's WRITEs), so every reference
 	// request does too.
-	xo := XferOptions{Backend: backend, Op: nixl.Write, StartBlock: runcore.ByteSize(block), MaxBlock: runcore.ByteSize(block), StartBatch: batch, MaxBatch: batch,
-		NumIter: 10 * depth, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: alloc, DescOrder: DescSequential, Paced: true, Notif: true, NoCopyReference: true,
+	xo := xferbench.XferOptions{Backend: backend, Op: nixl.Write, StartBlock: runcore.ByteSize(block), MaxBlock: runcore.ByteSize(block), StartBatch: batch, MaxBatch: batch,
+		NumIter: 10 * depth, WarmupIter: depth, LargeBlkIterFtr: 1, PipelineDepth: depth, DRAMAlloc: alloc, DescOrder: xferbench.DescSequential, Paced: true, Notif: true, NoCopyReference: true,
 		// Progressed as the engines are, so the reference is the same path.
-		Progress:        XferThread,
-		TotalBufferSize: runcore.ByteSize(block * batch * depth), Target: TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
+		Progress:        xferbench.XferThread,
+		TotalBufferSize: runcore.ByteSize(block * batch * depth), Target: xferbench.TargetSpec{Inproc: h.o.Inproc, Addr: h.o.XferTarget, Exe: h.o.Exe, Env: h.o.ChildEnv}, ChildStderr: h.o.ChildStderr, Log: h.o.Log}
 	// The same memory as the pools: GPU memory on the engines' GPUs, the
 	// initiator being the side that posts (prefill for WRITEs, decode for
 	// pull's READs).

@@ -22,6 +22,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/ecbench"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 // Build makes the page of one result, from its records too when they are
@@ -38,7 +39,7 @@ func Build(res report.Result, version string) (*Page, error) {
 	switch r := res.(type) {
 	case *bench.HandoffResult:
 		err = handoffSections(p, r)
-	case *bench.XferResult:
+	case *xferbench.XferResult:
 		err = xferSections(p, r)
 	case *probe.LeakResult:
 		err = leakSections(p, r)
@@ -70,7 +71,7 @@ func placement(res report.Result) string {
 	switch r := res.(type) {
 	case *bench.HandoffResult:
 		return r.Placement
-	case *bench.XferResult:
+	case *xferbench.XferResult:
 		return r.Placement
 	case *ecbench.ECResult:
 		return r.Placement

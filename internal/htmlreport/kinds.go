@@ -7,16 +7,17 @@ import (
 	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
 // xferSections draws a bench xfer sweep: bandwidth (with the same-run
 // reference copy dashed), efficiency and latency against block size, one
 // line per batch size, and every point in a table.
-func xferSections(p *Page, res *bench.XferResult) error {
+func xferSections(p *Page, res *xferbench.XferResult) error {
 	cfg := res.Config
 	p.Title = fmt.Sprintf("nixlctl bench xfer: %s %s → %s, %d points", cfg.Op, cfg.InitiatorSeg, cfg.TargetSeg, len(res.Points))
 	ref := orDefault(cfg.Reference, "memcpy")
-	byBatch := map[int][]bench.XferPoint{}
+	byBatch := map[int][]xferbench.XferPoint{}
 	var batches []int
 	for _, pt := range res.Points {
 		if _, ok := byBatch[pt.BatchSize]; !ok {
@@ -75,7 +76,7 @@ func xferSections(p *Page, res *bench.XferResult) error {
 
 // hasRef says whether the sweep measured its reference copy (a sweep run
 // without one has zeros there, which must not be drawn as a reference).
-func hasRef(pts []bench.XferPoint) bool {
+func hasRef(pts []xferbench.XferPoint) bool {
 	for _, p := range pts {
 		if p.MemcpyGBps > 0 {
 			return true

@@ -1,4 +1,4 @@
-package bench
+package xferbench
 
 import (
 	"context"
@@ -28,21 +28,16 @@ import (
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
+// TestMain lets this test binary double as bench xfer's target process
+// (NIXLCTL_BENCH_TEST_CHILD=1 with serve's arguments: target --stdio).
 func TestMain(m *testing.M) {
-	// This test binary doubles as the endpoint child processes: an xfer
-	// target when "target" is among its arguments, else an engine endpoint.
 	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		role := engine.EndpointRole(log, engine.SideChannelHost{})
-		if slices.Contains(os.Args, "target") {
-			role = xfertarget.Role(log)
-		}
-		// The role comes before --stdio, as serve takes it.
-		if i := slices.Index(os.Args, "--stdio"); i >= 0 && !slices.Contains([]string{"prefill", "decode", "target"}, os.Args[max(i-1, 0)]) {
-			fmt.Fprintf(os.Stderr, "child: want serve's arguments ROLE --stdio, got %q\n", os.Args[1:])
+		if i := slices.Index(os.Args, "--stdio"); i < 1 || os.Args[i-1] != "target" {
+			fmt.Fprintf(os.Stderr, "child: want serve's arguments target --stdio, got %q\n", os.Args[1:])
 			os.Exit(2)
 		}
-		if err := ctl.ServeStdio(context.Background(), role); err != nil {
+		if err := ctl.ServeStdio(context.Background(), xfertarget.Role(log)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -184,7 +179,9 @@ func TestXferBufferFits(t *testing.T) {
 		{"fits", func(o *XferOptions) { o.TotalBufferSize = 1 << 30 }, "", ""},
 		{"both sides here", func(o *XferOptions) { o.TotalBufferSize = 3 << 29 }, "TotalBufferSize", "2 x 1.5 GiB (--total-buffer-size on 2 sides here) = 3 GiB; 2 GiB of memory available"},
 		{"a remote target's is not ours", func(o *XferOptions) { o.TotalBufferSize, o.Target.Addr = 3<<29, "x:1" }, "", ""},
-		{"vram is not ours", func(o *XferOptions) { o.TotalBufferSize, o.InitiatorSeg, o.TargetSeg = 3<<30, nixl.VRAM, nixl.VRAM }, "", ""},
+		{"vram is not ours", func(o *XferOptions) {
+			o.TotalBufferSize, o.InitiatorSeg, o.TargetSeg = 3<<30, nixl.VRAM, nixl.VRAM
+		}, "", ""},
 		{"block x batch", func(o *XferOptions) { o.MaxBlock, o.MaxBatch = 1<<30, 2 }, "MaxBatch", "--total-buffer-size caps it"},
 	}
 	for _, tc := range tests {
@@ -205,24 +202,6 @@ func TestXferBufferFits(t *testing.T) {
 	}
 }
 
-func TestByteSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want runcore.ByteSize
-		out  string
-		err  bool
-	}{
-		{"4K", 4 << 10, "4K", false}, {"64M", 64 << 20, "64M", false}, {"1.5M", 3 << 19, "1536K", false}, {"4096", 4 << 10, "4K", false},
-		{"1000", 1000, "1000", false}, {"", 0, "", false}, {"2G", 2 << 30, "2G", false}, {"4X", 0, "", true}, {"-1", 0, "", true},
-	} {
-		var b runcore.ByteSize
-		err := b.UnmarshalText([]byte(tc.in))
-		if (err != nil) != tc.err || b != tc.want || (err == nil && b.String() != tc.out) {
-			t.Errorf("%q: %d (%q), %v; want %d (%q), error %v", tc.in, b, b.String(), err, tc.want, tc.out, tc.err)
-		}
-	}
-}
-
 // The bench package's enums parse themselves, naming the valid values
 // when they cannot.
 func TestBenchEnumsParse(t *testing.T) {
@@ -235,10 +214,6 @@ func TestBenchEnumsParse(t *testing.T) {
 		{new(DescOrder), "random", DescRandom, ""},
 		{new(DescOrder), "sequential", DescSequential, ""},
 		{new(DescOrder), "zigzag", nil, "sequential, random"},
-		{new(ISLDist), "normal", ISLNormal, ""},
-		{new(ISLDist), "trace", ISLTrace, ""},
-		{new(ISLDist), "Fixed", nil, "fixed, uniform, normal, trace"},
-		{new(ISLDist), "", nil, "fixed, uniform, normal, trace"},
 	} {
 		err := tc.dst.UnmarshalText([]byte(tc.in))
 		if tc.wantErr != "" {

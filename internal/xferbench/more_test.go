@@ -1,0 +1,166 @@
+package xferbench
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/netpath"
+	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
+)
+
+func TestXferPathEnds(t *testing.T) {
+	for _, tc := range []struct {
+		op       nixl.Op
+		ini, tgt netpath.Direction
+	}{{nixl.Write, netpath.Send, netpath.Receive}, {nixl.Read, netpath.Receive, netpath.Send}} {
+		e := xferPathEnds(tc.op, nil)
+		if e[0].Role != "initiator" || e[0].Dir != tc.ini || e[1].Role != "target" || e[1].Dir != tc.tgt {
+			t.Errorf("%v: %+v", tc.op, e)
+		}
+	}
+	o := smallXfer(nixl.Write)
+	o.LargeBlkIterFtr = 10
+	got := xferPayload(&o, []XferPoint{{BlockSize: 4096, BatchSize: 2}, {BlockSize: 2 << 20, BatchSize: 1}})
+	if want := int64(4096*2*(50+5) + 2<<20*(5+0)); got != want {
+		t.Errorf("xfer payload %d, want %d", got, want)
+	}
+}
+
+// A local run, target a child process of this host: each end has a
+// verdict on the whole payload and nothing warns.
+func TestXferNetPathLocalRun(t *testing.T) {
+	t.Setenv("UCX_NET_DEVICES", "")
+	o := smallXfer(nixl.Read)
+	o.MaxBlock, o.MaxBatch = 8<<10, 2
+	res, err := RunXfer(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLocalPath(t, res.NetPath, res.Warnings, xferPayload(&o, res.Points), "initiator", "target")
+	if res.NetPath["initiator"].Direction != netpath.Receive {
+		t.Error("a READ's initiator receives")
+	}
+}
+
+func checkLocalPath(t *testing.T, np runcore.NetPath, warnings []string, payload int64, roles ...string) {
+	t.Helper()
+	for _, w := range warnings {
+		if strings.HasPrefix(w, "net path") {
+			t.Errorf("a local run warns: %s", w)
+		}
+	}
+	for _, r := range roles {
+		v, ok := np[r]
+		if !ok || v.Error != "" || v.Payload != payload || payload <= 0 || v.Host == "" {
+			t.Errorf("%s: verdict %+v (payload %d)", r, v, payload)
+		}
+	}
+	if runcore.PathLine(np) == "" {
+		t.Error("no path line")
+	}
+}
+
+// bench xfer's memory types decide which device and allocation flags
+// count.
+func TestXferIgnored(t *testing.T) {
+	tests := []struct {
+		init, targ nixl.MemType
+		want, not  []string
+	}{
+		{nixl.DRAM, nixl.DRAM, []string{"Device", "TargetDevice"}, []string{"DRAMAlloc", "HugePages"}},
+		{nixl.DRAM, nixl.VRAM, nil, []string{"Device", "TargetDevice", "DRAMAlloc", "HugePages"}},
+		{nixl.VRAM, nixl.DRAM, []string{"TargetDevice"}, []string{"Device", "DRAMAlloc"}},
+		{nixl.VRAM, nixl.VRAM, []string{"DRAMAlloc", "HugePages"}, []string{"Device", "TargetDevice"}},
+	}
+	for _, tc := range tests {
+		o := DefaultXferOptions()
+		o.InitiatorSeg, o.TargetSeg = tc.init, tc.targ
+		got := ignoredFields(o.Ignored())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s not ignored (%v)", tc.init, tc.targ, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%v->%v: %s ignored, but it is used", tc.init, tc.targ, f)
+			}
+		}
+	}
+}
+
+// bench xfer's backend and allocation decide whether --progress and
+// --use-hugepages count; bench ec's --overlap needs an encode time.
+func TestXferECIgnored(t *testing.T) {
+	tests := []struct {
+		name      string
+		got       func() []runcore.IgnoredField
+		want, not []string
+	}{
+		{"ucx backend", func() []runcore.IgnoredField {
+			o := DefaultXferOptions()
+			o.Backend = "ucx"
+			return o.Ignored()
+		}, []string{"Progress"}, nil},
+		{"nixl backend", func() []runcore.IgnoredField {
+			o := DefaultXferOptions()
+			o.Backend = "nixl"
+			return o.Ignored()
+		}, nil, []string{"Progress"}},
+		{"dram alloc ucx", func() []runcore.IgnoredField {
+			o := DefaultXferOptions()
+			o.DRAMAlloc = engine.AllocUCX
+			return o.Ignored()
+		}, []string{"HugePages"}, nil},
+		{"dram alloc mmap", func() []runcore.IgnoredField { o := DefaultXferOptions(); return o.Ignored() }, nil, []string{"HugePages"}},
+	}
+	// --backend auto is ucx where NIXL is not installed: --progress is
+	// ignored exactly when it resolves so.
+	autoUCX := false
+	if b, err := nixl.Resolve("auto"); err == nil && b.Name == "ucx" {
+		autoUCX = true
+	}
+	auto := func() []runcore.IgnoredField {
+		o := DefaultXferOptions()
+		o.Backend = "auto"
+		return o.Ignored()
+	}
+	if autoUCX {
+		tests = append(tests, struct {
+			name      string
+			got       func() []runcore.IgnoredField
+			want, not []string
+		}{"auto resolving to ucx", auto, []string{"Progress"}, nil})
+	} else {
+		tests = append(tests, struct {
+			name      string
+			got       func() []runcore.IgnoredField
+			want, not []string
+		}{"auto resolving to nixl", auto, nil, []string{"Progress"}})
+	}
+	for _, tc := range tests {
+		got := ignoredFields(tc.got())
+		for _, f := range tc.want {
+			if !slices.Contains(got, f) {
+				t.Errorf("%s: %s not ignored (%v)", tc.name, f, got)
+			}
+		}
+		for _, f := range tc.not {
+			if slices.Contains(got, f) {
+				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
+			}
+		}
+	}
+}
+
+func ignoredFields(ig []runcore.IgnoredField) []string {
+	var out []string
+	for _, f := range ig {
+		out = append(out, f.Field)
+	}
+	return out
+}
