@@ -8,10 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
+	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -19,20 +19,20 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// leaseChaosOptions is bench.LeaseChaosOptions and, for --sim, the
+// leaseChaosOptions is leasechaos.LeaseChaosOptions and, for --sim, the
 // simulator's traffic (leasesim.TrafficOptions), which the flags decode
 // into, plus the model flags that resolve to its kv.Spec, the lease sweep
 // and the measuring flags.
 type leaseChaosOptions struct {
-	bench.LeaseChaosOptions `mapstructure:",squash"`
-	Traffic                 leasesim.TrafficOptions `mapstructure:",squash"`
-	Model                   string                  `mapstructure:"model"`
-	ModelConfig             string                  `mapstructure:"model-config"`
-	KVDType                 string                  `mapstructure:"kv-dtype"`
-	BlockSize               int                     `mapstructure:"block-size"`
-	Sim                     bool                    `mapstructure:"sim"`
-	SweepLease              []string                `mapstructure:"sweep-lease"`
-	measureOptions          `mapstructure:",squash"`
+	leasechaos.LeaseChaosOptions `mapstructure:",squash"`
+	Traffic                      leasesim.TrafficOptions `mapstructure:",squash"`
+	Model                        string                  `mapstructure:"model"`
+	ModelConfig                  string                  `mapstructure:"model-config"`
+	KVDType                      string                  `mapstructure:"kv-dtype"`
+	BlockSize                    int                     `mapstructure:"block-size"`
+	Sim                          bool                    `mapstructure:"sim"`
+	SweepLease                   []string                `mapstructure:"sweep-lease"`
+	measureOptions               `mapstructure:",squash"`
 }
 
 const leaseChaosLong = `The KV lease protocol (vLLM PR #41383) under injected faults, with real
@@ -129,7 +129,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 			return runLeaseChaos(cmd.Context(), a, o)
 		},
 	}
-	d, t := bench.DefaultLeaseChaosOptions(), leasesim.DefaultTrafficOptions()
+	d, t := leasechaos.DefaultLeaseChaosOptions(), leasesim.DefaultTrafficOptions()
 	var policies []string
 	for _, p := range d.Policies {
 		policies = append(policies, string(p))
@@ -212,16 +212,16 @@ func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
 		return flagErrors(err, o)
 	}
 	x.ChildStderr = a.childStderr(o.measureOptions)
-	return a.runChaos(ctx, o.measureOptions, "scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
+	return a.runChaos(ctx, o.measureOptions, "scenarios", func(ctx context.Context, sink live.Sink) (*leasechaos.LeaseChaosResult, error) {
 		x.Live = sink
-		return bench.RunLeaseChaos(ctx, x)
+		return leasechaos.RunLeaseChaos(ctx, x)
 	})
 }
 
 // runChaos runs real or simulated lease-chaos, renders the result and
 // fails the command (exit 1) when a scenario failed.
-func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run func(context.Context, live.Sink) (*bench.LeaseChaosResult, error)) error {
-	var res *bench.LeaseChaosResult
+func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run func(context.Context, live.Sink) (*leasechaos.LeaseChaosResult, error)) error {
+	var res *leasechaos.LeaseChaosResult
 	_, err := a.measureAndRender(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		var err error
 		if res, err = run(ctx, sink); res == nil {
@@ -238,7 +238,7 @@ func (a *app) runChaos(ctx context.Context, mo measureOptions, what string, run 
 	return nil
 }
 
-func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, lo bench.LeaseChaosOptions) error {
+func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, lo leasechaos.LeaseChaosOptions) error {
 	if n := o.Traffic.Requests; n > leasesim.MaxTrafficRequests {
 		return errkind.BadInputf("--requests %d: want 0 (scenarios only) to %d", n, leasesim.MaxTrafficRequests)
 	}
@@ -254,9 +254,9 @@ func runLeaseSim(ctx context.Context, a *app, o leaseChaosOptions, lo bench.Leas
 		sweep = append(sweep, d)
 	}
 	x := lo.Sim(o.Traffic, sweep)
-	return a.runChaos(ctx, o.measureOptions, "simulated scenarios", func(ctx context.Context, sink live.Sink) (*bench.LeaseChaosResult, error) {
+	return a.runChaos(ctx, o.measureOptions, "simulated scenarios", func(ctx context.Context, sink live.Sink) (*leasechaos.LeaseChaosResult, error) {
 		x.Live = sink
-		res, err := bench.RunLeaseSim(ctx, x)
+		res, err := leasechaos.RunLeaseSim(ctx, x)
 		if res == nil && errkind.IsBadInput(err) {
 			err = flagErrors(err, o) // the options were refused before anything ran
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ecbench"
+	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
@@ -73,7 +74,7 @@ func TestOptionsAreFlags(t *testing.T) {
 		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
 		{reflect.TypeFor[xferbench.XferOptions](), newBenchXferCmd(&app{})},
 		{reflect.TypeFor[ecbench.ECOptions](), newBenchECCmd(&app{})},
-		{reflect.TypeFor[bench.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
+		{reflect.TypeFor[leasechaos.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
 		{reflect.TypeFor[leasesim.TrafficOptions](), newLeaseChaosCmd(&app{})},
 	} {
 		var missing []string

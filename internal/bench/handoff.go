@@ -149,7 +149,7 @@ func (h *handoff) applyFreed(r *HandoffRecord, f engine.FreedEvent) {
 // collectFreed reads one prefill's releases (every request id is the
 // run's own, so one map serves every prefill).
 func (h *handoff) collectFreed(pe *Endpoint) {
-	forEachEvent(pe, func(ev ctl.Event) {
+	pe.rpc.EachEvent(func(ev ctl.Event) {
 		if ev.Name != "freed" {
 			return
 		}

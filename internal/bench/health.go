@@ -47,20 +47,6 @@ func (res *HandoffResult) Problems() []string {
 	return p
 }
 
-// Problems implements report.HealthReporter.
-func (res *LeaseChaosResult) Problems() []string {
-	var p []string
-	for _, s := range res.Scenarios {
-		if !s.Passed {
-			p = append(p, fmt.Sprintf("scenario %s failed its expectation", s.Series()))
-		}
-	}
-	if res.Interrupted {
-		p = append(p, "interrupted")
-	}
-	return p
-}
-
 // firstExamples renders the example of each reason, in byReason's order,
 // as `"full error"; "full error"`; "" without examples (results written
 // before they were recorded).

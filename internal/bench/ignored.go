@@ -84,17 +84,3 @@ func (o *HandoffOptions) Ignored() []runcore.IgnoredField {
 	}
 	return out
 }
-
-// Ignored lists the options of o that the simulator does not read (it
-// runs no processes and moves no bytes); the traffic options that only
-// the simulator reads are leasesim.TrafficOptions, outside o.
-func (o *LeaseChaosOptions) Ignored(sim bool) []runcore.IgnoredField {
-	if !sim {
-		if o.Protocol != engine.ProtoPush {
-			return []runcore.IgnoredField{{Field: "PushHeartbeatKeys", Why: "push only (pull heartbeats name prefill's own id)"}}
-		}
-		return nil
-	}
-	const why = "--sim runs no processes and does not use it"
-	return []runcore.IgnoredField{{Field: "Backend", Why: why}, {Field: "Protocol", Why: why}, {Field: "Slack", Why: why}, {Field: "PushHeartbeatKeys", Why: "--sim models pull's heartbeats (exact ids), not push"}}
-}

@@ -492,3 +492,23 @@ func (c *Client) shutdown(grace time.Duration) (json.RawMessage, error) {
 	<-c.done
 	return res, err
 }
+
+// EachEvent hands f the peer's events until the connection is gone and
+// what the peer sent before that is drained.
+func (c *Client) EachEvent(f func(Event)) {
+	for {
+		select {
+		case ev := <-c.Events():
+			f(ev)
+		case <-c.Done():
+			for {
+				select {
+				case ev := <-c.Events():
+					f(ev)
+				default:
+					return
+				}
+			}
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ecbench"
+	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
@@ -43,7 +44,7 @@ func Build(res report.Result, version string) (*Page, error) {
 		err = xferSections(p, r)
 	case *probe.LeakResult:
 		err = leakSections(p, r)
-	case *bench.LeaseChaosResult:
+	case *leasechaos.LeaseChaosResult:
 		err = leaseSections(p, r)
 	default:
 		err = figureSections(p, res)

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
@@ -143,7 +143,7 @@ func verdictClass(v string) string {
 // leaseSections shows lease-chaos's scenario table, the simulator's
 // sweep as the recommendation curve (dead GB·s and premature frees
 // against the lease), and each scenario's lease timeline.
-func leaseSections(p *Page, res *bench.LeaseChaosResult) error {
+func leaseSections(p *Page, res *leasechaos.LeaseChaosResult) error {
 	p.Title = fmt.Sprintf("nixlctl lease-chaos (%s): %d passed, %d failed", res.Mode, res.Passed, res.Failed)
 	t := &Table{ID: "scenarios", Caption: "Scenarios", Head: numHead([]string{"scenario", "policy", "verdict", "requests", "completed", "failed", "premature frees", "expired", "dead GB·s", "reclaim p99 s", "outcome"}, 3)}
 	t.Head[len(t.Head)-1].Num = false

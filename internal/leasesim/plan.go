@@ -11,7 +11,7 @@ import (
 )
 
 // lease-chaos: the scenarios, shared by the real-process runner
-// (bench.RunLeaseChaos) and the virtual-time simulator (SimulatePlan), so that
+// (leasechaos.RunLeaseChaos) and the virtual-time simulator (SimulatePlan), so that
 // both play the same plan and are judged by the same expectations.
 //
 // A plan's clock starts (t = 0) when the router sends request 0 to

@@ -1,4 +1,4 @@
-package bench
+package leasechaos
 
 import (
 	"cmp"
@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/fleet"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
@@ -302,7 +303,7 @@ type chaosRun struct {
 	liveT0 time.Time
 
 	mu         sync.Mutex
-	pe, de     *Endpoint
+	pe, de     *fleet.Conn
 	pGen       int
 	psetup     engine.SetupReply
 	freed      map[string]engine.FreedEvent // by router id
@@ -410,22 +411,38 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	return r, nil
 }
 
-// launch is how lease-chaos starts its endpoints: children of this
-// program, always.
-func (c *chaosRun) launch() launch {
-	return launch{exe: c.o.Exe, exeArgs: c.o.ExeArgs, env: c.o.ChildEnv, stderr: c.o.ChildStderr, log: c.o.Log}
+// endpointGrace is how long an endpoint may take to close its engine
+// (agents, pools) before it is killed.
+const endpointGrace = 15 * time.Second
+
+// startEndpoint starts a prefill or decode endpoint: a child of this
+// program, always. It outlives the run's context: an interrupted run
+// still asks it for its stats.
+func (c *chaosRun) startEndpoint(ctx context.Context, role string) (*fleet.Conn, error) {
+	p := fleet.Proc{Name: role, Exe: c.o.Exe, DefaultArgs: []string{"serve", role, "--stdio"}, Env: c.o.ChildEnv, Stderr: c.o.ChildStderr, Outlive: true}
+	if c.o.ExeArgs != nil {
+		p.Args = append(slices.Clone(c.o.ExeArgs), role, "--stdio")
+	}
+	return fleet.Start(ctx, p)
+}
+
+// closeEndpoint closes an endpoint started so far (nil: none was).
+func closeEndpoint(ep *fleet.Conn) {
+	if ep != nil {
+		_ = ep.Close(endpointGrace, nil)
+	}
 }
 
 func (c *chaosRun) startPrefill(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.launch(), "prefill", "prefill", EngineSlot{})
+	ep, err := c.startEndpoint(ctx, "prefill")
 	if err != nil {
 		return err
 	}
 	cfg := c.base
 	cfg.Role, cfg.EngineID = engine.RolePrefill, fmt.Sprintf("prefill-%d", c.pGen)
 	var setup engine.SetupReply
-	if err := ep.rpc.Call(ctx, "setup", cfg, &setup); err != nil {
-		ep.close()
+	if err := ep.Call(ctx, "setup", cfg, &setup); err != nil {
+		closeEndpoint(ep)
 		return fmt.Errorf("prefill setup: %w", err)
 	}
 	c.mu.Lock()
@@ -436,7 +453,7 @@ func (c *chaosRun) startPrefill(ctx context.Context) error {
 }
 
 func (c *chaosRun) startDecode(ctx context.Context) error {
-	ep, err := startEndpoint(ctx, c.launch(), "decode", "decode", EngineSlot{})
+	ep, err := c.startEndpoint(ctx, "decode")
 	if err != nil {
 		return err
 	}
@@ -451,8 +468,8 @@ func (c *chaosRun) startDecode(ctx context.Context) error {
 		// signal from here could come after a short READ had finished.
 		cfg.CrashAt = reqID(k)
 	}
-	if err := ep.rpc.Call(ctx, "setup", cfg, nil); err != nil {
-		ep.close()
+	if err := ep.Call(ctx, "setup", cfg, nil); err != nil {
+		closeEndpoint(ep)
 		return fmt.Errorf("decode setup: %w", err)
 	}
 	c.mu.Lock()
@@ -469,14 +486,14 @@ func (c *chaosRun) close() {
 	if stalled && de != nil {
 		_ = de.Signal(syscall.SIGCONT)
 	}
-	de.close()
-	pe.close()
+	closeEndpoint(de)
+	closeEndpoint(pe)
 }
 
 // collectPrefill keeps what a prefill generation reports: frees, lease
 // table samples, heartbeats applied.
-func (c *chaosRun) collectPrefill(ep *Endpoint) {
-	forEachEvent(ep, func(ev ctl.Event) {
+func (c *chaosRun) collectPrefill(ep *fleet.Conn) {
+	ep.EachEvent(func(ev ctl.Event) {
 		c.mu.Lock()
 		switch ev.Name {
 		case "freed":
@@ -507,33 +524,13 @@ func (c *chaosRun) collectPrefill(ep *Endpoint) {
 	})
 }
 
-// forEachEvent hands f the endpoint's events until its connection is gone
-// and what it sent before is drained.
-func forEachEvent(ep *Endpoint, f func(ctl.Event)) {
-	for {
-		select {
-		case ev := <-ep.rpc.Events():
-			f(ev)
-		case <-ep.rpc.Done():
-			for {
-				select {
-				case ev := <-ep.rpc.Events():
-					f(ev)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
 // collectDecode kills decode on the plan's cue and keeps its last stats
 // (a killed decode answers no more).
-func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
+func (c *chaosRun) collectDecode(ctx context.Context, ep *fleet.Conn) {
 	stop := make(chan struct{})
 	go func() {
 		defer close(stop)
-		forEachEvent(ep, func(ev ctl.Event) {
+		ep.EachEvent(func(ev ctl.Event) {
 			var s engine.DecodeEvent
 			if json.Unmarshal(ev.Data, &s) != nil {
 				return
@@ -565,7 +562,7 @@ func (c *chaosRun) collectDecode(ctx context.Context, ep *Endpoint) {
 		}
 		var st engine.Stats
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		if ep.rpc.Call(cctx, "stats", nil, &st) == nil {
+		if ep.Call(cctx, "stats", nil, &st) == nil {
 			c.mu.Lock()
 			c.lastD = st
 			c.mu.Unlock()
@@ -667,7 +664,7 @@ func (c *chaosRun) drive(ctx context.Context) {
 			c.mu.Unlock()
 			for _, i := range p.Abort {
 				var ar engine.AbortReply
-				if err := de.rpc.Call(ctx, "abort", engine.AbortRequest{ID: reqID(i)}, &ar); err == nil && ar.Aborted {
+				if err := de.Call(ctx, "abort", engine.AbortRequest{ID: reqID(i)}, &ar); err == nil && ar.Aborted {
 					c.mu.Lock()
 					c.aborted[reqID(i)] = true
 					c.mu.Unlock()
@@ -684,7 +681,7 @@ func (c *chaosRun) drive(ctx context.Context) {
 			c.mu.Unlock()
 			_ = pe.Signal(syscall.SIGKILL)
 			c.fault("SIGKILL prefill")
-			pe.close()
+			closeEndpoint(pe)
 			c.mu.Lock()
 			c.pGen++
 			c.mu.Unlock()
@@ -742,14 +739,14 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 	var perr, derr error
 	switch c.o.Protocol {
 	case engine.ProtoPull:
-		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		perr = pe.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
 		c.markGranted(i)
 		if perr == nil {
 			c.mu.Lock()
 			c.grants[id] = pr.TFinish
 			c.mu.Unlock()
 			inOrder()
-			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: pr.Params}, &lr)
+			derr = de.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: pr.Params}, &lr)
 		}
 	case engine.ProtoPush:
 		host, port, _ := runcore.SplitHostPort(psetup.SideChannel)
@@ -757,14 +754,14 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: string(engine.ProtoPush)}
 		// The router sends both at once; decode's arrival is when prefill
 		// is done, as in the plan, so prefill goes first here.
-		perr = pe.rpc.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+		perr = pe.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
 		c.markGranted(i)
 		if perr == nil {
 			c.mu.Lock()
 			c.grants[id] = pr.TFinish
 			c.mu.Unlock()
 			inOrder()
-			derr = de.rpc.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: coords}, &lr)
+			derr = de.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: coords}, &lr)
 		}
 	}
 	c.mu.Lock()
@@ -789,7 +786,7 @@ func (c *chaosRun) settle(ctx context.Context) {
 		pe := c.pe
 		c.mu.Unlock()
 		var st engine.Stats
-		if err := pe.rpc.Call(ctx, "stats", nil, &st); err != nil {
+		if err := pe.Call(ctx, "stats", nil, &st); err != nil {
 			return
 		}
 		if st.LeasesHeld == 0 && st.BlocksInUse == 0 {
@@ -806,11 +803,11 @@ func (c *chaosRun) finish(r *leasesim.ScenarioResult, blocksPerRequest int) {
 	pe, de, dead := c.pe, c.de, c.decodeDead
 	c.mu.Unlock()
 	var ps, ds engine.Stats
-	if err := pe.rpc.Call(context.Background(), "stats", nil, &ps); err != nil {
+	if err := pe.Call(context.Background(), "stats", nil, &ps); err != nil {
 		r.Errors = append(r.Errors, "prefill stats: "+err.Error())
 	}
 	if !dead {
-		if err := de.rpc.Call(context.Background(), "stats", nil, &ds); err != nil {
+		if err := de.Call(context.Background(), "stats", nil, &ds); err != nil {
 			r.Errors = append(r.Errors, "decode stats: "+err.Error())
 		}
 	} else {
@@ -1031,4 +1028,18 @@ func RunLeaseSim(ctx context.Context, o LeaseSimOptions) (*LeaseChaosResult, err
 	}
 	res.WallSeconds = time.Since(t0).Seconds()
 	return res, res.finish(ctx)
+}
+
+// Ignored lists the options of o that the simulator does not read (it
+// runs no processes and moves no bytes); the traffic options that only
+// the simulator reads are leasesim.TrafficOptions, outside o.
+func (o *LeaseChaosOptions) Ignored(sim bool) []runcore.IgnoredField {
+	if !sim {
+		if o.Protocol != engine.ProtoPush {
+			return []runcore.IgnoredField{{Field: "PushHeartbeatKeys", Why: "push only (pull heartbeats name prefill's own id)"}}
+		}
+		return nil
+	}
+	const why = "--sim runs no processes and does not use it"
+	return []runcore.IgnoredField{{Field: "Backend", Why: why}, {Field: "Protocol", Why: why}, {Field: "Slack", Why: why}, {Field: "PushHeartbeatKeys", Why: "--sim models pull's heartbeats (exact ids), not push"}}
 }
