@@ -36,7 +36,7 @@ GPU_PACKAGES=(
   internal/nixl/nixltest
   internal/blocktag
   internal/engine
-  internal/bench
+  internal/xferbench
   internal/probe
   cmd/nixlctl
 )

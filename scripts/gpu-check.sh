@@ -509,7 +509,7 @@ if want 5; then
     filter=.
     case $pkg in
       internal/engine) filter='VRAM' ;;
-      internal/bench) filter='VRAM|MemType|Mixed' ;;
+      internal/xferbench) filter='VRAM|MemType|Mixed' ;;
       internal/probe) filter='CUDA|Cuda|GPU' ;;
       cmd/nixlctl) filter='TestScript/(bench_xfer_vram|bench_handoff_vram|bench_xfer_nocuda)$' ;;
     esac

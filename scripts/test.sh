@@ -9,7 +9,7 @@ go vet ./...
 # The lease-chaos real-process test compares timings with the simulator:
 # it runs alone afterwards, not next to every other package's processes.
 go test -race -count=1 -timeout 20m -skip 'TestLeaseChaosRealProcesses|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$|^TestOpenMPI$' ./...
-go test -race -count=1 -timeout 10m -run 'TestLeaseChaosRealProcesses' ./internal/bench
+go test -race -count=1 -timeout 10m -run 'TestLeaseChaosRealProcesses' ./internal/leasechaos
 go test -race -count=1 -timeout 10m -run 'TestScripts/lease_chaos$' ./cmd/nixlctl
 # Two hosts staged with namespaces and a shaped veth (root; under CI=true
 # it must run): alone, since its link is shaped to a ceiling it asserts.
@@ -24,7 +24,7 @@ go test -race -count=1 -timeout 10m -run '^(TestSlurm|TestOpenMPI)$' ./cmd/nixlc
 # The lease-chaos runs (two minutes of real processes) do not touch GPU
 # memory, so they run once, above.
 NIXLCTL_TEST_CUDA=off go test -race -count=1 -timeout 10m -skip 'TestLeaseChaos|TestScripts/lease_chaos|TestMultiHost|^TestSlurm$|^TestOpenMPI$' \
-  ./internal/nixl/cuda/... ./internal/nixl/cudaipc ./internal/engine ./internal/bench ./cmd/nixlctl
+  ./internal/nixl/cuda/... ./internal/nixl/cudaipc ./internal/engine ./internal/xferbench ./internal/handoff ./cmd/nixlctl
 # The GPU check (scripts/gpu-check.sh, docs/gpu.md) end to end on the tests'
 # fake driver, from a freshly built bundle that is first proven to need
 # nothing but glibc (a chroot holding glibc alone: root only).

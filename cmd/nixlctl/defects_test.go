@@ -74,23 +74,23 @@ func issue29Rows() []defectRow {
 			"internal/rendezvous/deploy_test.go TestSlurmScript")},
 		{"across-hosts-2/loopback-advertise", coveredBy(
 			"cmd/nixlctl/multihost_test.go TestMultiHost/loopback advertise with the driver on the prefill's host",
-			"internal/bench/loopback_test.go TestCheckLoopbackAdvert")},
+			"internal/handoff/loopback_test.go TestCheckLoopbackAdvert")},
 		{"across-hosts-3/path-share-per-endpoint", coveredBy(
 			"internal/runcore/netpath_test.go TestJudgePathPerEndpoint/11 local decodes and one remote",
 			"internal/runcore/netpath_test.go TestJudgePathPerEndpoint/2P x 2D across two hosts",
 			"internal/runcore/netpath_test.go TestNaturalCompare")},
 		{"across-hosts-4/unreachable-nic", coveredBy(
-			"internal/bench/loopback_test.go TestUnreachableWarning",
+			"internal/handoff/loopback_test.go TestUnreachableWarning",
 			"internal/netpath/route_test.go TestRouteDevice",
 			"internal/engine/handoff_test.go TestPrefillAbortUnread",
 			"internal/runcore/addr_test.go TestCheckNetDevicesAt",
 			"cmd/nixlctl/multihost_test.go TestMultiHost/--net-devices checked at the remote endpoint")},
 		{"across-hosts-5/failure-examples", coveredBy(
-			"internal/bench/health_test.go TestHandoffProblems")},
+			"internal/handoff/health_test.go TestHandoffProblems")},
 		{"across-hosts-6/etcd-teardown-warning", coveredBy(
 			"internal/rendezvous/tcp_test.go TestLeaveAfterTheRendezvous")},
 		{"across-hosts-6/stale-etcd-registration", coveredBy(
-			"internal/bench/loopback_test.go TestDialErrorNamesTheRegistration")},
+			"internal/handoff/loopback_test.go TestDialErrorNamesTheRegistration")},
 		{"across-hosts-6/tui-off", cliRow{
 			args: []string{"bench", "push", "--inproc", "--requests", "2", "--warmup", "0", "--isl", "64", "--tui", "off", "-o", "json"},
 			code: exitOK, stdout: `"command": "bench push"`}.check},
@@ -194,7 +194,7 @@ func issue29Rows() []defectRow {
 		defectRow{"bad-input-4/out-of-blocks-under-load", coveredBy(
 			"internal/engine/alloc_wait_test.go TestAllocWaitTakesBlocksAFreeReturns",
 			"internal/engine/alloc_wait_test.go TestAllocWaitGivesUp",
-			"internal/bench/handoff_test.go TestHandoffPoolMemory")},
+			"internal/handoff/handoff_test.go TestHandoffPoolMemory")},
 
 		// Bad input 5: NaN and Inf.
 		defectRow{"bad-input-5/kv-link-gbps-nan", refused(`--link-gbps: "NaN" is not a number of Gb/s`,
@@ -354,7 +354,7 @@ func issue29Rows() []defectRow {
 
 		// Faults.
 		defectRow{"faults-13/gate-80pct-drop-is-no-noise", gateNoiseCeiling},
-		defectRow{"faults-13/stall-warning", coveredBy("internal/bench/stall_test.go TestStallWarning")},
+		defectRow{"faults-13/stall-warning", coveredBy("internal/handoff/stall_test.go TestStallWarning")},
 		defectRow{"faults-14/pull-dead-prefill", coveredBy(
 			"cmd/nixlctl/testdata/script/endpoint_crash.txtar kill -KILL prefill3")},
 		defectRow{"faults-15/xfer-target-died", xferTargetDied},

@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -23,13 +23,13 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// handoffOptions is bench.HandoffOptions, which the flags decode into,
+// handoffOptions is handoff.HandoffOptions, which the flags decode into,
 // plus what only the command line has: the model flags that resolve to
 // its kv.Spec, and the measuring flags.
 type handoffOptions struct {
-	bench.HandoffOptions `mapstructure:",squash"`
-	specFlags            `mapstructure:",squash"`
-	measureOptions       `mapstructure:",squash"`
+	handoff.HandoffOptions `mapstructure:",squash"`
+	specFlags              `mapstructure:",squash"`
+	measureOptions         `mapstructure:",squash"`
 }
 
 // specFlags are the flags that describe a deployed model's KV cache
@@ -187,7 +187,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 			return runHandoff(cmd.Context(), a, proto, o, set)
 		},
 	}
-	d := bench.DefaultHandoffOptions()
+	d := handoff.DefaultHandoffOptions()
 	f := cmd.Flags()
 	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
@@ -290,7 +290,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	if err := refuseExplicitZero(set,
 		zeroFlag{"prefills", h.Prefills == 0, "at least 1", "one prefill engine"},
 		zeroFlag{"decodes", h.Decodes == 0, "at least 1", "one decode engine"},
-		zeroFlag{"max-inflight", h.MaxInflight == 0, "at least 1", fmt.Sprintf("%d", bench.DefaultMaxInflight)},
+		zeroFlag{"max-inflight", h.MaxInflight == 0, "at least 1", fmt.Sprintf("%d", handoff.DefaultMaxInflight)},
 		zeroFlag{"sglang-bootstrap-timeout", h.SGLBootstrapTimeout == 0, "a positive duration", "$" + envSGLBootstrapTimeout + " or upstream's 300s"},
 		zeroFlag{"sglang-waiting-timeout", h.SGLWaitingTimeout == 0, "a positive duration", "$" + envSGLWaitingTimeout + " or upstream's 300s"},
 		zeroFlag{"sglang-heartbeat-interval", h.SGLHeartbeatInterval == 0, "at least SGLang's floor of 2s", "$" + envSGLHeartbeatIntvl + " or upstream's 5s"},
@@ -320,7 +320,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		return err
 	}
 	h.ChildStderr = a.childStderr(o.measureOptions)
-	var res *bench.HandoffResult
+	var res *handoff.HandoffResult
 	mo := o.measureOptions
 	if mo.Repeat <= 1 {
 		// Streamed as they come; with --repeat the representative run's
@@ -330,7 +330,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	_, err = a.measureAndRender(ctx, mo, func(ctx context.Context, sink live.Sink) (report.Result, error) {
 		h.Live = sink
 		var err error
-		if res, err = bench.RunHandoff(ctx, h); res == nil {
+		if res, err = handoff.RunHandoff(ctx, h); res == nil {
 			if errkind.IsBadInput(err) {
 				err = flagErrors(err, h) // refused before a request ran: name the flag
 			}

@@ -9,8 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/cobra"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ecbench"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
@@ -71,7 +71,7 @@ func TestOptionsAreFlags(t *testing.T) {
 		opts reflect.Type
 		cmd  *cobra.Command
 	}{
-		{reflect.TypeFor[bench.HandoffOptions](), newHandoffCmd(&app{}, "push")},
+		{reflect.TypeFor[handoff.HandoffOptions](), newHandoffCmd(&app{}, "push")},
 		{reflect.TypeFor[xferbench.XferOptions](), newBenchXferCmd(&app{})},
 		{reflect.TypeFor[ecbench.ECOptions](), newBenchECCmd(&app{})},
 		{reflect.TypeFor[leasechaos.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 )
 
 // SGLang's environment variables for the settings bench sglang has flags
@@ -33,7 +33,7 @@ const maxEnvSeconds = 10 * 365 * 24 * 3600
 // environment variable, when that is set.
 // A variable set to blanks counts as unset, as SGLang's get_*_env_var
 // helpers have it.
-func applySGLEnv(h *bench.HandoffOptions, set explicitOptions, getenv func(string) (string, bool)) error {
+func applySGLEnv(h *handoff.HandoffOptions, set explicitOptions, getenv func(string) (string, bool)) error {
 	lookup := func(env string) (string, bool) {
 		v, ok := getenv(env)
 		v = strings.TrimSpace(v)

@@ -344,7 +344,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, err
 	}
 	// Only what protects the engine from a malformed setup call: the
-	// driver's options (bench.HandoffOptions.Validate) check everything a
+	// driver's options (handoff.HandoffOptions.Validate) check everything a
 	// user can get wrong, and their defaults are the only ones.
 	if !cfg.Role.Valid() {
 		return nil, fmt.Errorf("role %q: want prefill or decode", cfg.Role)

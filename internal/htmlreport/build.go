@@ -18,8 +18,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
 	"github.com/nixlctl/nixlctl/internal/ecbench"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/probe"
 	"github.com/nixlctl/nixlctl/internal/report"
@@ -38,7 +38,7 @@ func Build(res report.Result, version string) (*Page, error) {
 	p.Runs = []RunHeader{runHeader("", res)}
 	var err error
 	switch r := res.(type) {
-	case *bench.HandoffResult:
+	case *handoff.HandoffResult:
 		err = handoffSections(p, r)
 	case *xferbench.XferResult:
 		err = xferSections(p, r)
@@ -70,7 +70,7 @@ func subtitle(h *report.Meta) string {
 // placement is where a kind's endpoints ran, for the kinds that record it.
 func placement(res report.Result) string {
 	switch r := res.(type) {
-	case *bench.HandoffResult:
+	case *handoff.HandoffResult:
 		return r.Placement
 	case *xferbench.XferResult:
 		return r.Placement

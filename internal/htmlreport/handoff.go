@@ -6,7 +6,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -14,28 +14,28 @@ import (
 // summary name it.
 type handoffStage struct {
 	key, label string
-	get        func(bench.HandoffRecord) float64
-	pct        func(bench.HandoffSummary) report.Percentiles
+	get        func(handoff.HandoffRecord) float64
+	pct        func(handoff.HandoffSummary) report.Percentiles
 }
 
 var handoffStages = []handoffStage{
-	{"handoff_latency_ms", "handoff (KV ready → decode ready)", func(r bench.HandoffRecord) float64 { return r.HandoffMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.HandoffLatencyMS }},
-	{"registration_rtt_ms", "registration RTT (push)", func(r bench.HandoffRecord) float64 { return r.RegRTTMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.RegRTTMS }},
-	{"finish_to_post_ms", "KV ready → transfer posted", func(r bench.HandoffRecord) float64 { return r.FinishToPostMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.FinishToPostMS }},
-	{"post_ms", "post", func(r bench.HandoffRecord) float64 { return r.PostMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.PostMS }},
-	{"transfer_ms", "transfer (posted → data in place)", func(r bench.HandoffRecord) float64 { return r.TransferMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.TransferMS }},
-	{"completion_to_ready_ms", "data in place → decode ready", func(r bench.HandoffRecord) float64 { return r.CompletionMS },
-		func(s bench.HandoffSummary) report.Percentiles { return s.CompletionMS }},
+	{"handoff_latency_ms", "handoff (KV ready → decode ready)", func(r handoff.HandoffRecord) float64 { return r.HandoffMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.HandoffLatencyMS }},
+	{"registration_rtt_ms", "registration RTT (push)", func(r handoff.HandoffRecord) float64 { return r.RegRTTMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.RegRTTMS }},
+	{"finish_to_post_ms", "KV ready → transfer posted", func(r handoff.HandoffRecord) float64 { return r.FinishToPostMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.FinishToPostMS }},
+	{"post_ms", "post", func(r handoff.HandoffRecord) float64 { return r.PostMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.PostMS }},
+	{"transfer_ms", "transfer (posted → data in place)", func(r handoff.HandoffRecord) float64 { return r.TransferMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.TransferMS }},
+	{"completion_to_ready_ms", "data in place → decode ready", func(r handoff.HandoffRecord) float64 { return r.CompletionMS },
+		func(s handoff.HandoffSummary) report.Percentiles { return s.CompletionMS }},
 }
 
 // measured are the records of the timed phase (warm-up left out).
-func measured(recs []bench.HandoffRecord) []bench.HandoffRecord {
-	var out []bench.HandoffRecord
+func measured(recs []handoff.HandoffRecord) []handoff.HandoffRecord {
+	var out []handoff.HandoffRecord
 	for _, r := range recs {
 		if !r.Warmup {
 			out = append(out, r)
@@ -45,7 +45,7 @@ func measured(recs []bench.HandoffRecord) []bench.HandoffRecord {
 	return out
 }
 
-func handoffSections(p *Page, res *bench.HandoffResult) error {
+func handoffSections(p *Page, res *handoff.HandoffResult) error {
 	s := res.Summary
 	recs := measured(res.Records)
 	p.FromRecords = len(recs) > 0
@@ -144,7 +144,7 @@ func handoffSections(p *Page, res *bench.HandoffResult) error {
 	return nil
 }
 
-func islText(d bench.ISL) string {
+func islText(d handoff.ISL) string {
 	if d.Dist == "" || string(d.Dist) == "fixed" {
 		return report.Int(int64(d.Fixed))
 	}
@@ -153,7 +153,7 @@ func islText(d bench.ISL) string {
 
 // bandwidthOverTime bins the ready requests' bytes by when they became
 // ready: at most 120 intervals whatever the number of requests.
-func bandwidthOverTime(recs []bench.HandoffRecord, avg float64) (chart, bool) {
+func bandwidthOverTime(recs []handoff.HandoffRecord, avg float64) (chart, bool) {
 	var t0, t1 int64 = math.MaxInt64, 0
 	n := 0
 	for _, r := range recs {
@@ -205,7 +205,7 @@ func niceWidth(w float64) float64 {
 
 // pairsSection shows an xPyD run's (prefill, decode) pairs as matrices
 // and a table.
-func pairsSection(res *bench.HandoffResult) Section {
+func pairsSection(res *handoff.HandoffResult) Section {
 	s := Section{ID: "pairs", Title: "Per pair (xPyD)"}
 	if fig, err := res.Figure(); err == nil {
 		var cs []chart
@@ -235,7 +235,7 @@ func pairsSection(res *bench.HandoffResult) Section {
 
 // failuresSection counts failures by reason with one request that failed
 // so, from the records when they are loaded.
-func failuresSection(s bench.HandoffSummary, recs []bench.HandoffRecord) Section {
+func failuresSection(s handoff.HandoffSummary, recs []handoff.HandoffRecord) Section {
 	sec := Section{ID: "failures", Title: "Failures"}
 	if len(s.FailuresByReason) == 0 {
 		sec.Blocks = append(sec.Blocks, Block{Para: fmt.Sprintf("No request failed (%d measured).", s.Requests), Class: "ok"})
@@ -250,12 +250,12 @@ func failuresSection(s bench.HandoffSummary, recs []bench.HandoffRecord) Section
 		rs = append(rs, reason{k, n})
 	}
 	sort.Slice(rs, func(i, j int) bool { return rs[i].n > rs[j].n || rs[i].n == rs[j].n && rs[i].text < rs[j].text })
-	examples := map[string]bench.HandoffRecord{}
+	examples := map[string]handoff.HandoffRecord{}
 	for _, r := range recs {
 		reason := ""
 		switch {
 		case r.Error != "":
-			reason = bench.FailureReason(r.Error)
+			reason = handoff.FailureReason(r.Error)
 		case r.CorruptBlocks > 0:
 			reason = "corrupt blocks"
 		default:

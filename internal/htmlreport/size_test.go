@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/nixlctl/nixlctl/internal/bench"
+	"github.com/nixlctl/nixlctl/internal/handoff"
 )
 
 // tenThousand is a 10,000-request bench push result made of the real
@@ -15,9 +15,9 @@ import (
 // copy's stage times are stretched by 0.1% more than the last, so the
 // values are as distinct as a real run's (the page's worst case: a CDF
 // point per distinct value of its slowest 1%).
-func tenThousand(t testing.TB) *bench.HandoffResult {
+func tenThousand(t testing.TB) *handoff.HandoffResult {
 	t.Helper()
-	res, ok := load(t, "push-small").(*bench.HandoffResult)
+	res, ok := load(t, "push-small").(*handoff.HandoffResult)
 	if !ok {
 		t.Fatal("push-small is not a handoff result")
 	}
@@ -27,7 +27,7 @@ func tenThousand(t testing.TB) *bench.HandoffResult {
 		t0, t1 = min(t0, r.TStart), max(t1, r.TReady)
 	}
 	span := t1 - t0
-	out := make([]bench.HandoffRecord, 0, 10000)
+	out := make([]handoff.HandoffRecord, 0, 10000)
 	for i := 0; i < 10000; i++ {
 		r := recs[i%len(recs)]
 		shift := int64(i/len(recs)) * span
@@ -39,7 +39,7 @@ func tenThousand(t testing.TB) *bench.HandoffResult {
 		out = append(out, r)
 	}
 	res.Records = out
-	res.Summary = bench.SummarizeHandoff(out, res.Summary.MemcpyGBps)
+	res.Summary = handoff.SummarizeHandoff(out, res.Summary.MemcpyGBps)
 	return res
 }
 

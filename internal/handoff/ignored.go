@@ -1,4 +1,4 @@
-package bench
+package handoff
 
 import (
 	"github.com/nixlctl/nixlctl/internal/engine"
