@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 // TestMain lets this test binary double as bench ec's encoder process.
@@ -94,18 +95,5 @@ func TestECNetPathLocalRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range res.Warnings {
-		if strings.HasPrefix(w, "net path") {
-			t.Errorf("a local run warns: %s", w)
-		}
-	}
-	for _, r := range []string{"producer", "consumer"} {
-		v, ok := res.NetPath[r]
-		if !ok || v.Error != "" || v.Payload != res.Summary.Bytes || res.Summary.Bytes <= 0 || v.Host == "" {
-			t.Errorf("%s: verdict %+v (payload %d)", r, v, res.Summary.Bytes)
-		}
-	}
-	if runcore.PathLine(res.NetPath) == "" {
-		t.Error("no path line")
-	}
+	runcoretest.CheckLocalPath(t, res.NetPath, res.Warnings, res.Summary.Bytes, "producer", "consumer")
 }

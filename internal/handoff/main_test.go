@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
@@ -43,30 +42,12 @@ func TestMain(m *testing.M) {
 // GPU), chosen before any test runs; target children inherit the choice.
 var _ = cudatest.MustSetup()
 
-// ISLDist parses itself, naming the valid values
-// when they cannot.
+// ISLDist parses itself, naming the valid values when it cannot.
 func TestISLDistParses(t *testing.T) {
-	for _, tc := range []struct {
-		dst     interface{ UnmarshalText([]byte) error }
-		in      string
-		want    any
-		wantErr string
-	}{
-		{new(ISLDist), "normal", ISLNormal, ""},
-		{new(ISLDist), "trace", ISLTrace, ""},
-		{new(ISLDist), "Fixed", nil, "fixed, uniform, normal, trace"},
-		{new(ISLDist), "", nil, "fixed, uniform, normal, trace"},
-	} {
-		err := tc.dst.UnmarshalText([]byte(tc.in))
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.in)) {
-				t.Errorf("%T %q: %v, want an error naming %s", tc.dst, tc.in, err, tc.wantErr)
-			}
-			continue
-		}
-		got := reflect.ValueOf(tc.dst).Elem().Interface()
-		if err != nil || got != tc.want {
-			t.Errorf("%T %q: %v, %v; want %v", tc.dst, tc.in, got, err, tc.want)
-		}
-	}
+	runcoretest.CheckEnumParses(t, []runcoretest.EnumCase{
+		{Dst: new(ISLDist), In: "normal", Want: ISLNormal},
+		{Dst: new(ISLDist), In: "trace", Want: ISLTrace},
+		{Dst: new(ISLDist), In: "Fixed", WantErr: "fixed, uniform, normal, trace"},
+		{Dst: new(ISLDist), In: "", WantErr: "fixed, uniform, normal, trace"},
+	})
 }

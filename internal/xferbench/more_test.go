@@ -3,13 +3,13 @@ package xferbench
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 func TestXferPathEnds(t *testing.T) {
@@ -40,27 +40,9 @@ func TestXferNetPathLocalRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkLocalPath(t, res.NetPath, res.Warnings, xferPayload(&o, res.Points), "initiator", "target")
+	runcoretest.CheckLocalPath(t, res.NetPath, res.Warnings, xferPayload(&o, res.Points), "initiator", "target")
 	if res.NetPath["initiator"].Direction != netpath.Receive {
 		t.Error("a READ's initiator receives")
-	}
-}
-
-func checkLocalPath(t *testing.T, np runcore.NetPath, warnings []string, payload int64, roles ...string) {
-	t.Helper()
-	for _, w := range warnings {
-		if strings.HasPrefix(w, "net path") {
-			t.Errorf("a local run warns: %s", w)
-		}
-	}
-	for _, r := range roles {
-		v, ok := np[r]
-		if !ok || v.Error != "" || v.Payload != payload || payload <= 0 || v.Host == "" {
-			t.Errorf("%s: verdict %+v (payload %d)", r, v, payload)
-		}
-	}
-	if runcore.PathLine(np) == "" {
-		t.Error("no path line")
 	}
 }
 

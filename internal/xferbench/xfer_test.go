@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
@@ -202,31 +202,13 @@ func TestXferBufferFits(t *testing.T) {
 	}
 }
 
-// The bench package's enums parse themselves, naming the valid values
-// when they cannot.
-func TestBenchEnumsParse(t *testing.T) {
-	for _, tc := range []struct {
-		dst     interface{ UnmarshalText([]byte) error }
-		in      string
-		want    any
-		wantErr string
-	}{
-		{new(DescOrder), "random", DescRandom, ""},
-		{new(DescOrder), "sequential", DescSequential, ""},
-		{new(DescOrder), "zigzag", nil, "sequential, random"},
-	} {
-		err := tc.dst.UnmarshalText([]byte(tc.in))
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.in)) {
-				t.Errorf("%T %q: %v, want an error naming %s", tc.dst, tc.in, err, tc.wantErr)
-			}
-			continue
-		}
-		got := reflect.ValueOf(tc.dst).Elem().Interface()
-		if err != nil || got != tc.want {
-			t.Errorf("%T %q: %v, %v; want %v", tc.dst, tc.in, got, err, tc.want)
-		}
-	}
+// DescOrder parses itself, naming the valid values when it cannot.
+func TestDescOrderParses(t *testing.T) {
+	runcoretest.CheckEnumParses(t, []runcoretest.EnumCase{
+		{Dst: new(DescOrder), In: "random", Want: DescRandom},
+		{Dst: new(DescOrder), In: "sequential", Want: DescSequential},
+		{Dst: new(DescOrder), In: "zigzag", WantErr: "sequential, random"},
+	})
 }
 
 // VRAM through the cuda-ipc backend, across two processes: every byte
