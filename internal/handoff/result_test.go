@@ -10,14 +10,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
-	goldenfile "github.com/nixlctl/nixlctl/internal/golden"
+	"github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
-
-func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
 
 // craftedMeta is a fixed Meta, so renderings do not depend on the host.
 func craftedMeta(cmd string) report.Meta {
@@ -202,7 +200,7 @@ func TestRenderingsGolden(t *testing.T) {
 		if err := tc.res.Render(&b, tc.format); err != nil {
 			t.Fatalf("%s: %v", tc.file, err)
 		}
-		golden(t, tc.file, b.Bytes())
+		golden.Check(t, tc.file, b.Bytes())
 	}
 	noRecs := craftedHandoff(t)
 	noRecs.Records = nil

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	goldenfile "github.com/nixlctl/nixlctl/internal/golden"
+	"github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
@@ -367,8 +367,6 @@ func TestCheckNumbersCatches(t *testing.T) {
 	}
 }
 
-func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
-
 // TestGolden pins the rendered markup of two small pages.
 func TestGolden(t *testing.T) {
 	for _, tc := range []struct{ name, golden string }{{"gate", "gate.html.golden"}, {"ucx-leak", "ucx-leak.html.golden"}} {
@@ -376,7 +374,7 @@ func TestGolden(t *testing.T) {
 			for _, pc := range pageCases {
 				if pc.name == tc.name {
 					p, _ := pc.build(t)
-					golden(t, tc.golden, render(t, p))
+					golden.Check(t, tc.golden, render(t, p))
 					return
 				}
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/procfs"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
@@ -210,7 +211,7 @@ func TestWriteEnv(t *testing.T) {
 	if err := WriteEnv(&b, report.FormatTable, res); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "env_screen.txt", b.Bytes())
+	golden.Check(t, "env_screen.txt", b.Bytes())
 	b.Reset()
 	if err := WriteEnv(&b, report.FormatCSV, res); err != nil {
 		t.Fatal(err)

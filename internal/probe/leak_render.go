@@ -12,9 +12,11 @@ import (
 // (samples included); the table and CSV have one row per configuration.
 func WriteLeak(w io.Writer, f report.Format, res *LeakResult) error {
 	return report.Render(w, f, report.Renderings{
-		JSON: res,
-		CSV:  func(w io.Writer) error { return leakCSV(res).WriteCSV(w) },
-		Text: func(w io.Writer) error { return writeLeakText(w, res) },
+		JSON:     res,
+		CSV:      func(w io.Writer) error { return leakCSV(res).WriteCSV(w) },
+		Text:     func(w io.Writer) error { return writeLeakText(w, res) },
+		Markdown: func(w io.Writer) error { return leakTable(res).WriteMarkdown(w) },
+		Prom:     func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
 	})
 }
 

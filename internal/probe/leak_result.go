@@ -16,17 +16,7 @@ func init() {
 }
 
 // Render implements report.Result.
-func (res *LeakResult) Render(w io.Writer, f report.Format) error {
-	switch f {
-	case report.FormatJSON, report.FormatCSV, report.FormatTable:
-		return WriteLeak(w, f, res)
-	case report.FormatMarkdown:
-		return leakTable(res).WriteMarkdown(w)
-	case report.FormatProm:
-		return report.WriteMetricsProm(w, res)
-	}
-	return report.FormatError("probe ucx-leak", f)
-}
+func (res *LeakResult) Render(w io.Writer, f report.Format) error { return WriteLeak(w, f, res) }
 
 // Series names a configuration: "ucx UCX_MEM_MMAP_HOOK_MODE=none".
 func (cr ConfigResult) Series() string { return cr.Backend + " " + cr.Label }

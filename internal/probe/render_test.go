@@ -6,11 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	goldenfile "github.com/nixlctl/nixlctl/internal/golden"
+	"github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/report"
 )
-
-func golden(t *testing.T, name string, got []byte) { t.Helper(); goldenfile.Check(t, name, got) }
 
 // fakeLeakResult is a made-up result (no process ran) for the renderers.
 func fakeLeakResult() *LeakResult {
@@ -37,11 +35,11 @@ func TestWriteLeak(t *testing.T) {
 	if err := WriteLeak(&tb, report.FormatTable, res); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "leak_table.txt", tb.Bytes())
+	golden.Check(t, "leak_table.txt", tb.Bytes())
 	if err := WriteLeak(&cb, report.FormatCSV, res); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "leak.csv", cb.Bytes())
+	golden.Check(t, "leak.csv", cb.Bytes())
 	if err := WriteLeak(&jb, report.FormatJSON, res); err != nil {
 		t.Fatal(err)
 	}

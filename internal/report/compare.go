@@ -118,17 +118,15 @@ func (c *Comparison) Table() *Table {
 
 // Render writes the comparison in a format.
 func (c *Comparison) Render(w io.Writer, f Format) error {
-	switch f {
-	case FormatJSON:
-		return WriteJSON(w, c.jsonSafe())
-	case FormatCSV:
-		return c.Table().WriteCSV(w)
-	case FormatMarkdown:
-		return c.Table().WriteMarkdown(w)
-	case FormatTable:
-		return c.Table().WriteText(w)
+	if f == FormatProm {
+		return FormatError("report compare", f) // a comparison is no set of samples
 	}
-	return FormatError("report compare", f)
+	return Render(w, f, Renderings{
+		JSON:     c.jsonSafe(),
+		CSV:      func(w io.Writer) error { return c.Table().WriteCSV(w) },
+		Markdown: func(w io.Writer) error { return c.Table().WriteMarkdown(w) },
+		Text:     func(w io.Writer) error { return c.Table().WriteText(w) },
+	})
 }
 
 // jsonSafe replaces NaN and infinities, which JSON cannot carry, by null.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/golden"
 )
 
 func TestFormatting(t *testing.T) {
@@ -44,9 +46,9 @@ func TestTableRenderings(t *testing.T) {
 	if err := tb.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "table.txt", txt.Bytes())
-	golden(t, "table.csv", csv.Bytes())
-	golden(t, "table.md", md.Bytes())
+	golden.Check(t, "table.txt", txt.Bytes())
+	golden.Check(t, "table.csv", csv.Bytes())
+	golden.Check(t, "table.md", md.Bytes())
 }
 
 func TestParseSize(t *testing.T) {

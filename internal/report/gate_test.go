@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/nixlctl/nixlctl/internal/golden"
 )
 
 func TestGateDecisions(t *testing.T) {
@@ -99,7 +101,7 @@ func TestGateAndCompareGolden(t *testing.T) {
 	if err := g.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "gate.md", md.Bytes())
+	golden.Check(t, "gate.md", md.Bytes())
 
 	c, err := Compare([]string{"base", "same", "slower"}, []Result{base, fake(0.81, latencies(400, 2.0, 0.4)), fake(0.64, latencies(400, 2.5, 0.4))}, nil)
 	if err != nil {
@@ -113,7 +115,7 @@ func TestGateAndCompareGolden(t *testing.T) {
 		if err := c.Render(&b, f.format); err != nil {
 			t.Fatal(err)
 		}
-		golden(t, f.file, b.Bytes())
+		golden.Check(t, f.file, b.Bytes())
 	}
 	var js bytes.Buffer
 	if err := c.Render(&js, FormatJSON); err != nil || !strings.Contains(js.String(), `"runs": [`) {
@@ -139,7 +141,7 @@ func TestPromGolden(t *testing.T) {
 	if err := v.Write(&b); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "vllm.prom", b.Bytes())
+	golden.Check(t, "vllm.prom", b.Bytes())
 	for _, want := range []string{`le="8589934592.0"`, `le="2048.0"`, `vllm:nixl_num_failed_transfers_total{model_name="llama-3.1-8b",source="nixlctl"} 1.0`,
 		"# TYPE vllm:nixl_num_kv_expired_reqs counter", `vllm:nixl_post_time_seconds_bucket{model_name="llama-3.1-8b",source="nixlctl",le="0.001"} 4.0`} {
 		if !strings.Contains(b.String(), want) {

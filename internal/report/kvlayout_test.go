@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/nixlctl/nixlctl/internal/golden"
 	"github.com/nixlctl/nixlctl/internal/kv"
 )
 
@@ -42,7 +43,7 @@ func TestKVLayoutGolden(t *testing.T) {
 		if err := WriteKVLayout(&b, tc.format, tc.as); err != nil {
 			t.Fatal(err)
 		}
-		golden(t, tc.file, b.Bytes())
+		golden.Check(t, tc.file, b.Bytes())
 	}
 }
 
