@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -237,7 +238,7 @@ func (o *HandoffOptions) Validate() error {
 	if !o.Fragmentation.Valid() {
 		bad("Fragmentation", "unknown fragmentation %q (want contiguous or scattered)", o.Fragmentation)
 	}
-	if !runcore.OneOf(o.Verify, engine.Verifies) {
+	if !slices.Contains(engine.Verifies, o.Verify) {
 		bad("Verify", "unknown verify mode %v (want sparse or full)", o.Verify)
 	}
 	if !o.DRAMAlloc.Valid() {
@@ -298,10 +299,10 @@ func (o *HandoffOptions) Validate() error {
 	if o.Inproc && o.remote() {
 		bad("Inproc", "excludes remote endpoints (prefill and decode addresses)")
 	}
-	if o.Router != "" && !runcore.OneOf(o.Router, Routers) {
+	if o.Router != "" && !slices.Contains(Routers, o.Router) {
 		bad("Router", "unknown router %q (want round-robin or least-loaded)", o.Router)
 	}
-	if o.OnEndpointDeath != "" && !runcore.OneOf(o.OnEndpointDeath, DeathPolicies) {
+	if o.OnEndpointDeath != "" && !slices.Contains(DeathPolicies, o.OnEndpointDeath) {
 		bad("OnEndpointDeath", "unknown policy %q (want stop or drain)", o.OnEndpointDeath)
 	}
 	if o.XferTarget != "" {

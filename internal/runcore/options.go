@@ -8,15 +8,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-func OneOf[T comparable](v T, all []T) bool {
-	for _, x := range all {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
 // Duration is a time.Duration written as Go writes it ("30s"), as results
 // always had it.
 type Duration time.Duration

@@ -35,6 +35,7 @@ type ClockOffset struct {
 	Text          string `json:"text"`
 }
 
+// NewClockOffset is o as a result records it.
 func NewClockOffset(o clocksync.Offset) ClockOffset {
 	return ClockOffset{SameClock: o.SameClock, OffsetNS: o.Nanos, UncertaintyNS: int64(o.Uncertainty), RTTNS: int64(o.RTT),
 		Samples: o.Samples, Text: o.String()}

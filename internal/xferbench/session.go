@@ -18,8 +18,7 @@ func StartSession(ctx context.Context, xo XferOptions) (*Session, error) {
 	}
 	xo.TargetDevice = xo.targetDevice()
 	res := &XferResult{Meta: report.NewMeta("bench xfer", xo.Version)}
-	o := xo
-	r, err := setupXfer(ctx, &o, res, o.bufferSize())
+	r, err := setupXfer(ctx, &xo, res, xo.bufferSize())
 	if err != nil {
 		return nil, err
 	}

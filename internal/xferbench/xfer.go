@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -115,7 +116,7 @@ func (p XferProgress) String() string { return string(p) }
 
 // UnmarshalText accepts poll or thread.
 func (p *XferProgress) UnmarshalText(b []byte) error {
-	if !runcore.OneOf(XferProgress(b), XferProgresses) {
+	if !slices.Contains(XferProgresses, XferProgress(b)) {
 		return fmt.Errorf("unknown progress %q (want poll, thread)", b)
 	}
 	*p = XferProgress(b)
@@ -157,7 +158,7 @@ func (d DescOrder) String() string { return string(d) }
 
 // UnmarshalText accepts sequential or random.
 func (d *DescOrder) UnmarshalText(b []byte) error {
-	if !runcore.OneOf(DescOrder(b), DescOrders) {
+	if !slices.Contains(DescOrders, DescOrder(b)) {
 		return fmt.Errorf("unknown descriptor order %q (want sequential, random)", b)
 	}
 	*d = DescOrder(b)
@@ -205,10 +206,10 @@ func (o *XferOptions) Validate() error {
 	if !o.DRAMAlloc.Valid() {
 		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", o.DRAMAlloc)
 	}
-	if !runcore.OneOf(o.DescOrder, DescOrders) {
+	if !slices.Contains(DescOrders, o.DescOrder) {
 		bad("DescOrder", "unknown descriptor order %q (want sequential or random)", o.DescOrder)
 	}
-	if o.Progress != "" && !runcore.OneOf(o.Progress, XferProgresses) {
+	if o.Progress != "" && !slices.Contains(XferProgresses, o.Progress) {
 		bad("Progress", "unknown progress %q (want poll or thread)", o.Progress)
 	}
 	if o.Op != nixl.Read && o.Op != nixl.Write {
