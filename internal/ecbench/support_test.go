@@ -29,11 +29,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func hasField(err error, field string) bool {
-	_, ok := errkind.FieldIn(err, field)
-	return ok
-}
-
 // The regions must fit the smaller of /dev/shm's free space and
 // MemAvailable; the error names the region that does not.
 func TestECRegionsFit(t *testing.T) {
@@ -61,10 +56,11 @@ func TestECRegionsFit(t *testing.T) {
 			o.Producer.Addr = "127.0.0.1:7000"
 		}
 		err := o.checkRegionsFit(tc.room)
+		_, isField := errkind.FieldIn(err, tc.field)
 		switch {
 		case tc.field == "" && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
-		case tc.field != "" && !hasField(err, tc.field):
+		case tc.field != "" && !isField:
 			t.Errorf("%s: want a %s error, got %v", tc.name, tc.field, err)
 		case tc.field != "" && !strings.Contains(err.Error(), "free in /dev/shm"):
 			t.Errorf("%s: the error does not say what is free: %v", tc.name, err)

@@ -26,17 +26,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
-
-func smallModel(t *testing.T) kv.Model {
-	t.Helper()
-	m, err := kv.Preset("llama-3.1-8b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.NumLayers = 4
-	return m
-}
 
 // handoffOpts runs both endpoints as child processes (this test binary).
 func handoffOpts(t *testing.T, proto engine.Protocol, ptp, dtp int) HandoffOptions {
@@ -44,10 +35,10 @@ func handoffOpts(t *testing.T, proto engine.Protocol, ptp, dtp int) HandoffOptio
 	if err != nil {
 		t.Fatal(err)
 	}
-	return HandoffOptions{Protocol: engine.Protocol(proto), Backend: "ucx", Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: ptp}, DecodeTP: dtp,
+	return HandoffOptions{Protocol: engine.Protocol(proto), Backend: "ucx", Spec: kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: ptp}, DecodeTP: dtp,
 		Requests: 6, Warmup: 1, ISL: ISL{Dist: "uniform", Min: 1, Max: 400}, Concurrency: 3, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
 		Verify: engine.Full, Lease: 20 * time.Second, RegTimeout: 20 * time.Second, ChunkTokens: 64,
-		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 3}
+		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{runcoretest.ChildEnv + "=1"}, Seed: 3}
 }
 
 // Every protocol, every TP pair, across real processes: every byte

@@ -1,8 +1,6 @@
 package handoff
 
 import (
-	"errors"
-	"slices"
 	"strings"
 	"testing"
 
@@ -10,16 +8,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
-	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
-
-func ignoredFields(ig []runcore.IgnoredField) []string {
-	var out []string
-	for _, f := range ig {
-		out = append(out, f.Field)
-	}
-	return out
-}
 
 // Each protocol and mode ignores exactly what RunHandoff does not read.
 func TestHandoffIgnored(t *testing.T) {
@@ -48,17 +38,7 @@ func TestHandoffIgnored(t *testing.T) {
 		o := DefaultHandoffOptions()
 		o.Protocol = engine.ProtoPush
 		tc.mut(&o)
-		got := ignoredFields(o.Ignored())
-		for _, f := range tc.want {
-			if !slices.Contains(got, f) {
-				t.Errorf("%s: %s not ignored (%v)", tc.name, f, got)
-			}
-		}
-		for _, f := range tc.not {
-			if slices.Contains(got, f) {
-				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
-			}
-		}
+		runcoretest.CheckIgnored(t, tc.name, o.Ignored(), tc.want, tc.not)
 	}
 }
 
@@ -82,36 +62,16 @@ func TestHandoffNumBlocksTooSmall(t *testing.T) {
 		tc.mut(&o)
 		o.NumBlocks = tc.blocks
 		err := o.Validate()
-		var fe errkind.FieldError
 		bad := err != nil && strings.Contains(err.Error(), "cannot hold one request")
 		if bad == tc.ok {
 			t.Errorf("%s: %v", tc.name, err)
 		}
-		if bad && !errorsAsField(err, &fe, "NumBlocks") {
+		if _, ok := errkind.FieldIn(err, "NumBlocks"); bad && !ok {
 			t.Errorf("%s: not a NumBlocks field error: %v", tc.name, err)
 		}
 	}
 }
 
 func testSpec(t *testing.T) kv.Spec {
-	return kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
-}
-
-// errorsAsField says whether err joins a FieldError for field.
-func errorsAsField(err error, fe *errkind.FieldError, field string) bool {
-	if err == nil {
-		return false
-	}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range j.Unwrap() {
-			if errorsAsField(e, fe, field) {
-				return true
-			}
-		}
-		return false
-	}
-	if errors.As(err, fe) && fe.Field == field {
-		return true
-	}
-	return errorsAsField(errors.Unwrap(err), fe, field)
+	return kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: 1}
 }

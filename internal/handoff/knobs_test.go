@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 // A knob's hops: the engines' configuration (EngineConfig, what both
@@ -216,7 +217,7 @@ func knobFields(typ reflect.Type, prefix string) []string {
 func TestKnobsReachTheirHops(t *testing.T) {
 	base := DefaultHandoffOptions()
 	base.Protocol = engine.ProtoPush
-	base.Spec = kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+	base.Spec = kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: 1}
 	fields := knobFields(reflect.TypeFor[HandoffOptions](), "")
 	var unlisted []string
 	for _, path := range fields {

@@ -1,8 +1,7 @@
 package handoff
 
 import (
-	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"os"
 	"slices"
@@ -15,26 +14,20 @@ import (
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
+// TestMain lets this test binary double as the endpoint child processes:
+// an xfer target when "target" is among its arguments, else an engine
+// endpoint.
 func TestMain(m *testing.M) {
-	// This test binary doubles as the endpoint child processes: an xfer
-	// target when "target" is among its arguments, else an engine endpoint.
-	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		role := engine.EndpointRole(log, engine.SideChannelHost{})
-		if slices.Contains(os.Args, "target") {
-			role = xfertarget.Role(log)
+	runcoretest.ServeChildIfAsked(func(args []string, log *slog.Logger) (ctl.Role, error) {
+		if slices.Contains(args, "target") {
+			return xfertarget.Role(log), nil
 		}
 		// The role comes before --stdio, as serve takes it.
-		if i := slices.Index(os.Args, "--stdio"); i >= 0 && !slices.Contains([]string{"prefill", "decode", "target"}, os.Args[max(i-1, 0)]) {
-			fmt.Fprintf(os.Stderr, "child: want serve's arguments ROLE --stdio, got %q\n", os.Args[1:])
-			os.Exit(2)
+		if i := slices.Index(args, "--stdio"); i >= 0 && !slices.Contains([]string{"prefill", "decode"}, args[max(i-1, 0)]) {
+			return nil, errors.New("want serve's arguments ROLE --stdio")
 		}
-		if err := ctl.ServeStdio(context.Background(), role); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+		return engine.EndpointRole(log, engine.SideChannelHost{}), nil
+	})
 	os.Exit(m.Run())
 }
 

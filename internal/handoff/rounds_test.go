@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -84,7 +85,7 @@ func TestSummarizeRoundsSkipsRoundsWithoutReference(t *testing.T) {
 
 func TestPoolPassWarmup(t *testing.T) {
 	o := DefaultHandoffOptions()
-	o.Spec = kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+	o.Spec = kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: 1}
 	o.ISL, o.Requests, o.Concurrency = ISL{Dist: ISLFixed, Fixed: 2048}, 64, 4
 	per := o.blocksPerRequest()
 	for _, tc := range []struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 // fakeSGLangPrefill stands for a real SGLang prefill server: nixlctl's
@@ -25,7 +26,7 @@ func fakeSGLangPrefill(t *testing.T) (string, *atomic.Int64) {
 		t.Fatal(err)
 	}
 	eng, err := engine.NewEngine(context.Background(), engine.Config{Role: engine.RolePrefill, Backend: "ucx", Protocol: engine.ProtoSGLang,
-		Model: smallModel(t), BlockSize: 16, NumBlocks: 256, DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, EngineID: "sglang-prefill",
+		Model: runcoretest.SmallModel(t), BlockSize: 16, NumBlocks: 256, DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, EngineID: "sglang-prefill",
 		SideChannel: "tcp://127.0.0.1:0", Advertise: "127.0.0.1", SGLPrefillHTTPPort: ln.Addr().(*net.TCPAddr).Port}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +123,5 @@ func TestBootstrapValidate(t *testing.T) {
 	}
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
 	o.Bootstrap = "http://h:1"
-	if ig := ignoredFields(o.Ignored()); !strings.Contains(strings.Join(ig, ","), "Bootstrap") {
-		t.Errorf("bench pull does not list --bootstrap as ignored: %v", ig)
-	}
+	runcoretest.CheckIgnored(t, "bench pull with --bootstrap", o.Ignored(), []string{"Bootstrap"}, nil)
 }

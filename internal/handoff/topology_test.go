@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 func TestRouterRoundRobin(t *testing.T) {
@@ -156,7 +157,7 @@ func TestHandoffEngines(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultHandoffOptions()
-			o.Protocol, o.Spec = engine.ProtoPull, kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}
+			o.Protocol, o.Spec = engine.ProtoPull, kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: 1}
 			tc.set(&o)
 			err := o.Validate()
 			if tc.field != "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
 )
 
 // chaosOpts runs lease-chaos on child processes (this test binary) with a
@@ -33,8 +34,8 @@ func chaosOpts(t *testing.T, proto engine.Protocol, scenarios ...string) LeaseCh
 	leaseDur := 1500 * time.Millisecond
 	return LeaseChaosOptions{Scenarios: scenarios, Policies: []lease.Policy{lease.PolicyLease, lease.PolicyFixed},
 		Lease: leaseDur, Timeout: leaseDur * 27 / 10, Reaper: lease.ReapFull, Protocol: engine.Protocol(proto), Backend: "ucx",
-		Spec: kv.Spec{Model: smallModel(t), BlockSize: 16, TP: 1}, ISL: 128, Slack: 400 * time.Millisecond,
-		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}, Seed: 5}
+		Spec: kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: 1}, ISL: 128, Slack: 400 * time.Millisecond,
+		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{runcoretest.ChildEnv + "=1"}, Seed: 5}
 }
 
 // Every scenario under both policies on real processes: each meets its

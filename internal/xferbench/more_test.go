@@ -2,7 +2,7 @@ package xferbench
 
 import (
 	"context"
-	"slices"
+	"fmt"
 	"testing"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
@@ -61,23 +61,13 @@ func TestXferIgnored(t *testing.T) {
 	for _, tc := range tests {
 		o := DefaultXferOptions()
 		o.InitiatorSeg, o.TargetSeg = tc.init, tc.targ
-		got := ignoredFields(o.Ignored())
-		for _, f := range tc.want {
-			if !slices.Contains(got, f) {
-				t.Errorf("%v->%v: %s not ignored (%v)", tc.init, tc.targ, f, got)
-			}
-		}
-		for _, f := range tc.not {
-			if slices.Contains(got, f) {
-				t.Errorf("%v->%v: %s ignored, but it is used", tc.init, tc.targ, f)
-			}
-		}
+		runcoretest.CheckIgnored(t, fmt.Sprintf("%v->%v", tc.init, tc.targ), o.Ignored(), tc.want, tc.not)
 	}
 }
 
 // bench xfer's backend and allocation decide whether --progress and
-// --use-hugepages count; bench ec's --overlap needs an encode time.
-func TestXferECIgnored(t *testing.T) {
+// --use-hugepages count.
+func TestXferBackendIgnored(t *testing.T) {
 	tests := []struct {
 		name      string
 		got       func() []runcore.IgnoredField
@@ -125,24 +115,6 @@ func TestXferECIgnored(t *testing.T) {
 		}{"auto resolving to nixl", auto, nil, []string{"Progress"}})
 	}
 	for _, tc := range tests {
-		got := ignoredFields(tc.got())
-		for _, f := range tc.want {
-			if !slices.Contains(got, f) {
-				t.Errorf("%s: %s not ignored (%v)", tc.name, f, got)
-			}
-		}
-		for _, f := range tc.not {
-			if slices.Contains(got, f) {
-				t.Errorf("%s: %s ignored, but it is used", tc.name, f)
-			}
-		}
+		runcoretest.CheckIgnored(t, tc.name, tc.got(), tc.want, tc.not)
 	}
-}
-
-func ignoredFields(ig []runcore.IgnoredField) []string {
-	var out []string
-	for _, f := range ig {
-		out = append(out, f.Field)
-	}
-	return out
 }

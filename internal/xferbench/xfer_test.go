@@ -29,20 +29,14 @@ import (
 )
 
 // TestMain lets this test binary double as bench xfer's target process
-// (NIXLCTL_BENCH_TEST_CHILD=1, "target" among its arguments).
+// ("target" among its arguments).
 func TestMain(m *testing.M) {
-	if os.Getenv("NIXLCTL_BENCH_TEST_CHILD") == "1" {
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		if !slices.Contains(os.Args, "target") {
-			fmt.Fprintf(os.Stderr, "child: want the target role among the arguments, got %q\n", os.Args[1:])
-			os.Exit(2)
+	runcoretest.ServeChildIfAsked(func(args []string, log *slog.Logger) (ctl.Role, error) {
+		if !slices.Contains(args, "target") {
+			return nil, errors.New("want the target role among the arguments")
 		}
-		if err := ctl.ServeStdio(context.Background(), xfertarget.Role(log)); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+		return xfertarget.Role(log), nil
+	})
 	os.Exit(m.Run())
 }
 
@@ -54,7 +48,7 @@ func smallXfer(op nixl.Op) XferOptions {
 	exe, _ := os.Executable()
 	return XferOptions{Backend: "ucx", Op: op, StartBlock: 4 << 10, MaxBlock: 16 << 10, StartBatch: 1, MaxBatch: 4,
 		NumIter: 50, WarmupIter: 5, LargeBlkIterFtr: 16, PipelineDepth: 2, DRAMAlloc: engine.AllocMmap, DescOrder: DescSequential, CheckConsistency: true,
-		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$", "target"}, Env: []string{"NIXLCTL_BENCH_TEST_CHILD=1"}}}
+		Target: TargetSpec{Exe: exe, Args: []string{"-test.run=^$", "target"}, Env: []string{runcoretest.ChildEnv + "=1"}}}
 }
 
 func TestRunXferAcrossProcesses(t *testing.T) {

@@ -2,11 +2,17 @@
 package runcoretest
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nixlctl/nixlctl/internal/ctl"
+	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
@@ -59,4 +65,61 @@ func CheckEnumParses(t testing.TB, cases []EnumCase) {
 			t.Errorf("%T %q: %v, %v; want %v", tc.Dst, tc.In, got, err, tc.Want)
 		}
 	}
+}
+
+// CheckIgnored checks an options' Ignored list: every field of want is in
+// it and no field of not is; what names the case in failures.
+func CheckIgnored(t testing.TB, what string, ig []runcore.IgnoredField, want, not []string) {
+	t.Helper()
+	var got []string
+	for _, f := range ig {
+		got = append(got, f.Field)
+	}
+	for _, f := range want {
+		if !slices.Contains(got, f) {
+			t.Errorf("%s: %s not ignored (%v)", what, f, got)
+		}
+	}
+	for _, f := range not {
+		if slices.Contains(got, f) {
+			t.Errorf("%s: %s ignored, but it is used", what, f)
+		}
+	}
+}
+
+// SmallModel is llama-3.1-8b cut to four layers: real shapes, small pools.
+func SmallModel(t testing.TB) kv.Model {
+	t.Helper()
+	m, err := kv.Preset("llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.NumLayers = 4
+	return m
+}
+
+// ChildEnv is the variable that makes a run kind's test binary serve as
+// one of the child processes its runs start (the runs pass it in their
+// children's environment).
+const ChildEnv = "NIXLCTL_BENCH_TEST_CHILD"
+
+// ServeChildIfAsked lets a test binary double as a run's child process:
+// when ChildEnv is 1 it serves the role that role picks from the child's
+// arguments (serve's: ROLE --stdio) on stdin and stdout and exits; else it
+// returns and TestMain runs the tests.
+func ServeChildIfAsked(role func(args []string, log *slog.Logger) (ctl.Role, error)) {
+	if os.Getenv(ChildEnv) != "1" {
+		return
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	r, err := role(os.Args[1:], log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "child: %v (arguments %q)\n", err, os.Args[1:])
+		os.Exit(2)
+	}
+	if err := ctl.ServeStdio(context.Background(), r); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
 }
