@@ -6,12 +6,16 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
 
+	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // decodeHook turns the strings viper resolves (flag, environment, file)
@@ -145,4 +149,26 @@ func flagOf(t reflect.Type, path string) (string, bool) {
 		return "", false
 	}
 	return name, true
+}
+
+// knobFlags declares a flag for each engine knob (engine.Knobs): its name
+// is the field's mapstructure tag, its help the help tag, its default the
+// field's value in d. A knob is declared once, in the engine package.
+func knobFlags(f *pflag.FlagSet, d engine.Knobs) {
+	v := reflect.ValueOf(d)
+	for i, field := range reflect.VisibleFields(v.Type()) {
+		name, help := field.Tag.Get("mapstructure"), field.Tag.Get("help")
+		switch x := v.Field(i).Interface().(type) {
+		case runcore.Duration:
+			f.Duration(name, time.Duration(x), help)
+		case int:
+			f.Int(name, x, help)
+		case string:
+			f.String(name, x, help)
+		case fmt.Stringer:
+			f.String(name, x.String(), help)
+		default: // parsed by the decode hook, as a text flag
+			f.String(name, fmt.Sprint(x), help)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // The acceptance verdict end to end: a real TP 2 prefill engine of this
@@ -24,8 +25,7 @@ func TestProbeSideChannelVerdictCLI(t *testing.T) {
 	}
 	m.NumLayers = 2
 	e, err := engine.NewEngine(context.Background(), engine.Config{Role: engine.RolePrefill, Backend: "ucx", Protocol: engine.ProtoPull,
-		Model: m, BlockSize: 16, NumBlocks: 16, DRAMAlloc: "mmap", TP: 2, EngineID: "prefill-cli", Lease: 10 * time.Second,
-		RegTimeout: 10 * time.Second}, nil, nil)
+		Model: m, BlockSize: 16, NumBlocks: 16, TP: 2, EngineID: "prefill-cli", Knobs: engine.Knobs{DRAMAlloc: "mmap", Lease: runcore.Duration(10 * time.Second), RegTimeout: runcore.Duration(10 * time.Second)}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

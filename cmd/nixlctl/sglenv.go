@@ -10,6 +10,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/handoff"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // SGLang's environment variables for the settings bench sglang has flags
@@ -39,7 +40,7 @@ func applySGLEnv(h *handoff.HandoffOptions, set explicitOptions, getenv func(str
 		v = strings.TrimSpace(v)
 		return v, ok && v != ""
 	}
-	seconds := func(flag, env string, dst *time.Duration) error {
+	seconds := func(flag, env string, dst *runcore.Duration) error {
 		v, ok := lookup(env)
 		if !ok || set(flag) {
 			return nil
@@ -49,7 +50,7 @@ func applySGLEnv(h *handoff.HandoffOptions, set explicitOptions, getenv func(str
 		if err != nil || n <= 0 || n > maxEnvSeconds {
 			return errkind.BadInputf("$%s %q: want a positive whole number of seconds, at most %d (or give --%s)", env, v, maxEnvSeconds, flag)
 		}
-		*dst = time.Duration(n) * time.Second
+		*dst = runcore.Duration(time.Duration(n) * time.Second)
 		return nil
 	}
 	if err := seconds("sglang-bootstrap-timeout", envSGLBootstrapTimeout, &h.SGLBootstrapTimeout); err != nil {
@@ -63,7 +64,7 @@ func applySGLEnv(h *handoff.HandoffOptions, set explicitOptions, getenv func(str
 		if err != nil || math.IsNaN(f) || f > 1e6 {
 			return errkind.BadInputf("$%s %q: want seconds (or give --sglang-heartbeat-interval)", envSGLHeartbeatIntvl, v)
 		}
-		h.SGLHeartbeatInterval = max(time.Duration(f*float64(time.Second)), engine.SGLMinHeartbeatInterval)
+		h.SGLHeartbeatInterval = runcore.Duration(max(time.Duration(f*float64(time.Second)), engine.SGLMinHeartbeatInterval))
 		if d := time.Duration(f * float64(time.Second)); d < engine.SGLMinHeartbeatInterval {
 			// Raised as upstream raises it, but said: the run's interval
 			// is not what the variable asks.

@@ -15,6 +15,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/standin"
 )
 
@@ -111,8 +112,8 @@ func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
 	}
 	cfg = engine.Config{Role: engine.RolePrefill, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
-		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device, Verify: engine.Sparse, Lease: lease,
-		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise}
+		NumBlocks: o.NumBlocks, Mem: mem, Device: o.Device,
+		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, Lease: runcore.Duration(lease)}}
 	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
 	}

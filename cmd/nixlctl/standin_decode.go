@@ -75,10 +75,10 @@ func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) 
 	}
 	cfg = engine.Config{Role: engine.RoleDecode, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
 		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
-		NumBlocks: o.NumBlocks, DRAMAlloc: engine.AllocMmap, Mem: mem, Device: o.Device,
+		NumBlocks: o.NumBlocks, Mem: mem, Device: o.Device,
 		// The stand-in prefill tags what sparse checks read (Verify
 		// Sparse there too): a full check would find untagged bytes.
-		Verify: engine.Sparse}
+		Knobs: engine.Knobs{Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap}}
 	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
 	}

@@ -41,6 +41,11 @@ func strictHook() func(f, t reflect.Type, data any) (any, error) {
 		numeric := isInt(fk) || isUint(fk) || isFloat(fk)
 		switch {
 		case isDurationType(t):
+			if f == reflect.PointerTo(t) {
+				// Parsed by its own UnmarshalText (runcore.Duration, as
+				// engine.Knobs has them), which wants a unit too.
+				return v.Elem().Interface(), nil
+			}
 			if fk != reflect.String {
 				return nil, fmt.Errorf("%v: a duration needs a unit (e.g. %vs or %vms)", data, data, data)
 			}

@@ -22,6 +22,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/mono"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -52,15 +53,15 @@ type Config struct {
 	TP        int           `json:"tp"`
 	// PP is the number of pipeline stages; each (pp, tp) rank is its own
 	// agent holding its stage's layers (0 means 1).
-	PP        int       `json:"pp,omitempty"`
-	NumBlocks int       `json:"num_blocks"`
-	DRAMAlloc DRAMAlloc `json:"dram_alloc"`
+	PP        int `json:"pp,omitempty"`
+	NumBlocks int `json:"num_blocks"`
 	// Mem is where the KV pools live: DRAM, or VRAM on GPU Device.
 	Mem       nixl.MemType `json:"mem"`
 	Device    int          `json:"device"`
 	Scattered bool         `json:"scattered"`
 	Merge     bool         `json:"merge_descriptors"`
-	Verify    Verify       `json:"verify"`
+	// Knobs are what a run sets alike for all its endpoints (knobs.go).
+	Knobs
 	// SideChannel is where the engine's handshake ROUTER (and, for
 	// SGLang, its bootstrap server and inboxes) binds; default
 	// tcp://127.0.0.1:0.
@@ -70,44 +71,14 @@ type Config struct {
 	// bootstrap table): an address the peer can reach. Empty: the host
 	// SideChannel binds, which must then not be 0.0.0.0 or ::.
 	Advertise string `json:"advertise,omitempty"`
-	// NetDevices, when set, is UCX_NET_DEVICES for the engine's agents
-	// (which interface UCX may carry the KV cache over).
-	NetDevices string `json:"net_devices,omitempty"`
-	// Lease is how long prefill keeps a finished request's blocks for its
-	// consumers (vLLM's kv_lease_duration) until a heartbeat extends it;
 	// LeasePolicy, FixedTimeout and Reaper complete the lease
-	// configuration (LeaseConfig). RegTimeout is push mode's decode-side
-	// registration watchdog (0: upstream's push_registration_timeout,
-	// DefaultRegTimeout) and RegWatchdog what it does when it fires ("":
-	// upstream's, drop).
-	// PushHeartbeatKeys is what push mode's heartbeats are keyed by ("":
-	// upstream's, which never renew: vLLM #53095).
-	Lease             time.Duration    `json:"lease"`
-	LeasePolicy       lease.Policy     `json:"lease_policy,omitempty"`
-	FixedTimeout      time.Duration    `json:"fixed_timeout,omitempty"`
-	Reaper            lease.ReaperMode `json:"reaper,omitempty"`
-	RegTimeout        time.Duration    `json:"reg_timeout"`
-	RegWatchdog       WatchdogAction   `json:"reg_watchdog,omitempty"`
-	PushHeartbeatKeys HeartbeatKeys    `json:"push_heartbeat_keys,omitempty"`
-	// SGLang's timeouts (0: upstream's defaults, see SGLDefaults):
-	// prefill's bootstrap timeout (a room whose TransferInfos do not all
-	// come), decode's waiting timeout (a room whose KV does not come), and
-	// decode's /health heartbeat to each prefill's bootstrap server, every
-	// SGLHeartbeatInterval, that fails the rooms waiting on a prefill after
-	// SGLHeartbeatMaxFailures consecutive failed checks.
-	SGLBootstrapTimeout     time.Duration `json:"sglang_bootstrap_timeout,omitempty"`
-	SGLWaitingTimeout       time.Duration `json:"sglang_waiting_timeout,omitempty"`
-	SGLHeartbeatInterval    time.Duration `json:"sglang_heartbeat_interval,omitempty"`
-	SGLHeartbeatMaxFailures int           `json:"sglang_heartbeat_max_failures,omitempty"`
-	// SGLKVCacheDType is SGLang's --kv-cache-dtype as a prefill registers
-	// it with the bootstrap server and a decode compares it, as a string
-	// ("": SGLang's default, "auto"; see SGLDefaultKVCacheDType).
-	SGLKVCacheDType string `json:"sglang_kv_cache_dtype,omitempty"`
+	// configuration with Knobs.Lease (LeaseConfig).
+	LeasePolicy  lease.Policy     `json:"lease_policy,omitempty"`
+	FixedTimeout time.Duration    `json:"fixed_timeout,omitempty"`
+	Reaper       lease.ReaperMode `json:"reaper,omitempty"`
 	// SGLPrefillHTTPPort is the port of an HTTP API in front of an SGLang
 	// prefill, registered as prefill_http_port (0: none, null).
 	SGLPrefillHTTPPort int `json:"sglang_prefill_http_port,omitempty"`
-	// PrefillPerToken models prefill compute time.
-	PrefillPerToken time.Duration `json:"prefill_per_token"`
 	// Step is the engine's step: prefill applies the heartbeats it got
 	// and reaps expired leases once per step, decode sends the heartbeats
 	// that are due once per step, as vLLM does in its forward loop.
@@ -143,7 +114,7 @@ type Config struct {
 
 // LeaseConfig is the engine's lease configuration.
 func (c Config) LeaseConfig() lease.Config {
-	return lease.Config{Policy: c.LeasePolicy, Duration: c.Lease, Timeout: c.FixedTimeout, Reaper: c.Reaper}
+	return lease.Config{Policy: c.LeasePolicy, Duration: time.Duration(c.Lease), Timeout: c.FixedTimeout, Reaper: c.Reaper}
 }
 
 // Spec is the engine's KV layout.
@@ -356,7 +327,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, fmt.Errorf("num_blocks must be > 0")
 	}
 	if cfg.Protocol == ProtoPush && cfg.RegTimeout == 0 {
-		cfg.RegTimeout = DefaultRegTimeout
+		cfg.RegTimeout = runcore.Duration(DefaultRegTimeout)
 	}
 	if cfg.Protocol == ProtoPush && cfg.RegTimeout <= 0 {
 		return nil, fmt.Errorf("reg_timeout must be > 0 for %s", cfg.Protocol)
@@ -406,7 +377,7 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if err != nil {
 		return nil, err
 	}
-	cfg.LeasePolicy, cfg.Lease, cfg.FixedTimeout, cfg.Reaper = lc.Policy, lc.Duration, lc.Timeout, lc.Reaper
+	cfg.LeasePolicy, cfg.Lease, cfg.FixedTimeout, cfg.Reaper = lc.Policy, runcore.Duration(lc.Duration), lc.Timeout, lc.Reaper
 	hash, err := cfg.CompatHash()
 	if err != nil {
 		return nil, err

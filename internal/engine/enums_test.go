@@ -62,7 +62,7 @@ func ptr[T any](v T) *T { return &v }
 // A Config crosses the RPC with names, not numbers, and a bad name from a
 // malformed call fails the decode.
 func TestConfigEnumsJSON(t *testing.T) {
-	in := Config{Role: RoleDecode, Protocol: ProtoPush, Verify: Full, DRAMAlloc: AllocUCX}
+	in := Config{Role: RoleDecode, Protocol: ProtoPush, Knobs: Knobs{Verify: Full, DRAMAlloc: AllocUCX}}
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)

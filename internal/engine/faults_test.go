@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -79,7 +80,7 @@ func TestMalformedAndUnknownNotifications(t *testing.T) {
 func TestCompatibilityMismatchRefused(t *testing.T) {
 	p, _, _ := engines(t, ProtoPull, 1, 1, nil)
 	cfg := Config{Role: RoleDecode, Backend: "ucx", Protocol: ProtoPull, Model: testModel(), KVDType: kv.FP8, BlockSize: 16,
-		NumBlocks: 16, DRAMAlloc: "mmap", EngineID: "decode-fp8"}
+		NumBlocks: 16, EngineID: "decode-fp8", Knobs: Knobs{DRAMAlloc: "mmap"}}
 	d, err := NewEngine(context.Background(), cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestUnknownRemoteBlocksRefused(t *testing.T) {
 func TestPushWatchdogAndHeartbeat(t *testing.T) {
 	clk := newFakeClock()
 	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) {
-		c.Clock, c.RegTimeout, c.Lease, c.RegWatchdog = clk, 300*time.Millisecond, 600*time.Millisecond, WatchdogFail
+		c.Clock, c.RegTimeout, c.Lease, c.RegWatchdog = clk, runcore.Duration(300*time.Millisecond), runcore.Duration(600*time.Millisecond), WatchdogFail
 	})
 	host, port, _ := splitEndpoint(p.side.Endpoint())
 	params := TransferParams{RemoteEngineID: p.cfg.EngineID, RemoteHost: host, RemotePort: port, TPSize: 1}
@@ -219,8 +220,7 @@ func TestCompatFactorsAndNoCheck(t *testing.T) {
 	}{{"checked", false, true}, {"not checked", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := Config{Role: RoleDecode, Backend: "ucx", Protocol: ProtoPull, Model: testModel(), BlockSize: 16,
-				NumBlocks: 16, DRAMAlloc: "mmap", EngineID: "decode-" + tc.name, CompatFactors: factors, NoCompatCheck: tc.noCheck,
-				Verify: Full, Merge: true, Lease: 10 * time.Second, RegTimeout: 10 * time.Second}
+				NumBlocks: 16, EngineID: "decode-" + tc.name, CompatFactors: factors, NoCompatCheck: tc.noCheck, Merge: true, Knobs: Knobs{DRAMAlloc: "mmap", Verify: Full, Lease: runcore.Duration(10 * time.Second), RegTimeout: runcore.Duration(10 * time.Second)}}
 			d, err := NewEngine(context.Background(), cfg, nil, nil)
 			if err != nil {
 				t.Fatal(err)

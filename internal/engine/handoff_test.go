@@ -11,6 +11,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/pushmatch"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -42,8 +43,7 @@ func testModel() kv.Model {
 
 func engines(t *testing.T, proto Protocol, ptp, dtp int, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
 	t.Helper()
-	base := Config{Backend: "ucx", Protocol: proto, Model: testModel(), BlockSize: 16, NumBlocks: 64, DRAMAlloc: "mmap",
-		Verify: Full, Merge: true, Lease: 10 * time.Second, RegTimeout: 10 * time.Second}
+	base := Config{Backend: "ucx", Protocol: proto, Model: testModel(), BlockSize: 16, NumBlocks: 64, Merge: true, Knobs: Knobs{DRAMAlloc: "mmap", Verify: Full, Lease: runcore.Duration(10 * time.Second), RegTimeout: runcore.Duration(10 * time.Second)}}
 	if mut != nil {
 		mut(&base)
 	}
@@ -295,7 +295,7 @@ func TestPrefillCancelledStopsFilling(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := NewEngine(context.Background(), Config{Role: RolePrefill, Backend: "ucx", Protocol: ProtoPull, Model: m,
-				BlockSize: 16, NumBlocks: 160, DRAMAlloc: "mmap", Verify: Full, Lease: 10 * time.Second, EngineID: "prefill-c"}, nil, nil)
+				BlockSize: 16, NumBlocks: 160, EngineID: "prefill-c", Knobs: Knobs{DRAMAlloc: "mmap", Verify: Full, Lease: runcore.Duration(10 * time.Second)}}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

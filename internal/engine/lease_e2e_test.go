@@ -11,6 +11,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // The lease protocol between real engines (one process, real UCX):
@@ -22,7 +23,7 @@ const testLease = 600 * time.Millisecond // extension 400 ms, heartbeat every 10
 func leaseEngines(t *testing.T, proto Protocol, mut func(*Config)) (*Engine, *Engine, *evRecorder) {
 	t.Helper()
 	return engines(t, proto, 1, 1, func(c *Config) {
-		c.Lease, c.Step, c.DecodeSlots = testLease, 5*time.Millisecond, 1
+		c.Lease, c.Step, c.DecodeSlots = runcore.Duration(testLease), 5*time.Millisecond, 1
 		if mut != nil {
 			mut(c)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/pushmatch"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -155,7 +156,7 @@ func TestPipelineRefused(t *testing.T) {
 		t.Errorf("unequal pp: %q", lr.Error)
 	}
 	for _, c := range []Config{
-		{Role: RolePrefill, Protocol: ProtoSGLang, PP: 2, Model: ppModel(), TP: 1, BlockSize: 16, NumBlocks: 4, Backend: "ucx", RegTimeout: time.Second},
+		{Role: RolePrefill, Protocol: ProtoSGLang, PP: 2, Model: ppModel(), TP: 1, BlockSize: 16, NumBlocks: 4, Backend: "ucx", Knobs: Knobs{RegTimeout: runcore.Duration(time.Second)}},
 		{Role: RolePrefill, Protocol: ProtoPull, PP: 5, Model: ppModel(), TP: 1, BlockSize: 16, NumBlocks: 4, Backend: "ucx"},
 	} {
 		if e, err := NewEngine(context.Background(), c, nil, nil); err == nil {

@@ -201,7 +201,7 @@ func (s *prefillState) Prefill(ctx context.Context, r PrefillRequest) (PrefillRe
 		return PrefillReply{}, err
 	}
 	if e.cfg.PrefillPerToken > 0 {
-		want := time.Duration(r.Tokens) * e.cfg.PrefillPerToken
+		want := time.Duration(r.Tokens) * time.Duration(e.cfg.PrefillPerToken)
 		if left := want - mono.Since(t0); left > 0 {
 			select {
 			case <-time.After(left):

@@ -27,7 +27,7 @@ func newMoveRig(tb testing.TB, backend string, m kv.Model, ptp, dtp int, order k
 	} else if ok, why := be.Available(); !ok {
 		tb.Skipf("backend %s unavailable: %s", backend, why)
 	}
-	cfg := Config{Backend: backend, Protocol: ProtoPull, Model: m, BlockSize: 16, NumBlocks: 512, DRAMAlloc: "mmap", Merge: true, Order: order}
+	cfg := Config{Backend: backend, Protocol: ProtoPull, Model: m, BlockSize: 16, NumBlocks: 512, Merge: true, Order: order, Knobs: Knobs{DRAMAlloc: "mmap"}}
 	pc, dc := cfg, cfg
 	pc.Role, pc.EngineID, pc.TP = RolePrefill, "p", ptp
 	dc.Role, dc.EngineID, dc.TP = RoleDecode, "d", dtp

@@ -77,7 +77,7 @@ func cmpOr(s, def string) string {
 func TestPushWatchdogDrops(t *testing.T) {
 	clk := newFakeClock()
 	p, d, _ := engines(t, ProtoPush, 1, 1, func(c *Config) { c.Clock, c.RegTimeout = clk, 0 })
-	if d.cfg.RegTimeout != DefaultRegTimeout || d.cfg.RegWatchdog != WatchdogDrop || d.cfg.PushHeartbeatKeys != HBKeysUpstream {
+	if time.Duration(d.cfg.RegTimeout) != DefaultRegTimeout || d.cfg.RegWatchdog != WatchdogDrop || d.cfg.PushHeartbeatKeys != HBKeysUpstream {
 		t.Fatalf("defaults: timeout %v watchdog %q keys %q", d.cfg.RegTimeout, d.cfg.RegWatchdog, d.cfg.PushHeartbeatKeys)
 	}
 	loaded := loadAsync(d, LoadRequest{ID: "slow", Tokens: 64, Key: 4, Params: pushCoords(p, "slow")})

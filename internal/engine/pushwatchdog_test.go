@@ -9,6 +9,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/nixl"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 // fakeClock is a Clock that moves only when the test says so.
@@ -30,7 +31,7 @@ func TestPushWatchdogOnFakeClock(t *testing.T) {
 	p, d, rec := engines(t, ProtoPush, 1, 1, func(c *Config) {
 		// The fixed policy: no heartbeats, which would renew the lease
 		// whenever they happen to be sent and applied.
-		c.Clock, c.RegTimeout, c.LeasePolicy, c.FixedTimeout = clk, 5*time.Second, lease.PolicyFixed, 10*time.Second
+		c.Clock, c.RegTimeout, c.LeasePolicy, c.FixedTimeout = clk, runcore.Duration(5*time.Second), lease.PolicyFixed, 10*time.Second
 		c.RegWatchdog = WatchdogFail         // the option; upstream's drop is TestPushWatchdogDrops
 		c.Faults = &nixl.Faults{FailPost: 1} // prefill's WRITE fails (decode posts none)
 	})

@@ -328,7 +328,7 @@ func TestSGLCompatible(t *testing.T) {
 		{"page size", "auto", 32, ptr("auto"), "page size mismatch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &Engine{cfg: Config{SGLKVCacheDType: tc.decode}, spec: kv.Spec{BlockSize: 16}}
+			e := &Engine{cfg: Config{Knobs: Knobs{SGLKVCacheDType: tc.decode}}, spec: kv.Spec{BlockSize: 16}}
 			err := e.sglCompatible(sglPrefillInfo{PageSize: tc.page, KVCacheDType: tc.dtype})
 			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("got %v, want %q", err, tc.want)

@@ -395,7 +395,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 	}
 	if e.cfg.PrefillPerToken > 0 {
-		if left := time.Duration(r.Tokens)*e.cfg.PrefillPerToken - mono.Since(rep.TStart); left > 0 {
+		if left := time.Duration(r.Tokens)*time.Duration(e.cfg.PrefillPerToken) - mono.Since(rep.TStart); left > 0 {
 			select {
 			case <-time.After(left):
 			case <-ctx.Done():
@@ -414,7 +414,7 @@ func (s *sglState) prefill(ctx context.Context, r PrefillRequest) (PrefillReply,
 		}
 		s.mu.Unlock()
 	}()
-	timeout := time.NewTimer(e.cfg.SGLBootstrapTimeout)
+	timeout := time.NewTimer(time.Duration(e.cfg.SGLBootstrapTimeout))
 	defer timeout.Stop()
 	for i := range e.ranks {
 		s.mu.Lock()
@@ -728,7 +728,7 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 		e.c.sglRoomsFailed.Add(1)
 		return fmt.Errorf("room %d: prefill %s lost while the room was set up", r.Room, r.Bootstrap)
 	}
-	timeout := time.NewTimer(e.cfg.SGLWaitingTimeout)
+	timeout := time.NewTimer(time.Duration(e.cfg.SGLWaitingTimeout))
 	defer timeout.Stop()
 	for _, rc := range recvs {
 		select {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -53,7 +54,7 @@ const (
 // sglDefaults fills SGLang's unset timeouts with upstream's defaults and
 // floors the heartbeat settings where upstream floors them.
 func (c *Config) sglDefaults() error {
-	for name, d := range map[string]time.Duration{"sglang_bootstrap_timeout": c.SGLBootstrapTimeout,
+	for name, d := range map[string]runcore.Duration{"sglang_bootstrap_timeout": c.SGLBootstrapTimeout,
 		"sglang_waiting_timeout": c.SGLWaitingTimeout, "sglang_heartbeat_interval": c.SGLHeartbeatInterval} {
 		if d < 0 {
 			return fmt.Errorf("%s %v must not be negative", name, d)
@@ -63,9 +64,9 @@ func (c *Config) sglDefaults() error {
 		return fmt.Errorf("sglang_heartbeat_max_failures %d must not be negative", c.SGLHeartbeatMaxFailures)
 	}
 	c.SGLKVCacheDType = cmp.Or(c.SGLKVCacheDType, SGLDefaultKVCacheDType)
-	c.SGLBootstrapTimeout = cmp.Or(c.SGLBootstrapTimeout, SGLDefaultBootstrapTimeout)
-	c.SGLWaitingTimeout = cmp.Or(c.SGLWaitingTimeout, SGLDefaultWaitingTimeout)
-	c.SGLHeartbeatInterval = max(cmp.Or(c.SGLHeartbeatInterval, SGLDefaultHeartbeatInterval), SGLMinHeartbeatInterval)
+	c.SGLBootstrapTimeout = cmp.Or(c.SGLBootstrapTimeout, runcore.Duration(SGLDefaultBootstrapTimeout))
+	c.SGLWaitingTimeout = cmp.Or(c.SGLWaitingTimeout, runcore.Duration(SGLDefaultWaitingTimeout))
+	c.SGLHeartbeatInterval = max(cmp.Or(c.SGLHeartbeatInterval, runcore.Duration(SGLDefaultHeartbeatInterval)), runcore.Duration(SGLMinHeartbeatInterval))
 	c.SGLHeartbeatMaxFailures = max(cmp.Or(c.SGLHeartbeatMaxFailures, SGLDefaultHeartbeatMaxFailures), 1)
 	return nil
 }
@@ -116,7 +117,7 @@ func (s *sglState) heartbeat(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(e.cfg.SGLHeartbeatInterval):
+		case <-time.After(time.Duration(e.cfg.SGLHeartbeatInterval)):
 		}
 		s.mu.Lock()
 		addrs := make([]string, 0, len(s.info))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sglrooms"
 )
 
@@ -61,11 +62,10 @@ func TestSGLConfigDefaults(t *testing.T) {
 		wantErr string
 	}{
 		{"upstream defaults", Config{}, [4]any{300 * time.Second, 300 * time.Second, 5 * time.Second, 2}, ""},
-		{"given", Config{SGLBootstrapTimeout: time.Second, SGLWaitingTimeout: 2 * time.Second, SGLHeartbeatInterval: 3 * time.Second,
-			SGLHeartbeatMaxFailures: 4}, [4]any{time.Second, 2 * time.Second, 3 * time.Second, 4}, ""},
-		{"floored as upstream", Config{SGLHeartbeatInterval: 100 * time.Millisecond}, [4]any{300 * time.Second, 300 * time.Second, 2 * time.Second, 2}, ""},
-		{"negative timeout", Config{SGLWaitingTimeout: -time.Second}, [4]any{}, "sglang_waiting_timeout"},
-		{"negative failures", Config{SGLHeartbeatMaxFailures: -1}, [4]any{}, "sglang_heartbeat_max_failures"},
+		{"given", Config{Knobs: Knobs{SGLBootstrapTimeout: runcore.Duration(time.Second), SGLWaitingTimeout: runcore.Duration(2 * time.Second), SGLHeartbeatInterval: runcore.Duration(3 * time.Second), SGLHeartbeatMaxFailures: 4}}, [4]any{time.Second, 2 * time.Second, 3 * time.Second, 4}, ""},
+		{"floored as upstream", Config{Knobs: Knobs{SGLHeartbeatInterval: runcore.Duration(100 * time.Millisecond)}}, [4]any{300 * time.Second, 300 * time.Second, 2 * time.Second, 2}, ""},
+		{"negative timeout", Config{Knobs: Knobs{SGLWaitingTimeout: runcore.Duration(-time.Second)}}, [4]any{}, "sglang_waiting_timeout"},
+		{"negative failures", Config{Knobs: Knobs{SGLHeartbeatMaxFailures: -1}}, [4]any{}, "sglang_heartbeat_max_failures"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.in
@@ -76,7 +76,7 @@ func TestSGLConfigDefaults(t *testing.T) {
 				}
 				return
 			}
-			got := [4]any{c.SGLBootstrapTimeout, c.SGLWaitingTimeout, c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures}
+			got := [4]any{time.Duration(c.SGLBootstrapTimeout), time.Duration(c.SGLWaitingTimeout), time.Duration(c.SGLHeartbeatInterval), c.SGLHeartbeatMaxFailures}
 			if err != nil || got != tc.want {
 				t.Errorf("got %v, %v; want %v", got, err, tc.want)
 			}
@@ -108,9 +108,9 @@ func TestSGLangPrefillHealthLost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			p, d, _ := engines(t, ProtoSGLang, 1, 1, func(c *Config) {
-				c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = SGLMinHeartbeatInterval, tc.max
+				c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = runcore.Duration(SGLMinHeartbeatInterval), tc.max
 			})
-			if d.cfg.SGLWaitingTimeout != SGLDefaultWaitingTimeout {
+			if time.Duration(d.cfg.SGLWaitingTimeout) != SGLDefaultWaitingTimeout {
 				t.Fatalf("waiting timeout %v, want upstream's %v", d.cfg.SGLWaitingTimeout, SGLDefaultWaitingTimeout)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -242,7 +242,7 @@ func silentOn(t *testing.T, addr string) {
 // upstream's decode does: prefill's room is aborted, not left to be
 // written into pages decode has freed.
 func TestSGLangWaitingTimeoutAborts(t *testing.T) {
-	p, d, _ := engines(t, ProtoSGLang, 1, 1, func(c *Config) { c.SGLWaitingTimeout = 300 * time.Millisecond })
+	p, d, _ := engines(t, ProtoSGLang, 1, 1, func(c *Config) { c.SGLWaitingTimeout = runcore.Duration(300 * time.Millisecond) })
 	const room = uint64(91)
 	lr, _ := d.dec.Load(context.Background(), LoadRequest{ID: "r", Tokens: 100, Key: room, Room: room, Bootstrap: p.sgl.bootstrapAddr})
 	if !strings.Contains(lr.Error, "waiting timeout after 300ms") || lr.CorruptBlocks != 0 {

@@ -255,7 +255,7 @@ type launch struct {
 // launch is how this handoff starts its endpoints.
 func (o *HandoffOptions) launch() launch {
 	return launch{exe: o.Exe, exeArgs: o.ExeArgs, env: o.ChildEnv, stderr: o.ChildStderr, log: o.Log, inproc: o.Inproc,
-		bootstrap: o.Bootstrap, bootstrapTimeout: o.SGLBootstrapTimeout, reverse: o.reverse, registered: o.registered}
+		bootstrap: o.Bootstrap, bootstrapTimeout: time.Duration(o.SGLBootstrapTimeout), reverse: o.reverse, registered: o.registered}
 }
 
 // startEndpoint starts (or dials, for an address) an endpoint of role

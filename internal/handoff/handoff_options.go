@@ -9,13 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
-	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda"
@@ -60,41 +58,21 @@ type HandoffOptions struct {
 	Fragmentation engine.Fragmentation `mapstructure:"fragmentation"`
 	NoMerge       bool                 `mapstructure:"no-merge"`   // one descriptor per block per region, not merged as NIXL does
 	NumBlocks     int                  `mapstructure:"num-blocks"` // per engine; 0 = enough for the workload
-	PrefillPerTok time.Duration        `mapstructure:"prefill-time"`
-	Lease         time.Duration        `mapstructure:"kv-lease-duration"`
-	RegTimeout    time.Duration        `mapstructure:"registration-timeout"` // push watchdog
-	// RegWatchdog is what push's registration watchdog does when it
-	// fires: fail the request (this bench's default, so that a run ends)
-	// or drop the registration and keep waiting (upstream's).
-	RegWatchdog engine.WatchdogAction `mapstructure:"registration-watchdog"`
-	// PushHeartbeatKeys keys push mode's heartbeats: upstream (they never
-	// renew, vLLM #53095) or fixed (they do; not upstream behaviour).
-	PushHeartbeatKeys engine.HeartbeatKeys `mapstructure:"push-heartbeat-keys"`
+	// Knobs are the engines' settings (engine/knobs.go): flags,
+	// defaults and checks are declared there, and both the engines'
+	// Config and the result's echo embed them.
+	engine.Knobs `mapstructure:",squash"`
 	// AllowUnsupportedTP runs a prefill/decode TP pair that vLLM refuses
 	// (kv.VLLMRefusesTP) instead of refusing it as bad input.
 	AllowUnsupportedTP bool `mapstructure:"allow-unsupported-tp"`
 	ChunkTokens        int  `mapstructure:"chunk-tokens"` // SGLang chunked prefill; 0 = one chunk
-	// SGLang's own timeouts, upstream's by default (the CLI reads
-	// upstream's environment variables for them): prefill's bootstrap
-	// timeout, decode's waiting timeout, and decode's /health heartbeat
-	// (interval, failures in a row that give a prefill up).
-	SGLBootstrapTimeout     time.Duration `mapstructure:"sglang-bootstrap-timeout"`
-	SGLWaitingTimeout       time.Duration `mapstructure:"sglang-waiting-timeout"`
-	SGLHeartbeatInterval    time.Duration `mapstructure:"sglang-heartbeat-interval"`
-	SGLHeartbeatMaxFailures int           `mapstructure:"sglang-heartbeat-max-failures"`
-	// SGLKVDType is SGLang's --kv-cache-dtype string, registered by the
-	// prefill and compared by the decode as SGLang does ("auto" unless a
-	// peer sets it).
-	SGLKVDType string `mapstructure:"sglang-kv-dtype"`
 	// Bootstrap is an external SGLang prefill's bootstrap server,
 	// http://HOST:PORT: that prefill replaces nixlctl's (sglext.go).
-	Bootstrap    string           `mapstructure:"bootstrap"`
-	Verify       engine.Verify    `mapstructure:"verify"`
-	DRAMAlloc    engine.DRAMAlloc `mapstructure:"dram-alloc"`
-	Mem          nixl.MemType     `mapstructure:"mem"`            // where both engines' KV pools live
-	Device       int              `mapstructure:"device"`         // prefill's GPU (VRAM)
-	DecodeDevice int              `mapstructure:"decode-device"`  // decode's GPU (VRAM)
-	XferRef      bool             `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
+	Bootstrap    string       `mapstructure:"bootstrap"`
+	Mem          nixl.MemType `mapstructure:"mem"`            // where both engines' KV pools live
+	Device       int          `mapstructure:"device"`         // prefill's GPU (VRAM)
+	DecodeDevice int          `mapstructure:"decode-device"`  // decode's GPU (VRAM)
+	XferRef      bool         `mapstructure:"xfer-reference"` // measure bench xfer on the same bytes for efficiency
 	// XferRounds splits a closed loop's measured requests into this many
 	// rounds with a bench xfer round after each (the reference measured
 	// beside the handoff, so that both see the host in the same state).
@@ -137,8 +115,6 @@ type HandoffOptions struct {
 	registered map[string]registration `mapstructure:"-"`
 	// The engines Validate settled on, from the lists or the topology.
 	prefills, decodes []EngineSlot `mapstructure:"-"`
-	// NetDevices is UCX_NET_DEVICES for both endpoints (recorded).
-	NetDevices string `mapstructure:"net-devices"`
 	// XferTarget is a `serve target --listen` on the remote endpoint's host,
 	// for the bench xfer reference across the same link.
 	XferTarget string `mapstructure:"xfer-target"`
@@ -185,11 +161,8 @@ type HandoffOptions struct {
 func DefaultHandoffOptions() HandoffOptions {
 	return HandoffOptions{Backend: "auto", DecodeTP: 1, Requests: 32, Warmup: WarmupPoolPass,
 		ISL:         ISL{Dist: ISLFixed, Fixed: 4096, Min: 128, Max: 8192, Mean: 4096, Std: 1024},
-		Concurrency: 8, Fragmentation: engine.FragContiguous, Lease: lease.DefaultDuration, RegTimeout: BenchRegTimeout,
-		RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: engine.HBKeysUpstream,
-		SGLBootstrapTimeout: engine.SGLDefaultBootstrapTimeout, SGLWaitingTimeout: engine.SGLDefaultWaitingTimeout,
-		SGLHeartbeatInterval: engine.SGLDefaultHeartbeatInterval, SGLHeartbeatMaxFailures: engine.SGLDefaultHeartbeatMaxFailures,
-		SGLKVDType: engine.SGLDefaultKVCacheDType, Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap, Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
+		Concurrency: 8, Fragmentation: engine.FragContiguous, Knobs: engine.DefaultKnobs(),
+		Mem: nixl.DRAM, Seed: 1, Prefills: 1, Decodes: 1, Router: RouterRoundRobin,
 		JoinWindow: 60 * time.Second, XferRounds: 8, MaxInflight: DefaultMaxInflight}
 }
 
@@ -238,35 +211,12 @@ func (o *HandoffOptions) Validate() error {
 	if !o.Fragmentation.Valid() {
 		bad("Fragmentation", "unknown fragmentation %q (want contiguous or scattered)", o.Fragmentation)
 	}
-	if !slices.Contains(engine.Verifies, o.Verify) {
-		bad("Verify", "unknown verify mode %v (want sparse or full)", o.Verify)
-	}
-	if !o.DRAMAlloc.Valid() {
-		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", o.DRAMAlloc)
-	}
+	o.Knobs.Validate(o.Protocol, bad)
 	if o.Mem != nixl.DRAM && o.Mem != nixl.VRAM {
 		bad("Mem", "unknown memory type %v", o.Mem)
 	}
 	if o.NumBlocks < 0 {
 		bad("NumBlocks", "must not be negative")
-	}
-	if o.PrefillPerTok < 0 {
-		bad("PrefillPerTok", "must not be negative")
-	}
-	if o.Lease <= 0 {
-		bad("Lease", "must be positive")
-	}
-	if o.RegTimeout <= 0 {
-		bad("RegTimeout", "must be positive")
-	}
-	// Options built without DefaultHandoffOptions get its push defaults.
-	o.RegWatchdog = cmp.Or(o.RegWatchdog, engine.WatchdogFail)
-	o.PushHeartbeatKeys = cmp.Or(o.PushHeartbeatKeys, engine.HBKeysUpstream)
-	if !o.RegWatchdog.Valid() {
-		bad("RegWatchdog", "unknown registration watchdog action %q (want drop or fail)", o.RegWatchdog)
-	}
-	if !o.PushHeartbeatKeys.Valid() {
-		bad("PushHeartbeatKeys", "unknown push heartbeat keys %q (want upstream or fixed)", o.PushHeartbeatKeys)
 	}
 	if o.NetDevices != "" && !o.remote() && o.Rendezvous == "" {
 		// Remote endpoints' devices are their hosts', not this one's.
@@ -281,7 +231,6 @@ func (o *HandoffOptions) Validate() error {
 		// with 16-token pages was run as if aligned.
 		bad("ChunkTokens", "%d is not a multiple of the page size (--block-size %d)", o.ChunkTokens, bs)
 	}
-	o.validateSGL(bad)
 	o.validateBootstrap(bad)
 	if o.DecodeTP <= 0 {
 		bad("DecodeTP", "must be positive")
@@ -454,12 +403,12 @@ func (o *HandoffOptions) validateBounds(bad func(field, format string, a ...any)
 			bad("Rate", "%g: %d requests at this rate arrive over about %.3g s; a run may last at most %v", o.Rate, n, secs, runcore.MaxRunTime)
 		}
 	}
-	if o.PrefillPerTok > 0 {
+	if o.PrefillPerToken > 0 {
 		t := *o
 		t.usesTrace()
-		if longest := t.longestPrompt(); longest > 0 && o.PrefillPerTok > runcore.MaxPrefillTime/time.Duration(longest) {
-			bad("PrefillPerTok", "%v per token: the longest prompt (%d tokens) would take %.3g s to prefill; at most %v a request",
-				o.PrefillPerTok, longest, o.PrefillPerTok.Seconds()*float64(longest), runcore.MaxPrefillTime)
+		if longest := t.longestPrompt(); longest > 0 && time.Duration(o.PrefillPerToken) > runcore.MaxPrefillTime/time.Duration(longest) {
+			bad("PrefillPerToken", "%v per token: the longest prompt (%d tokens) would take %.3g s to prefill; at most %v a request",
+				o.PrefillPerToken, longest, time.Duration(o.PrefillPerToken).Seconds()*float64(longest), runcore.MaxPrefillTime)
 		}
 	}
 	return enginesOK
@@ -517,47 +466,12 @@ func (o *HandoffOptions) validateBootstrap(bad func(field, format string, a ...a
 	for _, c := range []struct {
 		field string
 		set   bool
-	}{{"ChunkTokens", o.ChunkTokens > 0}, {"PrefillPerTok", o.PrefillPerTok > 0}, {"PrefixHit", o.PrefixHit > 0}, {"XferRef", o.XferRef}} {
+	}{{"ChunkTokens", o.ChunkTokens > 0}, {"PrefillPerToken", o.PrefillPerToken > 0}, {"PrefixHit", o.PrefixHit > 0}, {"XferRef", o.XferRef}} {
 		if c.set {
 			bad(c.field, "not with --bootstrap: it shapes nixlctl's own prefill; the external SGLang prefill chunks, computes and caches by itself")
 		}
 	}
 }
-
-// validateSGL checks SGLang's timeouts; options built without
-// DefaultHandoffOptions get upstream's.
-func (o *HandoffOptions) validateSGL(bad func(field, format string, a ...any)) {
-	if o.Protocol != engine.ProtoSGLang {
-		return
-	}
-	o.SGLBootstrapTimeout = cmp.Or(o.SGLBootstrapTimeout, engine.SGLDefaultBootstrapTimeout)
-	o.SGLWaitingTimeout = cmp.Or(o.SGLWaitingTimeout, engine.SGLDefaultWaitingTimeout)
-	o.SGLHeartbeatInterval = cmp.Or(o.SGLHeartbeatInterval, engine.SGLDefaultHeartbeatInterval)
-	o.SGLHeartbeatMaxFailures = cmp.Or(o.SGLHeartbeatMaxFailures, engine.SGLDefaultHeartbeatMaxFailures)
-	o.SGLKVDType = cmp.Or(o.SGLKVDType, engine.SGLDefaultKVCacheDType)
-	if strings.TrimSpace(o.SGLKVDType) != o.SGLKVDType {
-		bad("SGLKVDType", "%q has surrounding spaces: SGLang compares the strings exactly", o.SGLKVDType)
-	}
-	if o.SGLBootstrapTimeout < 0 {
-		bad("SGLBootstrapTimeout", "must be positive")
-	}
-	if o.SGLWaitingTimeout < 0 {
-		bad("SGLWaitingTimeout", "must be positive")
-	}
-	// SGLang's decode raises smaller settings to these floors; a flag
-	// that asks for less would be silently changed, so it is refused.
-	if o.SGLHeartbeatInterval < engine.SGLMinHeartbeatInterval {
-		bad("SGLHeartbeatInterval", "%v is below SGLang's floor of %v", o.SGLHeartbeatInterval, engine.SGLMinHeartbeatInterval)
-	}
-	if o.SGLHeartbeatMaxFailures < 1 {
-		bad("SGLHeartbeatMaxFailures", "must be at least 1")
-	}
-}
-
-// BenchRegTimeout is the bench's registration timeout by default, shorter
-// than upstream's 480 s (engine.DefaultRegTimeout) so that a run whose
-// requests lose their KV ends in minutes.
-const BenchRegTimeout = 60 * time.Second
 
 // notUpstream says, one warning each, where the run does not behave as
 // upstream vLLM would: push heartbeats that renew, a push watchdog other
@@ -570,7 +484,7 @@ func (o *HandoffOptions) notUpstream() []string {
 			out = append(out, "--push-heartbeat-keys fixed: not upstream behaviour; decode heartbeats its own id and prefill matches it by base id, "+
 				"so heartbeats renew leases (vLLM's push heartbeats never do: #53095, fix proposed in PR #53244)")
 		}
-		if o.RegWatchdog != engine.WatchdogDrop || o.RegTimeout != engine.DefaultRegTimeout {
+		if o.RegWatchdog != engine.WatchdogDrop || time.Duration(o.RegTimeout) != engine.DefaultRegTimeout {
 			out = append(out, fmt.Sprintf("registration watchdog: %s after %v, not upstream behaviour (vLLM drops the registration after 480s, logs, and the request keeps waiting; --registration-timeout 480s --registration-watchdog drop)",
 				o.RegWatchdog, o.RegTimeout))
 		}
@@ -670,12 +584,9 @@ func (o *HandoffOptions) usesTrace() {
 func (o *HandoffOptions) EngineConfig(role engine.Role, backend string, numBlocks int) engine.Config {
 	spec := o.Spec
 	c := engine.Config{Role: role, Backend: backend, Protocol: o.Protocol, Model: spec.Model, KVDType: spec.DType,
-		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, PP: spec.PP, NumBlocks: numBlocks, DRAMAlloc: o.DRAMAlloc,
-		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Verify: o.Verify, Lease: o.Lease,
-		RegTimeout: o.RegTimeout, RegWatchdog: o.RegWatchdog, PushHeartbeatKeys: o.PushHeartbeatKeys, PrefillPerToken: o.PrefillPerTok, Mem: o.Mem,
-		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck, NetDevices: o.NetDevices,
-		SGLBootstrapTimeout: o.SGLBootstrapTimeout, SGLWaitingTimeout: o.SGLWaitingTimeout,
-		SGLHeartbeatInterval: o.SGLHeartbeatInterval, SGLHeartbeatMaxFailures: o.SGLHeartbeatMaxFailures, SGLKVCacheDType: o.SGLKVDType}
+		BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, PP: spec.PP, NumBlocks: numBlocks, Knobs: o.Knobs,
+		Scattered: o.Fragmentation == engine.FragScattered, Merge: !o.NoMerge, Mem: o.Mem,
+		CompatFactors: o.compatFactors, CompatHashHex: o.CompatHash, NoCompatCheck: o.NoCompatCheck}
 	switch role {
 	case engine.RolePrefill:
 		c.TP, c.EngineID, c.Device, c.Seed = spec.TP, "prefill-0", o.Device, o.Seed

@@ -47,28 +47,17 @@ type HandoffConfig struct {
 	// PoolSizedFor says what the automatic pools were sized for (the
 	// workload: requests in flight and the longest prompt), or
 	// "--num-blocks".
-	PoolSizedFor    string           `json:"pool_sized_for,omitempty"`
-	PrefillPerToken runcore.Duration `json:"prefill_time_per_token"`
-	Lease           runcore.Duration `json:"lease"`
-	RegTimeout      runcore.Duration `json:"registration_timeout,omitempty"`
-	// Push: what the registration watchdog did when it fired, and what
-	// heartbeats were keyed by (upstream: they never renew, vLLM #53095).
-	RegWatchdog       engine.WatchdogAction `json:"registration_watchdog,omitempty"`
-	PushHeartbeatKeys engine.HeartbeatKeys  `json:"push_heartbeat_keys,omitempty"`
+	PoolSizedFor string `json:"pool_sized_for,omitempty"`
+	// Knobs are the engines' settings as the run's protocol uses them
+	// (engine.Knobs.Echo: push's watchdog only in push results, SGLang's
+	// timeouts only in SGLang's).
+	engine.Knobs
 	// UnsupportedTP: the TP pairs vLLM refuses that the run measured
 	// anyway (--allow-unsupported-tp), with vLLM's reason.
 	UnsupportedTP []string `json:"unsupported_tp,omitempty"`
 	ChunkTokens   int      `json:"chunk_tokens"`
-	// SGLang's timeouts and decode's /health heartbeat.
-	SGLBootstrapTimeout     runcore.Duration `json:"sglang_bootstrap_timeout,omitempty"`
-	SGLWaitingTimeout       runcore.Duration `json:"sglang_waiting_timeout,omitempty"`
-	SGLHeartbeatInterval    runcore.Duration `json:"sglang_heartbeat_interval,omitempty"`
-	SGLHeartbeatMaxFailures int              `json:"sglang_heartbeat_max_failures,omitempty"`
-	SGLKVDType              string           `json:"sglang_kv_cache_dtype,omitempty"`
-	SGLBootstrap            string           `json:"sglang_bootstrap,omitempty"` // an external SGLang prefill's
-	Verify                  engine.Verify    `json:"verify"`
-	DRAMAlloc               engine.DRAMAlloc `json:"dram_alloc"`
-	Mem                     string           `json:"mem"`
+	SGLBootstrap  string   `json:"sglang_bootstrap,omitempty"` // an external SGLang prefill's
+	Mem           string   `json:"mem"`
 	// PrefillDevice and DecodeDevice are the GPUs the pools were on
 	// (--device, --decode-device), with --mem vram only.
 	PrefillDevice      *int           `json:"prefill_device,omitempty"`
@@ -82,8 +71,6 @@ type HandoffConfig struct {
 	// that they accepted any peer's.
 	CompatHash    string `json:"compat_hash,omitempty"`
 	NoCompatCheck bool   `json:"no_compat_check,omitempty"`
-	// NetDevices is --net-devices: UCX_NET_DEVICES at both endpoints.
-	NetDevices string `json:"net_devices,omitempty"`
 	// An xPyD run's engines (addr "local" for a child of the driver) and
 	// its router; absent with one prefill and one decode.
 	PrefillEngines []EngineSlot `json:"prefill_engines,omitempty"`
@@ -126,9 +113,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
 		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, Seed: new(o.Seed), ISL: o.ISL, Rate: o.Rate,
 		Concurrency: o.Concurrency, MaxInflight: o.openLoopCap(), PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
-		PrefillPerToken: runcore.Duration(o.PrefillPerTok), Lease: runcore.Duration(o.Lease), RegTimeout: runcore.Duration(o.RegTimeout),
-		ChunkTokens: o.ChunkTokens, Verify: o.Verify, DRAMAlloc: o.DRAMAlloc, Mem: o.Mem.String(), Endpoints: "process",
-		NetDevices: o.NetDevices, UnsupportedTP: o.unsupportedTP(), NoCompatCheck: o.NoCompatCheck}
+		Knobs: o.Knobs.Echo(o.Protocol), ChunkTokens: o.ChunkTokens, Mem: o.Mem.String(), Endpoints: "process",
+		UnsupportedTP: o.unsupportedTP(), NoCompatCheck: o.NoCompatCheck}
 	if o.Mem == nixl.VRAM {
 		c.PrefillDevice, c.DecodeDevice = new(o.Device), new(o.DecodeDevice)
 	}
@@ -136,14 +122,8 @@ func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
 		// The trace's requests ran, not --requests (32 by default).
 		c.Requests = len(o.Trace) - max(o.Warmup, 0)
 	}
-	switch o.Protocol {
-	case engine.ProtoPush:
-		c.RegWatchdog, c.PushHeartbeatKeys = o.RegWatchdog, o.PushHeartbeatKeys
-	case engine.ProtoSGLang:
-		c.RegTimeout = 0 // push's
-		c.SGLBootstrapTimeout, c.SGLWaitingTimeout = runcore.Duration(o.SGLBootstrapTimeout), runcore.Duration(o.SGLWaitingTimeout)
-		c.SGLHeartbeatInterval, c.SGLHeartbeatMaxFailures = runcore.Duration(o.SGLHeartbeatInterval), o.SGLHeartbeatMaxFailures
-		c.SGLKVDType, c.SGLBootstrap = o.SGLKVDType, o.Bootstrap
+	if o.Protocol == engine.ProtoSGLang {
+		c.SGLBootstrap = o.Bootstrap
 	}
 	ps, ds := o.engines()
 	switch {

@@ -303,14 +303,14 @@ func (h *handoff) settle(ctx context.Context, f *handoffFleet, res *HandoffResul
 	// holds for a dead decode stays held for the whole lease (vLLM's
 	// abort timeout), so the waits only delayed the exit (push took 10 s
 	// to exit after its decode was killed) and reported the same blocks.
-	freedWait, blocksBack := 2*time.Second, min(o.Lease, 5*time.Second)+time.Second
+	freedWait, blocksBack := 2*time.Second, min(time.Duration(o.Lease), 5*time.Second)+time.Second
 	if died {
 		freedWait, blocksBack = 500*time.Millisecond, 250*time.Millisecond
 		// A lease short enough to lapse within a second and a half
 		// still gives its blocks back before they are counted: reading
 		// prefill between the reaper's expiry and its free reported a
 		// lapsed lease's blocks as leaked.
-		if back := o.Lease + time.Second/2; back <= 3*time.Second/2 {
+		if back := time.Duration(o.Lease) + time.Second/2; back <= 3*time.Second/2 {
 			blocksBack = back
 		}
 	}

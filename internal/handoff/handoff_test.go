@@ -36,9 +36,8 @@ func handoffOpts(t *testing.T, proto engine.Protocol, ptp, dtp int) HandoffOptio
 		t.Fatal(err)
 	}
 	return HandoffOptions{Protocol: engine.Protocol(proto), Backend: "ucx", Spec: kv.Spec{Model: runcoretest.SmallModel(t), BlockSize: 16, TP: ptp}, DecodeTP: dtp,
-		Requests: 6, Warmup: 1, ISL: ISL{Dist: "uniform", Min: 1, Max: 400}, Concurrency: 3, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
-		Verify: engine.Full, Lease: 20 * time.Second, RegTimeout: 20 * time.Second, ChunkTokens: 64,
-		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{runcoretest.ChildEnv + "=1"}, Seed: 3}
+		Requests: 6, Warmup: 1, ISL: ISL{Dist: "uniform", Min: 1, Max: 400}, Concurrency: 3, Fragmentation: engine.FragContiguous, ChunkTokens: 64,
+		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{runcoretest.ChildEnv + "=1"}, Seed: 3, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Full, Lease: runcore.Duration(20 * time.Second), RegTimeout: runcore.Duration(20 * time.Second)}}
 }
 
 // Every protocol, every TP pair, across real processes: every byte
@@ -147,10 +146,10 @@ func TestHandoffValidate(t *testing.T) {
 		{"dram alloc", func(o *HandoffOptions) { o.DRAMAlloc = "malloc" }, []string{"DRAMAlloc"}, ""},
 		{"registration timeout", func(o *HandoffOptions) { o.RegTimeout = 0 }, []string{"RegTimeout"}, ""},
 		{"sglang timeouts", func(o *HandoffOptions) {
-			o.Protocol, o.SGLBootstrapTimeout, o.SGLWaitingTimeout = engine.ProtoSGLang, -time.Second, -time.Second
+			o.Protocol, o.SGLBootstrapTimeout, o.SGLWaitingTimeout = engine.ProtoSGLang, runcore.Duration(-time.Second), runcore.Duration(-time.Second)
 		}, []string{"SGLBootstrapTimeout", "SGLWaitingTimeout"}, ""},
 		{"sglang heartbeat below upstream's floor", func(o *HandoffOptions) {
-			o.Protocol, o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.ProtoSGLang, time.Second, -1
+			o.Protocol, o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.ProtoSGLang, runcore.Duration(time.Second), -1
 		}, []string{"SGLHeartbeatInterval", "SGLHeartbeatMaxFailures"}, ""},
 		{"two at once", func(o *HandoffOptions) { o.Requests, o.Warmup = 0, -2 }, []string{"Requests", "Warmup"}, ""},
 		{"prefill address without a port", func(o *HandoffOptions) { o.Prefill = "tcp://x" }, []string{"Prefill"}, ""},
@@ -176,7 +175,7 @@ func TestHandoffValidate(t *testing.T) {
 		{"isl above the token limit", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLFixed, Fixed: kv.MaxTokens + 1} }, []string{"ISL.Fixed"}, "between 1 and 67108864"},
 		{"isl-max above the token limit", func(o *HandoffOptions) { o.ISL = ISL{Dist: ISLUniform, Min: 1, Max: kv.MaxTokens + 1} }, []string{"ISL.Max"}, ""},
 		{"rate so slow the arrivals wrap", func(o *HandoffOptions) { o.Rate, o.Concurrency = 1e-30, 0 }, []string{"Rate"}, "at most 168h"},
-		{"prefill an hour a token", func(o *HandoffOptions) { o.PrefillPerTok = time.Hour }, []string{"PrefillPerTok"}, "at most 10m0s a request"},
+		{"prefill an hour a token", func(o *HandoffOptions) { o.PrefillPerToken = runcore.Duration(time.Hour) }, []string{"PrefillPerToken"}, "at most 10m0s a request"},
 		{"prefills past any host", func(o *HandoffOptions) { o.Prefills = 100000 }, []string{"Prefills"}, "at most 1024"},
 		{"local engines past the host", func(o *HandoffOptions) { o.Decodes = 40 }, []string{"Decodes"}, "40 with --prefills 1: 41 engines would run on this host; at most 32"},
 		{"tp vLLM refuses in a topology", func(o *HandoffOptions) {
@@ -280,12 +279,14 @@ func TestHandoffNotUpstream(t *testing.T) {
 		tp       bool
 	}{
 		{"pull", engine.ProtoPull, nil, nil, "", "", false},
-		{"push as upstream", engine.ProtoPush, func(o *HandoffOptions) { o.RegTimeout, o.RegWatchdog = 480*time.Second, engine.WatchdogDrop },
+		{"push as upstream", engine.ProtoPush, func(o *HandoffOptions) {
+			o.RegTimeout, o.RegWatchdog = runcore.Duration(480*time.Second), engine.WatchdogDrop
+		},
 			nil, engine.HBKeysUpstream, engine.WatchdogDrop, false},
 		{"push bench defaults", engine.ProtoPush, nil, []string{"registration watchdog: fail after 20s, not upstream behaviour"},
 			engine.HBKeysUpstream, engine.WatchdogFail, false},
 		{"push fixed keys", engine.ProtoPush, func(o *HandoffOptions) {
-			o.RegTimeout, o.RegWatchdog, o.PushHeartbeatKeys = 480*time.Second, engine.WatchdogDrop, engine.HBKeysFixed
+			o.RegTimeout, o.RegWatchdog, o.PushHeartbeatKeys = runcore.Duration(480*time.Second), engine.WatchdogDrop, engine.HBKeysFixed
 		}, []string{"--push-heartbeat-keys fixed: not upstream behaviour"}, engine.HBKeysFixed, engine.WatchdogDrop, false},
 		{"allowed tp", engine.ProtoPull, func(o *HandoffOptions) {
 			o.Spec.Model.NumKVHeads, o.Spec.TP, o.DecodeTP, o.AllowUnsupportedTP = 1, 2, 1, true
@@ -370,7 +371,7 @@ func runWithin(t *testing.T, o HandoffOptions, limit time.Duration, hung string)
 // waits (the last frees, closing the endpoints).
 func TestHandoffDecodeKilledMidTransfer(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
-	o.Requests, o.Warmup, o.ISL, o.Concurrency, o.Lease = 16, 0, ISL{Dist: "fixed", Fixed: 2048}, 4, 300*time.Millisecond
+	o.Requests, o.Warmup, o.ISL, o.Concurrency, o.Lease = 16, 0, ISL{Dist: "fixed", Fixed: 2048}, 4, runcore.Duration(300*time.Millisecond)
 	o.Spec.Model.NumLayers = 32
 	killed := make(chan time.Time, 1)
 	o.OnStart = func(_, d *Endpoint) {
@@ -446,11 +447,11 @@ func TestSettlePrefillSeesInFlightDrop(t *testing.T) {
 // the requests and decode frees its pre-allocated blocks.
 func TestHandoffPrefillKilledBeforeWrite(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPush, 1, 1)
-	o.Requests, o.Warmup, o.Concurrency, o.RegTimeout = 4, 0, 4, 500*time.Millisecond
+	o.Requests, o.Warmup, o.Concurrency, o.RegTimeout = 4, 0, 4, runcore.Duration(500*time.Millisecond)
 	// Prefill computes for seconds, so it is killed with all four requests
 	// registered at decode and none written. (Killed at once, the driver
 	// notices before it sends anything, and there is nothing to test.)
-	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 400}, 10*time.Millisecond
+	o.ISL, o.PrefillPerToken = ISL{Dist: ISLFixed, Fixed: 400}, runcore.Duration(10*time.Millisecond)
 	o.OnStart = func(p, _ *Endpoint) {
 		time.AfterFunc(300*time.Millisecond, func() { _ = p.Signal(syscall.SIGKILL) })
 	}
@@ -493,7 +494,7 @@ func TestHandoffStreamsRecords(t *testing.T) {
 			o := handoffOpts(t, proto, 1, 1)
 			// Slow on purpose: 64 tokens at 2 ms each is 128 ms a request.
 			o.Inproc, o.Requests, o.Warmup, o.Concurrency = true, 1000, 1, 2
-			o.ISL, o.PrefillPerTok, o.Records = ISL{Dist: ISLFixed, Fixed: 64}, 2*time.Millisecond, fileSink{w}
+			o.ISL, o.PrefillPerToken, o.Records = ISL{Dist: ISLFixed, Fixed: 64}, runcore.Duration(2*time.Millisecond), fileSink{w}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			type outcome struct {
@@ -729,8 +730,8 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 func TestHandoffSGLangDrainDeadPrefill(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoSGLang, 1, 1)
 	o.Prefills, o.Requests, o.Warmup, o.Concurrency, o.OnEndpointDeath = 2, 48, 0, 4, DeathDrain
-	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 256}, 2*time.Millisecond
-	o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = engine.SGLMinHeartbeatInterval, 2
+	o.ISL, o.PrefillPerToken = ISL{Dist: ISLFixed, Fixed: 256}, runcore.Duration(2*time.Millisecond)
+	o.SGLHeartbeatInterval, o.SGLHeartbeatMaxFailures = runcore.Duration(engine.SGLMinHeartbeatInterval), 2
 	// prefill-0 dies once 2 requests finished (the run's own progress
 	// events, not a timer: a timer fired after a fast run had ended), with
 	// most of the run, its 46 requests on prefill-1 alone, still to go,
@@ -872,7 +873,7 @@ func TestTagWorkWarning(t *testing.T) {
 func TestHandoffOpenLoopMaxInflight(t *testing.T) {
 	o := handoffOpts(t, engine.ProtoPull, 1, 1)
 	o.Requests, o.Warmup, o.Rate, o.MaxInflight = 12, 0, 10000, 2
-	o.ISL, o.PrefillPerTok = ISL{Dist: ISLFixed, Fixed: 64}, time.Millisecond // 64 ms of prefill each
+	o.ISL, o.PrefillPerToken = ISL{Dist: ISLFixed, Fixed: 64}, runcore.Duration(time.Millisecond) // 64 ms of prefill each
 	res, err := RunHandoff(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

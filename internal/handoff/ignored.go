@@ -1,13 +1,35 @@
 package handoff
 
 import (
+	"fmt"
+	"reflect"
+
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// sglOnly are the options only bench sglang reads.
-var sglOnly = []string{"ChunkTokens", "SGLBootstrapTimeout", "SGLWaitingTimeout", "SGLHeartbeatInterval", "SGLHeartbeatMaxFailures", "SGLKVDType", "Bootstrap"}
+// sglOnly are the options only bench sglang reads, besides the engine
+// knobs tagged for it (ignoredKnobs).
+var sglOnly = []string{"ChunkTokens", "Bootstrap"}
+
+// protocolNames says which protocols a knob's protocols tag names.
+var protocolNames = map[string]string{"push": "push", "sglang": "SGLang", "pull,push": "pull and push"}
+
+// ignoredKnobs lists the engine knobs whose protocols tag leaves p out.
+func ignoredKnobs(p engine.Protocol, ig func(why string, fields ...string)) {
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[engine.Knobs]()) {
+		if engine.KnobAppliesTo(f, p) {
+			continue
+		}
+		only := protocolNames[f.Tag.Get("protocols")]
+		why := fmt.Sprintf("bench %s does not use it (%s only", p, only)
+		if p == engine.ProtoSGLang && only == "push" {
+			why += "; SGLang has --sglang-waiting-timeout"
+		}
+		ig(why+")", f.Name)
+	}
+}
 
 // Ignored lists the options RunHandoff does not read for o's protocol
 // and mode. pull, push and sglang share one flag set, so a flag that one
@@ -22,19 +44,15 @@ func (o *HandoffOptions) Ignored() []runcore.IgnoredField {
 		}
 	}
 	p := o.Protocol.String()
+	// The registration watchdog is decode's wait for pushed KV; SGLang's
+	// rooms have no lease (prefill frees on the aux row).
+	ignoredKnobs(o.Protocol, ig)
 	switch o.Protocol {
-	case engine.ProtoPull:
-		// The chunks are SGLang's (the prefill request's ChunkTokens); the
-		// registration watchdog is decode's wait for pushed KV.
-		ig("bench "+p+" does not use it (SGLang only)", sglOnly...)
-		ig("bench "+p+" does not use it (push only)", "RegTimeout", "RegWatchdog", "PushHeartbeatKeys")
-	case engine.ProtoPush:
+	case engine.ProtoPull, engine.ProtoPush:
+		// The chunks are SGLang's (the prefill request's ChunkTokens).
 		ig("bench "+p+" does not use it (SGLang only)", sglOnly...)
 	case engine.ProtoSGLang:
-		// SGLang's rooms have no lease: prefill frees on the aux row. Its
-		// decode waits for its KV up to --sglang-waiting-timeout.
 		ig("bench "+p+" does not use it (pull and push only)", "Lease", "AllowUnsupportedTP")
-		ig("bench "+p+" does not use it (push only; SGLang has --sglang-waiting-timeout)", "RegTimeout", "RegWatchdog", "PushHeartbeatKeys")
 	}
 	if o.Mem != nixl.VRAM {
 		ig("only with --mem vram", "Device", "DecodeDevice")

@@ -72,24 +72,12 @@ var knobHops = map[string]knob{
 	"NoMerge":       {hops: []string{hopEngine, hopEcho}},
 	// The pools' size reaches both, as RunHandoff computes it from the
 	// flag and the workload (poolBlocks); the test passes it in.
-	"NumBlocks":         {hops: []string{}},
-	"PrefillPerTok":     {hops: []string{hopEngine, hopEcho}},
-	"Lease":             {hops: []string{hopEngine, hopEcho}},
-	"RegTimeout":        {hops: []string{hopEngine, hopEcho}},
-	"RegWatchdog":       {hops: []string{hopEngine, hopEcho}, to: engine.WatchdogAction("warn")},
-	"PushHeartbeatKeys": {hops: []string{hopEngine, hopEcho}, to: engine.HBKeysFixed},
+	"NumBlocks": {hops: []string{}},
 	// Validation only: a refusal lifted, and unsupportedTP echoes what it let through.
-	"AllowUnsupportedTP":      {hops: []string{}},
-	"ChunkTokens":             {hops: []string{hopEcho}},
-	"SGLBootstrapTimeout":     {hops: []string{hopEngine, hopEcho}, in: sglangRun},
-	"SGLWaitingTimeout":       {hops: []string{hopEngine, hopEcho}, in: sglangRun},
-	"SGLHeartbeatInterval":    {hops: []string{hopEngine, hopEcho}, in: sglangRun},
-	"SGLHeartbeatMaxFailures": {hops: []string{hopEngine, hopEcho}, in: sglangRun},
-	"SGLKVDType":              {hops: []string{hopEngine, hopEcho}, in: sglangRun},
+	"AllowUnsupportedTP": {hops: []string{}},
+	"ChunkTokens":        {hops: []string{hopEcho}},
 	// The driver's stand-in prefill dials it (startEndpoint).
 	"Bootstrap":    {hops: []string{hopEcho}, in: sglangRun},
-	"Verify":       {hops: []string{hopEngine, hopEcho}, to: engine.Full},
-	"DRAMAlloc":    {hops: []string{hopEngine, hopEcho}, to: engine.AllocUCX},
 	"Mem":          {hops: []string{hopEngine, hopEcho}, to: nixl.VRAM},
 	"Device":       {hops: []string{hopEngine, hopEcho}, in: vramRun},
 	"DecodeDevice": {hops: []string{hopEngine, hopEcho}, in: vramRun},
@@ -113,7 +101,6 @@ var knobHops = map[string]knob{
 	"RunID":      {hops: []string{}},
 	"Roster":     {hops: []string{}},
 	"JoinWindow": {hops: []string{}},
-	"NetDevices": {hops: []string{hopEngine, hopEcho}},
 	// The reference's echo says where it crossed to (xfer_reference.target).
 	"XferTarget": {hops: []string{}},
 	"Seed":       {hops: []string{hopEngine, hopEcho}},
@@ -212,8 +199,34 @@ func knobFields(typ reflect.Type, prefix string) []string {
 	return out
 }
 
+// engineKnobHops is where an engine knob (engine.Knobs, embedded in
+// HandoffOptions) must reach: both hops, in a run of a protocol it applies
+// to, when it changes to another value (of its enum type, the value in
+// knobTo). Being embedded in both, a knob reaches them by construction;
+// this is what checks it.
+func engineKnobHops(t *testing.T, path string) knob {
+	f, ok := reflect.TypeFor[HandoffOptions]().FieldByName(strings.TrimPrefix(path, "Knobs."))
+	if !ok {
+		t.Fatalf("%s: no such field", path)
+	}
+	k := knob{hops: []string{hopEngine, hopEcho}, to: knobTo[f.Type]}
+	if !engine.KnobAppliesTo(f, engine.ProtoPush) {
+		k.in = sglangRun
+	}
+	return k
+}
+
+// knobTo is another valid value of each enum type among the knobs.
+var knobTo = map[reflect.Type]any{
+	reflect.TypeFor[engine.Verify]():         engine.Full,
+	reflect.TypeFor[engine.DRAMAlloc]():      engine.AllocUCX,
+	reflect.TypeFor[engine.WatchdogAction](): engine.WatchdogDrop,
+	reflect.TypeFor[engine.HeartbeatKeys]():  engine.HBKeysFixed,
+}
+
 // TestKnobsReachTheirHops changes each flag-backed option alone and checks
-// that exactly the hops listed in knobHops see the change.
+// that exactly the hops listed in knobHops (engineKnobHops for the engine
+// knobs) see the change.
 func TestKnobsReachTheirHops(t *testing.T) {
 	base := DefaultHandoffOptions()
 	base.Protocol = engine.ProtoPush
@@ -222,6 +235,9 @@ func TestKnobsReachTheirHops(t *testing.T) {
 	var unlisted []string
 	for _, path := range fields {
 		k, ok := knobHops[path]
+		if strings.HasPrefix(path, "Knobs.") {
+			k, ok = engineKnobHops(t, path), true
+		}
 		if !ok {
 			unlisted = append(unlisted, path)
 			continue

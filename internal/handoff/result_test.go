@@ -68,8 +68,8 @@ func craftedXfer(t *testing.T) *xferbench.XferResult {
 func craftedHandoff(t *testing.T) *HandoffResult {
 	res := &HandoffResult{Meta: craftedMeta("bench push"), Protocol: string(engine.ProtoPush), Backend: "ucx", Model: "llama-3.1-8b",
 		Config: HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", ISL: ISL{Dist: ISLFixed, Fixed: 512}, KVDType: "bf16",
-			PrefillTP: 1, DecodeTP: 1, BlockSize: 16, Fragmentation: engine.FragContiguous, DRAMAlloc: engine.AllocMmap,
-			Endpoints: "process", Concurrency: 2, Warmup: 1, Verify: engine.Sparse, Lease: runcore.Duration(30 * time.Second)},
+			PrefillTP: 1, DecodeTP: 1, BlockSize: 16, Fragmentation: engine.FragContiguous,
+			Endpoints: "process", Concurrency: 2, Warmup: 1, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, Lease: runcore.Duration(30 * time.Second)}},
 		Prefill: engine.Stats{ExpiredLeases: 1, FailedTransfers: 0}, Decode: engine.Stats{FailedNotifs: 1}}
 	for i := range 6 {
 		r := HandoffRecord{Index: i, ID: "cmpl-" + string(rune('a'+i)), Warmup: i == 0, ISL: 512, Blocks: 32, Descriptors: 64,
@@ -230,10 +230,8 @@ func TestHandoffConfigReadsSavedResults(t *testing.T) {
 	want := HandoffConfig{Protocol: engine.ProtoPush, Model: "llama-3.1-8b", KVDType: "bf16", BlockSize: 16, Layout: "flash-attn",
 		Order: "HND", PrefillTP: 2, DecodeTP: 1, Requests: 32, Warmup: 2,
 		ISL:         ISL{Dist: ISLNormal, Fixed: 4096, Min: 128, Max: 8192, Mean: 4000, Std: 1500},
-		Concurrency: 8, PrefixHit: 0.25, Fragmentation: engine.FragScattered, Merge: true, NumBlocks: 1234,
-		PrefillPerToken: runcore.Duration(20 * time.Microsecond), Lease: runcore.Duration(30 * time.Second), Verify: engine.Full,
-		DRAMAlloc: engine.AllocMmap, Mem: "DRAM", Endpoints: "process", PoolBytesPerEngine: 5678, Alloc: "mmap",
-		XferReference: &XferReference{Op: "WRITE", BlockSize: 4096, BatchSize: 64, PipelineDepth: 8, Iterations: 200}}
+		Concurrency: 8, PrefixHit: 0.25, Fragmentation: engine.FragScattered, Merge: true, NumBlocks: 1234, Mem: "DRAM", Endpoints: "process", PoolBytesPerEngine: 5678, Alloc: "mmap",
+		XferReference: &XferReference{Op: "WRITE", BlockSize: 4096, BatchSize: 64, PipelineDepth: 8, Iterations: 200}, Knobs: engine.Knobs{PrefillPerToken: runcore.Duration(20 * time.Microsecond), Lease: runcore.Duration(30 * time.Second), Verify: engine.Full, DRAMAlloc: engine.AllocMmap}}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("saved config (-want +got):\n%s", diff)
 	}

@@ -26,8 +26,8 @@ func fakeSGLangPrefill(t *testing.T) (string, *atomic.Int64) {
 		t.Fatal(err)
 	}
 	eng, err := engine.NewEngine(context.Background(), engine.Config{Role: engine.RolePrefill, Backend: "ucx", Protocol: engine.ProtoSGLang,
-		Model: runcoretest.SmallModel(t), BlockSize: 16, NumBlocks: 256, DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, EngineID: "sglang-prefill",
-		SideChannel: "tcp://127.0.0.1:0", Advertise: "127.0.0.1", SGLPrefillHTTPPort: ln.Addr().(*net.TCPAddr).Port}, nil, nil)
+		Model: runcoretest.SmallModel(t), BlockSize: 16, NumBlocks: 256, EngineID: "sglang-prefill",
+		SideChannel: "tcp://127.0.0.1:0", Advertise: "127.0.0.1", SGLPrefillHTTPPort: ln.Addr().(*net.TCPAddr).Port, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

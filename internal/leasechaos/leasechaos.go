@@ -381,10 +381,8 @@ func runScenario(ctx context.Context, o *LeaseChaosOptions, backend, scenario st
 	r.StepS, r.Requests = plan.Step.Seconds(), plan.Requests
 	per := o.Spec.BlocksFor(kv.FullAttention, o.ISL)
 	base := engine.Config{Backend: backend, Protocol: engine.Protocol(o.Protocol), Model: o.Spec.Model, KVDType: o.Spec.DType, BlockSize: o.Spec.BlockSize,
-		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, DRAMAlloc: "mmap", Merge: true,
-		Verify: engine.Sparse, Lease: lc.Duration, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
-		RegTimeout: chaosRegTimeout(lc.Duration), RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: keys,
-		Step: plan.Step, LeaseEvents: true, Seed: o.Seed}
+		Layout: o.Spec.Layout, Order: o.Spec.Order, TP: 1, NumBlocks: per*plan.Requests*2 + 16, Merge: true, LeasePolicy: lc.Policy, FixedTimeout: lc.Timeout, Reaper: lc.Reaper,
+		Step: plan.Step, LeaseEvents: true, Seed: o.Seed, Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Sparse, Lease: runcore.Duration(lc.Duration), RegTimeout: runcore.Duration(chaosRegTimeout(lc.Duration)), RegWatchdog: engine.WatchdogFail, PushHeartbeatKeys: keys}}
 	c := &chaosRun{o: o, plan: plan, lc: lc, base: base, live: o.Live, liveT0: liveT0, freed: map[string]engine.FreedEvent{},
 		grants: map[string]int64{}, loads: map[string]engine.LoadReply{}, loadErr: map[string]string{}, aborted: map[string]bool{},
 		inQueue: make([]chan struct{}, plan.Requests), inOnce: make([]sync.Once, plan.Requests),

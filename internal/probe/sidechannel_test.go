@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
 )
 
@@ -59,8 +60,7 @@ func startEngine(t *testing.T, proto engine.Protocol, tp int, mut func(*engine.C
 		t.Fatal(err)
 	}
 	m.NumLayers = 2
-	cfg := engine.Config{Role: engine.RolePrefill, Backend: "ucx", Protocol: proto, Model: m, BlockSize: 16, NumBlocks: 32,
-		DRAMAlloc: "mmap", TP: tp, EngineID: "prefill-probe", Lease: 10 * time.Second, RegTimeout: 10 * time.Second}
+	cfg := engine.Config{Role: engine.RolePrefill, Backend: "ucx", Protocol: proto, Model: m, BlockSize: 16, NumBlocks: 32, TP: tp, EngineID: "prefill-probe", Knobs: engine.Knobs{DRAMAlloc: "mmap", Lease: runcore.Duration(10 * time.Second), RegTimeout: runcore.Duration(10 * time.Second)}}
 	if mut != nil {
 		mut(&cfg)
 	}

@@ -18,7 +18,7 @@ import (
 func standInDecode(t *testing.T) (*DecodeServer, string) {
 	t.Helper()
 	cfg := engine.Config{Role: engine.RoleDecode, Backend: "ucx", Protocol: engine.ProtoPull, Model: testModel(),
-		BlockSize: 16, NumBlocks: 64, DRAMAlloc: "mmap", Verify: engine.Full, EngineID: "standin-decode"}
+		BlockSize: 16, NumBlocks: 64, EngineID: "standin-decode", Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Full}}
 	if err := CheckDecodeConfig(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/capi"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
 func testModel() kv.Model {
@@ -28,8 +29,8 @@ func testModel() kv.Model {
 func standIn(t *testing.T, backend string, o Options) (*Server, *engine.Engine, string) {
 	t.Helper()
 	cfg := engine.Config{Role: engine.RolePrefill, Backend: backend, Protocol: engine.ProtoPull, Model: testModel(),
-		BlockSize: 16, NumBlocks: 64, DRAMAlloc: "mmap", Verify: engine.Full, Lease: 30 * time.Second,
-		EngineID: "standin-prefill", SideChannel: "tcp://127.0.0.1:0"}
+		BlockSize: 16, NumBlocks: 64,
+		EngineID: "standin-prefill", SideChannel: "tcp://127.0.0.1:0", Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Full, Lease: runcore.Duration(30 * time.Second)}}
 	if err := CheckConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +98,7 @@ func TestDecodeReadsFromStandIn(t *testing.T) {
 func decodeReadsFromStandIn(t *testing.T, backend string) {
 	s, pre, base := standIn(t, backend, Options{})
 	dec, err := engine.NewEngine(context.Background(), engine.Config{Role: engine.RoleDecode, Backend: backend,
-		Protocol: engine.ProtoPull, Model: testModel(), BlockSize: 16, NumBlocks: 64, DRAMAlloc: "mmap",
-		Verify: engine.Full, EngineID: "real-decode"}, nil, nil)
+		Protocol: engine.ProtoPull, Model: testModel(), BlockSize: 16, NumBlocks: 64, EngineID: "real-decode", Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Full}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
