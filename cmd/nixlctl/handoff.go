@@ -252,14 +252,8 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 	if err != nil {
 		return err
 	}
-	switch {
-	case o.PP < 1:
-		return errkind.BadInputf("--pp must be at least 1 (got %d)", o.PP)
-	case o.PP > m.NumLayers:
-		return errkind.BadInputf("--pp %d: more pipeline stages than the %d layers of %s (each stage holds at least one)", o.PP, m.NumLayers, m.Name)
-	}
-	if err := engine.CheckPP(proto, o.PP); err != nil {
-		return errkind.BadInputf("--pp %d: %v", o.PP, err)
+	if err := checkPP(m, o.PP); err != nil {
+		return err // both sides' stages: not the prefill's spec alone
 	}
 	if h.Bootstrap != "" && proto == engine.ProtoSGLang && set("prefill-tp") {
 		return errkind.BadInputf("--prefill-tp: not with --bootstrap: the external SGLang prefill's TP is its own (attn_tp_size in its server info)")
@@ -292,7 +286,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		}
 	}
 	if err := h.Validate(); err != nil {
-		return flagErrors(err, h)
+		return flagErrors(err, o) // o: the spec flags too (--pp)
 	}
 	if err := ignoredErrors(set, h, h.Ignored()); err != nil {
 		return err
@@ -320,7 +314,7 @@ func runHandoff(ctx context.Context, a *app, proto engine.Protocol, o handoffOpt
 		var err error
 		if res, err = handoff.RunHandoff(ctx, h); res == nil {
 			if errkind.IsBadInput(err) {
-				err = flagErrors(err, h) // refused before a request ran: name the flag
+				err = flagErrors(err, o) // refused before a request ran: name the flag
 			}
 			return nil, err
 		}

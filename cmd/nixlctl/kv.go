@@ -159,10 +159,25 @@ func kvSpec(m kv.Model, dtype string, blockSize int, layout, order string, tp, p
 	if blockSize <= 0 {
 		return s, errkind.BadInputf("--block-size must be > 0 (got %d)", blockSize)
 	}
-	if tp <= 0 || pp <= 0 {
+	if tp <= 0 {
 		return s, errkind.BadInputf("--tp and --pp must be > 0 (got %d and %d)", tp, pp)
 	}
+	if err := checkPP(m, pp); err != nil {
+		return s, err
+	}
 	return s, errkind.BadInput(s.Validate())
+}
+
+// checkPP refuses pipeline stages the model cannot hold, naming --pp
+// (kv.Spec.Validate refuses them too, in its own words).
+func checkPP(m kv.Model, pp int) error {
+	switch {
+	case pp < 1:
+		return errkind.BadInputf("--pp must be at least 1 (got %d)", pp)
+	case pp > m.NumLayers:
+		return errkind.BadInputf("--pp %d: more pipeline stages than the %d layers of %s (each stage holds at least one)", pp, m.NumLayers, m.Name)
+	}
+	return nil
 }
 
 // The link speeds kv layout estimates with: 1 Mb/s to 1 Pb/s, well past

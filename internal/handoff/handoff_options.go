@@ -239,7 +239,7 @@ func (o *HandoffOptions) Validate() error {
 		bad("DecodeTP", "must be between 1 and %d (got %d)", kv.MaxParallel, o.DecodeTP)
 	}
 	if err := engine.CheckPP(o.Protocol, o.Spec.PP); err != nil {
-		bad("PP", "%d: %v", o.Spec.PP, err)
+		bad("PP", "%v; got %d", err, o.Spec.PP)
 	}
 	if o.validateBounds(bad) {
 		o.resolveEngines(func(err error) { errs = append(errs, err) }, bad)
