@@ -153,11 +153,6 @@ func init() {
 // Render implements report.Result.
 func (res *XferResult) Render(w io.Writer, f report.Format) error { return WriteXfer(w, f, res) }
 
-// Series names the point in metrics and plots: "WRITE 4 KiB x 1".
-func (p XferPoint) Series() string {
-	return fmt.Sprintf("%s %s x %d", p.Op, report.Bytes(int64(p.BlockSize)), p.BatchSize)
-}
-
 // Metrics implements report.Result: per point, the efficiency against
 // memcpy (stable across machines, the gate's default), bandwidth and the
 // request latency percentiles, each tied to the point's latency histogram.
