@@ -8,10 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/clocksync"
@@ -21,20 +19,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
-
-// meet relates the endpoint's clock to the driver's and learns its host.
-func (ep *Endpoint) meet(ctx context.Context, role, addr string) error {
-	off, host, err := ep.rpc.ClockOffset(ctx, ctl.ClockPings)
-	if err != nil {
-		return fmt.Errorf("%s endpoint clock: %w", role, err)
-	}
-	ep.clock, ep.host = off, host
-	ep.info = runcore.EndpointInfo{Role: role, Addr: addr, Hostname: host.Hostname, BootID: host.Identity.BootID, Clock: runcore.NewClockOffset(off)}
-	return nil
-}
-
-// toDriver maps one of the endpoint's stamps onto the driver's clock.
-func (ep *Endpoint) toDriver(t int64) int64 { return ep.clock.ToDriver(t) }
 
 // localHostFor is the address by which this host reaches a remote
 // endpoint: where a local child must bind and what it must advertise so
@@ -100,20 +84,6 @@ func checkLoopbackAdvert(role string, adv *Endpoint, addr string, dialers []*End
 	return nil
 }
 
-// advertHost is the host part of an advertised address ("tcp://h:p",
-// "http://h:p" or "h:p"); "" when it has none.
-func advertHost(addr string) string {
-	hp := strings.TrimPrefix(strings.TrimPrefix(addr, "tcp://"), "http://")
-	if i := strings.IndexByte(hp, '/'); i >= 0 {
-		hp = hp[:i]
-	}
-	h, _, err := net.SplitHostPort(hp)
-	if err != nil {
-		return ""
-	}
-	return h
-}
-
 // isLoopbackHost: 127.0.0.0/8, ::1 or the name localhost.
 func isLoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") || strings.HasSuffix(strings.ToLower(h), ".localhost") {
@@ -121,70 +91,6 @@ func isLoopbackHost(h string) bool {
 	}
 	ip := net.ParseIP(h)
 	return ip != nil && ip.IsLoopback()
-}
-
-// unreachable matches the errors of a path that does not reach the peer:
-// UCX's UCS_ERR_UNREACHABLE and the kernel's.
-var unreachable = regexp.MustCompile(`(?i)destination is unreachable|no route to host|network is unreachable`)
-
-// unreachableFailures counts the failed requests whose reason's example
-// says the path did not reach the peer.
-func unreachableFailures(s HandoffSummary) int {
-	n := 0
-	for reason, k := range s.FailuresByReason {
-		if unreachable.MatchString(s.FailureExamples[reason]) {
-			n += k
-		}
-	}
-	return n
-}
-
-// unreachableWarning explains failures whose path did not reach the peer:
-// on a host with a second network device UCX may pick it, and every request
-// fails with nothing but "Destination is unreachable" in its records. It
-// names the device this host routes each remote peer through (route) and
-// the flag that pins it.
-func unreachableWarning(s HandoffSummary, netDevices string, eps []runcore.EndpointInfo, route func(ip string) (string, error)) string {
-	n, first := unreachableFailures(s), ""
-	for _, reason := range runcore.ReasonOrder(s.FailuresByReason) {
-		if ex := s.FailureExamples[reason]; unreachable.MatchString(ex) && first == "" {
-			first = ex
-		}
-	}
-	if n == 0 {
-		return ""
-	}
-	if netDevices != "" {
-		return fmt.Sprintf("%d requests failed as unreachable (first: %q) with --net-devices %s: the pinned device does not reach the peers", n, first, netDevices)
-	}
-	var via []string
-	seen := map[string]bool{}
-	for _, ep := range eps {
-		h := advertHost(ep.SideChannel)
-		if ip := net.ParseIP(h); ip == nil || ip.IsLoopback() || seen[h] {
-			continue
-		}
-		seen[h] = true
-		if dev, err := route(h); err == nil {
-			via = append(via, fmt.Sprintf("%s through %s", h, dev))
-		}
-	}
-	hint := "pin the device that reaches the peers with --net-devices (nixlctl probe env lists what UCX sees)"
-	if len(via) > 0 {
-		hint += "; this host reaches " + strings.Join(via, ", ")
-	}
-	return fmt.Sprintf("%d requests failed as unreachable (first: %q): UCX used a network device that does not reach the peer, as happens on hosts with a second interface (a docker or libvirt bridge); %s", n, first, hint)
-}
-
-// Endpoint is a connection to a prefill or decode endpoint.
-type Endpoint struct {
-	rpc   *ctl.Client
-	clock clocksync.Offset // its clock relative to the driver's
-	host  ctl.HostInfo
-	info  runcore.EndpointInfo
-	// conn is how it was started or reached (nil for a reverse
-	// rendezvous member): closing it flushes a child's stderr.
-	conn *fleet.Conn
 }
 
 // checkRemoteNetDevices checks --net-devices at every endpoint the driver
@@ -227,10 +133,6 @@ func dialError(name, addr string, reg registration, err error) error {
 	}
 	return fmt.Errorf("%s endpoint %s (%s) cannot be reached: %w", name, addr, reg.who, err)
 }
-
-// endpointGrace is how long an endpoint may take to close its engine
-// (agents, pools) before it is killed.
-const endpointGrace = 15 * time.Second
 
 // launch is what starting a run's endpoints takes from its options: a
 // handoff's and lease-chaos's alike, so neither builds the other's.
@@ -293,19 +195,6 @@ func startEndpoint(ctx context.Context, l launch, role, name string, slot Engine
 	}
 	return &Endpoint{rpc: c.Client, conn: c}, nil
 }
-
-func (ep *Endpoint) close() {
-	switch {
-	case ep == nil:
-	case ep.conn != nil:
-		_ = ep.conn.Close(endpointGrace, nil)
-	default:
-		_ = ep.rpc.Close(endpointGrace, nil)
-	}
-}
-
-// Signal sends the endpoint process a signal (fault tests, chaos).
-func (ep *Endpoint) Signal(sig syscall.Signal) error { return ep.rpc.Signal(sig) }
 
 // handoffFleet is one handoff run's endpoints: the engine slots asked for,
 // the endpoints started or dialled for them (nil where none was yet), and

@@ -475,3 +475,40 @@ func (c HandoffConfig) parallelLabel() string {
 	}
 	return fmt.Sprintf("TP %d -> %d", c.PrefillTP, c.DecodeTP)
 }
+
+// pairTables renders an xPyD run's pairs as matrices, prefill rows by
+// decode columns: requests (failed), GB/s over each pair's active time,
+// and handoff p99. None with one pair.
+func pairTables(res *HandoffResult) []*report.Table {
+	n, m := pairDims(res)
+	if n*m <= 1 {
+		return nil
+	}
+	matrix := func(corner string, cell func(PairSummary) string) *report.Table {
+		t := &report.Table{Columns: []report.Column{{Name: corner}}}
+		for d := 0; d < m; d++ {
+			t.Columns = append(t.Columns, report.Column{Name: engineName("decode", d, m), Align: report.Right})
+		}
+		for p := 0; p < n; p++ {
+			row := []string{engineName("prefill", p, n)}
+			for d := 0; d < m; d++ {
+				row = append(row, cell(res.Summary.Pairs[p*m+d]))
+			}
+			t.AddRow(row...)
+		}
+		return t
+	}
+	num := func(v func(PairSummary) (float64, bool)) func(PairSummary) string {
+		return func(p PairSummary) string {
+			if x, ok := v(p); ok {
+				return report.Float(x)
+			}
+			return "-"
+		}
+	}
+	return []*report.Table{
+		matrix("requests (failed)", func(p PairSummary) string { return fmt.Sprintf("%d (%d)", p.Requests, p.Failed) }),
+		matrix("GB/s (pair active)", num(pairGBps)),
+		matrix("handoff p99 (ms)", num(pairP99)),
+	}
+}

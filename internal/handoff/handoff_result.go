@@ -1,18 +1,15 @@
 package handoff
 
 import (
-	"cmp"
 	"fmt"
+	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nixlctl/nixlctl/internal/cpuspeed"
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/kv"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
-	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
 // HandoffConfig is what a handoff result says was asked: the options as
@@ -105,43 +102,6 @@ type XferReference struct {
 	// Target is the serve target --listen address the reference crossed
 	// to (--xfer-target); absent: a target the driver started.
 	Target string `json:"target,omitempty"`
-}
-
-// config echoes the options a run used (numBlocks being its pool size).
-func (o *HandoffOptions) config(numBlocks int) HandoffConfig {
-	s := o.Spec
-	c := HandoffConfig{Protocol: o.Protocol, Model: s.Model.Name, KVDType: s.DType, BlockSize: s.BlockSize, Layout: s.Layout,
-		Order: s.Order, PrefillTP: s.TP, DecodeTP: o.DecodeTP, PP: ppOrOmit(s.PP), Requests: o.Requests, Warmup: o.Warmup, Seed: new(o.Seed), ISL: o.ISL, Rate: o.Rate,
-		Concurrency: o.Concurrency, MaxInflight: o.openLoopCap(), PrefixHit: o.PrefixHit, Fragmentation: o.Fragmentation, Merge: !o.NoMerge, NumBlocks: numBlocks,
-		Knobs: o.Knobs.Echo(o.Protocol), ChunkTokens: o.ChunkTokens, Mem: o.Mem.String(), Endpoints: "process",
-		UnsupportedTP: o.unsupportedTP(), NoCompatCheck: o.NoCompatCheck}
-	if o.Mem == nixl.VRAM {
-		c.PrefillDevice, c.DecodeDevice = new(o.Device), new(o.DecodeDevice)
-	}
-	if len(o.Trace) > 0 {
-		// The trace's requests ran, not --requests (32 by default).
-		c.Requests = len(o.Trace) - max(o.Warmup, 0)
-	}
-	if o.Protocol == engine.ProtoSGLang {
-		c.SGLBootstrap = o.Bootstrap
-	}
-	ps, ds := o.engines()
-	switch {
-	case o.remote():
-		c.Endpoints = "prefill " + slotsLabel(ps) + " / decode " + slotsLabel(ds)
-	case o.Inproc:
-		c.Endpoints = "inproc"
-	}
-	if len(ps)*len(ds) > 1 {
-		c.PrefillEngines, c.DecodeEngines, c.Router = ps, ds, cmp.Or(o.Router, RouterRoundRobin)
-		if !o.remote() {
-			c.Endpoints = fmt.Sprintf("%s, %d prefill x %d decode", c.Endpoints, len(ps), len(ds))
-		}
-	}
-	if o.OnEndpointDeath == DeathDrain {
-		c.OnEndpointDeath = DeathDrain
-	}
-	return c
 }
 
 // HandoffRecord is one request, as written to --records. Durations are
@@ -308,129 +268,6 @@ type HandoffResult struct {
 	Records      []HandoffRecord `json:"-"`
 }
 
-// SummarizeHandoff computes a run's summary from its records (warm-up
-// ones left out), with memcpy the reference bandwidth in GB/s. The
-// references and leak counts that do not come from records stay zero.
-func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
-	s := HandoffSummary{MemcpyGBps: memcpy}
-	hand, xfer, post, f2p, comp, reg := report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram(), report.NewHistogram()
-	var firstHS, steadyHS []float64
-	var gbps []float64
-	// The timed span is each round's (first start to last end) added up:
-	// between rounds the interleaved reference ran, not the handoff.
-	type span struct{ first, last int64 }
-	spans := map[int]*span{}
-	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
-	for _, r := range records {
-		if r.FirstHandshake {
-			firstHS = append(firstHS, r.HandshakeMS)
-		}
-		if r.Warmup {
-			continue
-		}
-		s.Requests++
-		if r.Error != "" || r.CorruptBlocks > 0 {
-			s.Failed++
-			reason := "corrupt blocks"
-			if r.Error != "" {
-				reason = failureReason(r.Error)
-			}
-			if s.FailuresByReason == nil {
-				s.FailuresByReason, s.FailureExamples = map[string]int{}, map[string]string{}
-			}
-			s.FailuresByReason[reason]++
-			if _, seen := s.FailureExamples[reason]; !seen {
-				if r.Error != "" {
-					s.FailureExamples[reason] = failureExample(r.Error)
-				}
-			}
-		}
-		s.CorruptBlocks += r.CorruptBlocks
-		if r.Error != "" {
-			continue
-		}
-		if !r.FirstHandshake {
-			steadyHS = append(steadyHS, r.HandshakeMS)
-		}
-		s.Bytes += r.Bytes
-		s.DescriptorsPerReq += float64(r.Descriptors)
-		s.LogicalDescsReq += float64(r.LogicalDescs)
-		// Every measured request has a handoff and a transfer stage, even
-		// one that read 0 (a copy done inside the post): the histograms
-		// count every request that moved bytes. Other stages a protocol
-		// lacks are 0 and stay out. A negative stage is counted, not
-		// recorded, and the run warns.
-		for _, st := range []struct {
-			name   string
-			h      *report.Histogram
-			v      float64
-			always bool
-		}{{"handoff_ms", hand, r.HandoffMS, true}, {"transfer_ms", xfer, r.TransferMS, r.Bytes > 0}, {"post_ms", post, r.PostMS, false},
-			{"finish_to_post_ms", f2p, r.FinishToPostMS, false}, {"completion_to_ready_ms", comp, r.CompletionMS, false},
-			{"registration_rtt_ms", reg, r.RegRTTMS, false}} {
-			switch {
-			case st.v < 0:
-				if s.NegativeStages == nil {
-					s.NegativeStages = map[string]int{}
-				}
-				s.NegativeStages[st.name]++
-			case st.v > 0 || st.always:
-				st.h.Record(ms(st.v))
-			}
-		}
-		// Post and transfer together: where a transport copies inside the
-		// post (UCX-allocated shared memory), the transfer stage is ~0.
-		if t := r.PostMS + r.TransferMS; t > 0 && r.Bytes > 0 {
-			gbps = append(gbps, float64(r.Bytes)/1e6/t)
-		}
-		sp := spans[r.Round]
-		if sp == nil {
-			sp = &span{first: r.TStart}
-			spans[r.Round] = sp
-		}
-		sp.first = min(sp.first, r.TStart)
-		sp.last = max(sp.last, r.TReady)
-	}
-	var timed int64
-	for _, sp := range spans {
-		if sp.last > sp.first {
-			timed += sp.last - sp.first
-		}
-	}
-	ok := s.Requests - s.Failed
-	if ok > 0 {
-		s.DescriptorsPerReq /= float64(ok)
-		s.LogicalDescsReq /= float64(ok)
-		s.BytesPerRequest = float64(s.Bytes) / float64(ok)
-	}
-	if timed > 0 {
-		s.Seconds = float64(timed) / 1e9
-		s.BandwidthGBps = float64(s.Bytes) / 1e9 / s.Seconds
-		s.RequestsPerS = float64(ok) / s.Seconds
-	}
-	u := time.Millisecond
-	s.HandoffLatencyMS, s.TransferMS, s.PostMS, s.FinishToPostMS, s.CompletionMS, s.RegRTTMS =
-		hand.In(u), xfer.In(u), post.In(u), f2p.In(u), comp.In(u), reg.In(u)
-	s.Histogram, _ = hand.Encode()
-	s.StageHistograms = map[string]string{}
-	for k, h := range map[string]*report.Histogram{"transfer_ms": xfer, "post_ms": post, "finish_to_post_ms": f2p,
-		"completion_to_ready_ms": comp, "registration_rtt_ms": reg} {
-		if h.Count() > 0 {
-			s.StageHistograms[k], _ = h.Encode()
-		}
-	}
-	s.FirstHandshakeMS = mean(firstHS)
-	s.SteadyHandshakeMS = mean(steadyHS)
-	s.TransferGBps = stats.Median(gbps)
-	if _, gap := stallWarning(records); gap > 0 {
-		s.StallMS = float64(gap) / 1e6
-	}
-	if memcpy > 0 {
-		s.EfficiencyMemcpy = s.BandwidthGBps / memcpy
-	}
-	return s
-}
-
 func mean(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
@@ -480,4 +317,95 @@ func handoffPairBytes(records []HandoffRecord, n int) runcore.PairBytes {
 		}
 		return by[[2]int{i, j}]
 	}
+}
+
+// XferRound is one round of an interleaved reference: the handoff's
+// requests of the round, then bench xfer on the same bytes, then (on one
+// host with the ucx backend) the same transfers between UCX-allocated
+// shared memory, the fastest path UCX offers two processes. Each rate is
+// the round's bytes over its own span (first start to last end), so the
+// three share a pipeline's ramp and, one after another within a second or
+// two, the host's state.
+type XferRound struct {
+	Round       int     `json:"round"`
+	Requests    int     `json:"requests"`
+	HandoffGBps float64 `json:"handoff_gbps"`
+	XferGBps    float64 `json:"xfer_gbps"`
+	LimitGBps   float64 `json:"limit_gbps,omitempty"`
+	// CPUNSPerStep is the host's speed just before the round's reference
+	// (cpuspeed: the slowest CPU's ns per step of a fixed loop).
+	CPUNSPerStep float64 `json:"cpu_ns_per_step,omitempty"`
+}
+
+// Ratio is the round's handoff rate over its bench xfer rate (0 without
+// one).
+func (r XferRound) Ratio() float64 {
+	if r.XferGBps <= 0 {
+		return 0
+	}
+	return r.HandoffGBps / r.XferGBps
+}
+
+// limitRatio is the round's handoff rate over the host's limit (0
+// without one).
+func (r XferRound) limitRatio() float64 {
+	if r.LimitGBps <= 0 {
+		return 0
+	}
+	return r.HandoffGBps / r.LimitGBps
+}
+
+// PairSummary is one (prefill, decode) pair of an xPyD run, from its
+// measured requests.
+type PairSummary struct {
+	Prefill       int   `json:"prefill"`
+	Decode        int   `json:"decode"`
+	Requests      int   `json:"requests"`
+	Failed        int   `json:"failed"`
+	CorruptBlocks int   `json:"corrupt_blocks"`
+	Bytes         int64 `json:"bytes"`
+	// ActiveSeconds is the pair's active time: its first measured
+	// request's start to its last one's decode ready.
+	ActiveSeconds float64 `json:"active_seconds"`
+	// ActiveGBps is Bytes / ActiveSeconds: what the pair moved while it
+	// had work (not over the whole run's time).
+	ActiveGBps       float64            `json:"active_bandwidth_gbps"`
+	HandoffLatencyMS report.Percentiles `json:"handoff_latency_ms"`
+}
+
+// RendezvousInfo records how a run found its engines through a
+// rendezvous (--rendezvous): where the driver waited, for which run and
+// roster, how long, and who came.
+type RendezvousInfo struct {
+	Addr     string             `json:"addr"`
+	RunID    string             `json:"run_id"`
+	Roster   string             `json:"roster"`
+	WaitedMS float64            `json:"waited_ms"`
+	Members  []RendezvousMember `json:"members"`
+}
+
+// RendezvousMember is one endpoint that registered.
+type RendezvousMember struct {
+	Role string `json:"role"`
+	Rank int    `json:"rank"`
+	Host string `json:"host"`
+	// Addr is the control address the driver dialled, or "reverse" for an
+	// endpoint served over its registration's connection.
+	Addr string `json:"addr"`
+	From string `json:"from"` // where the hello came from (TCP peer, or etcd key)
+}
+
+// label is the text report's line: where, which run, who from which host
+// ("[::]:7500, run 4242, 12 ms: prefill rank 0 on node1 (10.0.0.1:7400),
+// decode rank 1 on node2 (reverse)").
+func (r *RendezvousInfo) label() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, run %q, %s ms:", r.Addr, r.RunID, strconv.FormatFloat(r.WaitedMS, 'f', 0, 64))
+	for i, m := range r.Members {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s rank %d on %s (%s)", m.Role, m.Rank, m.Host, m.Addr)
+	}
+	return b.String()
 }

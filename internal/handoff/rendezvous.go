@@ -13,28 +13,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 )
 
-// RendezvousInfo records how a run found its engines through a
-// rendezvous (--rendezvous): where the driver waited, for which run and
-// roster, how long, and who came.
-type RendezvousInfo struct {
-	Addr     string             `json:"addr"`
-	RunID    string             `json:"run_id"`
-	Roster   string             `json:"roster"`
-	WaitedMS float64            `json:"waited_ms"`
-	Members  []RendezvousMember `json:"members"`
-}
-
-// RendezvousMember is one endpoint that registered.
-type RendezvousMember struct {
-	Role string `json:"role"`
-	Rank int    `json:"rank"`
-	Host string `json:"host"`
-	// Addr is the control address the driver dialled, or "reverse" for an
-	// endpoint served over its registration's connection.
-	Addr string `json:"addr"`
-	From string `json:"from"` // where the hello came from (TCP peer, or etcd key)
-}
-
 // resolveRendezvous settles the roster and placeholder engine slots of a
 // rendezvous run (Validate); RunHandoff fills the slots in once the
 // endpoints came.
@@ -99,14 +77,6 @@ func (o *HandoffOptions) resolveRendezvous(bad func(field, format string, a ...a
 	}
 }
 
-// registration says who put an endpoint's address in the rendezvous: what
-// a failure to dial it must name, since the address may be stale.
-type registration struct {
-	who string // "decode rank 1, registered from host node2 (KEY)"
-	// etcd: a killed endpoint's key outlives it by a lease there.
-	etcd bool
-}
-
 // meetRendezvous opens the rendezvous, waits for the roster and puts the
 // members in the engine slots: prefill engine i is the i-th prefill rank.
 // The driver it returns (also on error, when it opened) must be closed
@@ -159,19 +129,4 @@ func (o *HandoffOptions) meetRendezvous(ctx context.Context) (*rendezvous.Driver
 		}
 	}
 	return drv, info, nil
-}
-
-// label is the text report's line: where, which run, who from which host
-// ("[::]:7500, run 4242, 12 ms: prefill rank 0 on node1 (10.0.0.1:7400),
-// decode rank 1 on node2 (reverse)").
-func (r *RendezvousInfo) label() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s, run %q, %s ms:", r.Addr, r.RunID, strconv.FormatFloat(r.WaitedMS, 'f', 0, 64))
-	for i, m := range r.Members {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, " %s rank %d on %s (%s)", m.Role, m.Rank, m.Host, m.Addr)
-	}
-	return b.String()
 }

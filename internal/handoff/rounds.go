@@ -4,77 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sync"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
-	"github.com/nixlctl/nixlctl/internal/stats"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
-
-// XferRound is one round of an interleaved reference: the handoff's
-// requests of the round, then bench xfer on the same bytes, then (on one
-// host with the ucx backend) the same transfers between UCX-allocated
-// shared memory, the fastest path UCX offers two processes. Each rate is
-// the round's bytes over its own span (first start to last end), so the
-// three share a pipeline's ramp and, one after another within a second or
-// two, the host's state.
-type XferRound struct {
-	Round       int     `json:"round"`
-	Requests    int     `json:"requests"`
-	HandoffGBps float64 `json:"handoff_gbps"`
-	XferGBps    float64 `json:"xfer_gbps"`
-	LimitGBps   float64 `json:"limit_gbps,omitempty"`
-	// CPUNSPerStep is the host's speed just before the round's reference
-	// (cpuspeed: the slowest CPU's ns per step of a fixed loop).
-	CPUNSPerStep float64 `json:"cpu_ns_per_step,omitempty"`
-}
-
-// Ratio is the round's handoff rate over its bench xfer rate (0 without
-// one).
-func (r XferRound) Ratio() float64 {
-	if r.XferGBps <= 0 {
-		return 0
-	}
-	return r.HandoffGBps / r.XferGBps
-}
-
-// limitRatio is the round's handoff rate over the host's limit (0
-// without one).
-func (r XferRound) limitRatio() float64 {
-	if r.LimitGBps <= 0 {
-		return 0
-	}
-	return r.HandoffGBps / r.LimitGBps
-}
-
-// roundRefs are a round's reference measurements, kept apart from the
-// handoff's side, which records give again (report show recomputes it).
-type roundRefs struct {
-	xfer, limit, cpuNS float64
-}
-
-// interleave runs the reference rounds between a closed loop's handoff
-// rounds.
-type interleave struct {
-	h       *handoff
-	backend string
-	// size is the requests of a full round.
-	size int
-	// xfer and limit measure on runs set up after the first round, when
-	// the handoff's descriptors are known; limit is nil where there is no
-	// faster path to measure (another backend, VRAM, a remote endpoint).
-	xfer, limit  *xferbench.Session
-	block, batch int
-	mu           sync.Mutex
-	refs         []roundRefs
-	// off says why rounds stopped (setup or a round failed); the run then
-	// reports the rounds it has and warns with it.
-	off string
-}
 
 // roundsFor returns how many requests a round holds: rounds of at least
 // four times the concurrency (shorter ones are mostly a pipeline's ramp),
@@ -219,56 +156,6 @@ func (il *interleave) roundRefsCopy() []roundRefs {
 	il.mu.Lock()
 	defer il.mu.Unlock()
 	return append([]roundRefs(nil), il.refs...)
-}
-
-// summarizeRounds joins the handoff's side of each round (from records)
-// with its references, and sets the summary's ratios from the rounds:
-// the medians, and the spread of the per-round ratio. Rounds without a
-// reference are left out.
-func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRefs) {
-	type span struct {
-		first, last int64
-		bytes       int64
-		n           int
-	}
-	spans := make([]span, len(refs))
-	for _, r := range records {
-		if r.Warmup || r.Error != "" || r.Round < 0 || r.Round >= len(refs) {
-			continue
-		}
-		sp := &spans[r.Round]
-		if sp.first == 0 || r.TStart < sp.first {
-			sp.first = r.TStart
-		}
-		sp.last = max(sp.last, r.TReady)
-		sp.bytes += r.Bytes
-		sp.n++
-	}
-	s.Rounds = nil
-	var ratios, limitRatios, xfers, limits []float64
-	for k, ref := range refs {
-		sp := spans[k]
-		if ref.xfer <= 0 || sp.last <= sp.first {
-			continue
-		}
-		rd := XferRound{Round: k + 1, Requests: sp.n, HandoffGBps: float64(sp.bytes) / float64(sp.last-sp.first),
-			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS}
-		s.Rounds = append(s.Rounds, rd)
-		ratios = append(ratios, rd.Ratio())
-		xfers = append(xfers, rd.XferGBps)
-		if rd.LimitGBps > 0 {
-			limits = append(limits, rd.LimitGBps)
-			limitRatios = append(limitRatios, rd.limitRatio())
-		}
-	}
-	if len(ratios) == 0 {
-		return
-	}
-	sp := report.SpreadOf(ratios)
-	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = stats.Median(xfers), sp.Median, &sp
-	if len(limits) > 0 {
-		s.LimitGBps, s.EfficiencyLimit = stats.Median(limits), stats.Median(limitRatios)
-	}
 }
 
 // referenceOptions are bench xfer's options for the same transfers as
