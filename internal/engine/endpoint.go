@@ -13,7 +13,7 @@ import (
 )
 
 // EndpointRole is one engine endpoint on a control channel: "setup"
-// creates the engine (once), then "prefill" or "load", "abort", "stats",
+// creates the engine (once), then "prefill" or "load", "abort", "stats", "touch",
 // "info". Events ("freed"; with lease events "heartbeat", "leases",
 // "queued", "crashing") flow back unasked. The engine closes with the
 // session.
@@ -141,6 +141,13 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 			return nil, err
 		}
 		return e.Stats(), nil
+	})
+	srv.Handle("touch", func(context.Context, json.RawMessage) (any, error) {
+		e, err := get()
+		if err != nil {
+			return nil, err
+		}
+		return e.TouchPools(), nil
 	})
 	srv.Handle("info", func(context.Context, json.RawMessage) (any, error) {
 		e, err := get()

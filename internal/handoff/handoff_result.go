@@ -335,6 +335,11 @@ type XferRound struct {
 	// CPUNSPerStep is the host's speed just before the round's reference
 	// (cpuspeed: the slowest CPU's ns per step of a fixed loop).
 	CPUNSPerStep float64 `json:"cpu_ns_per_step,omitempty"`
+	// TouchMS is how long the slowest endpoint took to read a byte of
+	// each page of its pools after the round's references, so that the
+	// next handoff round starts warm as each reference does
+	// (engine.TouchPools); absent in results from before it.
+	TouchMS float64 `json:"touch_ms,omitempty"`
 }
 
 // Ratio is the round's handoff rate over its bench xfer rate (0 without

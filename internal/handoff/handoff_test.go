@@ -669,7 +669,8 @@ func TestHandoffDrainDeadDecode(t *testing.T) {
 // run, waiting as the endpoints wait (paced) and with a notification on
 // every request as the handoff's transfers carry, in rounds between the
 // handoff's: every round has its reference, the summary their median
-// ratio and its spread, and the requests their round.
+// ratio and its spread, and the requests their round; after each round's
+// references the endpoints touched their pools.
 func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush} {
 		t.Run(string(proto), func(t *testing.T) {
@@ -703,7 +704,7 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 				}
 			}
 			for k, rd := range s.Rounds {
-				if rd.Round != k+1 || rd.Requests != 12 || perRound[k] != 12 || rd.HandoffGBps <= 0 || rd.XferGBps <= 0 || rd.CPUNSPerStep <= 0 {
+				if rd.Round != k+1 || rd.Requests != 12 || perRound[k] != 12 || rd.HandoffGBps <= 0 || rd.XferGBps <= 0 || rd.CPUNSPerStep <= 0 || rd.TouchMS <= 0 {
 					t.Errorf("round %d: %+v (records in it: %d)", k+1, rd, perRound[k])
 					for _, r := range res.Records {
 						if r.Round == k {

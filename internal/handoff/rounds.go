@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
 	"github.com/nixlctl/nixlctl/internal/live"
@@ -59,10 +61,10 @@ func (il *interleave) between(ctx context.Context, k int) {
 		if m.run == nil {
 			continue
 		}
-		warmup := 0
-		if k == 0 {
-			warmup = m.run.Options().PipelineDepth
-		}
+		// Every round warms its buffers first, untimed: they sat out the
+		// handoff's round, and on a host that reclaims idle memory
+		// (TouchPools) the first pass over them was the reference's alone.
+		warmup := m.run.Options().PipelineDepth
 		p, err := m.run.Point(ctx, k, il.block, il.batch, iters, warmup)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -72,6 +74,7 @@ func (il *interleave) between(ctx context.Context, k int) {
 		}
 		*m.to = p.BandwidthGBps
 	}
+	ref.touchMS = il.touchPools(ctx)
 	live.Emit(il.h.o.Live, live.Phase{Text: "measuring"})
 	il.mu.Lock()
 	for len(il.refs) <= k {
@@ -79,6 +82,30 @@ func (il *interleave) between(ctx context.Context, k int) {
 	}
 	il.refs[k] = ref
 	il.mu.Unlock()
+}
+
+// touchPools has every endpoint read a byte of each page of its pools
+// (engine.TouchPools) before the next handoff round, so that the round
+// does not start on memory the host reclaimed while the references ran;
+// it returns the slowest endpoint's time in ms. An endpoint that cannot
+// (a build from before "touch") is left as it is, once said.
+func (il *interleave) touchPools(ctx context.Context) float64 {
+	h := il.h
+	eps := slices.Concat(h.pes, h.des)
+	took := make([]int64, len(eps))
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Go(func() {
+			var r engine.TouchReply
+			if err := ep.rpc.Call(ctx, "touch", nil, &r); err != nil {
+				il.touchOnce.Do(func() { h.o.Log.Warn("pools not touched before the handoff rounds", "err", err) })
+				return
+			}
+			took[i] = r.NS
+		})
+	}
+	wg.Wait()
+	return float64(slices.Max(took)) / 1e6
 }
 
 // setup starts the reference's initiator and target (and the limit's)

@@ -75,6 +75,7 @@ type interleave struct {
 	block, batch int
 	mu           sync.Mutex
 	refs         []roundRefs
+	touchOnce    sync.Once
 	// off says why rounds stopped (setup or a round failed); the run then
 	// reports the rounds it has and warns with it.
 	off string

@@ -140,6 +140,7 @@ func SummarizeHandoff(records []HandoffRecord, memcpy float64) HandoffSummary {
 // handoff's side, which records give again (report show recomputes it).
 type roundRefs struct {
 	xfer, limit, cpuNS float64
+	touchMS            float64 // the pools' touch after the references
 }
 
 // summarizeRounds joins the handoff's side of each round (from records)
@@ -173,7 +174,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 			continue
 		}
 		rd := XferRound{Round: k + 1, Requests: sp.n, HandoffGBps: float64(sp.bytes) / float64(sp.last-sp.first),
-			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS}
+			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS, TouchMS: ref.touchMS}
 		s.Rounds = append(s.Rounds, rd)
 		ratios = append(ratios, rd.Ratio())
 		xfers = append(xfers, rd.XferGBps)
