@@ -132,7 +132,7 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	f.Int("pipeline-depth", d.PipelineDepth, "requests in flight")
 	f.String("total-buffer-size", d.TotalBufferSize.String(), "bytes per side (default: max block x max batch, at least 64K); smaller buffers are reused")
 	f.Bool("check-consistency", d.CheckConsistency, "verify per-descriptor tags after each point")
-	f.String("dram-alloc", d.DRAMAlloc.String(), "DRAM allocation: mmap or ucx")
+	f.String("dram-alloc", d.DRAMAlloc.String(), "DRAM allocation: mmap (4 KiB pages), thp (mmap advised for transparent huge pages) or ucx (UCX-allocated)")
 	f.Bool("use-hugepages", d.HugePages, "2 MiB pages for mmap buffers (needs vm.nr_hugepages)")
 	f.Bool("recreate-xfer", d.RecreateXfer, "create and release the request every iteration")
 	f.String("desc-order", d.DescOrder.String(), "descriptor placement: sequential (nixlbench) or random")

@@ -94,21 +94,25 @@ func (f *Fragmentation) UnmarshalText(b []byte) error {
 func (f Fragmentation) Valid() bool { return valid(f, Fragmentations) }
 
 // DRAMAlloc is how a DRAM pool is allocated: mmap (as an engine allocates
-// its own pool) or by the transfer backend (UCX-allocated memory).
+// its own pool, 4 KiB pages), thp (the same advised for transparent huge
+// pages, as PyTorch allocates with C10_THP_MEM_ALLOC_ENABLE=1 or on a
+// host whose THP mode is "always") or by the transfer backend
+// (UCX-allocated memory).
 type DRAMAlloc string
 
 // DRAM allocations.
 const (
 	AllocMmap DRAMAlloc = "mmap"
+	AllocTHP  DRAMAlloc = "thp"
 	AllocUCX  DRAMAlloc = "ucx"
 )
 
 // DRAMAllocs lists the valid allocations.
-var DRAMAllocs = []DRAMAlloc{AllocMmap, AllocUCX}
+var DRAMAllocs = []DRAMAlloc{AllocMmap, AllocTHP, AllocUCX}
 
 func (a DRAMAlloc) String() string { return string(a) }
 
-// UnmarshalText accepts mmap or ucx; empty is the zero value, which the
+// UnmarshalText accepts mmap, thp or ucx; empty is the zero value, which the
 // allocator takes as mmap (a Config that never set it still decodes).
 func (a *DRAMAlloc) UnmarshalText(b []byte) error {
 	if len(b) == 0 {

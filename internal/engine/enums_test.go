@@ -33,8 +33,9 @@ func TestEnumsParse(t *testing.T) {
 		{"fragmentation scattered", f, "scattered", ptr(FragScattered), ""},
 		{"fragmentation unknown", f, "swiss-cheese", nil, "contiguous, scattered"},
 		{"dram alloc ucx", a, "ucx", ptr(AllocUCX), ""},
+		{"dram alloc thp", a, "thp", ptr(AllocTHP), ""},
 		{"dram alloc empty is the default", a, "", ptr(DRAMAlloc("")), ""},
-		{"dram alloc unknown", a, "malloc", nil, "mmap, ucx"},
+		{"dram alloc unknown", a, "malloc", nil, "mmap, thp, ucx"},
 		{"freed expired", fr, "expired", ptr(FreedExpired), ""},
 		{"freed unknown", fr, "stolen", nil, "consumed, expired, pushed, failed"},
 	}

@@ -56,7 +56,7 @@ type Knobs struct {
 	// Verify is how much of every block decode checks.
 	Verify Verify `mapstructure:"verify" json:"verify" help:"tag check: sparse (4 words per block: its ends and both ends of one head that moves on per block; NHD: of 3 tokens) or full (every byte)"`
 	// DRAMAlloc is how DRAM pools are allocated.
-	DRAMAlloc DRAMAlloc `mapstructure:"dram-alloc" json:"dram_alloc" help:"pool allocation: mmap or ucx"`
+	DRAMAlloc DRAMAlloc `mapstructure:"dram-alloc" json:"dram_alloc" help:"pool allocation: mmap (4 KiB pages), thp (mmap advised for transparent huge pages, as PyTorch with C10_THP_MEM_ALLOC_ENABLE=1) or ucx (UCX-allocated)"`
 	// NetDevices, when set, is UCX_NET_DEVICES for the engine's agents
 	// (which interface UCX may carry the KV cache over).
 	NetDevices string `mapstructure:"net-devices" json:"net_devices,omitempty" help:"UCX_NET_DEVICES for both endpoints (e.g. eth1 or mlx5_0:1), recorded in the result"`
@@ -91,7 +91,7 @@ func (k *Knobs) Validate(p Protocol, bad func(field, format string, a ...any)) {
 		bad("Verify", "unknown verify mode %v (want sparse or full)", k.Verify)
 	}
 	if !k.DRAMAlloc.Valid() {
-		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap or ucx)", k.DRAMAlloc)
+		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap, thp or ucx)", k.DRAMAlloc)
 	}
 	if k.PrefillPerToken < 0 {
 		bad("PrefillPerToken", "must not be negative")

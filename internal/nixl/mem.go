@@ -3,6 +3,9 @@ package nixl
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -91,6 +94,93 @@ func AllocDRAM(size int, hugePages bool) (*Buffer, error) {
 		Addr: uint64(uintptr(unsafe.Pointer(&data[0]))), Len: size, Mem: DRAM, Alloc: alloc, data: data,
 		free: func() error { return unix.Munmap(data) },
 	}, nil
+}
+
+// THPEnabledPath is the kernel's transparent huge page mode.
+const THPEnabledPath = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+// AllocDRAMTHP maps size bytes of anonymous memory advised for
+// transparent huge pages (MADV_HUGEPAGE) and then populates it: as
+// PyTorch's CPU allocator maps a large tensor with
+// C10_THP_MEM_ALLOC_ENABLE=1, and as every anonymous mapping is backed on
+// a host whose THP mode is "always". The kernel gives what huge pages it
+// can; the buffer's Alloc says how much of it they back. On the
+// project's VMs this halves or better what a page costs on its first
+// touch after the host reclaimed it (a 1 GiB read 41-74 ms after 1-5 s
+// idle, against 120-256 ms with 4 KiB pages; see engine.TouchPools).
+func AllocDRAMTHP(size int) (*Buffer, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("buffer size must be > 0 (got %d)", size)
+	}
+	if mode, err := THPMode(THPEnabledPath); err == nil && mode == "never" {
+		return nil, fmt.Errorf("--dram-alloc thp: transparent huge pages are off on this host (%s: never); use mmap, or enable madvise", THPEnabledPath)
+	}
+	data, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+	}
+	if err := unix.Madvise(data, unix.MADV_HUGEPAGE); err != nil {
+		_ = unix.Munmap(data)
+		return nil, fmt.Errorf("madvise(MADV_HUGEPAGE) on %d bytes: %w", size, err)
+	}
+	// Pre-faulted as the mmap pools are (MAP_POPULATE), after the advice
+	// so that the faults take huge pages; kernels before 5.14 lack
+	// MADV_POPULATE_WRITE, and get a write to each page instead.
+	if err := unix.Madvise(data, unix.MADV_POPULATE_WRITE); err != nil {
+		for i := 0; i < len(data); i += 4096 {
+			data[i] = 0
+		}
+	}
+	addr := uint64(uintptr(unsafe.Pointer(&data[0])))
+	alloc := "mmap+thp"
+	if huge, err := anonHugeBytes("/proc/self/smaps", addr); err == nil {
+		alloc = fmt.Sprintf("mmap+thp (%d%% in huge pages)", huge*100/int64(size))
+	}
+	return &Buffer{
+		Addr: addr, Len: size, Mem: DRAM, Alloc: alloc, data: data,
+		free: func() error { return unix.Munmap(data) },
+	}, nil
+}
+
+// THPMode reads the kernel's transparent huge page mode from path (the
+// bracketed word of "always [madvise] never").
+func THPMode(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := string(b)
+	i, j := strings.IndexByte(s, '['), strings.IndexByte(s, ']')
+	if i < 0 || j < i {
+		return "", fmt.Errorf("%s: no mode in %q", path, strings.TrimSpace(s))
+	}
+	return s[i+1 : j], nil
+}
+
+// anonHugeBytes reads, from a smaps file, the AnonHugePages of the
+// mapping that starts at addr.
+func anonHugeBytes(path string, addr uint64) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	start := strconv.FormatUint(addr, 16) + "-"
+	in := false
+	for line := range strings.Lines(string(b)) {
+		// A mapping's header starts with its range ("7f..-7f.. rw-p"),
+		// its fields with a key ("AnonHugePages:").
+		if first, _, _ := strings.Cut(line, " "); strings.Contains(first, "-") && !strings.HasSuffix(first, ":") {
+			in = strings.HasPrefix(line, start)
+			continue
+		}
+		if in {
+			if v, ok := strings.CutPrefix(line, "AnonHugePages:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				return kb << 10, err
+			}
+		}
+	}
+	return 0, fmt.Errorf("no mapping at %#x in %s", addr, path)
 }
 
 // HostSlice views n bytes at addr as a slice. The memory must be outside

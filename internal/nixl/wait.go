@@ -54,6 +54,11 @@ func AllocBuffer(a Agent, size int, alloc string, huge bool) (*Buffer, error) {
 	switch alloc {
 	case "", "mmap":
 		return AllocDRAM(size, huge)
+	case "thp":
+		if huge {
+			return AllocDRAM(size, true) // hugetlb pages asked for: they are huge already
+		}
+		return AllocDRAMTHP(size)
 	case "ucx":
 		al, ok := a.(Allocator)
 		if !ok {
@@ -61,5 +66,5 @@ func AllocBuffer(a Agent, size int, alloc string, huge bool) (*Buffer, error) {
 		}
 		return al.AllocMem(size, DRAM)
 	}
-	return nil, fmt.Errorf("unknown --dram-alloc %q (want mmap or ucx)", alloc)
+	return nil, fmt.Errorf("unknown --dram-alloc %q (want mmap, thp or ucx)", alloc)
 }

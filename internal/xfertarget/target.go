@@ -28,7 +28,7 @@ type Request struct {
 	Backend   string `json:"backend,omitempty"`
 	Name      string `json:"name,omitempty"`
 	Size      int    `json:"size,omitempty"`
-	Alloc     string `json:"alloc,omitempty"` // DRAM: mmap or ucx
+	Alloc     string `json:"alloc,omitempty"` // DRAM: mmap, thp or ucx
 	HugePages bool   `json:"huge_pages,omitempty"`
 	Seg       string `json:"seg,omitempty"`    // DRAM (default) or VRAM
 	Device    int    `json:"device,omitempty"` // the GPU of a VRAM buffer
