@@ -76,6 +76,10 @@ type SystemReport struct {
 	MemlockSoft int64          `json:"memlock_soft_bytes"` // -1: unlimited
 	MemlockHard int64          `json:"memlock_hard_bytes"`
 	MemInfo     procfs.MemInfo `json:"meminfo"`
+	// THP is the kernel's transparent huge page mode (always, madvise or
+	// never): whether --dram-alloc thp can have huge pages, and whether
+	// an engine's plain allocations get them unasked (always).
+	THP string `json:"transparent_hugepages,omitempty"`
 }
 
 // PathReport is what a short loopback transfer really used.
@@ -249,6 +253,7 @@ func inspectSystem() SystemReport {
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		s.MemInfo, _ = procfs.ParseMemInfo(b)
 	}
+	s.THP, _ = nixl.THPMode(nixl.THPEnabledPath)
 	return s
 }
 

@@ -129,6 +129,9 @@ func envRows(res *EnvResult) [][3]string {
 	add("system", "memlock", fmt.Sprintf("%s soft, %s hard (RLIMIT_MEMLOCK)", limit(s.MemlockSoft), limit(s.MemlockHard)))
 	add("system", "huge pages", fmt.Sprintf("%d reserved, %d free, %d reserved for mappings, of %s",
 		s.MemInfo.HugePagesTotal, s.MemInfo.HugePagesFree, s.MemInfo.HugePagesRsvd, report.Bytes(s.MemInfo.HugePageBytes)))
+	if s.THP != "" {
+		add("system", "transparent huge pages", thpLine(s.THP))
+	}
 	add("system", "memory", fmt.Sprintf("%s, %d CPUs, kernel %s", report.Bytes(s.MemInfo.TotalBytes), res.Host.CPUs, res.Host.Kernel))
 
 	for _, pp := range []struct {
@@ -199,4 +202,17 @@ func limit(n int64) string {
 		return "unlimited"
 	}
 	return report.Bytes(n)
+}
+
+// thpLine says what the kernel's THP mode means for a KV pool.
+func thpLine(mode string) string {
+	switch mode {
+	case "always":
+		return "always: every large anonymous mapping gets them, a pool of --dram-alloc mmap included"
+	case "madvise":
+		return "madvise: only memory advised for them (--dram-alloc thp; PyTorch with C10_THP_MEM_ALLOC_ENABLE=1)"
+	case "never":
+		return "never: --dram-alloc thp is refused"
+	}
+	return mode
 }

@@ -203,7 +203,7 @@ func TestWriteEnv(t *testing.T) {
 		Host: report.Host{CPUs: 2, Kernel: "6.1"}}, UCX: fakeUCX(), Notes: []string{"a note"},
 		NIXL:   NIXLReport{BuiltIn: true, Available: true, Version: "/opt/nixl/lib/libnixl_capi.so", PluginDir: "/opt/nixl/lib/plugins", Plugins: []string{"UCX"}},
 		CUDA:   CUDAReport{Driver: true, DriverVersion: "12.4", Source: "libcuda.so.1", GPUs: []GPUInfo{{Index: 0, Name: "NVIDIA H100 80GB HBM3", MemBytes: 80 << 30}}},
-		System: SystemReport{MemlockSoft: -1, MemlockHard: -1, MemInfo: procfs.MemInfo{TotalBytes: 1 << 40, HugePagesTotal: 16, HugePagesFree: 16, HugePageBytes: 2 << 20}},
+		System: SystemReport{MemlockSoft: -1, MemlockHard: -1, MemInfo: procfs.MemInfo{TotalBytes: 1 << 40, HugePagesTotal: 16, HugePagesFree: 16, HugePageBytes: 2 << 20}, THP: "madvise"},
 		Path: &PathReport{Backend: "nixl", Asked: 20, Requests: 20, Bytes: 40 << 20, Notifs: 20, BlocksChecked: 256, Used: "rc_mlx5 on mlx5_0:1 (UCX's protocol table for ucp_put*)",
 			Protocols: []ProtoTable{{Operation: "remote memory write by ucp_put* from host memory to host", Ranges: []ProtoRange{{"0..inf", "zero-copy", "rc_mlx5/mlx5_0:1"}}}}},
 	}
