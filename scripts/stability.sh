@@ -12,6 +12,8 @@
 #
 #   scripts/stability.sh [RUNS] [MODEL] [ISL] [CONCURRENCY] [REQUESTS]
 #
+# STABILITY_FLAGS adds flags to every run (STABILITY_FLAGS="--dram-alloc thp").
+#
 # Run it on a quiet machine; the runs of the three protocols alternate, so
 # a slow spell of the host hits them alike.
 set -euo pipefail
@@ -19,13 +21,14 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_go
 runs=${1:-10} model=${2:-llama-3.1-8b} isl=${3:-2048} conc=${4:-4} reqs=${5:-128}
+read -r -a extra <<<"${STABILITY_FLAGS:-}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 go build -o "$work/nixlctl" ./cmd/nixlctl
 for i in $(seq 1 "$runs"); do
   for p in pull push sglang; do
     "$work/nixlctl" bench "$p" --model "$model" --isl "$isl" --concurrency "$conc" --requests "$reqs" \
-      --xfer-reference -o json 2>/dev/null >"$work/$p-$i.json" || echo "run $i of $p failed (exit $?)" >&2
+      --xfer-reference "${extra[@]}" -o json 2>/dev/null >"$work/$p-$i.json" || echo "run $i of $p failed (exit $?)" >&2
   done
 done
 python3 - "$work" "$runs" <<'PY'
