@@ -34,7 +34,7 @@ func TestBadOptionsNameTheFlag(t *testing.T) {
 		{"nested field", nil, []string{"bench", "pull", "--isl-dist", "uniform", "--isl-min", "9", "--isl-max", "3"}, "error: --isl-max: must be at least the minimum (9)\n"},
 		{"memory type", nil, []string{"bench", "pull", "--mem", "hbm"}, `error: --mem: unknown memory type "hbm"`},
 		{"two fields", nil, []string{"bench", "pull", "--requests", "0", "--warmup", "-2"}, "error: --requests: must be positive; --warmup: must not be negative (or -1: one pass over the KV pool)\n"},
-		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"bench", "pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, ucx)`},
+		{"environment", map[string]string{"NIXLCTL_DRAM_ALLOC": "malloc"}, []string{"bench", "pull"}, `error: --dram-alloc: unknown DRAM allocation "malloc" (want mmap, thp, ucx)`},
 		{"config file", nil, []string{"bench", "push", "--config", "bad.yaml"}, "error: --registration-timeout: must be positive\n"},
 		{"xfer size", nil, []string{"bench", "xfer", "--start-block-size", "4X"}, `error: --start-block-size: "4X" is not a size`},
 		{"xfer op", nil, []string{"bench", "xfer", "--op-type", "COPY"}, `error: --op-type: unknown op "COPY" (want READ or WRITE)` + "\n"},
