@@ -106,8 +106,9 @@ const THPEnabledPath = "/sys/kernel/mm/transparent_hugepage/enabled"
 // a host whose THP mode is "always". The kernel gives what huge pages it
 // can; the buffer's Alloc says how much of it they back. On the
 // project's VMs this halves or better what a page costs on its first
-// touch after the host reclaimed it (a 1 GiB read 41-74 ms after 1-5 s
-// idle, against 120-256 ms with 4 KiB pages; see engine.TouchPools).
+// touch after the host reclaimed it (a 1 GiB read 41-57 ms after 1 s
+// idle and 74-79 ms after 5 s, against 120-203 and 256-375 ms with 4 KiB
+// pages, four runs each; see engine.TouchPools).
 func AllocDRAMTHP(size int) (*Buffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("buffer size must be > 0 (got %d)", size)

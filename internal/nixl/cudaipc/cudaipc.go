@@ -30,7 +30,6 @@
 package cudaipc
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -72,14 +71,11 @@ const (
 const notifWriteTimeout = 10 * time.Second
 
 type agent struct {
-	name   string
-	closed atomic.Bool
+	name string
+	nixl.Book[*peer, *request]
 
-	mu       sync.Mutex
 	dev      int // the agent's GPU: that of its first registered buffer; -1 before
 	regs     []*registration
-	peers    map[string]*peer
-	reqs     map[*request]struct{}
 	pending  []pendingItem // posted transfers for the completion goroutine
 	accepted map[*net.UnixConn]struct{}
 
@@ -118,7 +114,6 @@ type registration struct {
 
 type peer struct {
 	name     string
-	md       []byte
 	proc     nixl.Process
 	conn     connInfo
 	sameProc bool // in this process: its device pointers are valid here as they are
@@ -157,9 +152,10 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda-ipc notification socket: %w", err)
 	}
-	a := &agent{name: cfg.Name, dev: -1, peers: map[string]*peer{}, reqs: map[*request]struct{}{},
+	a := &agent{name: cfg.Name, dev: -1,
 		accepted: map[*net.UnixConn]struct{}{}, ln: ln, sock: sock,
 		notifyCh: make(chan struct{}, 1), work: make(chan struct{}, 1), stop: make(chan struct{})}
+	a.Init(a.dropPeerLocked, (*request).inFlight)
 	a.wg.Add(3)
 	go a.accept()
 	go a.complete()
@@ -171,9 +167,9 @@ func (a *agent) Name() string { return a.name }
 
 func (a *agent) Info() nixl.Info {
 	info := nixl.Info{Backend: backendName, Version: cuda.Version(), Details: map[string]string{}}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
+	a.Lock()
+	defer a.Unlock()
+	if a.Closed() {
 		return info
 	}
 	if a.dev >= 0 {
@@ -181,7 +177,7 @@ func (a *agent) Info() nixl.Info {
 		uuid, _ := cuda.DeviceUUID(a.dev)
 		info.Details["device"] = fmt.Sprintf("GPU %d: %s (%s)", a.dev, name, uuid)
 	}
-	for name, p := range a.peers {
+	for name, p := range a.PeersLocked() {
 		if !p.invalid {
 			info.Details["transport:"+name] = a.describeLocked(p)
 		}
@@ -219,11 +215,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 	if b.Mem != nixl.VRAM {
 		return fmt.Errorf("%w: cuda-ipc moves GPU memory only; a %s buffer cannot be registered (use --backend ucx for DRAM)", nixl.ErrMemType, b.Mem)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
+	defer a.Unlock()
 	for _, r := range a.regs {
 		if r.buf == b {
 			return nil
@@ -246,11 +241,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 }
 
 func (a *agent) DeregisterMem(b *nixl.Buffer) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
+	defer a.Unlock()
 	for i, r := range a.regs {
 		if r.buf == b {
 			a.regs = append(a.regs[:i], a.regs[i+1:]...)
@@ -261,11 +255,10 @@ func (a *agent) DeregisterMem(b *nixl.Buffer) error {
 }
 
 func (a *agent) LocalMD() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	ci := connInfo{Sock: a.sock, Dev: int32(a.dev)}
 	if a.dev >= 0 {
 		ci.UUID, _ = cuda.DeviceUUID(a.dev)
@@ -293,7 +286,7 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	if md.Proc.Host == "" || md.Proc.Host != self.Host {
 		return "", fmt.Errorf("%w: agent %s runs on another host; cuda-ipc moves data within one node", nixl.ErrUnavailable, md.Name)
 	}
-	p := &peer{name: md.Name, md: append([]byte(nil), data...), proc: md.Proc, conn: ci, opened: map[cuda.IPCHandle]uint64{},
+	p := &peer{name: md.Name, proc: md.Proc, conn: ci, opened: map[cuda.IPCHandle]uint64{},
 		sameProc: md.Proc.PID == self.PID && md.Proc.PIDNS == self.PIDNS}
 	p.watch = !p.sameProc && nixl.SameHost(md.Proc)
 	for i, r := range md.Regions {
@@ -307,19 +300,12 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 		p.regions = append(p.regions, &remoteRegion{RegionMD: r, key: k})
 	}
 
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return "", nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return "", err
 	}
-	if old, ok := a.peers[md.Name]; ok {
-		if bytes.Equal(old.md, data) {
-			return md.Name, nil
-		}
-		// A restarted peer: replace it unless transfers to it are in flight.
-		if err := a.invalidateLocked(old); err != nil {
-			return "", err
-		}
+	defer a.Unlock()
+	if loaded, err := a.ReloadLocked(md.Name, data); loaded || err != nil {
+		return md.Name, err
 	}
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: ci.Sock, Net: "unixpacket"})
 	if err != nil {
@@ -335,7 +321,7 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 			}
 		}
 	}
-	a.peers[md.Name] = p
+	a.AddPeerLocked(md.Name, data, p)
 	return md.Name, nil
 }
 
@@ -370,30 +356,6 @@ func (a *agent) mapLocked(p *peer, r *remoteRegion) error {
 		p.opened[r.key.Handle] = base
 	}
 	r.local = base + r.key.Offset
-	return nil
-}
-
-func (a *agent) InvalidateRemoteMD(name string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
-	}
-	p, ok := a.peers[name]
-	if !ok {
-		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, name)
-	}
-	return a.invalidateLocked(p)
-}
-
-func (a *agent) invalidateLocked(p *peer) error {
-	for r := range a.reqs {
-		if r.peer == p && r.inFlight() {
-			return fmt.Errorf("invalidate %s: %w", p.name, nixl.ErrInFlight)
-		}
-	}
-	a.dropPeerLocked(p)
-	delete(a.peers, p.name)
 	return nil
 }
 
@@ -440,11 +402,10 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	if mem != nixl.VRAM {
 		return nil, fmt.Errorf("%w: cuda-ipc moves VRAM only (descriptors of %s)", nixl.ErrMemType, mem)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	d := &dlist{a: a, addrs: make([]uint64, len(descs)), lens: make([]uint64, len(descs))}
 	if remote == "" {
 		last := -1
@@ -465,9 +426,9 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 		}
 		return d, nil
 	}
-	p, ok := a.peers[remote]
-	if !ok || p.invalid {
-		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	p, err := a.PeerLocked(remote)
+	if err != nil {
+		return nil, err
 	}
 	d.remote = p
 	var last *remoteRegion
@@ -527,6 +488,12 @@ func (r *request) Bytes() int64   { return r.bytes }
 func (r *request) Descs() int     { return r.descs }
 func (r *request) Remote() string { return r.peer.name }
 
+// fail ends a posting in flight with err (under the agent's lock).
+func (r *request) fail(err error) {
+	r.err, r.tDone = err, time.Now()
+	r.state.Store(stFailed)
+}
+
 func (r *request) inFlight() bool {
 	st := r.state.Load()
 	return st == stRunning || st == stFinishing
@@ -560,16 +527,15 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	if rm.remote.invalid {
 		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, rm.remote.name)
 	}
 	r := &request{a: a, peer: rm.remote, op: op, ops: ops, bytes: total, descs: len(localIdx), notif: append([]byte(nil), notif...)}
-	a.reqs[r] = struct{}{}
+	a.AddReqLocked(r, rm.remote)
 	return r, nil
 }
 
@@ -593,25 +559,23 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 	if err != nil {
 		return nixl.Failed, err
 	}
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
-		return nixl.Failed, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nixl.Failed, err
 	}
 	p := r.peer
 	switch {
 	case p.invalid:
-		a.mu.Unlock()
+		a.Unlock()
 		return nixl.Failed, fmt.Errorf("%w: %s was invalidated", nixl.ErrUnknownAgent, p.name)
 	case r.inFlight():
-		a.mu.Unlock()
+		a.Unlock()
 		return nixl.InProgress, fmt.Errorf("post: %w", nixl.ErrInFlight)
 	case p.dead.Load():
-		a.mu.Unlock()
+		a.Unlock()
 		return nixl.Failed, fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
 	}
 	if err := a.prepareLocked(r); err != nil {
-		a.mu.Unlock()
+		a.Unlock()
 		return nixl.Failed, err
 	}
 	gen := r.gen.Add(1)
@@ -623,10 +587,8 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 		// The copies before the refused one were queued: let them finish
 		// so that a failed request is really over.
 		_ = p.stream.Synchronize()
-		r.err = fmt.Errorf("post to %s: copy %d of %d: %w", p.name, n+1, len(r.ops), cerr)
-		r.tDone = time.Now()
-		r.state.Store(stFailed)
-		a.mu.Unlock()
+		r.fail(fmt.Errorf("post to %s: copy %d of %d: %w", p.name, n+1, len(r.ops), cerr))
+		a.Unlock()
 		return nixl.Failed, r.err
 	}
 	// Running only now that the event marks this posting's copies: a
@@ -634,7 +596,7 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 	// previous posting and finish this one before its data moved.
 	r.state.Store(stRunning)
 	a.pending = append(a.pending, pendingItem{r, gen})
-	a.mu.Unlock()
+	a.Unlock()
 	select {
 	case a.work <- struct{}{}:
 	default:
@@ -664,7 +626,7 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if err != nil {
 		return nixl.Failed, err
 	}
-	if a.closed.Load() {
+	if a.Closed() {
 		return nixl.Failed, nixl.ErrClosed
 	}
 	// The posting's number before its state: a repost numbers itself
@@ -677,7 +639,7 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if r.state.Load() == stRunning {
 		a.life.RLock()
 		done, qerr := false, error(nil)
-		if !r.released.Load() && !a.closed.Load() {
+		if !r.released.Load() && !a.Closed() {
 			done, qerr = r.ev.Query()
 		}
 		a.life.RUnlock()
@@ -702,22 +664,22 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 // here first, a poller or the completion goroutine, does it; the rest
 // return.
 func (a *agent) finish(r *request, gen uint64, cerr error) {
-	a.mu.Lock()
+	a.Lock()
 	if r.gen.Load() != gen || r.state.Load() != stRunning {
-		a.mu.Unlock()
+		a.Unlock()
 		return
 	}
 	r.state.Store(stFinishing)
 	p := r.peer
-	a.mu.Unlock()
+	a.Unlock()
 	err := cerr
 	if err != nil {
 		err = fmt.Errorf("transfer to %s: %w", p.name, err)
 	} else if len(r.notif) > 0 {
 		err = a.send(p, r.notif)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.Lock()
+	defer a.Unlock()
 	if r.state.Load() != stFinishing {
 		return // failed by the watchdog meanwhile
 	}
@@ -744,31 +706,31 @@ func (a *agent) complete() {
 		case <-a.work:
 		}
 		for {
-			a.mu.Lock()
-			if len(a.pending) == 0 || a.closed.Load() {
+			a.Lock()
+			if len(a.pending) == 0 || a.Closed() {
 				a.pending = nil
-				a.mu.Unlock()
+				a.Unlock()
 				break
 			}
 			it := a.pending[0]
 			a.pending = a.pending[1:]
 			r := it.r
 			if r.released.Load() || r.gen.Load() != it.gen || r.state.Load() != stRunning {
-				a.mu.Unlock()
+				a.Unlock()
 				continue
 			}
 			r.pins++
 			ev := r.ev
-			a.mu.Unlock()
+			a.Unlock()
 			err := ev.Wait()
 			a.finish(r, it.gen, err)
-			a.mu.Lock()
+			a.Lock()
 			r.pins--
 			free := r.released.Load() && r.pins == 0 && !r.evFreed
 			if free {
 				r.evFreed = true
 			}
-			a.mu.Unlock()
+			a.Unlock()
 			if free {
 				a.life.Lock()
 				_ = ev.Destroy()
@@ -783,22 +745,22 @@ func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
+	a.Lock()
+	if a.Closed() {
+		a.Unlock()
 		return nil // freed at Close
 	}
 	if r.inFlight() {
-		a.mu.Unlock()
+		a.Unlock()
 		return fmt.Errorf("release: %w", nixl.ErrInFlight)
 	}
 	r.released.Store(true)
-	delete(a.reqs, r)
+	a.ReleaseReqLocked(r)
 	free := r.ev != nil && r.pins == 0 && !r.evFreed
 	if free {
 		r.evFreed = true
 	}
-	a.mu.Unlock()
+	a.Unlock()
 	if free {
 		// The event may still have copies of a failed posting queued
 		// before it; the driver frees it once they ran.
@@ -818,8 +780,8 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if st := r.state.Load(); st != stDone && st != stFailed {
 		return t
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.Lock()
+	defer a.Unlock()
 	t.PostDuration = r.t1.Sub(r.t0)
 	if !r.tDone.IsZero() && r.tDone.After(r.t1) {
 		t.XferDuration = r.tDone.Sub(r.t1)
@@ -831,17 +793,14 @@ func (a *agent) SendNotif(remote string, msg []byte) error {
 	if len(msg) > maxNotif {
 		return fmt.Errorf("notification of %d bytes (at most %d)", len(msg), maxNotif)
 	}
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
-	p, ok := a.peers[remote]
-	if !ok || p.invalid {
-		a.mu.Unlock()
-		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	p, err := a.PeerLocked(remote)
+	a.Unlock()
+	if err != nil {
+		return err
 	}
-	a.mu.Unlock()
 	return a.send(p, msg)
 }
 
@@ -863,7 +822,7 @@ func (a *agent) send(p *peer, msg []byte) error {
 }
 
 func (a *agent) GetNotifs() (nixl.Notifs, error) {
-	if a.closed.Load() {
+	if a.Closed() {
 		return nil, nixl.ErrClosed
 	}
 	a.qmu.Lock()
@@ -892,15 +851,15 @@ func (a *agent) accept() {
 		if err != nil {
 			return // closed
 		}
-		a.mu.Lock()
-		if a.closed.Load() {
-			a.mu.Unlock()
+		a.Lock()
+		if a.Closed() {
+			a.Unlock()
 			c.Close()
 			return
 		}
 		a.accepted[c] = struct{}{}
 		a.wg.Add(1)
-		a.mu.Unlock()
+		a.Unlock()
 		go a.read(c)
 	}
 }
@@ -909,9 +868,9 @@ func (a *agent) accept() {
 func (a *agent) read(c *net.UnixConn) {
 	defer a.wg.Done()
 	defer func() {
-		a.mu.Lock()
+		a.Lock()
 		delete(a.accepted, c)
-		a.mu.Unlock()
+		a.Unlock()
 		c.Close()
 	}()
 	buf := make([]byte, 2+255+maxNotif+1)
@@ -948,20 +907,19 @@ func (a *agent) watchPeers() {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		for _, p := range a.peers {
+		a.Lock()
+		for _, p := range a.PeersLocked() {
 			if p.watch && !p.invalid && !p.dead.Load() && !nixl.Alive(p.proc) {
 				p.dead.Store(true)
 				err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
-				for r := range a.reqs {
-					if r.peer == p && r.inFlight() {
-						r.err, r.tDone = err, time.Now()
-						r.state.Store(stFailed)
+				for r, rp := range a.InFlightLocked() {
+					if rp == p {
+						r.fail(err)
 					}
 				}
 			}
 		}
-		a.mu.Unlock()
+		a.Unlock()
 	}
 }
 
@@ -969,50 +927,45 @@ func (a *agent) watchPeers() {
 // fails what was not finished, and frees every CUDA object and socket.
 // Handles stay safe to use: they report ErrClosed.
 func (a *agent) Close() error {
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
+	a.Lock()
+	if !a.CloseLocked() {
+		a.Unlock()
 		return nil
 	}
-	a.closed.Store(true)
-	peers := make([]*peer, 0, len(a.peers))
-	for _, p := range a.peers {
+	var peers []*peer
+	for _, p := range a.PeersLocked() {
 		peers = append(peers, p)
 		if p.stream != nil {
 			_ = p.stream.Synchronize() // the completion goroutine's wait ends
 		}
 	}
-	for r := range a.reqs {
-		if r.inFlight() {
-			r.err, r.tDone = nixl.ErrClosed, time.Now()
-			r.state.Store(stFailed)
-		}
+	for r := range a.InFlightLocked() {
+		r.fail(nixl.ErrClosed)
 	}
-	a.mu.Unlock()
+	a.Unlock()
 	close(a.stop)
 	err := a.ln.Close()
-	a.mu.Lock()
+	a.Lock()
 	for c := range a.accepted {
 		c.Close()
 	}
-	a.mu.Unlock()
+	a.Unlock()
 	a.wg.Wait()
 
 	a.life.Lock()
 	defer a.life.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for r := range a.reqs {
+	a.Lock()
+	defer a.Unlock()
+	for r := range a.ReqsLocked() {
 		if r.ev != nil && !r.evFreed {
 			r.evFreed = true
 			_ = r.ev.Destroy()
 		}
 	}
-	a.reqs = map[*request]struct{}{}
 	for _, p := range peers {
 		a.dropPeerLocked(p)
 	}
-	a.peers = map[string]*peer{}
+	a.ForgetAllLocked()
 	a.regs = nil
 	return err
 }

@@ -148,43 +148,48 @@ static void am_sent(void *req, ucs_status_t st, void *user)
     done_req(req);
 }
 
-/* nx_notif_frame builds a notification's active message, [u16 name
- * length][sender name][msg], in a buffer the caller frees (NULL: out of
- * memory). Notifications sent alone and those a transfer carries share it,
- * so that the receiver (nx_am_recv) parses one frame. */
-char *nx_notif_frame(const nx_ctx_t *c, const void *msg, size_t len, size_t *total)
+/* nx_notif_send frames a notification, [u16 name length][sender name]
+ * [msg], and sends it to ep as one active message. Notifications sent
+ * alone and those a transfer carries share it, so that the receiver
+ * (nx_am_recv) parses one frame. While the send is pending *frame holds
+ * the frame, set before sending so that cb (called with user, or with the
+ * frame itself where user is NULL) can free it; where the send completed
+ * or failed at once, the frame is freed here and *frame is NULL. */
+ucs_status_ptr_t nx_notif_send(nx_ctx_t *c, ucp_ep_h ep, const void *msg, size_t len,
+                               ucp_send_nbx_callback_t cb, void *user, void **frame)
 {
-    *total    = 2 + c->namelen + len;
-    char *buf = malloc(*total);
+    size_t total = 2 + c->namelen + len;
+    char  *buf   = malloc(total);
+    *frame       = NULL;
     if (buf == NULL) {
-        return NULL;
+        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
     }
     uint16_t nl = (uint16_t)c->namelen;
     memcpy(buf, &nl, 2);
     memcpy(buf + 2, c->name, c->namelen);
     memcpy(buf + 2 + c->namelen, msg, len);
-    return buf;
-}
-
-/* send_am sends a notification as one active message; the buffer is freed
- * when UCX is done with it. */
-static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
-{
-    size_t total;
-    char  *buf = nx_notif_frame(c, msg, len, &total);
-    if (buf == NULL) {
-        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
-    }
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags        = UCP_AM_SEND_FLAG_REPLY;
-    prm.cb.send      = am_sent;
-    prm.user_data    = buf;
-    ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, NX_AM_ID, NULL, 0, buf, total, &prm);
+    prm.cb.send      = cb;
+    prm.user_data    = user != NULL ? user : buf;
+    *frame           = buf;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, NX_AM_ID, NULL, 0, buf, total, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(buf);
-    } else {
+        *frame = NULL;
+    }
+    return sp;
+}
+
+/* send_am sends a notification as one active message; the frame is freed
+ * when UCX is done with it. */
+static ucs_status_ptr_t send_am(nx_ctx_t *c, nx_peer_t *p, const void *msg, size_t len)
+{
+    void            *frame;
+    ucs_status_ptr_t sp = nx_notif_send(c, p->ep, msg, len, am_sent, NULL, &frame);
+    if (frame != NULL) {
         pend_add(c, sp);
     }
     return sp;

@@ -103,8 +103,9 @@ struct nx_xfer {
     void        *am_buf;         /* the notification being sent */
 };
 
-/* A notification's active-message frame (notif.c). */
-char *nx_notif_frame(const nx_ctx_t *c, const void *msg, size_t len, size_t *total);
+/* Frames a notification and sends it as one active message (notif.c). */
+ucs_status_ptr_t nx_notif_send(nx_ctx_t *c, ucp_ep_h ep, const void *msg, size_t len,
+                               ucp_send_nbx_callback_t cb, void *user, void **frame);
 
 /* The process's one UCP context (nx_global_init). */
 extern ucp_context_h nx_g_ctx;

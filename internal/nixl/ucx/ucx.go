@@ -18,8 +18,6 @@ package ucx
 import "C"
 
 import (
-	"bytes"
-
 	"fmt"
 	"os"
 	"runtime"
@@ -119,11 +117,8 @@ type agent struct {
 	name string
 	c    *C.nx_ctx_t
 
-	mu     sync.Mutex
-	closed atomic.Bool
-	regs   []*registration
-	peers  map[string]*peer
-	reqs   map[*request]struct{}
+	nixl.Book[*peer, *request]
+	regs []*registration
 
 	notifyCh   chan struct{}
 	notifyFile *os.File
@@ -142,7 +137,6 @@ type registration struct {
 
 type peer struct {
 	name    string
-	md      []byte
 	p       *C.nx_peer_t
 	regions []remoteRegion
 	invalid bool
@@ -182,9 +176,10 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 		C.nx_ctx_destroy(c)
 		return nil, fmt.Errorf("dup notify fd: %w", err)
 	}
-	a := &agent{name: cfg.Name, c: c, peers: map[string]*peer{}, reqs: map[*request]struct{}{},
+	a := &agent{name: cfg.Name, c: c,
 		notifyCh: make(chan struct{}, 1), notifyFile: os.NewFile(uintptr(fd), "ucx-notify"), notifyDone: make(chan struct{}),
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+	a.Init(a.destroyPeerLocked, (*request).inFlight)
 	go a.watchNotifs()
 	go a.watchPeers()
 	return a, nil
@@ -240,14 +235,14 @@ func (a *agent) watchPeers() {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		for _, p := range a.peers {
+		a.Lock()
+		for _, p := range a.PeersLocked() {
 			if p.mode == "none" && !p.dead && !p.invalid && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
 				p.dead = true
 				C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
 			}
 		}
-		a.mu.Unlock()
+		a.Unlock()
 	}
 }
 
@@ -273,10 +268,10 @@ func (a *agent) Info() nixl.Info {
 	if initNetDevices != "" {
 		info.Details[nixl.DetailNetDevices] = initNetDevices
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for name, p := range a.peers {
-		if !p.invalid && !a.closed.Load() {
+	a.Lock()
+	defer a.Unlock()
+	for name, p := range a.PeersLocked() {
+		if !a.Closed() {
 			info.Details["transport:"+name] = a.transportsLocked(p)
 		}
 	}
@@ -290,11 +285,11 @@ func Transports(a nixl.Agent, remote string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("not a ucx agent")
 	}
-	ua.mu.Lock()
-	defer ua.mu.Unlock()
-	p, ok := ua.peers[remote]
-	if !ok || p.invalid {
-		return "", fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	ua.Lock()
+	defer ua.Unlock()
+	p, err := ua.PeerLocked(remote)
+	if err != nil {
+		return "", err
 	}
 	return ua.transportsLocked(p), nil
 }
@@ -477,11 +472,10 @@ func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("buffer size must be > 0")
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	var m *C.nx_mem_t
 	var ebuf [256]C.char
 	if C.nx_mem_map(a.c, 0, C.size_t(size), 1, &m, &ebuf[0], C.size_t(len(ebuf))) != 0 {
@@ -500,9 +494,9 @@ func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 }
 
 func (a *agent) freeOwned(reg *registration) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
+	a.Lock()
+	defer a.Unlock()
+	if a.Closed() {
 		return nil // unmapped at Close
 	}
 	a.dropRegLocked(reg)
@@ -527,11 +521,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 	if b.Mem != nixl.DRAM {
 		return fmt.Errorf("%w: ucx backend cannot register %s: Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", nixl.ErrMemType, b.Mem)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
+	defer a.Unlock()
 	for _, r := range a.regs {
 		if r.buf == b {
 			return nil // UCX-allocated buffers are registered already
@@ -552,11 +545,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 }
 
 func (a *agent) DeregisterMem(b *nixl.Buffer) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
+	defer a.Unlock()
 	for _, r := range a.regs {
 		if r.buf == b {
 			if r.own {
@@ -580,11 +572,10 @@ func (a *agent) dropRegLocked(reg *registration) {
 }
 
 func (a *agent) LocalMD() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	var addr unsafe.Pointer
 	var n C.size_t
 	if st := C.nx_ctx_address(a.c, &addr, &n); st != 0 {
@@ -609,19 +600,12 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	if len(md.Conn) == 0 {
 		return "", fmt.Errorf("%w: no worker address", nixl.ErrBadMetadata)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return "", nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return "", err
 	}
-	if old, ok := a.peers[md.Name]; ok {
-		if bytes.Equal(old.md, data) {
-			return md.Name, nil
-		}
-		// A restarted peer: replace it unless transfers to it are in flight.
-		if err := a.invalidateLocked(old); err != nil {
-			return "", err
-		}
+	defer a.Unlock()
+	if loaded, err := a.ReloadLocked(md.Name, data); loaded || err != nil {
+		return md.Name, err
 	}
 	addr := C.CBytes(md.Conn)
 	defer C.free(addr)
@@ -635,7 +619,7 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	if p == nil {
 		return "", fmt.Errorf("%w: %s: %s", nixl.ErrPeerFailed, md.Name, cerr(ebuf[:]))
 	}
-	pe := &peer{name: md.Name, md: append([]byte(nil), data...), p: p, proc: md.Proc, mode: mode}
+	pe := &peer{name: md.Name, p: p, proc: md.Proc, mode: mode}
 	for i, r := range md.Regions {
 		if len(r.Key) == 0 {
 			a.destroyPeerLocked(pe)
@@ -658,7 +642,7 @@ func (a *agent) LoadRemoteMD(data []byte) (string, error) {
 	if t := a.transportsLocked(pe); strings.HasPrefix(t, "rma: shared-memory") {
 		C.nx_peer_set_rma_local(p, 1)
 	}
-	a.peers[md.Name] = pe
+	a.AddPeerLocked(md.Name, data, pe)
 	return md.Name, nil
 }
 
@@ -669,30 +653,6 @@ func (a *agent) destroyPeerLocked(p *peer) {
 	p.regions = nil
 	C.nx_peer_destroy(a.c, p.p)
 	p.invalid = true
-}
-
-func (a *agent) InvalidateRemoteMD(name string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
-	}
-	p, ok := a.peers[name]
-	if !ok {
-		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, name)
-	}
-	return a.invalidateLocked(p)
-}
-
-func (a *agent) invalidateLocked(p *peer) error {
-	for r := range a.reqs {
-		if r.peer == p && r.inFlight() {
-			return fmt.Errorf("invalidate %s: %w", p.name, nixl.ErrInFlight)
-		}
-	}
-	a.destroyPeerLocked(p)
-	delete(a.peers, p.name)
-	return nil
 }
 
 // dlist is a prepared descriptor list.
@@ -738,11 +698,10 @@ func (d *dlist) Remote() string {
 }
 
 func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc) (nixl.Dlist, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	d := &dlist{a: a, mem: mem, descs: append([]nixl.Desc(nil), descs...)}
 	if remote == "" {
 		if err := a.checkLocalLocked(descs); err != nil {
@@ -750,9 +709,9 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 		}
 		return d, d.setMeta()
 	}
-	p, ok := a.peers[remote]
-	if !ok || p.invalid {
-		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	p, err := a.PeerLocked(remote)
+	if err != nil {
+		return nil, err
 	}
 	d.remote = p
 	d.region = make([]int32, len(descs))
@@ -878,11 +837,10 @@ func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 }
 
 func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, notif []byte) (nixl.XferReq, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	if p.invalid {
 		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, p.name)
 	}
@@ -905,7 +863,7 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 		return nil, fmt.Errorf("make request: out of memory")
 	}
 	r := &request{a: a, x: x, peer: p, op: op, bytes: total, descs: len(ops)}
-	a.reqs[r] = struct{}{}
+	a.AddReqLocked(r, p)
 	return r, nil
 }
 
@@ -934,18 +892,16 @@ func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
 	if err != nil {
 		return nixl.Failed, err
 	}
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
-		return nixl.Failed, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nixl.Failed, err
 	}
 	if r.peer.invalid {
-		a.mu.Unlock()
+		a.Unlock()
 		return nixl.Failed, fmt.Errorf("%w: %s was invalidated", nixl.ErrUnknownAgent, r.peer.name)
 	}
 	r.posted = true
 	st := C.nx_xfer_post(a.c, r.x)
-	a.mu.Unlock()
+	a.Unlock()
 	if st < 0 {
 		return nixl.InProgress, fmt.Errorf("post: %w", nixl.ErrInFlight)
 	}
@@ -990,7 +946,7 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if err != nil {
 		return nixl.Failed, err
 	}
-	if a.closed.Load() {
+	if a.Closed() {
 		return nixl.Failed, nixl.ErrClosed
 	}
 	// Finished requests answer without calling into C; running ones
@@ -1006,16 +962,16 @@ func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
+	a.Lock()
+	defer a.Unlock()
+	if a.Closed() {
 		return nil // freed at Close
 	}
 	if C.nx_xfer_release(a.c, r.x) != 0 {
 		return fmt.Errorf("release: %w", nixl.ErrInFlight)
 	}
 	r.released = true
-	delete(a.reqs, r)
+	a.ReleaseReqLocked(r)
 	return nil
 }
 
@@ -1037,14 +993,13 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 }
 
 func (a *agent) SendNotif(remote string, msg []byte) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return err
 	}
-	p, ok := a.peers[remote]
-	if !ok || p.invalid {
-		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, remote)
+	defer a.Unlock()
+	p, err := a.PeerLocked(remote)
+	if err != nil {
+		return err
 	}
 	var ptr unsafe.Pointer
 	if len(msg) > 0 {
@@ -1059,11 +1014,10 @@ func (a *agent) SendNotif(remote string, msg []byte) error {
 }
 
 func (a *agent) GetNotifs() (nixl.Notifs, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return nil, nixl.ErrClosed
+	if err := a.LockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.Unlock()
 	out := nixl.Notifs{}
 	for {
 		var s, m *C.char
@@ -1089,30 +1043,29 @@ func (a *agent) NotifReady() <-chan struct{} { return a.notifyCh }
 // force-closed), frees all UCX resources and stops the progress thread.
 // Handles stay safe to use: they report ErrClosed.
 func (a *agent) Close() error {
-	a.mu.Lock()
-	if a.closed.Load() {
-		a.mu.Unlock()
+	a.Lock()
+	if !a.CloseLocked() {
+		a.Unlock()
 		return nil
 	}
-	a.closed.Store(true)
-	for _, p := range a.peers {
+	for _, p := range a.PeersLocked() {
 		a.destroyPeerLocked(p)
 	}
-	for r := range a.reqs {
+	for r := range a.ReqsLocked() {
 		C.nx_xfer_release(a.c, r.x)
 		r.released = true
 	}
-	a.reqs = nil
+	a.ForgetAllLocked()
 	for _, r := range a.regs {
 		C.nx_mem_unmap(a.c, r.mem)
 	}
 	a.regs = nil
 	close(a.stopWatch)
-	a.mu.Unlock()
+	a.Unlock()
 	<-a.watchDone
-	a.mu.Lock()
+	a.Lock()
 	C.nx_ctx_destroy(a.c)
-	a.mu.Unlock()
+	a.Unlock()
 	err := a.notifyFile.Close()
 	<-a.notifyDone
 	return err

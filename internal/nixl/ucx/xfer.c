@@ -76,24 +76,7 @@ static void xfer_am_sent(void *req, ucs_status_t st, void *user)
 
 static ucs_status_ptr_t send_xfer_am(nx_xfer_t *x)
 {
-    size_t total;
-    char  *buf = nx_notif_frame(x->c, x->notif, x->nlen, &total);
-    if (buf == NULL) {
-        return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
-    }
-    ucp_request_param_t prm;
-    memset(&prm, 0, sizeof(prm));
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags        = UCP_AM_SEND_FLAG_REPLY;
-    prm.cb.send      = xfer_am_sent;
-    prm.user_data    = x;
-    x->am_buf        = buf;
-    ucs_status_ptr_t sp = ucp_am_send_nbx(x->peer->ep, NX_AM_ID, NULL, 0, buf, total, &prm);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        free(buf);
-        x->am_buf = NULL;
-    }
-    return sp;
+    return nx_notif_send(x->c, x->peer->ep, x->notif, x->nlen, xfer_am_sent, x, &x->am_buf);
 }
 
 static void activate(nx_xfer_t *x)
