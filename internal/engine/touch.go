@@ -21,7 +21,7 @@ var touchSink atomic.Uint32
 // TouchPools reads one byte of every page of the engine's DRAM pools.
 // On a virtual machine whose host reclaims guest memory left idle (the
 // project's VMs: a page untouched for a second costs about 0.5-1.4 µs on
-// its next touch, a 1 GiB pass 120-370 ms against 11-17 ms warm), a pool
+// its next touch, a 1 GiB pass 120-375 ms against 10-21 ms warm), a pool
 // that sat out a phase of the run, such as the interleaved reference's
 // rounds, starts the next one cold, and the first requests pay it in
 // their fill, check and copies. The interleaved reference touches the

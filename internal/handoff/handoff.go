@@ -297,7 +297,7 @@ func (h *handoff) run(ctx context.Context) error {
 			}
 			if h.rounds != nil && i > o.Warmup && h.roundOf(i) != h.roundOf(i-1) {
 				wg.Wait() // the round's requests are done: its reference runs alone
-				h.rounds.between(ctx, h.roundOf(i-1))
+				h.rounds.between(ctx, h.roundOf(i-1), false)
 			}
 			wg.Add(1)
 			select {
@@ -313,7 +313,7 @@ func (h *handoff) run(ctx context.Context) error {
 	}
 	wg.Wait()
 	if h.rounds != nil && arrivals == nil && n > o.Warmup {
-		h.rounds.between(ctx, h.roundOf(n-1))
+		h.rounds.between(ctx, h.roundOf(n-1), true)
 	}
 	h.end = mono.Now()
 	h.mu.Lock()

@@ -338,7 +338,8 @@ type XferRound struct {
 	// TouchMS is how long the slowest endpoint took to read a byte of
 	// each page of its pools after the round's references, so that the
 	// next handoff round starts warm as each reference does
-	// (engine.TouchPools); absent in results from before it.
+	// (engine.TouchPools); absent after the last round, which no handoff
+	// round follows, and in results from before it.
 	TouchMS float64 `json:"touch_ms,omitempty"`
 }
 

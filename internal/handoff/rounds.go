@@ -24,8 +24,9 @@ func roundsFor(requests, concurrency, want int) int {
 }
 
 // between measures round k's references; the handoff's requests of round
-// k have all finished and none of round k+1 has started.
-func (il *interleave) between(ctx context.Context, k int) {
+// k have all finished and none of round k+1 has started (last: there is
+// none, so the pools are not touched for it).
+func (il *interleave) between(ctx context.Context, k int, last bool) {
 	if il.off != "" || ctx.Err() != nil {
 		return
 	}
@@ -74,7 +75,9 @@ func (il *interleave) between(ctx context.Context, k int) {
 		}
 		*m.to = p.BandwidthGBps
 	}
-	ref.touchMS = il.touchPools(ctx)
+	if !last {
+		ref.touchMS = il.touchPools(ctx)
+	}
 	live.Emit(il.h.o.Live, live.Phase{Text: "measuring"})
 	il.mu.Lock()
 	for len(il.refs) <= k {
