@@ -408,21 +408,13 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	defer a.Unlock()
 	d := &dlist{a: a, addrs: make([]uint64, len(descs)), lens: make([]uint64, len(descs))}
 	if remote == "" {
-		last := -1
-		for i, ds := range descs {
-			if last < 0 || !a.regs[last].buf.Contains(ds) {
-				last = -1
-				for j, r := range a.regs {
-					if r.buf.Contains(ds) {
-						last = j
-						break
-					}
-				}
-				if last < 0 {
-					return nil, fmt.Errorf("local descriptor %d (%#x+%d): %w", i, ds.Addr, ds.Len, nixl.ErrNotRegistered)
-				}
-			}
-			d.addrs[i], d.lens[i] = ds.Addr, ds.Len
+		err := nixl.Locate("", descs, len(a.regs), func(j int, ds nixl.Desc) bool { return a.regs[j].buf.Contains(ds) },
+			func(i, _ int) error {
+				d.addrs[i], d.lens[i] = descs[i].Addr, descs[i].Len
+				return nil
+			})
+		if err != nil {
+			return nil, err
 		}
 		return d, nil
 	}
@@ -431,24 +423,17 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 		return nil, err
 	}
 	d.remote = p
-	var last *remoteRegion
-	for i, ds := range descs {
-		if last == nil || !last.Contains(ds) {
-			last = nil
-			for _, r := range p.regions {
-				if r.Contains(ds) {
-					last = r
-					break
-				}
+	err = nixl.Locate(remote, descs, len(p.regions), func(j int, ds nixl.Desc) bool { return p.regions[j].Contains(ds) },
+		func(i, j int) error {
+			r := p.regions[j]
+			if err := a.mapLocked(p, r); err != nil { // at once if mapped already
+				return err
 			}
-			if last == nil {
-				return nil, fmt.Errorf("remote descriptor %d (%#x+%d) of %s: %w", i, ds.Addr, ds.Len, remote, nixl.ErrNotRegistered)
-			}
-			if err := a.mapLocked(p, last); err != nil {
-				return nil, err
-			}
-		}
-		d.addrs[i], d.lens[i] = last.local+(ds.Addr-last.Addr), ds.Len
+			d.addrs[i], d.lens[i] = r.local+(descs[i].Addr-r.Addr), descs[i].Len
+			return nil
+		})
+	if err != nil {
+		return nil, err
 	}
 	return d, nil
 }

@@ -718,44 +718,17 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	for _, r := range p.regions {
 		d.rkeys = append(d.rkeys, r.rkey)
 	}
-	last := -1
-	for i, ds := range descs {
-		if last >= 0 && p.regions[last].Contains(ds) && p.regions[last].Mem == mem {
-			d.region[i] = int32(last)
-			continue
-		}
-		found := false
-		for j, r := range p.regions {
-			if r.Mem == mem && r.Contains(ds) {
-				d.region[i], last, found = int32(j), j, true
-				break
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("remote descriptor %d (%#x+%d) of %s: %w", i, ds.Addr, ds.Len, remote, nixl.ErrNotRegistered)
-		}
+	err = nixl.Locate(remote, descs, len(p.regions),
+		func(j int, ds nixl.Desc) bool { return p.regions[j].Mem == mem && p.regions[j].Contains(ds) },
+		func(i, j int) error { d.region[i] = int32(j); return nil })
+	if err != nil {
+		return nil, err
 	}
 	return d, d.setMeta()
 }
 
 func (a *agent) checkLocalLocked(descs []nixl.Desc) error {
-	last := -1
-	for i, ds := range descs {
-		if last >= 0 && a.regs[last].buf.Contains(ds) {
-			continue
-		}
-		found := false
-		for j, r := range a.regs {
-			if r.buf.Contains(ds) {
-				last, found = j, true
-				break
-			}
-		}
-		if !found {
-			return fmt.Errorf("local descriptor %d (%#x+%d): %w", i, ds.Addr, ds.Len, nixl.ErrNotRegistered)
-		}
-	}
-	return nil
+	return nixl.Locate("", descs, len(a.regs), func(j int, ds nixl.Desc) bool { return a.regs[j].buf.Contains(ds) }, nil)
 }
 
 func (a *agent) ReleaseDlist(d nixl.Dlist) error {
