@@ -112,6 +112,9 @@ var DRAMAllocs = []DRAMAlloc{AllocMmap, AllocTHP, AllocUCX}
 
 func (a DRAMAlloc) String() string { return string(a) }
 
+// DRAMAllocChoices lists the valid allocations for error messages.
+func DRAMAllocChoices() string { return list(DRAMAllocs) }
+
 // UnmarshalText accepts mmap, thp or ucx; empty is the zero value, which the
 // allocator takes as mmap (a Config that never set it still decodes).
 func (a *DRAMAlloc) UnmarshalText(b []byte) error {

@@ -91,7 +91,7 @@ func (k *Knobs) Validate(p Protocol, bad func(field, format string, a ...any)) {
 		bad("Verify", "unknown verify mode %v (want sparse or full)", k.Verify)
 	}
 	if !k.DRAMAlloc.Valid() {
-		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap, thp or ucx)", k.DRAMAlloc)
+		bad("DRAMAlloc", "unknown DRAM allocation %q (want %s)", k.DRAMAlloc, DRAMAllocChoices())
 	}
 	if k.PrefillPerToken < 0 {
 		bad("PrefillPerToken", "must not be negative")

@@ -64,7 +64,10 @@ func (b *Book[P, R]) Closed() bool { return b.closed.Load() }
 // CloseLocked marks the agent closed; false if it already was.
 func (b *Book[P, R]) CloseLocked() bool { return !b.closed.Swap(true) }
 
-// PeerLocked is the loaded peer of that name, or ErrUnknownAgent.
+// PeerLocked is the loaded peer of that name, or ErrUnknownAgent. A peer
+// in the book is never one that was dropped: invalidation removes it, so
+// a backend's own invalid mark matters only to requests and lists that
+// still point at it.
 func (b *Book[P, R]) PeerLocked(name string) (P, error) {
 	e, ok := b.peers[name]
 	if !ok {

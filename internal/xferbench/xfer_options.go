@@ -191,7 +191,7 @@ func (o *XferOptions) Validate() error {
 		bad("TargetDevice", "must not be negative (-1: the initiator's device)")
 	}
 	if !o.DRAMAlloc.Valid() {
-		bad("DRAMAlloc", "unknown DRAM allocation %q (want mmap, thp or ucx)", o.DRAMAlloc)
+		bad("DRAMAlloc", "unknown DRAM allocation %q (want %s)", o.DRAMAlloc, engine.DRAMAllocChoices())
 	}
 	if !slices.Contains(DescOrders, o.DescOrder) {
 		bad("DescOrder", "unknown descriptor order %q (want sequential or random)", o.DescOrder)

@@ -178,9 +178,7 @@ func (a *agent) Info() nixl.Info {
 		info.Details["device"] = fmt.Sprintf("GPU %d: %s (%s)", a.dev, name, uuid)
 	}
 	for name, p := range a.PeersLocked() {
-		if !p.invalid {
-			info.Details["transport:"+name] = a.describeLocked(p)
-		}
+		info.Details["transport:"+name] = a.describeLocked(p)
 	}
 	return info
 }
@@ -894,7 +892,7 @@ func (a *agent) watchPeers() {
 		}
 		a.Lock()
 		for _, p := range a.PeersLocked() {
-			if p.watch && !p.invalid && !p.dead.Load() && !nixl.Alive(p.proc) {
+			if p.watch && !p.dead.Load() && !nixl.Alive(p.proc) {
 				p.dead.Store(true)
 				err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
 				for r, rp := range a.InFlightLocked() {

@@ -237,7 +237,7 @@ func (a *agent) watchPeers() {
 		}
 		a.Lock()
 		for _, p := range a.PeersLocked() {
-			if p.mode == "none" && !p.dead && !p.invalid && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
+			if p.mode == "none" && !p.dead && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
 				p.dead = true
 				C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
 			}
