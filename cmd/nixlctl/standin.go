@@ -72,53 +72,81 @@ func addStandinFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.String("side-channel", "", "run without a driver: serve vLLM's NIXL handshake on [tcp://]HOST:PORT and stand in for a prefill engine (see above)")
 	f.String("http", "127.0.0.1:8100", "with --side-channel: the OpenAI-style API's [HOST]:PORT")
-	f.String("engine-id", "", "with --side-channel: the engine id to advertise (default: prefill-<random>)")
-	f.String("served-model-name", "", "with --side-channel: the model name /v1/models lists (default: --model)")
-	f.Int("prompt-tokens", 0, "with --side-channel: count every text prompt as this many tokens (default: its bytes + 8)")
-	f.Int("tp", 1, "with --side-channel: tensor-parallel ranks of this prefill (one agent and region each)")
-	f.Int("num-blocks", 4096, "with --side-channel: KV blocks per rank")
-	f.String("backend", "nixl", "with --side-channel: transfer backend (nixl: NIXL's agent blob, what a vLLM decode loads; ucx: nixlctl decodes only)")
-	f.String("mem", "dram", "with --side-channel: where the KV cache lives: dram or vram")
-	f.Int("device", 0, "with --side-channel --mem vram: the GPU")
+	addStandinEngineFlags(cmd, "--side-channel", "prefill",
+		"the engine id to advertise (default: prefill-<random>)",
+		"count every text prompt as this many tokens (default: its bytes + 8)",
+		"transfer backend (nixl: NIXL's agent blob, what a vLLM decode loads; ucx: nixlctl decodes only)")
 	f.String("kv-lease-duration", "30s", "with --side-channel: how long a finished request's blocks are held without heartbeats (vLLM's kv_lease_duration)")
-	f.String("model", "", "with --side-channel: model preset (default "+kv.DefaultModel+")")
-	f.String("model-config", "", "with --side-channel: a HuggingFace config.json instead of --model")
-	f.String("kv-dtype", "", "with --side-channel: KV cache dtype (default: the model's)")
-	f.Int("block-size", 16, "with --side-channel: tokens per KV block")
-	f.String("layout", "", "with --side-channel: attention layout (default: the model's)")
-	f.String("kv-cache-layout", "", "with --side-channel: HND or NHD (default HND)")
+}
+
+// addStandinEngineFlags adds the engine flags both stand-ins read, each
+// help line saying which flag (with) starts the stand-in; the three
+// whose meaning differs between the roles bring their own words.
+func addStandinEngineFlags(cmd *cobra.Command, with, role, engineIDHelp, promptTokensHelp, backendHelp string) {
+	f := cmd.Flags()
+	w := "with " + with + ": "
+	f.String("engine-id", "", w+engineIDHelp)
+	f.String("served-model-name", "", w+"the model name /v1/models lists (default: --model)")
+	f.Int("prompt-tokens", 0, w+promptTokensHelp)
+	f.Int("tp", 1, w+"tensor-parallel ranks of this "+role+" (one agent and region each)")
+	f.Int("num-blocks", 4096, w+"KV blocks per rank")
+	f.String("backend", "nixl", w+backendHelp)
+	f.String("mem", "dram", w+"where the KV cache lives: dram or vram")
+	f.Int("device", 0, "with "+with+" --mem vram: the GPU")
+	f.String("model", "", w+"model preset (default "+kv.DefaultModel+")")
+	f.String("model-config", "", w+"a HuggingFace config.json instead of --model")
+	f.String("kv-dtype", "", w+"KV cache dtype (default: the model's)")
+	f.Int("block-size", 16, w+"tokens per KV block")
+	f.String("layout", "", w+"attention layout (default: the model's)")
+	f.String("kv-cache-layout", "", w+"HND or NHD (default HND)")
 }
 
 // standinConfig checks the stand-in's flags and builds its engine's
 // configuration, before anything is allocated.
 func standinConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
-	o, advertise := so.standinOptions, so.Advertise
-	var cfg engine.Config
+	o := so.standinOptions
 	side := strings.TrimPrefix(o.SideChannel, "tcp://")
 	host, port, err := net.SplitHostPort(side)
 	if err != nil || port == "" {
-		return cfg, kv.Spec{}, errkind.BadInputf("--side-channel %q: want [tcp://]HOST:PORT (vLLM's default port is 5600)", o.SideChannel)
+		return engine.Config{}, kv.Spec{}, errkind.BadInputf("--side-channel %q: want [tcp://]HOST:PORT (vLLM's default port is 5600)", o.SideChannel)
 	}
 	if err := o.checkHTTPSide(); err != nil {
-		return cfg, kv.Spec{}, err
+		return engine.Config{}, kv.Spec{}, err
 	}
 	lease, err := parseDurationFlag("kv-lease-duration", o.Lease, false)
 	if err != nil {
-		return cfg, kv.Spec{}, err
+		return engine.Config{}, kv.Spec{}, err
 	}
-	spec, mem, err := o.engineSpec()
+	cfg, spec, err := so.standinEngineConfig(engine.RolePrefill, engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, Lease: runcore.Duration(lease)},
+		func(cfg *engine.Config) {
+			cfg.SideChannel, cfg.Advertise = "tcp://"+net.JoinHostPort(host, port), so.Advertise
+		})
 	if err != nil {
-		return cfg, kv.Spec{}, err
-	}
-	cfg = engine.Config{Role: engine.RolePrefill, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
-		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
-		NumBlocks: o.NumBlocks, Mem: mem, Device: o.Device,
-		SideChannel: "tcp://" + net.JoinHostPort(host, port), Advertise: advertise, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Sparse, Lease: runcore.Duration(lease)}}
-	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
 	}
 	if cfg.Advertise == "" && engine.Unroutable(host) {
 		return cfg, spec, errkind.BadInput(engine.NoAdvertise("--side-channel " + o.SideChannel))
+	}
+	return cfg, spec, nil
+}
+
+// standinEngineConfig is the engine configuration both stand-ins build
+// from their checked layout flags and identity; role adds what only it
+// sets before the identity is applied.
+func (so serveEngineOptions) standinEngineConfig(r engine.Role, knobs engine.Knobs, role func(*engine.Config)) (engine.Config, kv.Spec, error) {
+	o := so.standinOptions
+	spec, mem, err := o.engineSpec()
+	if err != nil {
+		return engine.Config{}, kv.Spec{}, err
+	}
+	cfg := engine.Config{Role: r, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
+		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
+		NumBlocks: o.NumBlocks, Mem: mem, Device: o.Device, Knobs: knobs}
+	if role != nil {
+		role(&cfg)
+	}
+	if err := so.applyIdentity(&cfg); err != nil {
+		return cfg, spec, err
 	}
 	return cfg, spec, nil
 }
@@ -130,36 +158,30 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.HTTP)
-	if err != nil {
-		return errkind.BadInputf("--http: %v", err)
-	}
-	defer ln.Close()
 	// The side channel binds inside NewEngine, after the pools are
 	// allocated and filled (8 GiB for llama-3.1-8b's defaults): a taken
 	// port (--http's own, say) is found first, in a moment.
-	side, err := net.Listen("tcp", strings.TrimPrefix(o.SideChannel, "tcp://"))
-	if err != nil {
-		return errkind.BadInputf("--side-channel: %v", err)
+	checkSide := func() error {
+		side, err := net.Listen("tcp", strings.TrimPrefix(o.SideChannel, "tcp://"))
+		if err != nil {
+			return errkind.BadInputf("--side-channel: %v", err)
+		}
+		return side.Close()
 	}
-	side.Close()
-	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
+	ln, eng, rep, err := startStandin(ctx, a, cfg, spec, o.HTTP, checkSide)
 	if err != nil {
-		return fmt.Errorf("prefill engine: %w", err)
+		return err
 	}
+	defer ln.Close()
 	defer eng.Close()
-	rep := eng.Setup()
 	if cfg.Backend == "ucx" {
 		fmt.Fprintln(a.io.ErrOut, "warning: --backend ucx advertises nixlctl's own agent blob: only nixlctl decodes can load it, a vLLM decode needs --backend nixl")
 	}
 	if cfg.CompatFactors == nil && cfg.CompatHashHex == "" {
 		fmt.Fprintln(a.io.ErrOut, "warning: no --compat-factors: the compatibility hash is nixlctl's own, which a vLLM decode refuses unless enforce_handshake_compat=false")
 	}
-	fmt.Fprintf(a.io.ErrOut, "stand-in prefill %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s\n",
-		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
 	fmt.Fprintf(a.io.ErrOut, "side channel %s (compatibility hash %s)\nAPI http://%s/v1/completions\n", rep.SideChannel, rep.CompatHash, ln.Addr())
-	api := standin.New(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
-		MaxModelLen: spec.Model.MaxPositions}, a.log)
+	api := standin.New(eng, o.apiOptions(spec), a.log)
 	start := time.Now()
 	err = api.Serve(ctx, ln)
 	c, st := api.Counts(), eng.Stats()
@@ -168,10 +190,45 @@ func runStandin(ctx context.Context, a *app, so serveEngineOptions) error {
 	// makes, always 0 here).
 	fmt.Fprintf(a.io.ErrOut, "stand-in stopped after %v: %d legs served, %d refused, %d failed; %d handshakes served, %d for unknown ranks left unanswered; %d blocks still held\n",
 		time.Since(start).Round(time.Second), c.Served, c.Rejected, c.Failed, st.HandshakesServed, st.UnknownRankHandshakes, st.BlocksInUse)
+	return standinExit(ctx, err)
+}
+
+// startStandin listens on a stand-in's --http address, runs check (nil:
+// none) and starts its engine, saying what it serves; the caller closes
+// the listener and the engine.
+func startStandin(ctx context.Context, a *app, cfg engine.Config, spec kv.Spec, httpAddr string, check func() error) (net.Listener, *engine.Engine, engine.SetupReply, error) {
+	ln, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return nil, nil, engine.SetupReply{}, errkind.BadInputf("--http: %v", err)
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			ln.Close()
+			return nil, nil, engine.SetupReply{}, err
+		}
+	}
+	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
+	if err != nil {
+		ln.Close()
+		return nil, nil, engine.SetupReply{}, fmt.Errorf("%s engine: %w", cfg.Role, err)
+	}
+	rep := eng.Setup()
+	fmt.Fprintf(a.io.ErrOut, "stand-in %s %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s\n",
+		cfg.Role, rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
+	return ln, eng, rep, nil
+}
+
+// apiOptions are what a stand-in's OpenAI-style API needs to know.
+func (o standinOptions) apiOptions(spec kv.Spec) standin.Options {
+	return standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens, MaxModelLen: spec.Model.MaxPositions}
+}
+
+// standinExit is how a stand-in's serve ends: stopped by a signal, it
+// exits as every other command does (130), not 0, so that a supervisor
+// can tell a stop from a clean finish.
+func standinExit(ctx context.Context, err error) error {
 	var intr errInterrupted
 	if err == nil && errors.As(context.Cause(ctx), &intr) {
-		// Stopped by a signal: exit as every other command does (130),
-		// not 0, so a supervisor can tell a stop from a clean finish.
 		return intr
 	}
 	return err

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,43 +40,23 @@ writes (its remote_request_id less the suffix): the KV of a real vLLM prefill
 fails the check. No model runs: the text is empty and one token is reported.`
 
 func addStandinDecodeFlags(cmd *cobra.Command) {
-	f := cmd.Flags()
-	f.String("http", "", "run without a driver: stand in for a decode engine, serving the OpenAI-style API on [HOST]:PORT (see above)")
-	f.String("engine-id", "", "with --http: the engine id (default: decode-<random>)")
-	f.String("served-model-name", "", "with --http: the model name /v1/models lists (default: --model)")
-	f.Int("prompt-tokens", 0, "with --http: count every text prompt as this many tokens when kv_transfer_params carry no remote_num_tokens")
-	f.Int("tp", 1, "with --http: tensor-parallel ranks of this decode (one agent and region each)")
-	f.Int("num-blocks", 4096, "with --http: KV blocks per rank")
-	f.String("backend", "nixl", "with --http: transfer backend (nixl or ucx, as the prefill's)")
-	f.String("mem", "dram", "with --http: where the KV cache lives: dram or vram")
-	f.Int("device", 0, "with --http --mem vram: the GPU")
-	f.String("model", "", "with --http: model preset (default "+kv.DefaultModel+")")
-	f.String("model-config", "", "with --http: a HuggingFace config.json instead of --model")
-	f.String("kv-dtype", "", "with --http: KV cache dtype (default: the model's)")
-	f.Int("block-size", 16, "with --http: tokens per KV block")
-	f.String("layout", "", "with --http: attention layout (default: the model's)")
-	f.String("kv-cache-layout", "", "with --http: HND or NHD (default HND)")
+	cmd.Flags().String("http", "", "run without a driver: stand in for a decode engine, serving the OpenAI-style API on [HOST]:PORT (see above)")
+	addStandinEngineFlags(cmd, "--http", "decode",
+		"the engine id (default: decode-<random>)",
+		"count every text prompt as this many tokens when kv_transfer_params carry no remote_num_tokens",
+		"transfer backend (nixl or ucx, as the prefill's)")
 }
 
 // standinDecodeConfig checks the stand-in decode's flags and builds its
 // engine's configuration, before anything is allocated.
 func standinDecodeConfig(so serveEngineOptions) (engine.Config, kv.Spec, error) {
-	o := so.standinOptions
-	var cfg engine.Config
-	if err := o.checkHTTPSide(); err != nil {
-		return cfg, kv.Spec{}, err
+	if err := so.checkHTTPSide(); err != nil {
+		return engine.Config{}, kv.Spec{}, err
 	}
-	spec, mem, err := o.engineSpec()
+	// The stand-in prefill tags what sparse checks read (Verify Sparse
+	// there too): a full check would find untagged bytes.
+	cfg, spec, err := so.standinEngineConfig(engine.RoleDecode, engine.Knobs{Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap}, nil)
 	if err != nil {
-		return cfg, kv.Spec{}, err
-	}
-	cfg = engine.Config{Role: engine.RoleDecode, EngineID: o.EngineID, Backend: o.Backend, Protocol: engine.ProtoPull,
-		Model: spec.Model, KVDType: spec.DType, BlockSize: spec.BlockSize, Layout: spec.Layout, Order: spec.Order, TP: spec.TP,
-		NumBlocks: o.NumBlocks, Mem: mem, Device: o.Device,
-		// The stand-in prefill tags what sparse checks read (Verify
-		// Sparse there too): a full check would find untagged bytes.
-		Knobs: engine.Knobs{Verify: engine.Sparse, DRAMAlloc: engine.AllocMmap}}
-	if err := so.applyIdentity(&cfg); err != nil {
 		return cfg, spec, err
 	}
 	if err := standin.CheckDecodeConfig(cfg); err != nil {
@@ -95,30 +72,18 @@ func runStandinDecode(ctx context.Context, a *app, so serveEngineOptions) error 
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.HTTP)
+	ln, eng, _, err := startStandin(ctx, a, cfg, spec, o.HTTP, nil)
 	if err != nil {
-		return errkind.BadInputf("--http: %v", err)
+		return err
 	}
 	defer ln.Close()
-	eng, err := engine.NewEngine(ctx, cfg, a.log, nil)
-	if err != nil {
-		return fmt.Errorf("decode engine: %w", err)
-	}
 	defer eng.Close()
-	rep := eng.Setup()
-	fmt.Fprintf(a.io.ErrOut, "stand-in decode %s: %s, tp %d, %d blocks of %d tokens per rank (%s, %s), backend %s %s\n",
-		rep.EngineID, spec.Model.Name, spec.TP, cfg.NumBlocks, spec.BlockSize, spec.DType, spec.Order, rep.Backend, rep.Version)
 	fmt.Fprintf(a.io.ErrOut, "API http://%s/v1/completions\n", ln.Addr())
-	api := standin.NewDecode(eng, standin.Options{ServedModel: cmp.Or(o.ServedModel, spec.Model.Name), PromptTokens: o.PromptTokens,
-		MaxModelLen: spec.Model.MaxPositions}, a.log)
+	api := standin.NewDecode(eng, o.apiOptions(spec), a.log)
 	start := time.Now()
 	err = api.Serve(ctx, ln)
 	c, st := api.Counts(), eng.Stats()
 	fmt.Fprintf(a.io.ErrOut, "stand-in decode stopped after %v: %d requests, %d served, %d refused, %d failed; %d blocks read, %d corrupt; %d handshakes, %d failed\n",
 		time.Since(start).Round(time.Second), c.Requests, c.Served, c.Rejected, c.Failed, c.BlocksRead, c.CorruptBlocks, st.Handshakes, st.HandshakeFails)
-	var intr errInterrupted
-	if err == nil && errors.As(context.Cause(ctx), &intr) {
-		return intr
-	}
-	return err
+	return standinExit(ctx, err)
 }
