@@ -2,20 +2,16 @@ package standin
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
-	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/mono"
 )
 
@@ -28,14 +24,9 @@ import (
 // notification that frees them; then it answers as vLLM does. No model
 // runs: the text is empty and one token is reported.
 type DecodeServer struct {
-	eng  *engine.Engine
-	o    Options
-	log  *slog.Logger
-	http *http.Server
-	legs *stampLog
-
-	requests, served, rejected, failed, corruptReqs atomic.Int64
-	blocks, corruptBlocks, bytes                    atomic.Int64
+	api
+	requests, served, failed, corruptReqs atomic.Int64
+	blocks, corruptBlocks, bytes          atomic.Int64
 }
 
 // DecodeCounts are the decode API's counters.
@@ -59,30 +50,9 @@ type DecodeCounts struct {
 
 // NewDecode wraps a decode engine (protocol pull) in the API.
 func NewDecode(eng *engine.Engine, o Options, log *slog.Logger) *DecodeServer {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	o.MaxModelLen = min(cmp.Or(o.MaxModelLen, kv.MaxTokens), kv.MaxTokens)
-	s := &DecodeServer{eng: eng, o: o, log: log, legs: newStampLog()}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.complete(false))
-	mux.HandleFunc("POST /v1/chat/completions", s.complete(true))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
-			"id": s.o.ServedModel, "object": "model", "owned_by": "nixlctl-standin", "max_model_len": s.o.MaxModelLen}}})
-	})
-	mux.HandleFunc("GET /nixlctl/stats", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"api": s.Counts(), "engine": s.eng.Stats(), "mono_ns": mono.Now()})
-	})
-	mux.HandleFunc("GET /nixlctl/legs", s.legs.serve)
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s := &DecodeServer{}
+	s.init(eng, o, log, s.complete, func() any { return s.Counts() })
 	return s
-}
-
-// Serve answers on ln until ctx ends.
-func (s *DecodeServer) Serve(ctx context.Context, ln net.Listener) error {
-	return serveUntil(ctx, s.http, ln)
 }
 
 // Counts reads the counters.
@@ -173,13 +143,8 @@ func (s *DecodeServer) complete(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		arrived := mono.Now()
 		s.requests.Add(1)
-		var req completionRequest
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-		if err == nil {
-			err = json.Unmarshal(body, &req)
-		}
-		if err != nil {
-			s.reject(w, r, fmt.Sprintf("request body: %v", err))
+		req, ok := s.readRequest(w, r)
+		if !ok {
 			return
 		}
 		p, err := checkParams(req.KVTransferParams)
@@ -191,11 +156,10 @@ func (s *DecodeServer) complete(chat bool) http.HandlerFunc {
 		// (vLLM's does), else the prompt as the prefill stand-in counts it.
 		tokens := p.RemoteNumTokens
 		if tokens <= 0 {
-			ps := &Server{o: s.o}
 			if chat {
-				tokens, err = ps.chatTokens(req.Messages)
+				tokens, err = s.chatTokens(req.Messages)
 			} else {
-				tokens, err = ps.promptTokens(req.Prompt)
+				tokens, err = s.promptTokens(req.Prompt)
 			}
 			if err != nil {
 				s.reject(w, r, err.Error())
@@ -255,7 +219,7 @@ func (s *DecodeServer) complete(chat bool) http.HandlerFunc {
 		}
 		stamps.TSent = mono.Now()
 		s.legs.add(stamps)
-		resp := (&Server{o: s.o}).response(chat, id, model, tokens, engine.TransferParams{}).(map[string]any)
+		resp := s.response(chat, id, model, tokens, engine.TransferParams{}).(map[string]any)
 		resp["kv_transfer_params"] = nil // vLLM's decode answers with none
 		resp["nixlctl"] = stamps
 		writeJSON(w, http.StatusOK, resp)
@@ -285,12 +249,6 @@ func (s *DecodeServer) stream(w http.ResponseWriter, chat bool, id, model string
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
-}
-
-func (s *DecodeServer) reject(w http.ResponseWriter, r *http.Request, msg string) {
-	s.rejected.Add(1)
-	s.log.Warn("request refused", "path", r.URL.Path, "from", r.RemoteAddr, "why", msg)
-	writeError(w, http.StatusBadRequest, "BadRequestError", msg)
 }
 
 // CheckDecodeConfig says whether cfg can run behind the decode API.

@@ -50,36 +50,86 @@ type Options struct {
 
 // Server serves the API over one engine.
 type Server struct {
-	eng  *engine.Engine
-	o    Options
-	log  *slog.Logger
-	http *http.Server
-
-	served, rejected, failed atomic.Int64
-	legs                     *stampLog
+	api
+	served, failed atomic.Int64
 }
 
-// New wraps a prefill engine (protocol pull) in the API.
-func New(eng *engine.Engine, o Options, log *slog.Logger) *Server {
+// api is what both stand-ins' servers are built on: the engine, the
+// options, the routes a proxy and bench proxy read besides the
+// completions, and the count of requests refused as bad input.
+type api struct {
+	eng      *engine.Engine
+	o        Options
+	log      *slog.Logger
+	http     *http.Server
+	legs     *stampLog
+	rejected atomic.Int64
+}
+
+// init sets the API up: complete answers both completion routes (chat:
+// /v1/chat/completions), counts is what /nixlctl/stats reports as "api".
+func (s *api) init(eng *engine.Engine, o Options, log *slog.Logger, complete func(chat bool) http.HandlerFunc, counts func() any) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	o.MaxModelLen = min(cmp.Or(o.MaxModelLen, kv.MaxTokens), kv.MaxTokens)
-	s := &Server{eng: eng, o: o, log: log, legs: newStampLog()}
+	s.eng, s.o, s.log, s.legs = eng, o, log, newStampLog()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.complete(false))
-	mux.HandleFunc("POST /v1/chat/completions", s.complete(true))
+	mux.HandleFunc("POST /v1/completions", complete(false))
+	mux.HandleFunc("POST /v1/chat/completions", complete(true))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /v1/models", s.models)
-	mux.HandleFunc("GET /nixlctl/stats", s.stats)
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
+			"id": s.o.ServedModel, "object": "model", "owned_by": "nixlctl-standin", "max_model_len": s.o.MaxModelLen}}})
+	})
+	mux.HandleFunc("GET /nixlctl/stats", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"api": counts(), "engine": s.eng.Stats(), "mono_ns": mono.Now()})
+	})
 	mux.HandleFunc("GET /nixlctl/legs", s.legs.serve)
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	return s
 }
 
-// Serve answers on ln until ctx ends.
-func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	return serveUntil(ctx, s.http, ln)
+// Serve answers on ln until ctx ends, then shuts the server down (5 s
+// for requests in flight); a shutdown is a clean end.
+func (s *api) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.http.Shutdown(sctx)
+	})
+	defer stop()
+	if err := s.http.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// readRequest reads a completion request's body; a bad one is refused
+// (false).
+func (s *api) readRequest(w http.ResponseWriter, r *http.Request) (completionRequest, bool) {
+	var req completionRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		s.reject(w, r, fmt.Sprintf("request body: %v", err))
+		return req, false
+	}
+	return req, true
+}
+
+func (s *api) reject(w http.ResponseWriter, r *http.Request, msg string) {
+	s.rejected.Add(1)
+	s.log.Warn("request refused", "path", r.URL.Path, "from", r.RemoteAddr, "why", msg)
+	writeError(w, http.StatusBadRequest, "BadRequestError", msg)
+}
+
+// New wraps a prefill engine (protocol pull) in the API.
+func New(eng *engine.Engine, o Options, log *slog.Logger) *Server {
+	s := &Server{}
+	s.init(eng, o, log, s.complete, func() any { return s.Counts() })
+	return s
 }
 
 // Counts are the API's counters: legs answered, refused as bad input,
@@ -117,13 +167,8 @@ type completionRequest struct {
 func (s *Server) complete(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		arrived := mono.Now()
-		var req completionRequest
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-		if err == nil {
-			err = json.Unmarshal(body, &req)
-		}
-		if err != nil {
-			s.reject(w, r, fmt.Sprintf("request body: %v", err))
+		req, ok := s.readRequest(w, r)
+		if !ok {
 			return
 		}
 		var kvp struct {
@@ -143,6 +188,7 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 			return
 		}
 		var tokens int
+		var err error
 		if chat {
 			tokens, err = s.chatTokens(req.Messages)
 		} else {
@@ -181,15 +227,9 @@ func (s *Server) complete(chat bool) http.HandlerFunc {
 	}
 }
 
-func (s *Server) reject(w http.ResponseWriter, r *http.Request, msg string) {
-	s.rejected.Add(1)
-	s.log.Warn("request refused", "path", r.URL.Path, "from", r.RemoteAddr, "why", msg)
-	writeError(w, http.StatusBadRequest, "BadRequestError", msg)
-}
-
 // promptTokens counts a completions prompt: token ids exactly (a list of
 // ints, or a batch of one such list), text by TextTokens.
-func (s *Server) promptTokens(p json.RawMessage) (int, error) {
+func (s *api) promptTokens(p json.RawMessage) (int, error) {
 	if len(p) == 0 {
 		return 0, errors.New(`no "prompt"`)
 	}
@@ -222,7 +262,7 @@ func (s *Server) promptTokens(p json.RawMessage) (int, error) {
 // (role markers and separators) on top of the contents.
 const chatMessageOverhead = 32
 
-func (s *Server) chatTokens(m json.RawMessage) (int, error) {
+func (s *api) chatTokens(m json.RawMessage) (int, error) {
 	var msgs []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
@@ -247,7 +287,7 @@ const textSpecialTokens = 8
 // blocks than the decode needs are harmless: vLLM's decode reads the last
 // of remote_block_ids as many as it has local blocks, and fails when it
 // gets fewer.
-func (s *Server) textTokens(n int) (int, error) {
+func (s *api) textTokens(n int) (int, error) {
 	if s.o.PromptTokens > 0 {
 		return s.o.PromptTokens, nil
 	}
@@ -264,7 +304,7 @@ func checkTokens(n int) (int, error) {
 // response is vLLM's completion answer to a prefill leg: one generated
 // token (empty text here), its usage, and the kv_transfer_params the
 // proxy forwards to the decode.
-func (s *Server) response(chat bool, id, model string, tokens int, p engine.TransferParams) any {
+func (s *api) response(chat bool, id, model string, tokens int, p engine.TransferParams) any {
 	model = cmp.Or(model, s.o.ServedModel)
 	usage := map[string]int{"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}
 	created := time.Now().Unix()
@@ -277,15 +317,6 @@ func (s *Server) response(chat bool, id, model string, tokens int, p engine.Tran
 	return map[string]any{"id": "cmpl-" + id, "object": "text_completion", "created": created, "model": model,
 		"choices": []any{map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}},
 		"usage":   usage, "kv_transfer_params": p}
-}
-
-func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
-		"id": s.o.ServedModel, "object": "model", "owned_by": "nixlctl-standin", "max_model_len": s.o.MaxModelLen}}})
-}
-
-func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"api": s.Counts(), "engine": s.eng.Stats(), "mono_ns": mono.Now()})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -314,21 +345,6 @@ func CheckConfig(cfg engine.Config) error {
 	}
 	if strings.TrimSpace(cfg.SideChannel) == "" {
 		return errors.New("a stand-in needs a side channel address")
-	}
-	return nil
-}
-
-// serveUntil serves srv on ln until ctx ends, then shuts it down (5 s for
-// requests in flight); a shutdown is a clean end. Both stand-ins serve so.
-func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	defer stop()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
 	}
 	return nil
 }

@@ -193,7 +193,7 @@ func TestTextPromptTokens(t *testing.T) {
 		{"one of a batch", Options{}, `[[5,6,7,8]]`, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Server{o: tc.o}
+			s := &api{o: tc.o}
 			got, err := s.promptTokens(json.RawMessage(tc.prompt))
 			if err != nil || got != tc.want {
 				t.Errorf("promptTokens(%s) = %d, %v; want %d", tc.prompt, got, err, tc.want)
