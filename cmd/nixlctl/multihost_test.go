@@ -10,10 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // TestMultiHost runs nixlctl across two hosts staged on this machine by
@@ -535,13 +536,7 @@ func (mh *twoHosts) checkNetPath(t *testing.T, raw json.RawMessage, side string)
 
 func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v", d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, d, "the condition", ok, nil)
 }
 
 func lastLines(s string, n int) string {
@@ -570,19 +565,4 @@ func decodeDied(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer, errb *syncBuffer
 	return took
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testkit.SyncBuffer

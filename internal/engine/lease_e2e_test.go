@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/testkit"
+
 	"go.uber.org/goleak"
 
 	"github.com/nixlctl/nixlctl/internal/lease"
@@ -369,13 +371,7 @@ func TestHeartbeatLossEveryOther(t *testing.T) {
 // waitFor polls cond until it holds or 10 s pass (then the test fails).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, 0, what, cond, nil)
 }
 
 // leaseStep moves the engines' fake clock by dt and runs one engine step

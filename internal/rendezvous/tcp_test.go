@@ -2,7 +2,6 @@ package rendezvous
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,28 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/testkit"
+
 	"go.uber.org/goleak"
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 )
 
 // syncBuffer collects a logger's output from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testkit.SyncBuffer
 
 func testOptions() (Options, *syncBuffer) {
 	var buf syncBuffer
@@ -239,13 +225,7 @@ func fmtCounts(m map[string]int) string { return rejectSummary(m) }
 
 func waitFor(t *testing.T, cond func() bool, state func() string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out; state: %s", state())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 0, "the condition", cond, state)
 }
 
 // TestTCPIncomplete: the window ends with one decode rank never there and

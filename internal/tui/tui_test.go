@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 
 	tea "charm.land/bubbletea/v2"
 
@@ -140,34 +141,13 @@ func TestProgramHeadless(t *testing.T) {
 
 // syncWriter serialises writes and reads: the program writes from its own
 // goroutine while the test reads.
-type syncWriter struct {
-	mu sync.Mutex
-	w  strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
-}
+type syncWriter = testkit.SyncBuffer
 
 // waitFor polls cond until it holds, so a test waits only as long as the
 // program needs, and fails naming what never happened.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 0, what, cond, nil)
 }
 
 // The view names the log its run's stderr goes to and shows its last
