@@ -18,27 +18,7 @@ var stageLimit = 64 << 20
 
 // FillSpans writes the tag pattern of key(i) into the i-th span of b.
 func FillSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) error {
-	if err := b.CheckSpans(spans); err != nil {
-		return err
-	}
-	if b.Mem != nixl.VRAM {
-		data, err := hostView(b)
-		if err != nil {
-			return err
-		}
-		for i, s := range spans {
-			Fill(data[s.Off:s.Off+s.Len], key(i))
-		}
-		return nil
-	}
-	return staged(spans, func(first int, part []nixl.Span, host []byte) error {
-		at := 0
-		for k, s := range part {
-			Fill(host[at:at+s.Len], key(first+k))
-			at += s.Len
-		}
-		return cuda.CopyIn(b, part, host)
-	})
+	return eachSpan(b, spans, true, func(i int, _ nixl.Span, data []byte) { Fill(data, key(i)) })
 }
 
 // SpanCheck is what CheckSpans found.
@@ -61,11 +41,17 @@ func CheckSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64) (Span
 
 // VisitSpans checks every span and calls bad for each wrong one.
 func VisitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad func(i int, s nixl.Span, m *Mismatch)) error {
-	note := func(i int, s nixl.Span, m *Mismatch) {
-		if m != nil {
+	return eachSpan(b, spans, false, func(i int, s nixl.Span, data []byte) {
+		if m := Check(data, key(i)); m != nil {
 			bad(i, s, m)
 		}
-	}
+	})
+}
+
+// eachSpan calls fn with the bytes of each span of b, in order: in place
+// in host memory; for VRAM through staged host copies, copied out before
+// fn reads them, or (write) copied in after fn wrote them.
+func eachSpan(b *nixl.Buffer, spans []nixl.Span, write bool, fn func(i int, s nixl.Span, data []byte)) error {
 	if err := b.CheckSpans(spans); err != nil {
 		return err
 	}
@@ -75,18 +61,23 @@ func VisitSpans(b *nixl.Buffer, spans []nixl.Span, key func(i int) uint64, bad f
 			return err
 		}
 		for i, s := range spans {
-			note(i, s, Check(data[s.Off:s.Off+s.Len], key(i)))
+			fn(i, s, data[s.Off:s.Off+s.Len])
 		}
 		return nil
 	}
 	return staged(spans, func(first int, part []nixl.Span, host []byte) error {
-		if err := cuda.CopyOut(b, part, host); err != nil {
-			return err
+		if !write {
+			if err := cuda.CopyOut(b, part, host); err != nil {
+				return err
+			}
 		}
 		at := 0
 		for k, s := range part {
-			note(first+k, s, Check(host[at:at+s.Len], key(first+k)))
+			fn(first+k, s, host[at:at+s.Len])
 			at += s.Len
+		}
+		if write {
+			return cuda.CopyIn(b, part, host)
 		}
 		return nil
 	})
