@@ -735,32 +735,24 @@ func (c *chaosRun) one(ctx context.Context, i int) {
 	var pr engine.PrefillReply
 	var lr engine.LoadReply
 	var perr, derr error
-	switch c.o.Protocol {
-	case engine.ProtoPull:
-		perr = pe.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
-		c.markGranted(i)
-		if perr == nil {
-			c.mu.Lock()
-			c.grants[id] = pr.TFinish
-			c.mu.Unlock()
-			inOrder()
-			derr = de.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: pr.Params}, &lr)
+	// Pull's decode gets the prefill's kv_transfer_params; push's the
+	// coordinates the router sends it with the request. The router sends
+	// push's two at once; decode's arrival is when prefill is done, as in
+	// the plan, so prefill goes first there too.
+	perr = pe.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
+	c.markGranted(i)
+	if perr == nil {
+		c.mu.Lock()
+		c.grants[id] = pr.TFinish
+		c.mu.Unlock()
+		inOrder()
+		params := pr.Params
+		if c.o.Protocol == engine.ProtoPush {
+			host, port, _ := runcore.SplitHostPort(psetup.SideChannel)
+			params = engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
+				RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: string(engine.ProtoPush)}
 		}
-	case engine.ProtoPush:
-		host, port, _ := runcore.SplitHostPort(psetup.SideChannel)
-		coords := engine.TransferParams{DoRemotePrefill: true, RemoteEngineID: psetup.EngineID, RemoteRequestID: id,
-			RemoteHost: host, RemotePort: port, TPSize: psetup.TP, PPSize: 1, TransferMode: string(engine.ProtoPush)}
-		// The router sends both at once; decode's arrival is when prefill
-		// is done, as in the plan, so prefill goes first here.
-		perr = pe.Call(ctx, "prefill", engine.PrefillRequest{ID: id, Tokens: c.o.ISL, Key: key}, &pr)
-		c.markGranted(i)
-		if perr == nil {
-			c.mu.Lock()
-			c.grants[id] = pr.TFinish
-			c.mu.Unlock()
-			inOrder()
-			derr = de.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: coords}, &lr)
-		}
+		derr = de.Call(ctx, "load", engine.LoadRequest{ID: id, Tokens: c.o.ISL, Key: key, Params: params}, &lr)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -78,9 +78,30 @@ func startChurn(cfg ChurnConfig, seed uint64) (*churner, error) {
 // up after a late tick (but by at most one second's worth).
 func (ch *churner) run(ctx context.Context, rate float64) {
 	defer close(ch.done)
-	start := time.Now()
 	var done float64
-	tick := time.NewTicker(10 * time.Millisecond)
+	ticking(ctx, 10*time.Millisecond, func(elapsed time.Duration) {
+		due := rate*elapsed.Seconds() - done
+		if due > rate {
+			done += due - rate
+			due = rate
+		}
+		n := int(due)
+		if n <= 0 {
+			return
+		}
+		ch.mu.Lock()
+		f := C.nxp_churn_step(ch.c, C.int(n))
+		ch.failed += int64(f)
+		ch.mu.Unlock()
+		done += float64(n)
+	})
+}
+
+// ticking calls fn every period with the time since it began, until ctx
+// ends: the paced loops here follow wall time, not their ticks' count.
+func ticking(ctx context.Context, period time.Duration, fn func(elapsed time.Duration)) {
+	start := time.Now()
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -88,20 +109,7 @@ func (ch *churner) run(ctx context.Context, rate float64) {
 			return
 		case <-tick.C:
 		}
-		due := rate*time.Since(start).Seconds() - done
-		if due > rate {
-			done += due - rate
-			due = rate
-		}
-		n := int(due)
-		if n <= 0 {
-			continue
-		}
-		ch.mu.Lock()
-		f := C.nxp_churn_step(ch.c, C.int(n))
-		ch.failed += int64(f)
-		ch.mu.Unlock()
-		done += float64(n)
+		fn(time.Since(start))
 	}
 }
 
@@ -153,17 +161,9 @@ func startLeak(mbPerS float64) *leaker {
 // follows wall time even when the machine is too busy to run it on time.
 func (l *leaker) run(ctx context.Context, bytesPerS float64) {
 	defer close(l.done)
-	start := time.Now()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	ticking(ctx, 100*time.Millisecond, func(elapsed time.Duration) {
 		l.mu.Lock()
-		due := int64(bytesPerS*time.Since(start).Seconds()) - l.leaked
+		due := int64(bytesPerS*elapsed.Seconds()) - l.leaked
 		if due >= 4096 && l.failed == nil {
 			if C.nxp_leak(C.size_t(due)) != 0 {
 				l.failed = fmt.Errorf("self-test leak: mmap of %d bytes failed", due)
@@ -172,7 +172,7 @@ func (l *leaker) run(ctx context.Context, bytesPerS float64) {
 			}
 		}
 		l.mu.Unlock()
-	}
+	})
 }
 
 func (l *leaker) bytes() int64 {

@@ -685,17 +685,23 @@ func (f *jsonFields) fail(name, format string, a ...any) {
 	}
 }
 
+// value is field name's value; false when it is missing, or null (an
+// error unless nullable).
+func (f *jsonFields) value(name string, nullable bool) (any, bool) {
+	v, ok := f.m[name]
+	switch {
+	case !ok:
+		f.fail(name, "missing")
+	case v == nil && !nullable:
+		f.fail(name, "null")
+	}
+	return v, ok && v != nil
+}
+
 // int reads an integer in [lo, hi]; nullable fields return nil for null.
 func (f *jsonFields) int(name string, lo, hi int64, nullable bool) *int {
-	v, ok := f.m[name]
+	v, ok := f.value(name, nullable)
 	if !ok {
-		f.fail(name, "missing")
-		return nil
-	}
-	if v == nil {
-		if !nullable {
-			f.fail(name, "null")
-		}
 		return nil
 	}
 	n, isNum := v.(json.Number)
@@ -713,15 +719,8 @@ func (f *jsonFields) int(name string, lo, hi int64, nullable bool) *int {
 }
 
 func (f *jsonFields) str(name string, nullable bool) *string {
-	v, ok := f.m[name]
+	v, ok := f.value(name, nullable)
 	if !ok {
-		f.fail(name, "missing")
-		return nil
-	}
-	if v == nil {
-		if !nullable {
-			f.fail(name, "null")
-		}
 		return nil
 	}
 	s, isStr := v.(string)

@@ -39,6 +39,18 @@ func newEtcdClient(endpoint string) (*clientv3.Client, error) {
 	})
 }
 
+// dialEtcd checks an etcd://HOST:PORT address, that something answers
+// there within the etcd timeout, and makes the client.
+func dialEtcd(ctx context.Context, endpoint string, opt Options) (*clientv3.Client, error) {
+	if _, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, EtcdScheme)); err != nil {
+		return nil, fmt.Errorf("rendezvous: etcd address %q is not etcd://HOST:PORT", endpoint)
+	}
+	if err := etcdReachable(ctx, endpoint, opt.etcdTimeout()); err != nil {
+		return nil, err
+	}
+	return newEtcdClient(endpoint)
+}
+
 // etcdReachable dials etcd's client port once before a client is made:
 // the client retries a refused connection until its context ends, so a
 // wrong port or a stopped etcd cost the whole timeout with nothing but
@@ -83,13 +95,7 @@ func JoinEtcd(ctx context.Context, endpoint string, h Hello, opt Options) (*Regi
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, EtcdScheme)); err != nil {
-		return nil, fmt.Errorf("rendezvous: etcd address %q is not etcd://HOST:PORT", endpoint)
-	}
-	if err := etcdReachable(ctx, endpoint, opt.etcdTimeout()); err != nil {
-		return nil, err
-	}
-	cli, err := newEtcdClient(endpoint)
+	cli, err := dialEtcd(ctx, endpoint, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -210,13 +216,7 @@ func WatchEtcd(ctx context.Context, endpoint string, expect Roster, opt Options)
 	if expect.Run == "" {
 		return nil, errors.New("rendezvous: etcd needs a run id to namespace its keys")
 	}
-	if _, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, EtcdScheme)); err != nil {
-		return nil, fmt.Errorf("rendezvous: etcd address %q is not etcd://HOST:PORT", endpoint)
-	}
-	if err := etcdReachable(ctx, endpoint, opt.etcdTimeout()); err != nil {
-		return nil, err
-	}
-	cli, err := newEtcdClient(endpoint)
+	cli, err := dialEtcd(ctx, endpoint, opt)
 	if err != nil {
 		return nil, err
 	}
