@@ -3,6 +3,7 @@ package errkind
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -41,5 +42,23 @@ func TestFieldIn(t *testing.T) {
 	}
 	if _, ok := FieldIn(nil, "A"); ok {
 		t.Error("nil has no field")
+	}
+}
+
+func TestFields(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"nil", nil, nil},
+		{"plain", errors.New("x"), nil},
+		{"one", Field("A", "bad"), []string{"A"}},
+		{"joined, wrapped and marked, in order", BadInput(errors.Join(Field("A", "bad a"), errors.New("plain"),
+			fmt.Errorf("wrapped: %w", errors.Join(Field("D", "bad d"), Field("B", "bad b"))))), []string{"A", "D", "B"}},
+	} {
+		if got := Fields(tc.err); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Fields = %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

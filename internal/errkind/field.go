@@ -43,3 +43,21 @@ func FieldIn(err error, field string) (FieldError, bool) {
 	}
 	return FieldIn(errors.Unwrap(err), field)
 }
+
+// Fields lists the field of every FieldError in err's tree, in the order
+// Validate joined them: which fields a validation blamed.
+func Fields(err error) []string {
+	switch e := err.(type) {
+	case nil:
+		return nil
+	case FieldError:
+		return []string{e.Field}
+	case interface{ Unwrap() []error }:
+		var out []string
+		for _, inner := range e.Unwrap() {
+			out = append(out, Fields(inner)...)
+		}
+		return out
+	}
+	return Fields(errors.Unwrap(err))
+}

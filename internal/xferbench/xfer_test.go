@@ -143,13 +143,7 @@ func TestXferValidate(t *testing.T) {
 			if !errkind.IsBadInput(err) {
 				t.Fatalf("Validate() = %v, want bad input", err)
 			}
-			var fields []string
-			for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
-				if fe, ok := e.(errkind.FieldError); ok {
-					fields = append(fields, fe.Field)
-				}
-			}
-			if diff := cmp.Diff(tc.want, fields); diff != "" {
+			if diff := cmp.Diff(tc.want, errkind.Fields(err)); diff != "" {
 				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
 			}
 		})
