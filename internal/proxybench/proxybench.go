@@ -287,30 +287,80 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	o.Proxy = strings.TrimRight(o.Proxy, "/")
 	res := &Result{Meta: report.NewMeta("bench proxy", o.Version), Options: o}
 	client := &http.Client{Timeout: o.Timeout, Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency}}
-
-	// The stand-ins' clocks and counters before the run.
-	type peer struct {
-		url, role string
-		off       int64
-		before    statsDoc
-		err       error
+	peers, err := contactStandIns(ctx, client, o)
+	if err != nil {
+		return nil, err
 	}
-	var peers []*peer
+	start := time.Now()
+	recs := sendAll(ctx, client, o)
+	res.Summary.Seconds = time.Since(start).Seconds()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	splitLegs(ctx, client, res, peers, recs)
+	res.Records = recs
+	decodeServed := checkStandIns(ctx, client, o, &res.Summary, peers)
+	s := &res.Summary
+	if s.Failed > 0 {
+		first := ""
+		for _, r := range recs {
+			if r.Error != "" {
+				first = r.Error
+				break
+			}
+		}
+		s.Problems = append(s.Problems, fmt.Sprintf("%d of %d requests failed (first: %s)", s.Failed, s.Requests, first))
+	}
+	if len(o.Decode) > 0 {
+		if decodeServed != int64(s.OK) {
+			s.Problems = append(s.Problems, fmt.Sprintf("the decode stand-ins served %d legs for %d requests answered: the proxy answered some without a decode leg", decodeServed, s.OK))
+		}
+		if len(o.Prefill) > 0 && s.BlocksChecked != s.BlocksExpected {
+			s.Problems = append(s.Problems, fmt.Sprintf("the decodes read and checked %d blocks, the prefill legs held %d", s.BlocksChecked, s.BlocksExpected))
+		}
+	} else {
+		res.Meta.Warn("no --decode stand-in: nothing says the KV was read and checked")
+	}
+	if s.Problems == nil {
+		s.Problems = []string{}
+	}
+	res.Meta.Finish()
+	return res, nil
+}
+
+// standInPeer is one stand-in the run reads: its clock's offset from
+// this process's and its counters before the run.
+type standInPeer struct {
+	url, role string
+	off       int64
+	before    statsDoc
+}
+
+// contactStandIns reads every stand-in's clock and counters before the
+// run; one that does not answer ends it before a request is sent.
+func contactStandIns(ctx context.Context, client *http.Client, o Options) ([]*standInPeer, error) {
+	var peers []*standInPeer
 	for _, u := range o.Prefill {
-		peers = append(peers, &peer{url: strings.TrimRight(u, "/"), role: "prefill"})
+		peers = append(peers, &standInPeer{url: strings.TrimRight(u, "/"), role: "prefill"})
 	}
 	for _, u := range o.Decode {
-		peers = append(peers, &peer{url: strings.TrimRight(u, "/"), role: "decode"})
+		peers = append(peers, &standInPeer{url: strings.TrimRight(u, "/"), role: "decode"})
 	}
 	for _, p := range peers {
-		if p.off, p.err = clockOffset(ctx, client, p.url); p.err == nil {
-			p.before, p.err = getStats(ctx, client, p.url)
+		var err error
+		if p.off, err = clockOffset(ctx, client, p.url); err == nil {
+			p.before, err = getStats(ctx, client, p.url)
 		}
-		if p.err != nil {
-			return nil, fmt.Errorf("%s stand-in %s: %w", p.role, p.url, p.err)
+		if err != nil {
+			return nil, fmt.Errorf("%s stand-in %s: %w", p.role, p.url, err)
 		}
 	}
+	return peers, nil
+}
 
+// sendAll sends the run's requests through the proxy, o.Concurrency at a
+// time, each with its own prompt of token ids (from o.Seed).
+func sendAll(ctx context.Context, client *http.Client, o Options) []Record {
 	run := fmt.Sprintf("%08x", rand.Uint32())
 	rng := rand.New(rand.NewPCG(o.Seed, 0x6e69786c))
 	prompts := make([][]int, o.Requests)
@@ -324,7 +374,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	recs := make([]Record, o.Requests)
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	start := time.Now()
 	for range o.Concurrency {
 		wg.Go(func() {
 			for {
@@ -337,12 +386,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		})
 	}
 	wg.Wait()
-	res.Summary.Seconds = time.Since(start).Seconds()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	return recs
+}
 
-	// Join the legs by remote_request_id.
+// splitLegs joins each request with its prefill and decode legs (by
+// remote_request_id, as the stand-ins logged them) and splits its time
+// into prefill, handoff and decode, each leg's stamps moved onto this
+// process's clock by its stand-in's offset.
+func splitLegs(ctx context.Context, client *http.Client, res *Result, peers []*standInPeer, recs []Record) {
 	type leg struct {
 		s   standin.LegStamps
 		off int64
@@ -368,7 +419,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	s := &res.Summary
-	s.Requests = o.Requests
+	s.Requests = len(recs)
 	var e2e, pl, ho, dl, rd []float64
 	for i := range recs {
 		r := &recs[i]
@@ -402,12 +453,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if s.Seconds > 0 {
 		s.Throughput = float64(s.OK) / s.Seconds
 	}
-	res.Records = recs
+}
 
-	// The stand-ins' counters over the run; the prefills' held blocks
-	// once the decodes' notifications have freed them.
+// checkStandIns reads the stand-ins' counters over the run into s and
+// says what is wrong with them: the prefills' held blocks are read once
+// the decodes' notifications have freed them (up to o.Settle). It
+// returns the legs the decodes served.
+func checkStandIns(ctx context.Context, client *http.Client, o Options, s *Summary, peers []*standInPeer) (decodeServed int64) {
 	deadline := time.Now().Add(o.Settle)
-	var decodeServed int64
 	for _, p := range peers {
 		si := StandIn{URL: p.url, Role: p.role, ClockOffsetMS: float64(p.off) / 1e6}
 		after, err := getStats(ctx, client, p.url)
@@ -441,31 +494,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		s.StandIns = append(s.StandIns, si)
 	}
-	if s.Failed > 0 {
-		first := ""
-		for _, r := range recs {
-			if r.Error != "" {
-				first = r.Error
-				break
-			}
-		}
-		s.Problems = append(s.Problems, fmt.Sprintf("%d of %d requests failed (first: %s)", s.Failed, s.Requests, first))
-	}
-	if len(o.Decode) > 0 {
-		if decodeServed != int64(s.OK) {
-			s.Problems = append(s.Problems, fmt.Sprintf("the decode stand-ins served %d legs for %d requests answered: the proxy answered some without a decode leg", decodeServed, s.OK))
-		}
-		if len(o.Prefill) > 0 && s.BlocksChecked != s.BlocksExpected {
-			s.Problems = append(s.Problems, fmt.Sprintf("the decodes read and checked %d blocks, the prefill legs held %d", s.BlocksChecked, s.BlocksExpected))
-		}
-	} else {
-		res.Meta.Warn("no --decode stand-in: nothing says the KV was read and checked")
-	}
-	if s.Problems == nil {
-		s.Problems = []string{}
-	}
-	res.Meta.Finish()
-	return res, nil
+	return decodeServed
 }
 
 func send(ctx context.Context, c *http.Client, o Options, i int, id string, prompt []int) Record {
