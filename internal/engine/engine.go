@@ -307,77 +307,10 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	if emit == nil {
 		emit = func(string, any) {}
 	}
-	if cfg.Protocol == ProtoSGLang {
-		cfg.Order = kv.NHD // SGLang's per-layer buffers are token-major
-	}
-	spec, err := cfg.Spec().Normalize()
+	spec, err := cfg.normalize()
 	if err != nil {
 		return nil, err
 	}
-	// Only what protects the engine from a malformed setup call: the
-	// driver's options (handoff.HandoffOptions.Validate) check everything a
-	// user can get wrong, and their defaults are the only ones.
-	if !cfg.Role.Valid() {
-		return nil, fmt.Errorf("role %q: want prefill or decode", cfg.Role)
-	}
-	if !Protocol(cfg.Protocol).Valid() {
-		return nil, fmt.Errorf("protocol %q: want pull, push or sglang", cfg.Protocol)
-	}
-	if cfg.NumBlocks <= 0 {
-		return nil, fmt.Errorf("num_blocks must be > 0")
-	}
-	if cfg.Protocol == ProtoPush && cfg.RegTimeout == 0 {
-		cfg.RegTimeout = runcore.Duration(DefaultRegTimeout)
-	}
-	if cfg.Protocol == ProtoPush && cfg.RegTimeout <= 0 {
-		return nil, fmt.Errorf("reg_timeout must be > 0 for %s", cfg.Protocol)
-	}
-	if cfg.Protocol == ProtoSGLang {
-		if err := cfg.sglDefaults(); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.RegWatchdog == "" {
-		cfg.RegWatchdog = WatchdogDrop
-	}
-	if !cfg.RegWatchdog.Valid() {
-		return nil, fmt.Errorf("reg_watchdog %q: want %s", cfg.RegWatchdog, list(WatchdogActions))
-	}
-	if cfg.PushHeartbeatKeys == "" {
-		cfg.PushHeartbeatKeys = HBKeysUpstream
-	}
-	if !cfg.PushHeartbeatKeys.Valid() {
-		return nil, fmt.Errorf("push_heartbeat_keys %q: want %s", cfg.PushHeartbeatKeys, list(HeartbeatKeyings))
-	}
-	if cfg.EngineID == "" {
-		cfg.EngineID = string(cfg.Role) + "-" + randHex(4)
-	}
-	if cfg.SideChannel == "" {
-		cfg.SideChannel = "tcp://127.0.0.1:0"
-	}
-	if cfg.Advertise, err = advertisedHost(cfg.SideChannel, cfg.Advertise); err != nil {
-		return nil, err
-	}
-	if cfg.NetDevices != "" {
-		// UCX reads it when the process's one context is created, below,
-		// and never again. It stays set afterwards: that context keeps the
-		// pin for every later session, and the endpoint's net-path reading
-		// reports UCX_NET_DEVICES from the environment.
-		if err := os.Setenv("UCX_NET_DEVICES", cfg.NetDevices); err != nil {
-			return nil, fmt.Errorf("net_devices: %w", err)
-		}
-	}
-	if cfg.Step <= 0 {
-		cfg.Step = 10 * time.Millisecond
-	}
-	if cfg.DecodeSlots < 0 || cfg.DecodeHold < 0 {
-		return nil, fmt.Errorf("decode_slots and decode_hold must be >= 0")
-	}
-	lc, err := cfg.LeaseConfig().Normalize()
-	if err != nil {
-		return nil, err
-	}
-	cfg.LeasePolicy, cfg.Lease, cfg.FixedTimeout, cfg.Reaper = lc.Policy, runcore.Duration(lc.Duration), lc.Timeout, lc.Reaper
 	hash, err := cfg.CompatHash()
 	if err != nil {
 		return nil, err
@@ -402,60 +335,15 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 		return nil, fmt.Errorf("pp %d: %w", spec.PP, err)
 	}
 	for i := 0; i < spec.TP*spec.PP; i++ {
-		rk := &rank{idx: i, tp: i % spec.TP, pp: i / spec.TP}
-		rk.name = fmt.Sprintf("tp%d", rk.tp)
-		if spec.PP > 1 {
-			rk.name = fmt.Sprintf("pp%d.tp%d", rk.pp, rk.tp)
-		}
-		e.ranks = append(e.ranks, rk)
-		a, err := nixl.Open(cfg.Backend, nixl.Config{Name: rankName(cfg.EngineID, spec.PP, rk.pp, rk.tp)})
-		if err != nil {
-			return nil, err
-		}
-		if cfg.Faults != nil {
-			a = nixl.WithFaults(a, *cfg.Faults)
-		}
-		rk.agent = a
-		rk.waits = nixl.NewPoller(a)
-		if pinned := a.Info().Details[nixl.DetailNetDevices]; cfg.NetDevices != "" && pinned != cfg.NetDevices {
-			// One UCP context per process, made by its first agent: a
-			// served endpoint's later session cannot change its devices.
-			return nil, fmt.Errorf("net_devices %q: this endpoint's transport started with UCX_NET_DEVICES=%q and cannot change it; restart the endpoint (or set UCX_NET_DEVICES in its environment)", cfg.NetDevices, pinned)
-		}
-		size := PoolBytes(spec, rk.tp, rk.pp, cfg.NumBlocks)
-		if rk.buf, err = cuda.AllocSeg(a, cfg.Mem, cfg.Device, int(size), string(cfg.DRAMAlloc), false); err != nil {
-			return nil, fmt.Errorf("rank %s pool of %d bytes: %w", rk, size, err)
-		}
-		if err := a.RegisterMem(rk.buf); err != nil {
-			return nil, err
-		}
-		if rk.pool, err = NewPool(spec, rk.tp, rk.pp, cfg.NumBlocks, rk.buf); err != nil {
+		if err := e.openRank(i); err != nil {
 			return nil, err
 		}
 	}
 	if e.side, err = sidechannel.ServeHandshake(e.ctx, cfg.SideChannel, hash, log); err != nil {
 		return nil, err
 	}
-	for _, rk := range e.ranks {
-		md, err := rk.agent.LocalMD()
-		if err != nil {
-			return nil, err
-		}
-		am := sidechannel.AgentMetadata{EngineID: cfg.EngineID, AgentMetadata: md, NumBlocks: cfg.NumBlocks,
-			KVCacheLayout: string(spec.Order), BlockSize: spec.BlockSize, AttnBackendName: cfg.AttnBackendName(spec),
-			PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
-			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.tp, TPSize: spec.TP, PPRank: rk.pp, PPSize: spec.PP}}
-		for i, reg := range rk.pool.Rank.Regions {
-			am.KVCachesBaseAddr = append(am.KVCachesBaseAddr, rk.pool.RegionBase(i))
-			am.BlockLens = append(am.BlockLens, reg.BlockBytes)
-			am.BlockStrides = append(am.BlockStrides, reg.BlockBytes)
-			am.RegionNames = append(am.RegionNames, fmt.Sprintf("layer%d.%s", reg.Layer, reg.Part))
-			am.RegionMemTypes = append(am.RegionMemTypes, rk.buf.Mem.String())
-			am.DeviceID = int(rk.buf.Dev)
-		}
-		if err := e.side.Set(rk.pp, rk.tp, am); err != nil {
-			return nil, err
-		}
+	if err := e.publishMetadata(); err != nil {
+		return nil, err
 	}
 	switch cfg.Role {
 	case RolePrefill:
@@ -476,6 +364,146 @@ func NewEngine(ctx context.Context, cfg Config, log *slog.Logger, emit func(stri
 	e.role.start()
 	ok = true
 	return e, nil
+}
+
+// normalize checks what protects an engine from a malformed setup call
+// and fills the defaults, and returns the normalized KV layout.
+func (c *Config) normalize() (kv.Spec, error) {
+	if c.Protocol == ProtoSGLang {
+		c.Order = kv.NHD // SGLang's per-layer buffers are token-major
+	}
+	spec, err := c.Spec().Normalize()
+	if err != nil {
+		return kv.Spec{}, err
+	}
+	// Only what protects the engine from a malformed setup call: the
+	// driver's options (handoff.HandoffOptions.Validate) check everything a
+	// user can get wrong, and their defaults are the only ones.
+	if !c.Role.Valid() {
+		return kv.Spec{}, fmt.Errorf("role %q: want prefill or decode", c.Role)
+	}
+	if !Protocol(c.Protocol).Valid() {
+		return kv.Spec{}, fmt.Errorf("protocol %q: want pull, push or sglang", c.Protocol)
+	}
+	if c.NumBlocks <= 0 {
+		return kv.Spec{}, fmt.Errorf("num_blocks must be > 0")
+	}
+	if c.Protocol == ProtoPush && c.RegTimeout == 0 {
+		c.RegTimeout = runcore.Duration(DefaultRegTimeout)
+	}
+	if c.Protocol == ProtoPush && c.RegTimeout <= 0 {
+		return kv.Spec{}, fmt.Errorf("reg_timeout must be > 0 for %s", c.Protocol)
+	}
+	if c.Protocol == ProtoSGLang {
+		if err := c.sglDefaults(); err != nil {
+			return kv.Spec{}, err
+		}
+	}
+	if c.RegWatchdog == "" {
+		c.RegWatchdog = WatchdogDrop
+	}
+	if !c.RegWatchdog.Valid() {
+		return kv.Spec{}, fmt.Errorf("reg_watchdog %q: want %s", c.RegWatchdog, list(WatchdogActions))
+	}
+	if c.PushHeartbeatKeys == "" {
+		c.PushHeartbeatKeys = HBKeysUpstream
+	}
+	if !c.PushHeartbeatKeys.Valid() {
+		return kv.Spec{}, fmt.Errorf("push_heartbeat_keys %q: want %s", c.PushHeartbeatKeys, list(HeartbeatKeyings))
+	}
+	if c.EngineID == "" {
+		c.EngineID = string(c.Role) + "-" + randHex(4)
+	}
+	if c.SideChannel == "" {
+		c.SideChannel = "tcp://127.0.0.1:0"
+	}
+	if c.Advertise, err = advertisedHost(c.SideChannel, c.Advertise); err != nil {
+		return kv.Spec{}, err
+	}
+	if c.NetDevices != "" {
+		// UCX reads it when the process's one context is created, below,
+		// and never again. It stays set afterwards: that context keeps the
+		// pin for every later session, and the endpoint's net-path reading
+		// reports UCX_NET_DEVICES from the environment.
+		if err := os.Setenv("UCX_NET_DEVICES", c.NetDevices); err != nil {
+			return kv.Spec{}, fmt.Errorf("net_devices: %w", err)
+		}
+	}
+	if c.Step <= 0 {
+		c.Step = 10 * time.Millisecond
+	}
+	if c.DecodeSlots < 0 || c.DecodeHold < 0 {
+		return kv.Spec{}, fmt.Errorf("decode_slots and decode_hold must be >= 0")
+	}
+	lc, err := c.LeaseConfig().Normalize()
+	if err != nil {
+		return kv.Spec{}, err
+	}
+	c.LeasePolicy, c.Lease, c.FixedTimeout, c.Reaper = lc.Policy, runcore.Duration(lc.Duration), lc.Timeout, lc.Reaper
+	return spec, nil
+}
+
+// openRank opens rank i's agent and poller, allocates, registers and lays
+// out its pool.
+func (e *Engine) openRank(i int) error {
+	rk := &rank{idx: i, tp: i % e.spec.TP, pp: i / e.spec.TP}
+	rk.name = fmt.Sprintf("tp%d", rk.tp)
+	if e.spec.PP > 1 {
+		rk.name = fmt.Sprintf("pp%d.tp%d", rk.pp, rk.tp)
+	}
+	e.ranks = append(e.ranks, rk)
+	a, err := nixl.Open(e.cfg.Backend, nixl.Config{Name: rankName(e.cfg.EngineID, e.spec.PP, rk.pp, rk.tp)})
+	if err != nil {
+		return err
+	}
+	if e.cfg.Faults != nil {
+		a = nixl.WithFaults(a, *e.cfg.Faults)
+	}
+	rk.agent = a
+	rk.waits = nixl.NewPoller(a)
+	if pinned := a.Info().Details[nixl.DetailNetDevices]; e.cfg.NetDevices != "" && pinned != e.cfg.NetDevices {
+		// One UCP context per process, made by its first agent: a
+		// served endpoint's later session cannot change its devices.
+		return fmt.Errorf("net_devices %q: this endpoint's transport started with UCX_NET_DEVICES=%q and cannot change it; restart the endpoint (or set UCX_NET_DEVICES in its environment)", e.cfg.NetDevices, pinned)
+	}
+	size := PoolBytes(e.spec, rk.tp, rk.pp, e.cfg.NumBlocks)
+	if rk.buf, err = cuda.AllocSeg(a, e.cfg.Mem, e.cfg.Device, int(size), string(e.cfg.DRAMAlloc), false); err != nil {
+		return fmt.Errorf("rank %s pool of %d bytes: %w", rk, size, err)
+	}
+	if err := a.RegisterMem(rk.buf); err != nil {
+		return err
+	}
+	if rk.pool, err = NewPool(e.spec, rk.tp, rk.pp, e.cfg.NumBlocks, rk.buf); err != nil {
+		return err
+	}
+	return nil
+}
+
+// publishMetadata puts every rank's agent metadata (vLLM's
+// NixlAgentMetadata) on the side channel.
+func (e *Engine) publishMetadata() error {
+	for _, rk := range e.ranks {
+		md, err := rk.agent.LocalMD()
+		if err != nil {
+			return err
+		}
+		am := sidechannel.AgentMetadata{EngineID: e.cfg.EngineID, AgentMetadata: md, NumBlocks: e.cfg.NumBlocks,
+			KVCacheLayout: string(e.spec.Order), BlockSize: e.spec.BlockSize, AttnBackendName: e.cfg.AttnBackendName(e.spec),
+			PhysicalBlocksPerLogical: 1, DCPSize: 1, PCPSize: 1,
+			Nixlctl: &sidechannel.Extra{Backend: rk.agent.Info().Backend, TPRank: rk.tp, TPSize: e.spec.TP, PPRank: rk.pp, PPSize: e.spec.PP}}
+		for i, reg := range rk.pool.Rank.Regions {
+			am.KVCachesBaseAddr = append(am.KVCachesBaseAddr, rk.pool.RegionBase(i))
+			am.BlockLens = append(am.BlockLens, reg.BlockBytes)
+			am.BlockStrides = append(am.BlockStrides, reg.BlockBytes)
+			am.RegionNames = append(am.RegionNames, fmt.Sprintf("layer%d.%s", reg.Layer, reg.Part))
+			am.RegionMemTypes = append(am.RegionMemTypes, rk.buf.Mem.String())
+			am.DeviceID = int(rk.buf.Dev)
+		}
+		if err := e.side.Set(rk.pp, rk.tp, am); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SetupReply tells the driver where the engine is and what it runs on.
