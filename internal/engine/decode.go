@@ -430,110 +430,11 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		return err
 	}
 	rep.HandshakeMS, rep.FirstHandshake = float64(took)/1e6, took > 0
-	type result struct {
-		postStart, postEnd, done int64
-		descs, logical           int
-		bytes                    int64
-		err                      error
-	}
-	results := make([]result, len(e.ranks))
+	results := make([]pullResult, len(e.ranks))
+	leg := pullLeg{r: r, plan: plan, re: re, local: local, remote: remote, start: start, crashing: crashing}
 	var wg sync.WaitGroup
 	for _, rk := range e.ranks {
-		dr := plan.Decode[rk.tp]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res := &results[rk.idx]
-			var reqs []nixl.XferReq
-			defer func() {
-				for _, x := range reqs {
-					_ = rk.agent.ReleaseXferReq(x)
-				}
-			}()
-			// The lists are prepared the first time this rank reads from
-			// that agent (vLLM: at handshake), outside the post time.
-			pps := make([]*preppedPair, len(dr.Reads))
-			for i, rd := range dr.Reads {
-				if len(local) == 0 {
-					break
-				}
-				src := rkey{rk.pp, rd.PrefillRank}
-				rm := re.stageMeta(src)
-				if pps[i], res.err = e.prepped(rk, re.stageAgent(rk.idx, src), rm, remoteMem(rm, rk.buf.Mem), rd.Chunks, false); res.err != nil {
-					return
-				}
-			}
-			res.postStart = mono.Now()
-			for i, rd := range dr.Reads {
-				notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
-				src := rkey{rk.pp, rd.PrefillRank} // the stage holding this rank's layers
-				name := re.stageAgent(rk.idx, src)
-				if len(local) == 0 { // full prefix hit: nothing to read, say so
-					if err := rk.agent.SendNotif(name, notif); err != nil {
-						e.c.failedNotifs.Add(1)
-						res.err = err
-					}
-					continue
-				}
-				if crashing {
-					// lease-chaos's crash lands inside this transfer: a
-					// decode that dies mid-READ never reports the KV
-					// consumed, but a notification travelling with a small
-					// READ could finish (and be counted) before the
-					// self-kill lands.
-					notif = nil
-				}
-				rm := re.stageMeta(src)
-				x, ml, err := e.makeMove(rk, nixl.Read, pps[i], name, rm, remoteMem(rm, rk.buf.Mem), moveOpts{Chunks: rd.Chunks, LocalBlocks: local,
-					RemoteBlocks: remote, LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge}, notif)
-				if err != nil {
-					res.err = err
-					return
-				}
-				reqs = append(reqs, x)
-				if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
-					e.c.failedXfers.Add(1)
-					res.err = fmt.Errorf("post READ: %w", err)
-					return
-				}
-				res.descs += ml.descs
-				res.logical += ml.logical
-				res.bytes += ml.bytes
-			}
-			for _, o := range dr.NotifyOnly {
-				if crashing {
-					break
-				}
-				if err := rk.agent.SendNotif(re.stageAgent(rk.idx, rkey{rk.pp, o}), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
-					e.c.failedNotifs.Add(1)
-				}
-			}
-			res.postEnd = mono.Now()
-			var telPostEnd int64 // the last post's end, on the telemetry's clock
-			if rk.idx == 0 {
-				s.crashPoint(r.ID)
-			}
-			for _, x := range reqs {
-				if err := rk.waits.Wait(ctx, x, 0); err != nil {
-					e.c.failedXfers.Add(1)
-					res.err = err
-					return
-				}
-				if t := rk.agent.Telemetry(x); t.Done() > 0 {
-					res.done = max(res.done, t.Done())
-					telPostEnd = max(telPostEnd, t.Start+int64(t.PostDuration))
-				}
-			}
-			if res.done == 0 {
-				res.done = mono.Now()
-			} else if telPostEnd > 0 {
-				// Both ends of the transfer stage from the agent's own
-				// telemetry: a READ can land before this goroutine's
-				// stamp after its posts (and NIXL's microsecond stamps
-				// round down), which made the stage negative.
-				res.postEnd = telPostEnd
-			}
-		}()
+		wg.Go(func() { s.pullRank(ctx, rk, &leg, &results[rk.idx]) })
 	}
 	wg.Wait()
 	rep.TReady = mono.Now()
@@ -553,6 +454,123 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	}
 	s.verify(r, local, start, rep)
 	return nil
+}
+
+// pullLeg is what every rank's share of a pull READ needs to know.
+type pullLeg struct {
+	r             LoadRequest
+	plan          kv.TransferPlan
+	re            *remoteEngine
+	local, remote []int // the blocks, from the first one not a prefix hit
+	start         int   // the logical block local[0] is
+	crashing      bool  // lease-chaos: this process dies after posting
+}
+
+// pullResult is one rank's share of a pull: its posts' and completion's
+// stamps and what it moved.
+type pullResult struct {
+	postStart, postEnd, done int64
+	descs, logical           int
+	bytes                    int64
+	err                      error
+}
+
+// pullRank READs rank rk's share of the request from the prefill ranks
+// the plan gives it (or only notifies those with nothing to read), and
+// waits for the READs.
+func (s *decodeState) pullRank(ctx context.Context, rk *rank, leg *pullLeg, res *pullResult) {
+	e := s.e
+	r, p, plan, re, local, remote, start, crashing := leg.r, leg.r.Params, leg.plan, leg.re, leg.local, leg.remote, leg.start, leg.crashing
+	dr := plan.Decode[rk.tp]
+	var reqs []nixl.XferReq
+	defer func() {
+		for _, x := range reqs {
+			_ = rk.agent.ReleaseXferReq(x)
+		}
+	}()
+	// The lists are prepared the first time this rank reads from
+	// that agent (vLLM: at handshake), outside the post time.
+	pps := make([]*preppedPair, len(dr.Reads))
+	for i, rd := range dr.Reads {
+		if len(local) == 0 {
+			break
+		}
+		src := rkey{rk.pp, rd.PrefillRank}
+		rm := re.stageMeta(src)
+		if pps[i], res.err = e.prepped(rk, re.stageAgent(rk.idx, src), rm, remoteMem(rm, rk.buf.Mem), rd.Chunks, false); res.err != nil {
+			return
+		}
+	}
+	res.postStart = mono.Now()
+	for i, rd := range dr.Reads {
+		notif := completionNotif(p.RemoteRequestID, plan.Consumers[rd.PrefillRank])
+		src := rkey{rk.pp, rd.PrefillRank} // the stage holding this rank's layers
+		name := re.stageAgent(rk.idx, src)
+		if len(local) == 0 { // full prefix hit: nothing to read, say so
+			if err := rk.agent.SendNotif(name, notif); err != nil {
+				e.c.failedNotifs.Add(1)
+				res.err = err
+			}
+			continue
+		}
+		if crashing {
+			// lease-chaos's crash lands inside this transfer: a
+			// decode that dies mid-READ never reports the KV
+			// consumed, but a notification travelling with a small
+			// READ could finish (and be counted) before the
+			// self-kill lands.
+			notif = nil
+		}
+		rm := re.stageMeta(src)
+		x, ml, err := e.makeMove(rk, nixl.Read, pps[i], name, rm, remoteMem(rm, rk.buf.Mem), moveOpts{Chunks: rd.Chunks, LocalBlocks: local,
+			RemoteBlocks: remote, LogicalStart: start, Tokens: r.Tokens, Merge: e.cfg.Merge}, notif)
+		if err != nil {
+			res.err = err
+			return
+		}
+		reqs = append(reqs, x)
+		if st, err := rk.agent.PostXferReq(x); st == nixl.Failed {
+			e.c.failedXfers.Add(1)
+			res.err = fmt.Errorf("post READ: %w", err)
+			return
+		}
+		res.descs += ml.descs
+		res.logical += ml.logical
+		res.bytes += ml.bytes
+	}
+	for _, o := range dr.NotifyOnly {
+		if crashing {
+			break
+		}
+		if err := rk.agent.SendNotif(re.stageAgent(rk.idx, rkey{rk.pp, o}), completionNotif(p.RemoteRequestID, plan.Consumers[o])); err != nil {
+			e.c.failedNotifs.Add(1)
+		}
+	}
+	res.postEnd = mono.Now()
+	var telPostEnd int64 // the last post's end, on the telemetry's clock
+	if rk.idx == 0 {
+		s.crashPoint(r.ID)
+	}
+	for _, x := range reqs {
+		if err := rk.waits.Wait(ctx, x, 0); err != nil {
+			e.c.failedXfers.Add(1)
+			res.err = err
+			return
+		}
+		if t := rk.agent.Telemetry(x); t.Done() > 0 {
+			res.done = max(res.done, t.Done())
+			telPostEnd = max(telPostEnd, t.Start+int64(t.PostDuration))
+		}
+	}
+	if res.done == 0 {
+		res.done = mono.Now()
+	} else if telPostEnd > 0 {
+		// Both ends of the transfer stage from the agent's own
+		// telemetry: a READ can land before this goroutine's
+		// stamp after its posts (and NIXL's microsecond stamps
+		// round down), which made the stage negative.
+		res.postEnd = telPostEnd
+	}
 }
 
 // push is the NixlPushConnector: decode registers its pre-allocated

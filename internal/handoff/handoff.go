@@ -183,25 +183,8 @@ func (h *handoff) drainFreed(d time.Duration) {
 
 func (h *handoff) run(ctx context.Context) error {
 	o := h.o
-	rng := rand.New(rand.NewPCG(o.Seed, 0x15e))
-	n := o.Requests + o.Warmup
-	isls := make([]int, n)
-	var arrivals []time.Duration
-	if len(o.Trace) > 0 {
-		n = len(o.Trace)
-		isls = make([]int, n)
-		arrivals = make([]time.Duration, n)
-		for i, e := range o.Trace {
-			isls[i], arrivals[i] = e.ISL, time.Duration(e.Arrival*float64(time.Second))
-		}
-	} else {
-		for i := range isls {
-			isls[i] = o.ISL.Draw(rng)
-		}
-		if o.Rate > 0 {
-			arrivals = Arrivals(n, o.Rate, rng)
-		}
-	}
+	isls, arrivals := h.draws()
+	n := len(isls)
 	// Grown as requests finish (record): a run asked for a million
 	// requests, to go on until it is stopped, zeroed hundreds of MB up
 	// front and scanned them all when it stopped (half a second after
@@ -215,108 +198,166 @@ func (h *handoff) run(ctx context.Context) error {
 	var errMu sync.Mutex
 	runOne := func(i int) {
 		defer wg.Done()
-		p, d, ok := h.router.pick()
-		if !ok {
-			// Drained: no pair of live engines is left; the watcher ends
-			// the run, and this request was never sent.
-			return
-		}
-		r := h.one(ctx, i, isls[i], p, d)
-		if r.Error != "" && h.lost != nil {
-			// Before the next request goes out: an engine whose channel
-			// is gone ends the run (or is drained) now.
-			if h.pes[p].rpc.Lost() {
-				h.lost("prefill", p)
-			}
-			if h.des[d].rpc.Lost() {
-				h.lost("decode", d)
-			}
-		}
-		h.router.done(p, d)
-		var death *endpointDeath
-		if r.Error != "" && errors.As(context.Cause(ctx), &death) {
-			r.Error = "stopped: " + death.Error() // not the context's "canceled"
-		}
-		r.Warmup = i < o.Warmup
-		r.Round = h.roundOf(i)
-		h.mu.Lock()
-		if i >= len(h.records) {
-			h.records = append(h.records, make([]HandoffRecord, i+1-len(h.records))...)
-		}
-		h.records[i] = r
-		h.mu.Unlock()
-		h.finished(i)
-		live.Emit(o.Live, live.Request{Bytes: r.Bytes, Latency: time.Duration(r.HandoffMS * 1e6),
-			OK: r.Error == "" && r.CorruptBlocks == 0, Warmup: r.Warmup})
-		if r.Error != "" && ctx.Err() != nil {
+		if err := h.request(ctx, i, isls[i]); err != nil {
 			errMu.Lock()
-			firstErr = ctx.Err()
+			firstErr = err
 			errMu.Unlock()
 		}
 	}
-	if arrivals != nil { // open loop
-		t0 := time.Now()
-		slots := make(chan struct{}, o.openLoopCap())
-		for i := 0; i < n && ctx.Err() == nil; i++ {
-			if d := time.Until(t0.Add(arrivals[i])); d > 0 {
-				select {
-				case <-time.After(d):
-				case <-ctx.Done():
-				}
-			}
-			select {
-			case slots <- struct{}{}:
-			default:
-				h.arrivalsDelayed++
-				select {
-				case slots <- struct{}{}:
-				case <-ctx.Done():
-				}
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			wg.Add(1)
-			go func() {
-				defer func() { <-slots }()
-				runOne(i)
-			}()
-		}
-	} else { // closed loop
-		next := make(chan int)
-		for w := 0; w < min(o.Concurrency, n); w++ { // no idle workers past the requests
-			go func() {
-				for i := range next {
-					runOne(i)
-				}
-			}()
-		}
-		for i := 0; i < n; i++ {
-			if o.Warmup > 0 && i == o.Warmup {
-				wg.Wait() // warm-up first, alone
-			}
-			if h.rounds != nil && i > o.Warmup && h.roundOf(i) != h.roundOf(i-1) {
-				wg.Wait() // the round's requests are done: its reference runs alone
-				h.rounds.between(ctx, h.roundOf(i-1), false)
-			}
-			wg.Add(1)
-			select {
-			case next <- i:
-			case <-ctx.Done():
-				wg.Done()
-			}
-			if ctx.Err() != nil {
-				break
-			}
-		}
-		close(next)
+	if arrivals != nil {
+		h.openLoop(ctx, arrivals, &wg, runOne)
+	} else {
+		h.closedLoop(ctx, n, &wg, runOne)
 	}
 	wg.Wait()
 	if h.rounds != nil && arrivals == nil && n > o.Warmup {
 		h.rounds.between(ctx, h.roundOf(n-1), true)
 	}
 	h.end = mono.Now()
+	h.compactRecords()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return firstErr
+}
+
+// draws are the run's prompt lengths and, for an open loop, their
+// arrival times: from the trace, else drawn (from o.Seed) with Poisson
+// arrivals at o.Rate; nil arrivals is a closed loop.
+func (h *handoff) draws() (isls []int, arrivals []time.Duration) {
+	o := h.o
+	if len(o.Trace) > 0 {
+		isls, arrivals = make([]int, len(o.Trace)), make([]time.Duration, len(o.Trace))
+		for i, e := range o.Trace {
+			isls[i], arrivals[i] = e.ISL, time.Duration(e.Arrival*float64(time.Second))
+		}
+		return isls, arrivals
+	}
+	rng := rand.New(rand.NewPCG(o.Seed, 0x15e))
+	isls = make([]int, o.Requests+o.Warmup)
+	for i := range isls {
+		isls[i] = o.ISL.Draw(rng)
+	}
+	if o.Rate > 0 {
+		arrivals = Arrivals(len(isls), o.Rate, rng)
+	}
+	return isls, arrivals
+}
+
+// request runs request i (isl tokens) on the pair the router picks and
+// records it; it returns the context's error when the run was stopped
+// under it.
+func (h *handoff) request(ctx context.Context, i, isl int) error {
+	o := h.o
+	p, d, ok := h.router.pick()
+	if !ok {
+		// Drained: no pair of live engines is left; the watcher ends
+		// the run, and this request was never sent.
+		return nil
+	}
+	r := h.one(ctx, i, isl, p, d)
+	if r.Error != "" && h.lost != nil {
+		// Before the next request goes out: an engine whose channel
+		// is gone ends the run (or is drained) now.
+		if h.pes[p].rpc.Lost() {
+			h.lost("prefill", p)
+		}
+		if h.des[d].rpc.Lost() {
+			h.lost("decode", d)
+		}
+	}
+	h.router.done(p, d)
+	var death *endpointDeath
+	if r.Error != "" && errors.As(context.Cause(ctx), &death) {
+		r.Error = "stopped: " + death.Error() // not the context's "canceled"
+	}
+	r.Warmup = i < o.Warmup
+	r.Round = h.roundOf(i)
 	h.mu.Lock()
+	if i >= len(h.records) {
+		h.records = append(h.records, make([]HandoffRecord, i+1-len(h.records))...)
+	}
+	h.records[i] = r
+	h.mu.Unlock()
+	h.finished(i)
+	live.Emit(o.Live, live.Request{Bytes: r.Bytes, Latency: time.Duration(r.HandoffMS * 1e6),
+		OK: r.Error == "" && r.CorruptBlocks == 0, Warmup: r.Warmup})
+	if r.Error != "" && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// openLoop starts request i at arrivals[i] whatever is in flight, up to
+// the open loop's cap (a late slot delays the arrival, counted).
+func (h *handoff) openLoop(ctx context.Context, arrivals []time.Duration, wg *sync.WaitGroup, runOne func(int)) {
+	t0 := time.Now()
+	slots := make(chan struct{}, h.o.openLoopCap())
+	for i := 0; i < len(arrivals) && ctx.Err() == nil; i++ {
+		if d := time.Until(t0.Add(arrivals[i])); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+			}
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			h.arrivalsDelayed++
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots }()
+			runOne(i)
+		}()
+	}
+}
+
+// closedLoop keeps o.Concurrency requests in flight: the warm-up first,
+// alone, and with interleaved references each round's after the round.
+func (h *handoff) closedLoop(ctx context.Context, n int, wg *sync.WaitGroup, runOne func(int)) {
+	o := h.o
+	next := make(chan int)
+	for w := 0; w < min(o.Concurrency, n); w++ { // no idle workers past the requests
+		go func() {
+			for i := range next {
+				runOne(i)
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if o.Warmup > 0 && i == o.Warmup {
+			wg.Wait() // warm-up first, alone
+		}
+		if h.rounds != nil && i > o.Warmup && h.roundOf(i) != h.roundOf(i-1) {
+			wg.Wait() // the round's requests are done: its reference runs alone
+			h.rounds.between(ctx, h.roundOf(i-1), false)
+		}
+		wg.Add(1)
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			wg.Done()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(next)
+}
+
+// compactRecords drops the slots of requests never sent (a stopped run)
+// and moves the records still to be streamed with the rest.
+func (h *handoff) compactRecords() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	kept := h.records[:0]
 	for _, r := range h.records {
 		if r.ID != "" {
@@ -324,17 +365,11 @@ func (h *handoff) run(ctx context.Context) error {
 		}
 	}
 	h.records = kept
-	// The records waiting to be streamed moved with the compaction.
 	for pos, r := range h.records {
 		if _, ok := h.unstreamed[r.ID]; ok {
 			h.unstreamed[r.ID] = pos
 		}
 	}
-	h.mu.Unlock()
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return firstErr
 }
 
 // settlePrefill polls prefill's stats until the calls the run gave up on
