@@ -528,6 +528,12 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 	// 1.3-3.7 GB/s for the same work and the handoff 2.4x "faster" than
 	// it. One round of warm-up fills the pipeline first.
 	xo.NumIter = max(10*xo.PipelineDepth, min(400, int(4e9/float64(block*batch))+1))
+	// Over a pool's worth of memory, as the handoff's requests were
+	// (the endpoints are gone: their pools' memory is free again).
+	span := h.referenceSpan(int64(xo.TotalBufferSize), 2, runcore.MemAvailable())
+	if span > 0 {
+		xo.TotalBufferSize, xo.Spread = runcore.ByteSize(span), true
+	}
 	xr, err := xferbench.RunXfer(ctx, xo)
 	if err != nil {
 		return 0, err
@@ -539,7 +545,7 @@ func (h *handoff) xferReference(ctx context.Context, backend string, res *Handof
 		return 0, nil
 	}
 	res.Config.XferReference = &XferReference{Op: xo.Op.String(), BlockSize: block, BatchSize: batch, PipelineDepth: xo.PipelineDepth, Iterations: xo.NumIter, Polling: "paced",
-		Target: h.o.XferTarget}
+		Target: h.o.XferTarget, SpanBytes: span}
 	return xr.Points[0].BandwidthGBps, nil
 }
 

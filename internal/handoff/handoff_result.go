@@ -102,6 +102,12 @@ type XferReference struct {
 	// Target is the serve target --listen address the reference crossed
 	// to (--xfer-target); absent: a target the driver started.
 	Target string `json:"target,omitempty"`
+	// SpanBytes is the memory each side of the rounds' references
+	// walked, a rank's KV pool, as the handoff's requests take their
+	// blocks from across it; absent: the reference reused its pipeline's
+	// slots (block x batch x depth), as before it, or when a pool's
+	// worth did not fit.
+	SpanBytes int64 `json:"span_bytes,omitempty"`
 }
 
 // HandoffRecord is one request, as written to --records. Durations are

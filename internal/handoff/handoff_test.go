@@ -687,6 +687,11 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 				ref.BatchSize != int(s.DescriptorsPerReq+0.5) || s.XferGBps <= 0 || s.EfficiencyXfer <= 0 {
 				t.Fatalf("reference %+v, summary xfer %.3g GB/s, efficiency %.3g", ref, s.XferGBps, s.EfficiencyXfer)
 			}
+			// The references walked a pool's worth of memory, as the
+			// handoff's requests did (one rank per engine here).
+			if ref.SpanBytes != res.Config.PoolBytesPerEngine {
+				t.Errorf("reference span %d bytes, want the pool's %d", ref.SpanBytes, res.Config.PoolBytesPerEngine)
+			}
 			// 36 requests at concurrency 3: three rounds of 12.
 			if ref.Rounds != 3 || ref.RoundRequests != 12 || len(s.Rounds) != 3 || s.EfficiencyXferSpread == nil || s.EfficiencyXferSpread.N != 3 {
 				t.Fatalf("reference %+v, rounds %+v, spread %+v: want three rounds of 12", ref, s.Rounds, s.EfficiencyXferSpread)
@@ -715,6 +720,25 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 				t.Errorf("host cpu %+v: want a reading before, after, and before each of the 3 rounds' references", res.HostCPU)
 			}
 		})
+	}
+}
+
+// An open loop's reference runs once, after the run, over a pool's
+// worth of memory too.
+func TestHandoffXferReferenceAfterOpenLoop(t *testing.T) {
+	o := handoffOpts(t, engine.ProtoPull, 1, 1)
+	o.Inproc, o.XferRef, o.Verify = true, true, engine.Sparse
+	o.Requests, o.Rate, o.XferRounds, o.ISL = 24, 400, 1, ISL{Dist: ISLFixed, Fixed: 256}
+	res, err := RunHandoff(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, s := res.Config.XferReference, res.Summary
+	if ref == nil || ref.Rounds != 0 || ref.Iterations == 0 || s.XferGBps <= 0 {
+		t.Fatalf("reference %+v, xfer %.3g GB/s: want one after the run", ref, s.XferGBps)
+	}
+	if ref.SpanBytes != res.Config.PoolBytesPerEngine {
+		t.Errorf("reference span %d bytes, want the pool's %d", ref.SpanBytes, res.Config.PoolBytesPerEngine)
 	}
 }
 

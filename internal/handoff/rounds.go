@@ -141,19 +141,57 @@ func (il *interleave) setup(ctx context.Context) error {
 	if avail > 0 && 2*set > avail/2 {
 		return fmt.Errorf("its working set (2 x %s) does not fit beside the engines' pools in half of the %s available", report.Bytes(set), report.Bytes(avail))
 	}
+	// The handoff moves its blocks over a whole pool on each side, and a
+	// copy runs slower the more memory it walks: the reference walks a
+	// rank's pool's worth too, where that fits (both references' pairs).
+	sides := int64(2)
+	if il.wantLimit(set, avail) {
+		sides = 4
+	}
+	il.span = h.referenceSpan(set, sides, avail)
 	xo := h.referenceOptions(il.backend, il.block, il.batch, h.o.DRAMAlloc)
+	if il.span > 0 {
+		xo.TotalBufferSize, xo.Spread = runcore.ByteSize(il.span), true
+	}
 	var err error
 	if il.xfer, err = xferbench.StartSession(ctx, xo); err != nil {
 		return err
 	}
-	if il.backend == "ucx" && h.o.Mem == nixl.DRAM && !h.o.remote() && h.o.DRAMAlloc != engine.AllocUCX && 4*set <= avail/2 {
+	if il.wantLimit(set, avail) {
 		lo := h.referenceOptions(il.backend, il.block, il.batch, engine.AllocUCX)
+		lo.TotalBufferSize, lo.Spread = xo.TotalBufferSize, xo.Spread
 		if il.limit, err = xferbench.StartSession(ctx, lo); err != nil {
 			h.o.Log.Warn("the host-limit reference (UCX-allocated memory) did not start", "err", err)
 			il.limit = nil
 		}
 	}
 	return nil
+}
+
+// wantLimit says whether the rounds also measure the host's limit (the
+// same transfers between UCX-allocated memory): on one host, over ucx,
+// from DRAM not already UCX's, with room for a second pair of working
+// sets of set bytes.
+func (il *interleave) wantLimit(set, avail int64) bool {
+	o := il.h.o
+	return il.backend == "ucx" && o.Mem == nixl.DRAM && !o.remote() && o.DRAMAlloc != engine.AllocUCX && 4*set <= avail/2
+}
+
+// referenceSpan is the memory each side of a reference walks: one rank's
+// KV pool on the first prefill, what a request's blocks are taken from,
+// when that is more than the pipeline's set and sides of it fit in half
+// of avail (0 or less: unknown, taken as room); else 0, the pipeline's
+// slots only.
+func (h *handoff) referenceSpan(set, sides, avail int64) int64 {
+	if len(h.psetups) == 0 {
+		return 0
+	}
+	s := h.psetups[0]
+	span := s.PoolBytes / int64(max(1, s.TP)*max(1, s.PP))
+	if span <= set || (avail > 0 && sides*span > avail/2) {
+		return 0
+	}
+	return span
 }
 
 // close stops the references' processes and frees their buffers; a
@@ -174,7 +212,7 @@ func (il *interleave) config(rounds int) *XferReference {
 	}
 	o := il.xfer.Options()
 	ref := &XferReference{Op: o.Op.String(), BlockSize: il.block, BatchSize: il.batch, PipelineDepth: o.PipelineDepth,
-		Polling: "paced", Rounds: rounds, RoundRequests: il.size, Target: il.h.o.XferTarget}
+		Polling: "paced", Rounds: rounds, RoundRequests: il.size, Target: il.h.o.XferTarget, SpanBytes: il.span}
 	if il.limit != nil {
 		ref.Limit = "the same transfers between UCX-allocated memory (--dram-alloc ucx: UCX's shared-memory path)"
 	}

@@ -73,9 +73,12 @@ type interleave struct {
 	// faster path to measure (another backend, VRAM, a remote endpoint).
 	xfer, limit  *xferbench.Session
 	block, batch int
-	mu           sync.Mutex
-	refs         []roundRefs
-	touchOnce    sync.Once
+	// span is the memory each side of the references walks (a rank's
+	// pool, xferbench's Spread); 0: the pipeline's slots only.
+	span      int64
+	mu        sync.Mutex
+	refs      []roundRefs
+	touchOnce sync.Once
 	// off says why rounds stopped (setup or a round failed); the run then
 	// reports the rounds it has and warns with it.
 	off string

@@ -341,6 +341,26 @@ func (r *xferRun) offsets(block, batch, slot int, rng *rand.Rand) []int {
 	return offs
 }
 
+// slotWalk gives a remade request its descriptors' offsets: its
+// pipeline slot's fixed ones, or with spread the next batch of block
+// slots through the whole buffer, wrapping at its end.
+type slotWalk struct {
+	r            *xferRun
+	block, batch int
+	rng          *rand.Rand
+	fixed        [][]int // by pipeline slot
+	spread       bool
+	next         int // spread: the slot the next request takes
+}
+
+func (w *slotWalk) offsets(k int) []int {
+	if !w.spread {
+		return w.fixed[k]
+	}
+	w.next++
+	return w.r.offsets(w.block, w.batch, w.next-1, w.rng)
+}
+
 func (r *xferRun) makeReq(block int, offs []int, notif bool) (nixl.XferReq, error) {
 	ld := make([]nixl.Desc, len(offs))
 	rd := make([]nixl.Desc, len(offs))
@@ -399,19 +419,20 @@ func (r *xferRun) point(ctx context.Context, idx, block, batch int) (XferPoint, 
 	}
 
 	var samples [][2]time.Duration // post and transfer time per timed request
+	walk := slotWalk{r: r, block: block, batch: batch, rng: rng, fixed: slotOffs, spread: o.Spread, next: depth}
 	// run posts n requests keeping `depth` in flight; record says whether
 	// to measure them.
 	run := func(n int, record bool) error {
 		posted, done := 0, 0
 		active := make([]bool, depth)
 		repost := func(k int) error {
-			if o.RecreateXfer && posted >= depth {
+			if (o.RecreateXfer || o.Spread) && posted >= depth {
 				if err := r.agent.ReleaseXferReq(reqs[k]); err != nil {
 					return err
 				}
 				reqs[k] = nil
 				t0 := time.Now()
-				q, err := r.makeReq(block, slotOffs[k], o.Notif)
+				q, err := r.makeReq(block, walk.offsets(k), o.Notif)
 				if err != nil {
 					return err
 				}

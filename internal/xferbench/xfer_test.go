@@ -110,6 +110,58 @@ func TestRunXferInterrupted(t *testing.T) {
 	}
 }
 
+// A spread run's requests walk the whole buffer, block slot after block
+// slot, wrapping at its end; without spread each pipeline slot keeps its
+// own offsets.
+func TestSlotWalk(t *testing.T) {
+	const block, batch, depth, slots = 4096, 4, 2, 24
+	r := &xferRun{o: &XferOptions{DescOrder: DescSequential}, rlen: slots * block}
+	fixed := [][]int{r.offsets(block, batch, 0, nil), r.offsets(block, batch, 1, nil)}
+	for _, spread := range []bool{false, true} {
+		w := slotWalk{r: r, block: block, batch: batch, fixed: fixed, spread: spread, next: depth}
+		seen := map[int]int{}
+		for _, offs := range fixed {
+			for _, off := range offs {
+				seen[off/block]++
+			}
+		}
+		for post := range 2 * slots / batch {
+			for _, off := range w.offsets(post % depth) {
+				seen[off/block]++
+			}
+		}
+		want := depth * batch
+		if spread {
+			want = slots
+		}
+		if len(seen) != want {
+			t.Errorf("spread %v: %d distinct block slots touched, want %d", spread, len(seen), want)
+		}
+		if spread {
+			if got := w.offsets(0); got[0] != ((depth+2*slots/batch)*batch%slots)*block {
+				t.Errorf("the walk did not wrap where it should: next offsets %v", got)
+			}
+		}
+	}
+}
+
+// A spread reference (a pool's worth of buffer) runs through the real
+// agents and measures.
+func TestRunXferSpread(t *testing.T) {
+	o := smallXfer(nixl.Read)
+	o.Target = TargetSpec{Inproc: true}
+	o.CheckConsistency, o.Spread, o.Notif = false, true, true
+	o.StartBlock, o.MaxBlock, o.StartBatch, o.MaxBatch = 4<<10, 4<<10, 4, 4
+	o.TotalBufferSize = 64 * 4 << 10
+	res, err := RunXfer(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Points) != 1 || res.Points[0].BandwidthGBps <= 0 || res.Points[0].PrepUS.Count < 50 {
+		t.Fatalf("points %+v", res.Points)
+	}
+}
+
 func TestXferValidate(t *testing.T) {
 	base := smallXfer(nixl.Write)
 	tests := []struct {
@@ -128,6 +180,7 @@ func TestXferValidate(t *testing.T) {
 		{"device", func(o *XferOptions) { o.Device = -1 }, []string{"Device"}},
 		{"target device", func(o *XferOptions) { o.TargetDevice = -2 }, []string{"TargetDevice"}},
 		{"inproc and address", func(o *XferOptions) { o.Target.Inproc, o.Target.Addr = true, "x:1" }, []string{"Target.Inproc"}},
+		{"spread and a consistency check", func(o *XferOptions) { o.Spread = true }, []string{"Spread"}},
 		// Bounds (issue 29): maxint panicked in makeslice or ran until killed.
 		{"iterations at maxint", func(o *XferOptions) { o.NumIter, o.WarmupIter = math.MaxInt, math.MaxInt }, []string{"NumIter", "WarmupIter"}},
 		{"pipeline at maxint", func(o *XferOptions) { o.PipelineDepth = math.MaxInt }, []string{"PipelineDepth"}},
