@@ -5,17 +5,17 @@
 package etcdtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -93,19 +93,4 @@ func freePort(t testing.TB) int {
 }
 
 // lockedBuffer collects etcd's output while the test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testkit.SyncBuffer
