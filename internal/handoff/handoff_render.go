@@ -134,7 +134,13 @@ func resultTable(res *HandoffResult) *report.Table {
 	if s.XferGBps > 0 {
 		k.AddRow("bench xfer, same bytes", report.GBps(s.XferGBps*1e9))
 		if sp := s.EfficiencyXferSpread; sp != nil {
-			k.AddRow(fmt.Sprintf("efficiency vs bench xfer (%d rounds)", sp.N), fmt.Sprintf("%.2f (p10-p90 %.2f-%.2f)", sp.Median, sp.P10, sp.P90))
+			row := fmt.Sprintf("%.2f (p10-p90 %.2f-%.2f)", sp.Median, sp.P10, sp.P90)
+			if s.RoundIdleFraction >= 0.005 {
+				// What the rounds' handoff rates left out, so that a
+				// reader can put it back: no handoff outstanding.
+				row += fmt.Sprintf("; idle %.0f%% of the rounds, left out", 100*s.RoundIdleFraction)
+			}
+			k.AddRow(fmt.Sprintf("efficiency vs bench xfer (%d rounds)", sp.N), row)
 		} else {
 			k.AddRow("efficiency vs bench xfer", fmt.Sprintf("%.2f", s.EfficiencyXfer))
 		}
@@ -405,7 +411,7 @@ func (res *HandoffResult) ReadRecords(r io.Reader) error {
 			for len(refs) < r.Round {
 				refs = append(refs, roundRefs{})
 			}
-			refs[r.Round-1] = roundRefs{xfer: r.XferGBps, limit: r.LimitGBps, cpuNS: r.CPUNSPerStep}
+			refs[r.Round-1] = roundRefs{xfer: r.XferGBps, limit: r.LimitGBps, cpuNS: r.CPUNSPerStep, touchMS: r.TouchMS}
 		}
 		summarizeRounds(&s, recs, refs)
 	} else if s.XferGBps > 0 {

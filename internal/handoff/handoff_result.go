@@ -203,6 +203,10 @@ type HandoffSummary struct {
 	// reference ran in rounds beside the handoff's (EfficiencyXfer is then
 	// its median, XferGBps the rounds' median rate).
 	EfficiencyXferSpread *report.Spread `json:"efficiency_vs_xfer_spread,omitempty"`
+	// RoundIdleFraction is the rounds' median share of their span in
+	// which no request was in its handoff stage (every one in its
+	// prefill, or between requests): time the ratio leaves out.
+	RoundIdleFraction float64 `json:"round_idle_fraction,omitempty"`
 	// LimitGBps is the median rate of the same transfers between
 	// UCX-allocated shared memory, measured in the same rounds: the
 	// fastest path UCX offers two processes on this host. EfficiencyLimit
@@ -328,16 +332,26 @@ func handoffPairBytes(records []HandoffRecord, n int) runcore.PairBytes {
 // XferRound is one round of an interleaved reference: the handoff's
 // requests of the round, then bench xfer on the same bytes, then (on one
 // host with the ucx backend) the same transfers between UCX-allocated
-// shared memory, the fastest path UCX offers two processes. Each rate is
-// the round's bytes over its own span (first start to last end), so the
-// three share a pipeline's ramp and, one after another within a second or
-// two, the host's state.
+// shared memory, the fastest path UCX offers two processes. The
+// references' rates are their bytes over their timed pipelines, always
+// busy; the handoff's is the round's bytes over the time at least one of
+// its requests was in its handoff stage (prefill done to ready), so that
+// both sides count the time there was something to move. A closed loop of
+// equal requests runs in waves (equal transfers sharing the copy finish
+// together) and between waves every request is in its prefill, nothing
+// outstanding: 5-8% of an SGLang round on a 2-core host, which a rate
+// over the round's whole span (SpanGBps) charged to the transfer path.
 type XferRound struct {
 	Round       int     `json:"round"`
 	Requests    int     `json:"requests"`
 	HandoffGBps float64 `json:"handoff_gbps"`
-	XferGBps    float64 `json:"xfer_gbps"`
-	LimitGBps   float64 `json:"limit_gbps,omitempty"`
+	// SpanGBps is the round's bytes over its span (first start to last
+	// ready); IdleFraction the share of that span with no handoff
+	// outstanding.
+	SpanGBps     float64 `json:"span_gbps,omitempty"`
+	IdleFraction float64 `json:"idle_fraction,omitempty"`
+	XferGBps     float64 `json:"xfer_gbps"`
+	LimitGBps    float64 `json:"limit_gbps,omitempty"`
 	// CPUNSPerStep is the host's speed just before the round's reference
 	// (cpuspeed: the slowest CPU's ns per step of a fixed loop).
 	CPUNSPerStep float64 `json:"cpu_ns_per_step,omitempty"`

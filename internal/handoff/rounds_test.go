@@ -44,8 +44,8 @@ func TestSummarizeRounds(t *testing.T) {
 	summarizeRounds(&s, recs, refs)
 	approx := cmpopts.EquateApprox(1e-9, 0)
 	want := []XferRound{
-		{Round: 1, Requests: 2, HandoffGBps: 4, XferGBps: 5, LimitGBps: 20, CPUNSPerStep: 1.2},
-		{Round: 2, Requests: 2, HandoffGBps: 2, XferGBps: 2, LimitGBps: 10, CPUNSPerStep: 2.4},
+		{Round: 1, Requests: 2, HandoffGBps: 4, SpanGBps: 4, XferGBps: 5, LimitGBps: 20, CPUNSPerStep: 1.2},
+		{Round: 2, Requests: 2, HandoffGBps: 2, SpanGBps: 2, XferGBps: 2, LimitGBps: 10, CPUNSPerStep: 2.4},
 	}
 	if d := cmp.Diff(want, s.Rounds, approx); d != "" {
 		t.Fatal(d)
@@ -66,6 +66,61 @@ func TestSummarizeRounds(t *testing.T) {
 	sum := SummarizeHandoff(recs, 0)
 	if d := cmp.Diff(1.5, sum.Seconds, approx); d != "" {
 		t.Errorf("seconds: %s", d)
+	}
+}
+
+// A closed loop of equal requests runs in waves, and between two waves
+// every request is in its prefill: the round's rate counts only the time
+// a handoff was outstanding, and says how much it left out.
+func TestSummarizeRoundsLeavesOutTimeWithNothingOutstanding(t *testing.T) {
+	ms := int64(1e6)
+	// Stamps are monotonic clock readings, never 0: the round starts at 1 s.
+	at := func(t int64) int64 { return 1000*ms + t*ms }
+	recs := []HandoffRecord{
+		// Wave 1: prefills 0-100 ms, handoffs 100-500 (one overlapping).
+		{Round: 0, Bytes: 1e9, TStart: at(0), TFinish: at(100), TReady: at(400)},
+		{Round: 0, Bytes: 1e9, TStart: at(0), TFinish: at(150), TReady: at(500)},
+		// Wave 2: prefills 500-600 ms (nothing outstanding), handoffs 600-1000.
+		{Round: 0, Bytes: 1e9, TStart: at(500), TFinish: at(600), TReady: at(1000)},
+		{Round: 0, Bytes: 1e9, TStart: at(500), TFinish: at(600), TReady: at(900)},
+		// Outside the round: its reference, then round 2 with a record
+		// from before the prefill stamp (its whole span counts).
+		{Round: 1, Bytes: 1e9, TStart: at(2000), TReady: at(2500)},
+	}
+	var s HandoffSummary
+	summarizeRounds(&s, recs, []roundRefs{{xfer: 5}, {xfer: 2}})
+	approx := cmpopts.EquateApprox(1e-9, 0)
+	// Round 1: 4 GB over 800 ms outstanding (100-500, 600-1000) of a
+	// 1000 ms span.
+	want := []XferRound{
+		{Round: 1, Requests: 4, HandoffGBps: 5, SpanGBps: 4, IdleFraction: 0.2, XferGBps: 5},
+		{Round: 2, Requests: 1, HandoffGBps: 2, SpanGBps: 2, XferGBps: 2},
+	}
+	if d := cmp.Diff(want, s.Rounds, approx); d != "" {
+		t.Fatal(d)
+	}
+	if d := cmp.Diff([]float64{1, 0.1}, []float64{s.EfficiencyXfer, s.RoundIdleFraction}, approx); d != "" {
+		t.Errorf("efficiency, idle fraction: %s", d)
+	}
+}
+
+func TestUnionLength(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		iv   [][2]int64
+		want int64
+	}{
+		{"none", nil, 0},
+		{"one", [][2]int64{{1, 4}}, 3},
+		{"apart, unsorted", [][2]int64{{10, 12}, {1, 4}}, 5},
+		{"overlapping", [][2]int64{{1, 4}, {3, 6}}, 5},
+		{"nested", [][2]int64{{1, 10}, {2, 3}, {4, 11}}, 10},
+		{"touching", [][2]int64{{1, 2}, {2, 3}}, 2},
+		{"empty and reversed ones cover nothing", [][2]int64{{5, 5}, {7, 6}, {1, 2}}, 1},
+	} {
+		if got := unionLength(tc.iv); got != tc.want {
+			t.Errorf("%s: unionLength(%v) = %d, want %d", tc.name, tc.iv, got, tc.want)
+		}
 	}
 }
 

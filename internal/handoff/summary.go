@@ -1,10 +1,12 @@
 package handoff
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -152,6 +154,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 		first, last int64
 		bytes       int64
 		n           int
+		outstanding [][2]int64 // each request's handoff stage: prefill done to ready
 	}
 	spans := make([]span, len(refs))
 	for _, r := range records {
@@ -165,19 +168,30 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 		sp.last = max(sp.last, r.TReady)
 		sp.bytes += r.Bytes
 		sp.n++
+		from := r.TFinish
+		if from <= 0 || from < r.TStart {
+			from = r.TStart // a record from before the stamp: its whole span
+		}
+		sp.outstanding = append(sp.outstanding, [2]int64{from, r.TReady})
 	}
 	s.Rounds = nil
-	var ratios, limitRatios, xfers, limits []float64
+	var ratios, limitRatios, xfers, limits, idle []float64
 	for k, ref := range refs {
 		sp := spans[k]
 		if ref.xfer <= 0 || sp.last <= sp.first {
 			continue
 		}
-		rd := XferRound{Round: k + 1, Requests: sp.n, HandoffGBps: float64(sp.bytes) / float64(sp.last-sp.first),
+		busy := unionLength(sp.outstanding)
+		if busy <= 0 {
+			continue
+		}
+		rd := XferRound{Round: k + 1, Requests: sp.n, HandoffGBps: float64(sp.bytes) / float64(busy),
+			SpanGBps: float64(sp.bytes) / float64(sp.last-sp.first), IdleFraction: 1 - float64(busy)/float64(sp.last-sp.first),
 			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS, TouchMS: ref.touchMS}
 		s.Rounds = append(s.Rounds, rd)
 		ratios = append(ratios, rd.Ratio())
 		xfers = append(xfers, rd.XferGBps)
+		idle = append(idle, rd.IdleFraction)
 		if rd.LimitGBps > 0 {
 			limits = append(limits, rd.LimitGBps)
 			limitRatios = append(limitRatios, rd.limitRatio())
@@ -188,9 +202,32 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 	}
 	sp := report.SpreadOf(ratios)
 	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = stats.Median(xfers), sp.Median, &sp
+	s.RoundIdleFraction = stats.Median(idle)
 	if len(limits) > 0 {
 		s.LimitGBps, s.EfficiencyLimit = stats.Median(limits), stats.Median(limitRatios)
 	}
+}
+
+// unionLength is the time covered by at least one of the intervals
+// (each [from, to]; an empty or reversed one covers nothing).
+func unionLength(iv [][2]int64) int64 {
+	iv = slices.Clone(iv)
+	slices.SortFunc(iv, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var total, end int64
+	for i, x := range iv {
+		if x[1] <= x[0] {
+			continue
+		}
+		switch {
+		case i == 0 || x[0] >= end:
+			total += x[1] - x[0]
+			end = x[1]
+		case x[1] > end:
+			total += x[1] - end
+			end = x[1]
+		}
+	}
+	return total
 }
 
 // SummarizePairs summarizes every pair of an n x m run from its records
