@@ -297,7 +297,7 @@ if [ "$DRIVER" = fake ]; then
   mkdir -p "$WORK/fakebin"
   ln -sf "$BUNDLE/tests/cmd_nixlctl.test" "$WORK/fakebin/nixlctl"
   if ! "${CC:-gcc}" -shared -fPIC -O1 -Wall -o "$WORK/libcuda-nixlctl-fake.so" \
-      internal/nixl/cuda/cudatest/testdata/fakecuda.c -lpthread 2>"$RAW/fake-driver.err"; then
+      -I internal/nixl/cuda internal/nixl/cuda/cudatest/testdata/fakecuda.c -lpthread 2>"$RAW/fake-driver.err"; then
     log "cannot build the fake CUDA driver: $(tail -1 "$RAW/fake-driver.err")"
     exit 2
   fi

@@ -96,13 +96,7 @@ const (
 
 // Encode serialises the request as msgspec does.
 func (r *Request) Encode() ([]byte, error) {
-	var b bytes.Buffer
-	e := msgpack.NewEncoder(&b)
-	n := 3
-	n += boolInt(r.SessionID != "") + boolInt(r.ConnectorVersion != ECConnectorVersion) + boolInt(r.ReqID != 0) +
-		boolInt(len(r.DstBlockIndices) > 0) + boolInt(len(r.AgentMetadata) > 0) + boolInt(len(r.MemDescriptor) > 0)
-	w := ecWriter{e: e}
-	w.mapLen(n)
+	w := newECWriter()
 	w.str("type", "req")
 	w.str("mm_hash", r.MMHash)
 	w.str("compatibility_hash", r.CompatibilityHash)
@@ -124,18 +118,12 @@ func (r *Request) Encode() ([]byte, error) {
 	if len(r.MemDescriptor) > 0 {
 		w.bin("nixlctl_mem_descriptor", r.MemDescriptor)
 	}
-	return b.Bytes(), w.err
+	return w.asMap()
 }
 
 // Encode serialises the ack as msgspec does.
 func (a *Ack) Encode() ([]byte, error) {
-	var b bytes.Buffer
-	e := msgpack.NewEncoder(&b)
-	n := 3
-	n += boolInt(a.SessionID != "") + boolInt(len(a.SrcBlockIndices) > 0) + boolInt(len(a.AgentMetadata) > 0) +
-		boolInt(len(a.MemDescriptor) > 0) + boolInt(a.ReqID != 0) + boolInt(a.WriteNS != 0)
-	w := ecWriter{e: e}
-	w.mapLen(n)
+	w := newECWriter()
 	w.str("type", "ack")
 	w.str("mm_hash", a.MMHash)
 	w.int("status", int64(a.Status))
@@ -157,20 +145,30 @@ func (a *Ack) Encode() ([]byte, error) {
 	if a.WriteNS != 0 {
 		w.int("nixlctl_write_ns", a.WriteNS)
 	}
-	return b.Bytes(), w.err
+	return w.asMap()
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// ecWriter keeps the first encoding error so the field list reads plainly.
+// ecWriter encodes a message's fields, counting them, and keeps the first
+// encoding error, so the field list reads plainly: asMap puts the map
+// header with that count in front.
 type ecWriter struct {
+	b   bytes.Buffer
 	e   *msgpack.Encoder
+	n   int // fields written
 	err error
+}
+
+func newECWriter() *ecWriter {
+	w := &ecWriter{}
+	w.e = msgpack.NewEncoder(&w.b)
+	return w
+}
+
+// asMap is the fields written as one msgpack map.
+func (w *ecWriter) asMap() ([]byte, error) {
+	var h bytes.Buffer
+	w.keep(msgpack.NewEncoder(&h).EncodeMapLen(w.n))
+	return append(h.Bytes(), w.b.Bytes()...), w.err
 }
 
 func (w *ecWriter) keep(err error) {
@@ -178,8 +176,10 @@ func (w *ecWriter) keep(err error) {
 		w.err = err
 	}
 }
-func (w *ecWriter) mapLen(n int) { w.keep(w.e.EncodeMapLen(n)) }
-func (w *ecWriter) key(k string) { w.keep(w.e.EncodeString(k)) }
+func (w *ecWriter) key(k string) {
+	w.n++
+	w.keep(w.e.EncodeString(k))
+}
 func (w *ecWriter) str(k, v string) {
 	w.key(k)
 	w.keep(w.e.EncodeString(v))
@@ -461,17 +461,15 @@ func (r *ecReader) indices(out *[]int) error {
 // remote list from: msgpack [[addr, size, dev], ...], descriptor i being
 // block i.
 func EncodeMemDescriptor(descs []nixl.Desc) ([]byte, error) {
-	var b bytes.Buffer
-	e := msgpack.NewEncoder(&b)
-	w := ecWriter{e: e}
-	w.keep(e.EncodeArrayLen(len(descs)))
+	w := newECWriter()
+	w.keep(w.e.EncodeArrayLen(len(descs)))
 	for _, d := range descs {
-		w.keep(e.EncodeArrayLen(3))
-		w.keep(e.EncodeUint(d.Addr))
-		w.keep(e.EncodeUint(d.Len))
-		w.keep(e.EncodeUint(uint64(d.Dev)))
+		w.keep(w.e.EncodeArrayLen(3))
+		w.keep(w.e.EncodeUint(d.Addr))
+		w.keep(w.e.EncodeUint(d.Len))
+		w.keep(w.e.EncodeUint(uint64(d.Dev)))
 	}
-	return b.Bytes(), w.err
+	return w.b.Bytes(), w.err
 }
 
 // DecodeMemDescriptor parses EncodeMemDescriptor's output; every

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -17,9 +18,10 @@ type bookReqFake struct {
 	running bool
 }
 
-func newBookFake() *Book[*bookPeerFake, *bookReqFake] {
-	b := &Book[*bookPeerFake, *bookReqFake]{}
-	b.Init(func(p *bookPeerFake) { p.dropped = true }, func(r *bookReqFake) bool { return r.running })
+// The fake backend's handle for a registered buffer: a number.
+func newBookFake() *Book[*bookPeerFake, *bookReqFake, int] {
+	b := &Book[*bookPeerFake, *bookReqFake, int]{}
+	b.Init("fake", func(p *bookPeerFake) { p.dropped = true }, func(r *bookReqFake) bool { return r.running })
 	return b
 }
 
@@ -113,4 +115,93 @@ func TestBookInvalidateAndClose(t *testing.T) {
 		t.Errorf("%d peers after ForgetAllLocked", n)
 	}
 	b.Unlock()
+}
+
+func TestBookRegistrations(t *testing.T) {
+	b := newBookFake()
+	calls := 0
+	reg := func(key string) func(*Reg[int]) error {
+		return func(r *Reg[int]) error {
+			calls++
+			if key == "" {
+				return errors.New("transport refused")
+			}
+			r.Key, r.Handle = []byte(key), calls
+			return nil
+		}
+	}
+	x := &Buffer{Addr: 0x1000, Len: 4096, Mem: DRAM}
+	y := &Buffer{Addr: 0x9000, Len: 4096, Mem: DRAM}
+	if err := b.Register(nil, DRAM, "", reg("k")); err == nil || calls != 0 {
+		t.Fatalf("nil buffer: %v (%d calls)", err, calls)
+	}
+	err := b.Register(&Buffer{Addr: 1, Len: 1, Mem: VRAM}, DRAM, "no GPUs here", reg("k"))
+	if !errors.Is(err, ErrMemType) || !strings.Contains(err.Error(), "fake backend cannot register VRAM: no GPUs here") || calls != 0 {
+		t.Fatalf("VRAM buffer: %v (%d calls)", err, calls)
+	}
+	if err := b.Register(x, DRAM, "", reg("")); err == nil {
+		t.Fatal("a registration the transport refused was recorded")
+	}
+	for range 2 {
+		if err := b.Register(x, DRAM, "", reg("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 2 {
+		t.Fatalf("registering a buffer twice called the backend %d times, want once (after the refusal)", calls)
+	}
+	b.Lock()
+	b.AddRegLocked(&Reg[int]{Buf: y, Key: []byte("y"), Handle: -1})
+	err = b.CheckLocalLocked([]Desc{x.Desc(0, 16), y.Desc(100, 16), {Addr: 0x5000, Len: 1}})
+	b.Unlock()
+	if !errors.Is(err, ErrNotRegistered) || !strings.Contains(err.Error(), "local descriptor 2") {
+		t.Fatalf("descriptor outside the registrations: %v", err)
+	}
+
+	data, err := b.EncodeLocalMD("me", func() ([]byte, error) { return []byte("conn"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := b.DecodeRemoteMD(data)
+	if err != nil || md.Backend != "fake" || md.Name != "me" || string(md.Conn) != "conn" || len(md.Regions) != 2 ||
+		md.Regions[0].Addr != x.Addr || string(md.Regions[0].Key) != "x" || md.Regions[1].Len != uint64(y.Len) {
+		t.Fatalf("metadata: %+v, %v", md, err)
+	}
+	other, _ := Metadata{Backend: "other", Name: "p"}.Encode()
+	if _, err := b.DecodeRemoteMD(other); !errors.Is(err, ErrBadMetadata) {
+		t.Fatalf("another backend's metadata: %v", err)
+	}
+
+	// y is the backend's own: release keeps it registered.
+	keep := func(r *Reg[int]) bool { return r.Handle >= 0 }
+	if err := b.Deregister(y, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Deregister(x, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Deregister(x, keep); err == nil || !strings.Contains(err.Error(), "not registered") {
+		t.Fatalf("deregistering twice: %v", err)
+	}
+	b.Lock()
+	if got := b.RegsLocked(); len(got) != 1 || got[0].Buf != y {
+		t.Fatalf("registrations after deregistering: %v", got)
+	}
+	if r := b.DropRegLocked(y); r == nil || r.Handle != -1 || len(b.RegsLocked()) != 0 {
+		t.Fatalf("DropRegLocked: %v, %d left", r, len(b.RegsLocked()))
+	}
+	b.AddRegLocked(&Reg[int]{Buf: y})
+	b.CloseLocked()
+	b.ForgetAllLocked()
+	n := len(b.RegsLocked())
+	b.Unlock()
+	if n != 0 {
+		t.Fatalf("%d registrations after ForgetAllLocked", n)
+	}
+	if err := b.Register(x, DRAM, "", reg("x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("register after close: %v", err)
+	}
+	if _, err := b.EncodeLocalMD("me", nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("metadata after close: %v", err)
+	}
 }

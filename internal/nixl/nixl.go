@@ -128,6 +128,33 @@ type XferReq interface {
 	Remote() string
 }
 
+// XferInfo is what a request says about itself, XferReq's methods, the
+// same in every backend: a backend's request embeds it.
+type XferInfo struct {
+	op     Op
+	bytes  int64
+	descs  int
+	remote string
+}
+
+// NewXferInfo describes a request: op, moving bytes in descs descriptors
+// (or operations) to or from the agent called remote.
+func NewXferInfo(op Op, bytes int64, descs int, remote string) XferInfo {
+	return XferInfo{op: op, bytes: bytes, descs: descs, remote: remote}
+}
+
+// Op is the request's direction.
+func (x XferInfo) Op() Op { return x.op }
+
+// Bytes is how many bytes one posting moves.
+func (x XferInfo) Bytes() int64 { return x.bytes }
+
+// Descs is how many descriptors (or operations) it moves them in.
+func (x XferInfo) Descs() int { return x.descs }
+
+// Remote is the peer's name.
+func (x XferInfo) Remote() string { return x.remote }
+
 // Dlist is a prepared descriptor list, local or for one remote agent.
 type Dlist interface {
 	Len() int

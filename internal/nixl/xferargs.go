@@ -84,3 +84,18 @@ func CheckPairs(localIdx, remoteIdx []int, local, remote []Desc) (int64, error) 
 	}
 	return total, nil
 }
+
+// XferLists is MakeXferReq's descriptor lists as the backend's list type
+// D, checked: both prepared by this agent (mine says so of a list), the
+// first a local list and the second a remote one.
+func XferLists[D Dlist](local, remote Dlist, mine func(D) bool) (l, r D, err error) {
+	l, ok1 := local.(D)
+	r, ok2 := remote.(D)
+	if !ok1 || !ok2 || !mine(l) || !mine(r) {
+		return l, r, fmt.Errorf("make request: descriptor lists were not prepared by this agent")
+	}
+	if l.Remote() != "" || r.Remote() == "" {
+		return l, r, fmt.Errorf("make request: need a local list and a remote list")
+	}
+	return l, r, nil
+}

@@ -220,6 +220,17 @@ func backendParams(a C.nxc_agent_t, b C.nxc_backend_t) map[string]string {
 
 func (a *agent) Name() string { return a.name }
 
+// lockOpen takes a.mu unless the agent is closed: then it returns
+// ErrClosed without holding it.
+func (a *agent) lockOpen() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nixl.ErrClosed
+	}
+	return nil
+}
+
 func (a *agent) Info() nixl.Info {
 	info := nixl.Info{Backend: backendName, Version: Version(), Details: map[string]string{
 		"plugin":   pluginName,
@@ -270,11 +281,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return err
 	}
+	defer a.mu.Unlock()
 	if _, ok := a.regs[b]; ok {
 		return nil
 	}
@@ -295,11 +305,10 @@ func (a *agent) RegisterMem(b *nixl.Buffer) error {
 }
 
 func (a *agent) DeregisterMem(b *nixl.Buffer) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return err
 	}
+	defer a.mu.Unlock()
 	r, ok := a.regs[b]
 	if !ok {
 		return fmt.Errorf("deregister: buffer at %#x is not registered", b.Addr)
@@ -315,11 +324,10 @@ func (a *agent) DeregisterMem(b *nixl.Buffer) error {
 // LocalMD is NIXL's own metadata blob, which any NIXL agent can load,
 // sealed with nixlctl's checksum trailer (see seal).
 func (a *agent) LocalMD() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.mu.Unlock()
 	var data unsafe.Pointer
 	var n C.size_t
 	if st := C.nxc_get_local_md(a.h, &data, &n); st != C.NXC_SUCCESS {
@@ -341,11 +349,10 @@ func (a *agent) LoadRemoteMD(sealed []byte) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return "", nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return "", err
 	}
+	defer a.mu.Unlock()
 	if md.Agent == a.name {
 		return "", fmt.Errorf("load metadata: it is this agent's own (%s)", a.name)
 	}
@@ -390,14 +397,13 @@ func (a *agent) nixlLoadLocked(data []byte) (string, error) {
 }
 
 func (a *agent) InvalidateRemoteMD(name string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return err
 	}
-	rm, ok := a.remotes[name]
-	if !ok {
-		return fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, name)
+	defer a.mu.Unlock()
+	rm, err := a.remoteLocked(name)
+	if err != nil {
+		return err
 	}
 	return a.invalidateLocked(rm)
 }
@@ -523,11 +529,10 @@ func (d *dlist) Remote() string {
 }
 
 func (a *agent) PrepXferDlist(remoteName string, mem nixl.MemType, descs []nixl.Desc) (nixl.Dlist, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.mu.Unlock()
 	d := &dlist{a: a, mem: mem, descs: append([]nixl.Desc(nil), descs...)}
 	if remoteName == "" {
 		if err := a.checkLocalLocked(mem, descs); err != nil {
@@ -588,9 +593,7 @@ type request struct {
 	h      C.nxc_xfer_req_t
 	opt    C.nxc_opt_args_t
 	remote *remote
-	op     nixl.Op
-	bytes  int64
-	descs  int
+	nixl.XferInfo
 	posted bool
 	freed  bool
 	// settled: a status call saw the request end since its last post,
@@ -603,11 +606,6 @@ type request struct {
 	// goes to C is moved to the heap, an allocation per poll.
 	teleRead C.bool
 }
-
-func (r *request) Op() nixl.Op    { return r.op }
-func (r *request) Bytes() int64   { return r.bytes }
-func (r *request) Descs() int     { return r.descs }
-func (r *request) Remote() string { return r.remote.name }
 
 // reqOpts makes the options a request is made and posted with.
 func (a *agent) reqOpts(notif []byte) (C.nxc_opt_args_t, error) {
@@ -641,13 +639,9 @@ func xferOp(op nixl.Op) C.int {
 var indexScratch = sync.Pool{New: func() any { return new([2][]C.int) }}
 
 func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remoteList nixl.Dlist, remoteIdx []int, notif []byte) (nixl.XferReq, error) {
-	l, ok1 := local.(*dlist)
-	rm, ok2 := remoteList.(*dlist)
-	if !ok1 || !ok2 || l.a != a || rm.a != a {
-		return nil, fmt.Errorf("make request: descriptor lists were not prepared by this agent")
-	}
-	if l.remote != nil || rm.remote == nil {
-		return nil, fmt.Errorf("make request: need a local list and a remote list")
+	l, rm, err := nixl.XferLists(local, remoteList, func(d *dlist) bool { return d.a == a })
+	if err != nil {
+		return nil, err
 	}
 	total, err := nixl.CheckPairs(localIdx, remoteIdx, l.descs, rm.descs)
 	if err != nil {
@@ -662,11 +656,10 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 		li, ri = append(li, C.int(x)), append(ri, C.int(remoteIdx[i]))
 	}
 	sc[0], sc[1] = li, ri
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.mu.Unlock()
 	if rm.freed || rm.remote.invalid {
 		return nil, fmt.Errorf("make request: %w: %s was invalidated or the list released", nixl.ErrUnknownAgent, rm.remote.name)
 	}
@@ -681,7 +674,7 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if len(li) > 0 {
 		lp, rp = &li[0], &ri[0]
 	}
-	r := &request{a: a, opt: o, remote: rm.remote, op: op, bytes: total, descs: len(li)}
+	r := &request{a: a, opt: o, remote: rm.remote, XferInfo: nixl.NewXferInfo(op, total, len(li), rm.remote.name)}
 	st := C.nxc_make_xfer_req(a.h, xferOp(op), l.h, lp, C.size_t(len(li)), rm.h, rp, C.size_t(len(ri)), &r.h, o)
 	runtime.KeepAlive(li)
 	runtime.KeepAlive(ri)
@@ -704,11 +697,10 @@ func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, r
 		}
 		total += int64(local[i].Len)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.mu.Unlock()
 	rm, err := a.remoteLocked(remoteName)
 	if err != nil {
 		return nil, err
@@ -732,7 +724,7 @@ func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, r
 	}
 	n := C.CString(remoteName)
 	defer C.free(unsafe.Pointer(n))
-	r := &request{a: a, opt: o, remote: rm, op: op, bytes: total, descs: len(local)}
+	r := &request{a: a, opt: o, remote: rm, XferInfo: nixl.NewXferInfo(op, total, len(local), rm.name)}
 	if st := C.nxc_create_xfer_req(a.h, xferOp(op), ldl, rdl, n, &r.h, o); st != C.NXC_SUCCESS {
 		C.nxc_destroy_opt_args(o)
 		return nil, a.whyRemoteFailedLocked(remoteName, rdl, "create request", st)
@@ -869,7 +861,7 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if !ok || r.a != a {
 		return nixl.Telemetry{}
 	}
-	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs}
+	t := nixl.Telemetry{Bytes: r.Bytes(), Descs: r.Descs()}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || r.freed || !r.posted {
@@ -894,11 +886,10 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 }
 
 func (a *agent) SendNotif(remoteName string, msg []byte) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return err
 	}
+	defer a.mu.Unlock()
 	if _, err := a.remoteLocked(remoteName); err != nil {
 		return err
 	}
@@ -922,11 +913,10 @@ func (a *agent) SendNotif(remoteName string, msg []byte) error {
 }
 
 func (a *agent) GetNotifs() (nixl.Notifs, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nixl.ErrClosed
+	if err := a.lockOpen(); err != nil {
+		return nil, err
 	}
+	defer a.mu.Unlock()
 	if _, err := a.fetchLocked(); err != nil && len(a.pending) == 0 {
 		return nil, err
 	}

@@ -39,12 +39,7 @@ const (
 )
 
 func init() {
-	nixl.Register(nixl.Backend{
-		Name:      backendName,
-		New:       func(cfg nixl.Config) (nixl.Agent, error) { return New(cfg) },
-		Available: Available,
-		Version:   Version,
-	})
+	nixl.Register(nixl.Backend{Name: backendName, New: New, Available: Available, Version: Version})
 }
 
 // candidate is one place the library may be.

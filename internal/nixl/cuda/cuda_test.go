@@ -76,6 +76,26 @@ func TestAvailability(t *testing.T) {
 	}
 }
 
+// alloc allocates size bytes on GPU 0, freed when the test ends.
+func alloc(t *testing.T, size int) *nixl.Buffer {
+	t.Helper()
+	b, err := cuda.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+// child is this test binary run again as the child called kind (see
+// TestMain), with env added to the environment.
+func child(kind string, env ...string) *exec.Cmd {
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe)
+	cmd.Env = append(append(os.Environ(), "CUDA_TEST_CHILD="+kind), env...)
+	return cmd
+}
+
 // Each way of having no usable driver gives its own reason (each case
 // loads the driver in a fresh process: loading happens once per process).
 func TestUnavailableReasons(t *testing.T) {
@@ -102,11 +122,8 @@ func TestUnavailableReasons(t *testing.T) {
 			want string
 		}{[]string{"NIXLCTL_FAKE_CUDA_DEVICES=0", "CUDA_VISIBLE_DEVICES="}, `no CUDA devices (CUDA_VISIBLE_DEVICES="") (driver 12.4)`})
 	}
-	exe, _ := os.Executable()
 	for _, tc := range cases {
-		cmd := exec.Command(exe)
-		cmd.Env = append(append(os.Environ(), "CUDA_TEST_CHILD=reason"), tc.env...)
-		out, err := cmd.CombinedOutput()
+		out, err := child("reason", tc.env...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("%v: %q (%v), want %q", tc.env, out, err, tc.want)
 		}
@@ -118,10 +135,7 @@ func TestFakeRefusedOutsideTests(t *testing.T) {
 	if !cuda.Fake() {
 		t.Skip("not running on the fake driver")
 	}
-	exe, _ := os.Executable()
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), "CUDA_TEST_CHILD=refusal")
-	out, err := cmd.CombinedOutput()
+	out, err := child("refusal").CombinedOutput()
 	if err != nil {
 		t.Fatal(err, string(out))
 	}
@@ -134,11 +148,7 @@ func TestFakeRefusedOutsideTests(t *testing.T) {
 func TestAllocAndHostCopies(t *testing.T) {
 	cudatest.Require(t)
 	const size = 1 << 20
-	b, err := cuda.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Free()
+	b := alloc(t, size)
 	if b.Mem != nixl.VRAM || b.Alloc != "cuda" || b.Bytes() != nil || b.Len != size {
 		t.Fatalf("buffer %+v", b)
 	}
@@ -178,16 +188,8 @@ func TestAllocAndHostCopies(t *testing.T) {
 func TestStreamCopiesAndEvents(t *testing.T) {
 	cudatest.Require(t)
 	const size = 4 << 20
-	src, err := cuda.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	dst, err := cuda.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
+	src := alloc(t, size)
+	dst := alloc(t, size)
 	all := []nixl.Span{{Len: size}}
 	want := make([]byte, size)
 	blocktag.Fill(want, blocktag.Key(7))
@@ -241,16 +243,8 @@ func TestStreamCopiesAndEvents(t *testing.T) {
 func TestD2DBandwidth(t *testing.T) {
 	cudatest.Require(t)
 	const size = 8 << 20
-	a, err := cuda.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Free()
-	b, err := cuda.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Free()
+	a := alloc(t, size)
+	b := alloc(t, size)
 	spans := []nixl.Span{{Off: 0, Len: 1 << 20}, {Off: 4 << 20, Len: 1 << 20}}
 	gbps, err := cuda.D2DBandwidth(a, b, spans, 20*time.Millisecond)
 	if err != nil || gbps <= 0 {
@@ -271,26 +265,19 @@ func TestD2DBandwidth(t *testing.T) {
 func TestIPCAcrossProcesses(t *testing.T) {
 	cudatest.Require(t)
 	const size = 1 << 20
-	b, err := cuda.Alloc(0, size)
+	b := alloc(t, size)
+	exp, err := cuda.ExportIPC(0, b.Addr+4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Free()
-	alloc, err := cuda.ExportIPC(0, b.Addr+4096)
-	if err != nil {
-		t.Fatal(err)
+	if exp.Base != b.Addr || exp.Size < size {
+		t.Fatalf("allocation %#x+%d, buffer %#x+%d", exp.Base, exp.Size, b.Addr, size)
 	}
-	if alloc.Base != b.Addr || alloc.Size < size {
-		t.Fatalf("allocation %#x+%d, buffer %#x+%d", alloc.Base, alloc.Size, b.Addr, size)
-	}
-	if _, err := cuda.OpenIPC(0, alloc.Handle); err == nil {
+	if _, err := cuda.OpenIPC(0, exp.Handle); err == nil {
 		t.Error("opened an IPC handle in the process that exported it")
 	}
 	for dev := 0; dev < cuda.DeviceCount() && dev < 2; dev++ {
-		exe, _ := os.Executable()
-		cmd := exec.Command(exe)
-		cmd.Env = append(os.Environ(), "CUDA_TEST_CHILD=ipc", "IPC_HANDLE="+hex.EncodeToString(alloc.Handle[:]),
-			"IPC_SIZE="+strconv.Itoa(size), "IPC_DEV="+strconv.Itoa(dev))
+		cmd := child("ipc", "IPC_HANDLE="+hex.EncodeToString(exp.Handle[:]), "IPC_SIZE="+strconv.Itoa(size), "IPC_DEV="+strconv.Itoa(dev))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("child on GPU %d: %v: %s", dev, err, out)
 		}

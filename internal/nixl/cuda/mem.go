@@ -35,18 +35,29 @@ func Alloc(dev, size int) (*nixl.Buffer, error) {
 	return nixl.NewBuffer(uint64(p), size, nixl.VRAM, uint32(dev), "cuda", nil, free), nil
 }
 
-// spanArgs checks spans against b (device memory) and n host bytes, and
-// lays them out for the C side.
-func spanArgs(b *nixl.Buffer, spans []nixl.Span, n int) (C.CUcontext, []C.uint64_t, []C.uint64_t, error) {
+// CopyIn copies host bytes into spans of device buffer b: src holds the
+// spans' contents back to back.
+func CopyIn(b *nixl.Buffer, spans []nixl.Span, src []byte) error {
+	return copySpans(b, spans, src, true)
+}
+
+// CopyOut copies spans of device buffer b to the host, back to back in dst.
+func CopyOut(b *nixl.Buffer, spans []nixl.Span, dst []byte) error {
+	return copySpans(b, spans, dst, false)
+}
+
+// copySpans copies between spans of device buffer b and host, which holds
+// their contents back to back: into the device (toDevice) or out of it.
+func copySpans(b *nixl.Buffer, spans []nixl.Span, host []byte, toDevice bool) error {
 	if b.Mem != nixl.VRAM {
-		return nil, nil, nil, fmt.Errorf("%s buffer at %#x is not device memory", b.Mem, b.Addr)
+		return fmt.Errorf("%s buffer at %#x is not device memory", b.Mem, b.Addr)
 	}
 	if err := b.CheckSpans(spans); err != nil {
-		return nil, nil, nil, err
+		return err
 	}
 	ctx, err := devCtx(int(b.Dev))
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
 	offs := make([]C.uint64_t, len(spans))
 	lens := make([]C.uint64_t, len(spans))
@@ -55,29 +66,17 @@ func spanArgs(b *nixl.Buffer, spans []nixl.Span, n int) (C.CUcontext, []C.uint64
 		offs[i], lens[i] = C.uint64_t(s.Off), C.uint64_t(s.Len)
 		total += s.Len
 	}
-	if total != n {
-		return nil, nil, nil, fmt.Errorf("spans hold %d bytes, host buffer %d", total, n)
+	if total != len(host) {
+		return fmt.Errorf("spans hold %d bytes, host buffer %d", total, len(host))
 	}
-	return ctx, offs, lens, nil
-}
-
-// CopyIn copies host bytes into spans of device buffer b: src holds the
-// spans' contents back to back.
-func CopyIn(b *nixl.Buffer, spans []nixl.Span, src []byte) error {
-	ctx, offs, lens, err := spanArgs(b, spans, len(src))
-	if err != nil || len(src) == 0 {
-		return err
+	if total == 0 {
+		return nil
 	}
-	return check("cuMemcpyHtoD_v2", C.nxcu_htod_spans(ctx, C.uint64_t(b.Addr), &offs[0], &lens[0], C.size_t(len(spans)), unsafe.Pointer(&src[0])))
-}
-
-// CopyOut copies spans of device buffer b to the host, back to back in dst.
-func CopyOut(b *nixl.Buffer, spans []nixl.Span, dst []byte) error {
-	ctx, offs, lens, err := spanArgs(b, spans, len(dst))
-	if err != nil || len(dst) == 0 {
-		return err
+	what, dir := "cuMemcpyDtoH_v2", C.int(0)
+	if toDevice {
+		what, dir = "cuMemcpyHtoD_v2", 1
 	}
-	return check("cuMemcpyDtoH_v2", C.nxcu_dtoh_spans(ctx, C.uint64_t(b.Addr), &offs[0], &lens[0], C.size_t(len(spans)), unsafe.Pointer(&dst[0])))
+	return check(what, C.nxcu_copy_spans(ctx, C.uint64_t(b.Addr), &offs[0], &lens[0], C.size_t(len(spans)), unsafe.Pointer(&host[0]), dir))
 }
 
 // IPCHandle is a CUDA IPC memory handle: what another process on this host

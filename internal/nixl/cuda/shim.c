@@ -258,12 +258,13 @@ int nxcu_mem_range(CUcontext ctx, uint64_t ptr, uint64_t *base, uint64_t *size)
     return r;
 }
 
-int nxcu_htod_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, const void *host)
+int nxcu_copy_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, void *host,
+                    int to_device)
 {
     BIND(ctx);
-    const char *h = host;
+    char *h = host;
     for (size_t i = 0; i < n; i++) {
-        CUresult r = L.memcpyHtoD(base + off[i], h, len[i]);
+        CUresult r = to_device ? L.memcpyHtoD(base + off[i], h, len[i]) : L.memcpyDtoH(h, base + off[i], len[i]);
         if (r != 0) {
             return r;
         }
@@ -274,21 +275,7 @@ int nxcu_htod_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uin
      * streams (every transfer's) do not wait for it. Seen on an H200: a
      * transfer posted right after a fill read the block half-written. The
      * copies run on the legacy stream; synchronizing it waits for them. */
-    return n > 0 ? L.streamSynchronize(NULL) : 0;
-}
-
-int nxcu_dtoh_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, void *host)
-{
-    BIND(ctx);
-    char *h = host;
-    for (size_t i = 0; i < n; i++) {
-        CUresult r = L.memcpyDtoH(h, base + off[i], len[i]);
-        if (r != 0) {
-            return r;
-        }
-        h += len[i];
-    }
-    return 0;
+    return to_device && n > 0 ? L.streamSynchronize(NULL) : 0;
 }
 
 int nxcu_stream_create(CUcontext ctx, CUstream *s)

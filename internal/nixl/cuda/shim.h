@@ -77,10 +77,11 @@ int nxcu_mem_alloc(CUcontext ctx, uint64_t size, uint64_t *ptr);
 int nxcu_mem_free(CUcontext ctx, uint64_t ptr);
 int nxcu_mem_range(CUcontext ctx, uint64_t ptr, uint64_t *base, uint64_t *size);
 
-/* Spans of device memory at base+off[i] (len[i] bytes each) to or from
- * host memory laid out back to back. */
-int nxcu_htod_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, const void *host);
-int nxcu_dtoh_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, void *host);
+/* Copies between spans of device memory at base+off[i] (len[i] bytes each)
+ * and host memory holding them back to back: into the device (to_device)
+ * or out of it. */
+int nxcu_copy_spans(CUcontext ctx, uint64_t base, const uint64_t *off, const uint64_t *len, size_t n, void *host,
+                    int to_device);
 
 int nxcu_stream_create(CUcontext ctx, CUstream *s);
 int nxcu_stream_destroy(CUcontext ctx, CUstream s);

@@ -48,12 +48,7 @@ import (
 const backendName = "cuda-ipc"
 
 func init() {
-	nixl.Register(nixl.Backend{
-		Name:      backendName,
-		New:       func(cfg nixl.Config) (nixl.Agent, error) { return New(cfg) },
-		Available: cuda.Available,
-		Version:   cuda.Version,
-	})
+	nixl.Register(nixl.Backend{Name: backendName, New: New, Available: cuda.Available, Version: cuda.Version})
 }
 
 // Request states. A request is finishing while one goroutine sends its
@@ -72,10 +67,9 @@ const notifWriteTimeout = 10 * time.Second
 
 type agent struct {
 	name string
-	nixl.Book[*peer, *request]
+	nixl.Book[*peer, *request, struct{}]
 
-	dev      int // the agent's GPU: that of its first registered buffer; -1 before
-	regs     []*registration
+	dev      int           // the agent's GPU: that of its first registered buffer; -1 before
 	pending  []pendingItem // posted transfers for the completion goroutine
 	accepted map[*net.UnixConn]struct{}
 
@@ -105,11 +99,6 @@ type received struct {
 type pendingItem struct {
 	r   *request
 	gen uint64
-}
-
-type registration struct {
-	buf *nixl.Buffer
-	key []byte
 }
 
 type peer struct {
@@ -155,7 +144,7 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	a := &agent{name: cfg.Name, dev: -1,
 		accepted: map[*net.UnixConn]struct{}{}, ln: ln, sock: sock,
 		notifyCh: make(chan struct{}, 1), work: make(chan struct{}, 1), stop: make(chan struct{})}
-	a.Init(a.dropPeerLocked, (*request).inFlight)
+	a.Init(backendName, a.dropPeerLocked, (*request).inFlight)
 	a.wg.Add(3)
 	go a.accept()
 	go a.complete()
@@ -207,74 +196,40 @@ func (a *agent) describeLocked(p *peer) string {
 }
 
 func (a *agent) RegisterMem(b *nixl.Buffer) error {
-	if b == nil || b.Len <= 0 {
-		return fmt.Errorf("register: empty buffer")
-	}
-	if b.Mem != nixl.VRAM {
-		return fmt.Errorf("%w: cuda-ipc moves GPU memory only; a %s buffer cannot be registered (use --backend ucx for DRAM)", nixl.ErrMemType, b.Mem)
-	}
-	if err := a.LockOpen(); err != nil {
-		return err
-	}
-	defer a.Unlock()
-	for _, r := range a.regs {
-		if r.buf == b {
-			return nil
+	return a.Register(b, nixl.VRAM, "cuda-ipc moves GPU memory only (use --backend ucx for DRAM)", func(r *nixl.Reg[struct{}]) error {
+		if a.dev >= 0 && int(b.Dev) != a.dev {
+			return fmt.Errorf("register: a cuda-ipc agent uses one GPU (GPU %d); register GPU %d's memory with another agent, one per GPU as engines do", a.dev, b.Dev)
 		}
-	}
-	if a.dev >= 0 && int(b.Dev) != a.dev {
-		return fmt.Errorf("register: a cuda-ipc agent uses one GPU (GPU %d); register GPU %d's memory with another agent, one per GPU as engines do", a.dev, b.Dev)
-	}
-	alloc, err := cuda.ExportIPC(int(b.Dev), b.Addr)
-	if err != nil {
-		return fmt.Errorf("register %d bytes at %#x: %w", b.Len, b.Addr, err)
-	}
-	off := b.Addr - alloc.Base
-	if uint64(b.Len) > alloc.Size-off {
-		return fmt.Errorf("register: buffer %#x+%d runs past its allocation %#x+%d", b.Addr, b.Len, alloc.Base, alloc.Size)
-	}
-	a.regs = append(a.regs, &registration{buf: b, key: encodeKey(ipcKey{Offset: off, Size: alloc.Size, Handle: alloc.Handle})})
-	a.dev = int(b.Dev)
-	return nil
+		alloc, err := cuda.ExportIPC(int(b.Dev), b.Addr)
+		if err != nil {
+			return fmt.Errorf("register %d bytes at %#x: %w", b.Len, b.Addr, err)
+		}
+		off := b.Addr - alloc.Base
+		if uint64(b.Len) > alloc.Size-off {
+			return fmt.Errorf("register: buffer %#x+%d runs past its allocation %#x+%d", b.Addr, b.Len, alloc.Base, alloc.Size)
+		}
+		r.Key = encodeKey(ipcKey{Offset: off, Size: alloc.Size, Handle: alloc.Handle})
+		a.dev = int(b.Dev)
+		return nil
+	})
 }
 
-func (a *agent) DeregisterMem(b *nixl.Buffer) error {
-	if err := a.LockOpen(); err != nil {
-		return err
-	}
-	defer a.Unlock()
-	for i, r := range a.regs {
-		if r.buf == b {
-			a.regs = append(a.regs[:i], a.regs[i+1:]...)
-			return nil
-		}
-	}
-	return fmt.Errorf("deregister: buffer at %#x is not registered", b.Addr)
-}
+func (a *agent) DeregisterMem(b *nixl.Buffer) error { return a.Deregister(b, nil) }
 
 func (a *agent) LocalMD() ([]byte, error) {
-	if err := a.LockOpen(); err != nil {
-		return nil, err
-	}
-	defer a.Unlock()
-	ci := connInfo{Sock: a.sock, Dev: int32(a.dev)}
-	if a.dev >= 0 {
-		ci.UUID, _ = cuda.DeviceUUID(a.dev)
-	}
-	md := nixl.Metadata{Backend: backendName, Name: a.name, Conn: encodeConn(ci), Proc: nixl.Self()}
-	for _, r := range a.regs {
-		md.Regions = append(md.Regions, nixl.RegionMD{Addr: r.buf.Addr, Len: uint64(r.buf.Len), Mem: nixl.VRAM, Dev: r.buf.Dev, Key: r.key})
-	}
-	return md.Encode()
+	return a.EncodeLocalMD(a.name, func() ([]byte, error) {
+		ci := connInfo{Sock: a.sock, Dev: int32(a.dev)}
+		if a.dev >= 0 {
+			ci.UUID, _ = cuda.DeviceUUID(a.dev)
+		}
+		return encodeConn(ci), nil
+	})
 }
 
 func (a *agent) LoadRemoteMD(data []byte) (string, error) {
-	md, err := nixl.DecodeMetadata(data)
+	md, err := a.DecodeRemoteMD(data)
 	if err != nil {
 		return "", err
-	}
-	if md.Backend != backendName {
-		return "", fmt.Errorf("%w: metadata of a %q agent cannot be loaded by a cuda-ipc agent", nixl.ErrBadMetadata, md.Backend)
 	}
 	ci, err := decodeConn(md.Conn)
 	if err != nil {
@@ -406,13 +361,11 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	defer a.Unlock()
 	d := &dlist{a: a, addrs: make([]uint64, len(descs)), lens: make([]uint64, len(descs))}
 	if remote == "" {
-		err := nixl.Locate("", descs, len(a.regs), func(j int, ds nixl.Desc) bool { return a.regs[j].buf.Contains(ds) },
-			func(i, _ int) error {
-				d.addrs[i], d.lens[i] = descs[i].Addr, descs[i].Len
-				return nil
-			})
-		if err != nil {
+		if err := a.CheckLocalLocked(descs); err != nil {
 			return nil, err
+		}
+		for i, ds := range descs {
+			d.addrs[i], d.lens[i] = ds.Addr, ds.Len
 		}
 		return d, nil
 	}
@@ -447,12 +400,10 @@ func (a *agent) ReleaseDlist(d nixl.Dlist) error {
 // ->) done|failed, and back to running on a repost; gen counts postings
 // so that a completion seen for an old posting never finishes a new one.
 type request struct {
+	nixl.XferInfo
 	a     *agent
 	peer  *peer
-	op    nixl.Op
 	ops   []cuda.Copy
-	bytes int64
-	descs int
 	notif []byte
 
 	state    atomic.Int32
@@ -466,11 +417,6 @@ type request struct {
 	tDone    time.Time   // written before state is stored
 }
 
-func (r *request) Op() nixl.Op    { return r.op }
-func (r *request) Bytes() int64   { return r.bytes }
-func (r *request) Descs() int     { return r.descs }
-func (r *request) Remote() string { return r.peer.name }
-
 // fail ends a posting in flight with err (under the agent's lock).
 func (r *request) fail(err error) {
 	r.err, r.tDone = err, time.Now()
@@ -483,13 +429,9 @@ func (r *request) inFlight() bool {
 }
 
 func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote nixl.Dlist, remoteIdx []int, notif []byte) (nixl.XferReq, error) {
-	l, ok1 := local.(*dlist)
-	rm, ok2 := remote.(*dlist)
-	if !ok1 || !ok2 || l.a != a || rm.a != a {
-		return nil, fmt.Errorf("make request: descriptor lists were not prepared by this agent")
-	}
-	if l.remote != nil || rm.remote == nil {
-		return nil, fmt.Errorf("make request: need a local list and a remote list")
+	l, rm, err := nixl.XferLists(local, remote, func(d *dlist) bool { return d.a == a })
+	if err != nil {
+		return nil, err
 	}
 	if len(notif) > maxNotif {
 		return nil, fmt.Errorf("make request: notification of %d bytes (at most %d)", len(notif), maxNotif)
@@ -517,7 +459,7 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if rm.remote.invalid {
 		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, rm.remote.name)
 	}
-	r := &request{a: a, peer: rm.remote, op: op, ops: ops, bytes: total, descs: len(localIdx), notif: append([]byte(nil), notif...)}
+	r := &request{XferInfo: nixl.NewXferInfo(op, total, len(localIdx), rm.remote.name), a: a, peer: rm.remote, ops: ops, notif: append([]byte(nil), notif...)}
 	a.AddReqLocked(r, rm.remote)
 	return r, nil
 }
@@ -759,7 +701,7 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	if !ok || r.released.Load() {
 		return nixl.Telemetry{}
 	}
-	t := nixl.Telemetry{Bytes: r.bytes, Descs: r.descs}
+	t := nixl.Telemetry{Bytes: r.Bytes(), Descs: r.Descs()}
 	if st := r.state.Load(); st != stDone && st != stFailed {
 		return t
 	}
@@ -949,6 +891,5 @@ func (a *agent) Close() error {
 		a.dropPeerLocked(p)
 	}
 	a.ForgetAllLocked()
-	a.regs = nil
 	return err
 }

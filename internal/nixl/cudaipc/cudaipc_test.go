@@ -144,6 +144,21 @@ func descs(b *nixl.Buffer, ss []nixl.Span) []nixl.Desc {
 // A notification attached to a transfer arrives after the data, and it
 // goes out with nobody polling the initiator: the completion goroutine
 // sends it. Both directions, on one GPU and across two.
+// awaitData waits for a notification at target (10 s at most) and checks
+// that it did not overtake its transfer: dst's spans hold the data key
+// tags.
+func awaitData(t *testing.T, target nixl.Agent, dst *nixl.Buffer, spans []nixl.Span, key func(int) uint64, iter int) {
+	t.Helper()
+	select {
+	case <-target.NotifReady():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("iteration %d: no notification", iter)
+	}
+	if c, err := blocktag.CheckSpans(dst, spans, key); err != nil || c.Bad != 0 {
+		t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
+	}
+}
+
 func TestNotificationAfterDataWithoutPolling(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, devs := range [][2]int{{0, 0}, {0, 1}} {
@@ -169,15 +184,7 @@ func TestNotificationAfterDataWithoutPolling(t *testing.T) {
 					if _, err := init.PostXferReq(r); err != nil {
 						t.Fatal(err)
 					}
-					select {
-					case <-target.NotifReady():
-					case <-time.After(10 * time.Second):
-						t.Fatal("no notification without polling the initiator")
-					}
-					c, err := blocktag.CheckSpans(dst, dstSpans, key)
-					if err != nil || c.Bad != 0 {
-						t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
-					}
+					awaitData(t, target, dst, dstSpans, key, iter)
 					got, _ := target.GetNotifs()
 					if len(got["initiator"]) != 1 || string(got["initiator"][0]) != string(msg) {
 						t.Fatalf("notifications %q", got)
@@ -292,14 +299,7 @@ func TestConcurrentPollerAndRepost(t *testing.T) {
 		if _, err := init.PostXferReq(r); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-target.NotifReady():
-		case <-time.After(10 * time.Second):
-			t.Fatal("no notification")
-		}
-		if c, err := blocktag.CheckSpans(tb, rs, key); err != nil || c.Bad != 0 {
-			t.Fatalf("iteration %d: notified before the data was there: %+v %v", iter, c, err)
-		}
+		awaitData(t, target, tb, rs, key, iter)
 		if got, _ := target.GetNotifs(); len(got["initiator"]) != 1 {
 			t.Fatalf("iteration %d: notifications %q", iter, got)
 		}

@@ -561,6 +561,32 @@ func startTarget(t *testing.T, backend string, v variant, size int) (*xfertarget
 	return tc, rep
 }
 
+// startInitiator opens the agent called "initiator" in this process with
+// size bytes registered (k's memory, v's allocation) and loads the target's
+// metadata md: the agent, its buffer and the target's name. Both are
+// released when the test ends.
+func startInitiator(t *testing.T, backend string, k memKit, v variant, size int, md []byte) (nixl.Agent, *nixl.Buffer, string) {
+	t.Helper()
+	a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	buf, err := cuda.AllocSeg(a, k.mem, 0, size, v.alloc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { buf.Free() })
+	if err := a.RegisterMem(buf); err != nil {
+		t.Fatal(err)
+	}
+	remote, err := a.LoadRemoteMD(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, buf, remote
+}
+
 func TestAcrossProcesses(t *testing.T) {
 	backends(t, func(t *testing.T, backend string) {
 		k := kitFor(t, backend)
@@ -568,23 +594,7 @@ func TestAcrossProcesses(t *testing.T) {
 			t.Run(v.name, func(t *testing.T) {
 				const size, blk, n = 16 << 20, 8192, 1024
 				tc, rep := startTarget(t, backend, v, size)
-				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer a.Close()
-				buf, err := cuda.AllocSeg(a, k.mem, 0, size, v.alloc, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer buf.Free()
-				if err := a.RegisterMem(buf); err != nil {
-					t.Fatal(err)
-				}
-				remote, err := a.LoadRemoteMD(rep.MD)
-				if err != nil {
-					t.Fatal(err)
-				}
+				a, buf, remote := startInitiator(t, backend, k, v, size, rep.MD)
 				own, _ := a.LocalMD()
 				if _, err := tc.Call(xfertarget.Request{Op: "load_md", MD: own}); err != nil {
 					t.Fatal(err)
@@ -662,21 +672,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 			t.Run(v.name, func(t *testing.T) {
 				const size = 64 << 20
 				tc, rep := startTarget(t, backend, v, size)
-				a, err := nixl.Open(backend, nixl.Config{Name: "initiator"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer a.Close()
-				buf, err := cuda.AllocSeg(a, k.mem, 0, size, v.alloc, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer buf.Free()
-				a.RegisterMem(buf)
-				remote, err := a.LoadRemoteMD(rep.MD)
-				if err != nil {
-					t.Fatal(err)
-				}
+				a, buf, remote := startInitiator(t, backend, k, v, size, rep.MD)
 				r, err := a.CreateXferReq(nixl.Write, k.mem, []nixl.Desc{buf.Desc(0, size)}, k.mem, []nixl.Desc{{Addr: rep.Addr, Len: size}}, remote, []byte("n"))
 				if err != nil {
 					t.Fatal(err)

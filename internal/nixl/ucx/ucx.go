@@ -34,12 +34,7 @@ import (
 const backendName = "ucx"
 
 func init() {
-	nixl.Register(nixl.Backend{
-		Name:      backendName,
-		New:       func(cfg nixl.Config) (nixl.Agent, error) { return New(cfg) },
-		Available: Available,
-		Version:   Version,
-	})
+	nixl.Register(nixl.Backend{Name: backendName, New: New, Available: Available, Version: Version})
 }
 
 // initNetDevices is UCX_NET_DEVICES when the process's one UCP context
@@ -117,8 +112,7 @@ type agent struct {
 	name string
 	c    *C.nx_ctx_t
 
-	nixl.Book[*peer, *request]
-	regs []*registration
+	nixl.Book[*peer, *request, memReg]
 
 	notifyCh   chan struct{}
 	notifyFile *os.File
@@ -128,11 +122,11 @@ type agent struct {
 	watchDone chan struct{}
 }
 
-type registration struct {
-	buf  *nixl.Buffer
-	mem  *C.nx_mem_t
-	rkey []byte
-	own  bool // allocated by UCX: unmapping frees it
+// memReg is what the agent holds for a registered buffer (its key is the
+// packed rkey).
+type memReg struct {
+	mem *C.nx_mem_t
+	own bool // allocated by UCX: unmapping frees it
 }
 
 type peer struct {
@@ -179,7 +173,7 @@ func New(cfg nixl.Config) (nixl.Agent, error) {
 	a := &agent{name: cfg.Name, c: c,
 		notifyCh: make(chan struct{}, 1), notifyFile: os.NewFile(uintptr(fd), "ucx-notify"), notifyDone: make(chan struct{}),
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
-	a.Init(a.destroyPeerLocked, (*request).inFlight)
+	a.Init(backendName, a.destroyPeerLocked, (*request).inFlight)
 	go a.watchNotifs()
 	go a.watchPeers()
 	return a, nil
@@ -482,120 +476,86 @@ func (a *agent) AllocMem(size int, mem nixl.MemType) (*nixl.Buffer, error) {
 		return nil, fmt.Errorf("ucx allocate %d bytes: %s", size, cerr(ebuf[:]))
 	}
 	addr := uint64(uintptr(C.nx_mem_addr(m)))
-	reg := &registration{mem: m, own: true}
-	b := nixl.NewBuffer(addr, size, nixl.DRAM, 0, "ucx", nixl.HostSlice(addr, size), func() error { return a.freeOwned(reg) })
-	reg.buf = b
+	reg := &nixl.Reg[memReg]{Handle: memReg{mem: m, own: true}}
+	reg.Buf = nixl.NewBuffer(addr, size, nixl.DRAM, 0, "ucx", nixl.HostSlice(addr, size), func() error { return a.freeOwned(reg.Buf) })
 	if err := a.packLocked(reg); err != nil {
 		C.nx_mem_unmap(a.c, m)
 		return nil, err
 	}
-	a.regs = append(a.regs, reg)
-	return b, nil
+	a.AddRegLocked(reg)
+	return reg.Buf, nil
 }
 
-func (a *agent) freeOwned(reg *registration) error {
+func (a *agent) freeOwned(b *nixl.Buffer) error {
 	a.Lock()
 	defer a.Unlock()
 	if a.Closed() {
 		return nil // unmapped at Close
 	}
-	a.dropRegLocked(reg)
+	if reg := a.DropRegLocked(b); reg != nil {
+		C.nx_mem_unmap(a.c, reg.Handle.mem)
+	}
 	return nil
 }
 
-func (a *agent) packLocked(reg *registration) error {
+// packLocked sets a registration's key: its packed rkey.
+func (a *agent) packLocked(reg *nixl.Reg[memReg]) error {
 	var kb unsafe.Pointer
 	var kl C.size_t
-	if st := C.nx_mem_rkey(a.c, reg.mem, &kb, &kl); st != 0 {
+	if st := C.nx_mem_rkey(a.c, reg.Handle.mem, &kb, &kl); st != 0 {
 		return fmt.Errorf("ucp_rkey_pack: %s", C.GoString(C.nx_status_string(st)))
 	}
-	reg.rkey = C.GoBytes(kb, C.int(kl))
+	reg.Key = C.GoBytes(kb, C.int(kl))
 	C.nx_free(kb)
 	return nil
 }
 
+// RegisterMem maps the buffer with UCX; one UCX allocated (AllocMem) is
+// registered already.
 func (a *agent) RegisterMem(b *nixl.Buffer) error {
-	if b == nil || b.Len <= 0 {
-		return fmt.Errorf("register: empty buffer")
-	}
-	if b.Mem != nixl.DRAM {
-		return fmt.Errorf("%w: ucx backend cannot register %s: Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", nixl.ErrMemType, b.Mem)
-	}
-	if err := a.LockOpen(); err != nil {
-		return err
-	}
-	defer a.Unlock()
-	for _, r := range a.regs {
-		if r.buf == b {
-			return nil // UCX-allocated buffers are registered already
+	return a.Register(b, nixl.DRAM, "Debian's UCX has no CUDA transports (use --backend cuda-ipc or a CUDA-enabled UCX/NIXL)", func(reg *nixl.Reg[memReg]) error {
+		var m *C.nx_mem_t
+		var ebuf [256]C.char
+		if C.nx_mem_map(a.c, C.uint64_t(b.Addr), C.size_t(b.Len), 0, &m, &ebuf[0], C.size_t(len(ebuf))) != 0 {
+			return fmt.Errorf("register %d bytes: %s", b.Len, cerr(ebuf[:]))
 		}
-	}
-	var m *C.nx_mem_t
-	var ebuf [256]C.char
-	if C.nx_mem_map(a.c, C.uint64_t(b.Addr), C.size_t(b.Len), 0, &m, &ebuf[0], C.size_t(len(ebuf))) != 0 {
-		return fmt.Errorf("register %d bytes: %s", b.Len, cerr(ebuf[:]))
-	}
-	reg := &registration{buf: b, mem: m}
-	if err := a.packLocked(reg); err != nil {
-		C.nx_mem_unmap(a.c, m)
-		return err
-	}
-	a.regs = append(a.regs, reg)
-	return nil
+		reg.Handle.mem = m
+		if err := a.packLocked(reg); err != nil {
+			C.nx_mem_unmap(a.c, m)
+			return err
+		}
+		return nil
+	})
 }
 
+// DeregisterMem unmaps the buffer, unless UCX allocated it: that stays
+// registered until it is freed.
 func (a *agent) DeregisterMem(b *nixl.Buffer) error {
-	if err := a.LockOpen(); err != nil {
-		return err
-	}
-	defer a.Unlock()
-	for _, r := range a.regs {
-		if r.buf == b {
-			if r.own {
-				return nil // freed with the buffer
-			}
-			a.dropRegLocked(r)
-			return nil
+	return a.Deregister(b, func(reg *nixl.Reg[memReg]) bool {
+		if reg.Handle.own {
+			return false // freed with the buffer
 		}
-	}
-	return fmt.Errorf("deregister: buffer at %#x is not registered", b.Addr)
-}
-
-func (a *agent) dropRegLocked(reg *registration) {
-	for i, r := range a.regs {
-		if r == reg {
-			a.regs = append(a.regs[:i], a.regs[i+1:]...)
-			C.nx_mem_unmap(a.c, r.mem)
-			return
-		}
-	}
+		C.nx_mem_unmap(a.c, reg.Handle.mem)
+		return true
+	})
 }
 
 func (a *agent) LocalMD() ([]byte, error) {
-	if err := a.LockOpen(); err != nil {
-		return nil, err
-	}
-	defer a.Unlock()
-	var addr unsafe.Pointer
-	var n C.size_t
-	if st := C.nx_ctx_address(a.c, &addr, &n); st != 0 {
-		return nil, fmt.Errorf("worker address: %s", C.GoString(C.nx_status_string(st)))
-	}
-	md := nixl.Metadata{Backend: backendName, Name: a.name, Conn: C.GoBytes(addr, C.int(n)), Proc: nixl.Self()}
-	C.nx_free(addr)
-	for _, r := range a.regs {
-		md.Regions = append(md.Regions, nixl.RegionMD{Addr: r.buf.Addr, Len: uint64(r.buf.Len), Mem: r.buf.Mem, Dev: r.buf.Dev, Key: r.rkey})
-	}
-	return md.Encode()
+	return a.EncodeLocalMD(a.name, func() ([]byte, error) {
+		var addr unsafe.Pointer
+		var n C.size_t
+		if st := C.nx_ctx_address(a.c, &addr, &n); st != 0 {
+			return nil, fmt.Errorf("worker address: %s", C.GoString(C.nx_status_string(st)))
+		}
+		defer C.nx_free(addr)
+		return C.GoBytes(addr, C.int(n)), nil
+	})
 }
 
 func (a *agent) LoadRemoteMD(data []byte) (string, error) {
-	md, err := nixl.DecodeMetadata(data)
+	md, err := a.DecodeRemoteMD(data)
 	if err != nil {
 		return "", err
-	}
-	if md.Backend != backendName {
-		return "", fmt.Errorf("%w: metadata of a %q agent cannot be loaded by a ucx agent", nixl.ErrBadMetadata, md.Backend)
 	}
 	if len(md.Conn) == 0 {
 		return "", fmt.Errorf("%w: no worker address", nixl.ErrBadMetadata)
@@ -704,7 +664,7 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	defer a.Unlock()
 	d := &dlist{a: a, mem: mem, descs: append([]nixl.Desc(nil), descs...)}
 	if remote == "" {
-		if err := a.checkLocalLocked(descs); err != nil {
+		if err := a.CheckLocalLocked(descs); err != nil {
 			return nil, err
 		}
 		return d, d.setMeta()
@@ -727,10 +687,6 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	return d, d.setMeta()
 }
 
-func (a *agent) checkLocalLocked(descs []nixl.Desc) error {
-	return nixl.Locate("", descs, len(a.regs), func(j int, ds nixl.Desc) bool { return a.regs[j].buf.Contains(ds) }, nil)
-}
-
 func (a *agent) ReleaseDlist(d nixl.Dlist) error {
 	if _, ok := d.(*dlist); !ok {
 		return fmt.Errorf("not a ucx descriptor list")
@@ -740,20 +696,13 @@ func (a *agent) ReleaseDlist(d nixl.Dlist) error {
 
 // request is a transfer request.
 type request struct {
+	nixl.XferInfo
 	a        *agent
 	x        *C.nx_xfer_t
 	peer     *peer
-	op       nixl.Op
-	bytes    int64
-	descs    int
 	released bool
 	posted   bool
 }
-
-func (r *request) Op() nixl.Op    { return r.op }
-func (r *request) Bytes() int64   { return r.bytes }
-func (r *request) Descs() int     { return r.descs }
-func (r *request) Remote() string { return r.peer.name }
 
 func (r *request) inFlight() bool {
 	if r.released || !r.posted {
@@ -768,13 +717,9 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 }
 
 func (a *agent) makeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote nixl.Dlist, remoteIdx []int, notif []byte, merge bool) (nixl.XferReq, error) {
-	l, ok1 := local.(*dlist)
-	rm, ok2 := remote.(*dlist)
-	if !ok1 || !ok2 || l.a != a || rm.a != a {
-		return nil, fmt.Errorf("make request: descriptor lists were not prepared by this agent")
-	}
-	if l.remote != nil || rm.remote == nil {
-		return nil, fmt.Errorf("make request: need a local list and a remote list")
+	l, rm, err := nixl.XferLists(local, remote, func(d *dlist) bool { return d.a == a })
+	if err != nil {
+		return nil, err
 	}
 	if len(localIdx) != len(remoteIdx) {
 		return nil, fmt.Errorf("make request: %d local indices but %d remote", len(localIdx), len(remoteIdx))
@@ -835,7 +780,7 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 	if x == nil {
 		return nil, fmt.Errorf("make request: out of memory")
 	}
-	r := &request{a: a, x: x, peer: p, op: op, bytes: total, descs: len(ops)}
+	r := &request{XferInfo: nixl.NewXferInfo(op, total, len(ops), p.name), a: a, x: x, peer: p}
 	a.AddReqLocked(r, p)
 	return r, nil
 }
@@ -954,11 +899,11 @@ func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 		return nixl.Telemetry{}
 	}
 	if st := r.state(); st != C.NX_DONE && st != C.NX_ERROR {
-		return nixl.Telemetry{Bytes: r.bytes, Descs: r.descs}
+		return nixl.Telemetry{Bytes: r.Bytes(), Descs: r.Descs()}
 	}
 	p := r.pub()
 	// The shim stamps with CLOCK_MONOTONIC, the clock internal/mono reads.
-	t := nixl.Telemetry{Start: int64(p.t_post0), Bytes: r.bytes, Descs: r.descs, PostDuration: durNS(p.t_post0, p.t_post1)}
+	t := nixl.Telemetry{Start: int64(p.t_post0), Bytes: r.Bytes(), Descs: r.Descs(), PostDuration: durNS(p.t_post0, p.t_post1)}
 	if p.t_done != 0 {
 		t.XferDuration = durNS(p.t_post1, p.t_done)
 	}
@@ -1028,11 +973,10 @@ func (a *agent) Close() error {
 		C.nx_xfer_release(a.c, r.x)
 		r.released = true
 	}
-	a.ForgetAllLocked()
-	for _, r := range a.regs {
-		C.nx_mem_unmap(a.c, r.mem)
+	for _, r := range a.RegsLocked() {
+		C.nx_mem_unmap(a.c, r.Handle.mem)
 	}
-	a.regs = nil
+	a.ForgetAllLocked()
 	close(a.stopWatch)
 	a.Unlock()
 	<-a.watchDone

@@ -94,6 +94,7 @@ func cachedFake() (string, error) {
 	}
 	h := sha256.New()
 	h.Write(fakeSource)
+	h.Write([]byte(cuda.Header))
 	h.Write([]byte(compiler()))
 	dir := filepath.Join(base, "nixlctl", "fake-cuda", hex.EncodeToString(h.Sum(nil))[:16])
 	lib := filepath.Join(dir, "libcuda-nixlctl-fake.so")
@@ -122,11 +123,15 @@ func compiler() string {
 	return "gcc"
 }
 
-// BuildFake compiles the fake driver into dir and returns the library's
-// path. $CC is used when set.
+// BuildFake compiles the fake driver into dir, beside the cuda package's
+// shim.h (cuda.Header), which it includes, and returns the library's path.
+// $CC is used when set.
 func BuildFake(dir string) (string, error) {
 	src := filepath.Join(dir, "fakecuda.c")
 	if err := os.WriteFile(src, fakeSource, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "shim.h"), []byte(cuda.Header), 0o644); err != nil {
 		return "", err
 	}
 	lib := filepath.Join(dir, "libcuda-nixlctl-fake.so")

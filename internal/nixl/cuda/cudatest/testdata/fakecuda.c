@@ -50,29 +50,20 @@
 
 const char nixlctl_fake_libcuda[] = "nixlctl FAKE CUDA driver: device memory is host memory; for tests only";
 
-typedef int                CUresult;
-typedef int                CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct {
-    char reserved[64];
-} CUipcMemHandle;
-typedef struct {
-    char bytes[16];
-} CUuuid;
+/* The driver's types and the result codes nixlctl acts on, as nixlctl's
+ * cuda package declares them (build with internal/nixl/cuda on the include
+ * path; cudatest writes shim.h beside this file):
+ * what the fake implements and what nixlctl calls cannot drift apart. */
+#include "shim.h"
 
+/* Result codes nixlctl does not act on (driver ABI values). */
 enum {
-    OK                  = 0,
-    E_INVALID_VALUE     = 1,
-    E_OUT_OF_MEMORY     = 2,
-    E_NOT_INITIALIZED   = 3,
-    E_NO_DEVICE         = 100,
-    E_INVALID_DEVICE    = 101,
-    E_INVALID_CONTEXT   = 201,
-    E_INVALID_HANDLE    = 400,
-    E_NOT_FOUND         = 500,
-    E_NOT_READY         = 600,
-    E_PEER_ALREADY      = 704,
-    E_UNKNOWN           = 999,
+    NXCU_ERROR_OUT_OF_MEMORY   = 2,
+    NXCU_ERROR_NOT_INITIALIZED = 3,
+    NXCU_ERROR_INVALID_DEVICE  = 101,
+    NXCU_ERROR_INVALID_HANDLE  = 400,
+    NXCU_ERROR_NOT_FOUND       = 500,
+    NXCU_ERROR_UNKNOWN         = 999,
 };
 
 #define MAXDEV 8
@@ -144,13 +135,13 @@ static uint64_t now_ns(void)
 #define NEED_INIT()                   \
     do {                              \
         if (!g_init)                  \
-            return E_NOT_INITIALIZED; \
+            return NXCU_ERROR_NOT_INITIALIZED; \
     } while (0)
 #define NEED_CTX()                    \
     do {                              \
         NEED_INIT();                  \
         if (cur == NULL)              \
-            return E_INVALID_CONTEXT; \
+            return NXCU_ERROR_INVALID_CONTEXT; \
     } while (0)
 
 /* find returns the allocation holding [p, p+n), under g_mu. */
@@ -174,7 +165,7 @@ static int valid(uint64_t p, uint64_t n)
 CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     const char *s = getenv("NIXLCTL_FAKE_CUDA_DEVICES");
     if (s != NULL) {
         g_ndev = atoi(s);
@@ -190,69 +181,69 @@ CUresult cuInit(unsigned int flags)
         g_ctx[i].dev   = i;
     }
     g_init = 1;
-    return g_ndev == 0 ? E_NO_DEVICE : OK;
+    return g_ndev == 0 ? NXCU_ERROR_NO_DEVICE : NXCU_SUCCESS;
 }
 
 CUresult cuDriverGetVersion(int *v)
 {
     if (v == NULL)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     *v = 12040;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDeviceGetCount(int *n)
 {
     NEED_INIT();
     *n = g_ndev;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
     NEED_INIT();
     if (ordinal < 0 || ordinal >= g_ndev)
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     *d = ordinal;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDeviceGetName(char *buf, int len, CUdevice d)
 {
     NEED_INIT();
     if (d < 0 || d >= g_ndev)
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     snprintf(buf, (size_t)len, "nixlctl FAKE CUDA device %d (host memory, tests only)", d);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 {
     NEED_INIT();
     if (d < 0 || d >= g_ndev)
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     for (int i = 0; i < 16; i++)
         u->bytes[i] = (char)(0xf0 + i);
     u->bytes[15] = (char)d;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice a, CUdevice b)
 {
     NEED_INIT();
     if (a < 0 || a >= g_ndev || b < 0 || b >= g_ndev)
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     *can = a != b;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d)
 {
     NEED_INIT();
     if (d < 0 || d >= g_ndev)
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     *ctx = &g_ctx[d];
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuCtxSetCurrent(void *c)
@@ -260,9 +251,9 @@ CUresult cuCtxSetCurrent(void *c)
     NEED_INIT();
     struct ctx *x = c;
     if (x != NULL && (x < &g_ctx[0] || x >= &g_ctx[g_ndev] || x->magic != MAGIC_CTX))
-        return E_INVALID_CONTEXT;
+        return NXCU_ERROR_INVALID_CONTEXT;
     cur = x;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuCtxEnablePeerAccess(void *peer, unsigned int flags)
@@ -270,11 +261,11 @@ CUresult cuCtxEnablePeerAccess(void *peer, unsigned int flags)
     NEED_CTX();
     struct ctx *p = peer;
     if (flags != 0 || p == NULL || p == cur || p->magic != MAGIC_CTX)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     if (cur->peer[p->dev])
-        return E_PEER_ALREADY;
+        return NXCU_ERROR_PEER_ALREADY_ENABLED;
     cur->peer[p->dev] = 1;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
@@ -284,30 +275,30 @@ CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
     *total  = FAKE_TOTAL;
     *free_b = FAKE_TOTAL - g_used[cur->dev];
     pthread_mutex_unlock(&g_mu);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size)
 {
     NEED_CTX();
     if (size == 0)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     int over = g_used[cur->dev] + size > FAKE_TOTAL;
     pthread_mutex_unlock(&g_mu);
     if (over)
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     int fd = memfd_create("nixlctl-fake-cuda", MFD_CLOEXEC);
     if (fd < 0)
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     }
     struct alloc *a = calloc(1, sizeof(*a));
     a->base         = (uint64_t)(uintptr_t)p;
@@ -320,7 +311,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size)
     g_used[cur->dev] += size;
     pthread_mutex_unlock(&g_mu);
     *ptr = a->base;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 /* unlink_alloc removes the allocation based at p of the given kind. */
@@ -351,11 +342,11 @@ CUresult cuMemFree_v2(CUdeviceptr p)
     pthread_mutex_unlock(&g_mu);
     struct alloc *a = unlink_alloc(p, 0);
     if (a == NULL)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     munmap((void *)(uintptr_t)a->base, a->size);
     close(a->fd);
     free(a);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
@@ -368,7 +359,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
         *size = a->size;
     }
     pthread_mutex_unlock(&g_mu);
-    return a != NULL ? OK : E_NOT_FOUND;
+    return a != NULL ? NXCU_SUCCESS : NXCU_ERROR_NOT_FOUND;
 }
 
 /* ---- staged host-to-device copies (the legacy stream's DMA) -------------- */
@@ -427,10 +418,10 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
     NEED_CTX();
     if (!valid(dst, n))
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     struct dma *d = malloc(sizeof *d + n);
     if (d == NULL)
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     d->next = NULL;
     d->dst  = dst;
     d->n    = n;
@@ -441,7 +432,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
         if (pthread_create(&th, NULL, dma_main, NULL) != 0) {
             pthread_mutex_unlock(&g_dma_mu);
             free(d);
-            return E_OUT_OF_MEMORY;
+            return NXCU_ERROR_OUT_OF_MEMORY;
         }
         pthread_detach(th);
         g_dma_started = 1;
@@ -453,17 +444,17 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
     g_dma_tail = d;
     pthread_cond_broadcast(&g_dma_cv);
     pthread_mutex_unlock(&g_dma_mu);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
     NEED_CTX();
     if (!valid(src, n))
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     dma_drain(); /* the legacy stream: earlier staged copies land first */
     memcpy(dst, (const void *)(uintptr_t)src, n);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 /* ---- streams and events ------------------------------------------------ */
@@ -557,10 +548,10 @@ CUresult cuStreamCreate(void **out, unsigned int flags)
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->th, NULL, stream_main, s) != 0) {
         free(s);
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     }
     *out = s;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuStreamSynchronize(void *p)
@@ -568,24 +559,24 @@ CUresult cuStreamSynchronize(void *p)
     NEED_CTX();
     if (p == NULL) { /* the legacy stream: its staged copies */
         dma_drain();
-        return OK;
+        return NXCU_SUCCESS;
     }
     struct stream *s = as_stream(p);
     if (s == NULL)
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     if (s->ctx != cur)
-        return E_INVALID_CONTEXT;
+        return NXCU_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&s->mu);
     while (s->head != NULL || s->busy)
         pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuStreamDestroy_v2(void *p)
 {
     CUresult r = cuStreamSynchronize(p);
-    if (r != OK)
+    if (r != NXCU_SUCCESS)
         return r;
     struct stream *s = p;
     pthread_mutex_lock(&s->mu);
@@ -595,7 +586,7 @@ CUresult cuStreamDestroy_v2(void *p)
     pthread_join(s->th, NULL);
     s->magic = 0;
     free(s);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream)
@@ -603,17 +594,17 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
     NEED_CTX();
     struct stream *s = as_stream(stream);
     if (s == NULL)
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     if (s->ctx != cur)
-        return E_INVALID_CONTEXT;
+        return NXCU_ERROR_INVALID_CONTEXT;
     if (!valid(dst, n) || !valid(src, n))
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     struct op *o = calloc(1, sizeof(*o));
     o->dst       = dst;
     o->src       = src;
     o->n         = n;
     enqueue(s, o);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuEventCreate(void **out, unsigned int flags)
@@ -625,7 +616,7 @@ CUresult cuEventCreate(void **out, unsigned int flags)
     e->flags        = flags;
     e->refs         = 1;
     *out            = e;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuEventRecord(void *ev, void *stream)
@@ -634,9 +625,9 @@ CUresult cuEventRecord(void *ev, void *stream)
     struct event  *e = as_event(ev);
     struct stream *s = as_stream(stream);
     if (e == NULL || s == NULL)
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     if (e->ctx != cur || s->ctx != cur)
-        return E_INVALID_CONTEXT;
+        return NXCU_ERROR_INVALID_CONTEXT;
     struct op *o = calloc(1, sizeof(*o));
     o->record    = 1;
     o->ev        = e;
@@ -645,7 +636,7 @@ CUresult cuEventRecord(void *ev, void *stream)
     e->refs++;
     pthread_mutex_unlock(&g_mu);
     enqueue(s, o);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuEventQuery(void *ev)
@@ -653,7 +644,7 @@ CUresult cuEventQuery(void *ev)
     NEED_CTX();
     pthread_mutex_lock(&g_mu);
     struct event *e = as_event(ev);
-    CUresult      r = e == NULL ? E_INVALID_HANDLE : e->done >= e->rec ? OK : E_NOT_READY;
+    CUresult      r = e == NULL ? NXCU_ERROR_INVALID_HANDLE : e->done >= e->rec ? NXCU_SUCCESS : NXCU_ERROR_NOT_READY;
     pthread_mutex_unlock(&g_mu);
     return r;
 }
@@ -665,7 +656,7 @@ CUresult cuEventSynchronize(void *ev)
     struct event *e = as_event(ev);
     if (e == NULL) {
         pthread_mutex_unlock(&g_mu);
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     }
     uint64_t want = e->rec;
     e->refs++;
@@ -673,7 +664,7 @@ CUresult cuEventSynchronize(void *ev)
         pthread_cond_wait(&g_ev, &g_mu);
     event_unref(e);
     pthread_mutex_unlock(&g_mu);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuEventElapsedTime(float *ms, void *a, void *b)
@@ -681,13 +672,13 @@ CUresult cuEventElapsedTime(float *ms, void *a, void *b)
     NEED_CTX();
     pthread_mutex_lock(&g_mu);
     struct event *e0 = as_event(a), *e1 = as_event(b);
-    CUresult      r  = OK;
+    CUresult      r  = NXCU_SUCCESS;
     if (e0 == NULL || e1 == NULL)
-        r = E_INVALID_HANDLE;
+        r = NXCU_ERROR_INVALID_HANDLE;
     else if ((e0->flags | e1->flags) & 0x2)
-        r = E_INVALID_HANDLE; /* the driver: timing disabled */
+        r = NXCU_ERROR_INVALID_HANDLE; /* the driver: timing disabled */
     else if (e0->done < e0->rec || e1->done < e1->rec || e0->rec == 0 || e1->rec == 0)
-        r = E_NOT_READY;
+        r = NXCU_ERROR_NOT_READY;
     else
         *ms = (float)((double)(int64_t)(e1->t_ns - e0->t_ns) / 1e6);
     pthread_mutex_unlock(&g_mu);
@@ -702,7 +693,7 @@ CUresult cuEventDestroy_v2(void *ev)
     if (e != NULL)
         event_unref(e); /* queued records keep it until they ran */
     pthread_mutex_unlock(&g_mu);
-    return e != NULL ? OK : E_INVALID_HANDLE;
+    return e != NULL ? NXCU_SUCCESS : NXCU_ERROR_INVALID_HANDLE;
 }
 
 /* ---- IPC --------------------------------------------------------------- */
@@ -733,10 +724,10 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
     }
     pthread_mutex_unlock(&g_mu);
     if (!ok)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof(*h));
     memcpy(h->reserved, &fh, sizeof(fh));
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned int flags)
@@ -745,25 +736,25 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned int 
     struct fake_handle fh;
     memcpy(&fh, h.reserved, sizeof(fh));
     if (memcmp(fh.magic, "NXFKCUDA", 8) != 0 || fh.size == 0)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     if (fh.pid == (uint32_t)getpid())
-        return E_INVALID_CONTEXT; /* like the driver: not in the exporting process */
+        return NXCU_ERROR_INVALID_CONTEXT; /* like the driver: not in the exporting process */
     if ((int)fh.dev != cur->dev && !(flags & 0x1) && !cur->peer[fh.dev % MAXDEV])
-        return E_INVALID_DEVICE;
+        return NXCU_ERROR_INVALID_DEVICE;
     char path[64];
     snprintf(path, sizeof(path), "/proc/%u/fd/%d", fh.pid, fh.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     struct stat st;
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < fh.size) {
         close(fd);
-        return E_INVALID_HANDLE;
+        return NXCU_ERROR_INVALID_HANDLE;
     }
     void *p = mmap(NULL, fh.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
-        return E_OUT_OF_MEMORY;
+        return NXCU_ERROR_OUT_OF_MEMORY;
     struct alloc *a = calloc(1, sizeof(*a));
     a->base         = (uint64_t)(uintptr_t)p;
     a->size         = fh.size;
@@ -775,7 +766,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned int 
     g_allocs = a;
     pthread_mutex_unlock(&g_mu);
     *out = a->base;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p)
@@ -783,10 +774,10 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p)
     NEED_CTX();
     struct alloc *a = unlink_alloc(p, 1);
     if (a == NULL)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     munmap((void *)(uintptr_t)a->base, a->size);
     free(a);
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -795,18 +786,18 @@ static const struct {
     int         code;
     const char *name, *text;
 } errs[] = {
-    {OK, "CUDA_SUCCESS", "no error"},
-    {E_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {E_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {E_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-    {E_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-    {E_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {E_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {E_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-    {E_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-    {E_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
-    {E_PEER_ALREADY, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
-    {E_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+    {NXCU_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {NXCU_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {NXCU_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {NXCU_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {NXCU_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {NXCU_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {NXCU_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {NXCU_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {NXCU_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {NXCU_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {NXCU_ERROR_PEER_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {NXCU_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 static int lookup(int code)
@@ -822,16 +813,16 @@ CUresult cuGetErrorName(CUresult code, const char **s)
 {
     int i = lookup(code);
     if (i < 0)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     *s = errs[i].name;
-    return OK;
+    return NXCU_SUCCESS;
 }
 
 CUresult cuGetErrorString(CUresult code, const char **s)
 {
     int i = lookup(code);
     if (i < 0)
-        return E_INVALID_VALUE;
+        return NXCU_ERROR_INVALID_VALUE;
     *s = errs[i].text;
-    return OK;
+    return NXCU_SUCCESS;
 }
