@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 const recordsHead = `{"schema":"nixlctl.records/v1","command":"fake records"}` + "\n"
@@ -37,9 +39,7 @@ func TestReadRecordLines(t *testing.T) {
 			t.Parallel()
 			l, err := ReadRecordLines(strings.NewReader(tc.in))
 			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+				testkit.WantErr(t, err, tc.err)
 				return
 			}
 			if err != nil {

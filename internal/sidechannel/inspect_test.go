@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func goodMetadata() AgentMetadata {
@@ -120,9 +122,7 @@ func TestReadReplyNamesTheField(t *testing.T) {
 				frames = [][]byte{p, ts}
 			}
 			_, err := ReadReply(frames)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want %q", err, tc.want)
-			}
+			testkit.WantErr(t, err, tc.want)
 			var re *ReplyError
 			if !errors.As(err, &re) {
 				t.Errorf("%v is not a ReplyError", err)
