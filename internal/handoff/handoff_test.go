@@ -20,13 +20,13 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
-	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // handoffOpts runs both endpoints as child processes (this test binary).
@@ -186,16 +186,7 @@ func TestHandoffValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.mut(&o)
-			err := o.Validate()
-			if err == nil || !errkind.IsBadInput(err) {
-				t.Fatalf("Validate() = %v, want bad input", err)
-			}
-			if diff := cmp.Diff(tc.want, errkind.Fields(err)); diff != "" {
-				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
-			}
-			if tc.msg != "" && !strings.Contains(err.Error(), tc.msg) {
-				t.Errorf("%v lacks %q", err, tc.msg)
-			}
+			testkit.WantBadInput(t, o.Validate(), tc.want, tc.msg)
 		})
 	}
 	if err := base.Validate(); err != nil {

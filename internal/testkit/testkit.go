@@ -1,8 +1,8 @@
 // Package testkit holds the small helpers several packages' tests share:
 // a buffer a process or logger writes while the test reads it, a wait
 // for a state that fails naming what never happened, and the checks of a
-// table row that expects a value or an error. Tests import it; nothing
-// else does.
+// table row that expects a value, an error or a refused validation.
+// Tests import it; nothing else does.
 package testkit
 
 import (
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
 )
 
 // SyncBuffer is a bytes.Buffer that goroutines (a child's stderr copier,
@@ -84,5 +86,22 @@ func WantResult[T any](t testing.TB, got T, err error, want T, wantErr string) {
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
+	}
+}
+
+// WantBadInput checks a refused validation: err must be bad input (the
+// CLI exits 2 on it), blame exactly fields, in Validate's order, and
+// say msg ("" for any message).
+func WantBadInput(t testing.TB, err error, fields []string, msg string) {
+	t.Helper()
+	if !errkind.IsBadInput(err) {
+		t.Fatalf("Validate() = %v, want bad input", err)
+		return
+	}
+	if diff := cmp.Diff(fields, errkind.Fields(err)); diff != "" {
+		t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
+	}
+	if !strings.Contains(err.Error(), msg) {
+		t.Errorf("%v lacks %q", err, msg)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/errkind"
 )
 
 // fakeTB records a helper's failure instead of ending the test (a fake,
@@ -100,6 +102,34 @@ func TestWantResult(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeTB{TB: t}
 			WantResult(f, tc.got, tc.err, tc.want, tc.wantErr)
+			if tc.fail == "" && f.failed != "" || !strings.Contains(f.failed, tc.fail) {
+				t.Errorf("failure %q, want one containing %q", f.failed, tc.fail)
+			}
+		})
+	}
+}
+
+func TestWantBadInput(t *testing.T) {
+	// As Validate joins them: one FieldError a bad field, bad input whole.
+	twoFields := errkind.BadInput(errors.Join(errkind.Field("NumIter", "0: want at least 1"),
+		errkind.Field("WarmupIter", "-1: cannot be negative")))
+	for _, tc := range []struct {
+		name   string
+		err    error
+		fields []string
+		msg    string
+		fail   string // a part of the failure; "" for none
+	}{
+		{"the fields", twoFields, []string{"NumIter", "WarmupIter"}, "", ""},
+		{"the fields and the message", twoFields, []string{"NumIter", "WarmupIter"}, "cannot be negative", ""},
+		{"another message", twoFields, []string{"NumIter", "WarmupIter"}, "at most 1024", `lacks "at most 1024"`},
+		{"one field short", twoFields, []string{"NumIter"}, "", "fields at fault"},
+		{"not bad input", errors.New("NumIter 0"), nil, "", "want bad input"},
+		{"no error", nil, nil, "", "want bad input"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeTB{TB: t}
+			WantBadInput(f, tc.err, tc.fields, tc.msg)
 			if tc.fail == "" && f.failed != "" || !strings.Contains(f.failed, tc.fail) {
 				t.Errorf("failure %q, want one containing %q", f.failed, tc.fail)
 			}
