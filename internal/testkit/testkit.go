@@ -1,8 +1,9 @@
-// Package testkit holds the small helpers several packages' tests share:
-// a buffer a process or logger writes while the test reads it, a wait
-// for a state that fails naming what never happened, and the checks of a
-// table row that expects a value, an error or a refused validation.
-// Tests import it; nothing else does.
+// Package testkit holds what several packages' tests share: a buffer a
+// process or logger writes while the test reads it, a wait for a state
+// that fails naming what never happened, the checks of a table row that
+// expects a value, an error or a refused validation, and the fixtures
+// more than one package reads (ProcStatus). Tests import it; nothing else
+// does.
 package testkit
 
 import (
