@@ -493,7 +493,7 @@ func startNixlctl(t *testing.T, dir string, env []string, args ...string) *nixlc
 	markerSeq.Lock()
 	markerSeq.n++
 	p := &nixlctlProc{dir: dir, marker: fmt.Sprintf("NIXLCTL_TEST_DEFECT=%d-%d", os.Getpid(), markerSeq.n),
-		exited: make(chan struct{}), shm: shmNames()}
+		shm: shmNames()}
 	markerSeq.Unlock()
 	p.cmd = exec.Command("nixlctl", args...)
 	p.cmd.Dir = dir
@@ -505,13 +505,7 @@ func startNixlctl(t *testing.T, dir string, env []string, args ...string) *nixlc
 	// wait for it and report the run as hanging instead of what it left.
 	p.cmd.WaitDelay = 2 * time.Second
 	p.start = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
+	p.exited = startWatched(t, p.cmd)
 	t.Cleanup(func() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.exited
