@@ -3,7 +3,6 @@ package rendezvous
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -11,21 +10,10 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/rendezvous/etcdtest"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
-
-// freePort asks the kernel for a port nobody listens on (it may be taken
-// again before etcd binds it; startEtcd then fails loudly, not silently).
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // startEtcd runs a real etcd for the test (etcdtest.Start).
 func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
@@ -230,7 +218,7 @@ func TestEtcd(t *testing.T) {
 // --register-timeout): both took the 10 s hello timeout before, whatever
 // the window.
 func TestEtcdUnreachableIsBounded(t *testing.T) {
-	refused := fmt.Sprintf("etcd://127.0.0.1:%d", freePort(t))
+	refused := "etcd://" + testkit.FreeAddr(t)
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package testkit
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -135,4 +136,16 @@ func TestWantBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestFreeAddrCanBeListenedOn(t *testing.T) {
+	addr := FreeAddr(t)
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("%q is not a loopback address", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on the free address: %v", err)
+	}
+	ln.Close()
 }
