@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // smallModelConfig is a 2-layer llama: 128 KiB blocks, so a hundred
@@ -125,7 +127,7 @@ func TestBenchProxyFakeToyProxy(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(smallModelConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	side, papi, dapi := freePort(t), freePort(t), freePort(t)
+	side, papi, dapi := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	common := []string{"--backend", "ucx", "--num-blocks", "256", "--model-config", cfg, "--served-model-name", "small"}
 	startServe(t, "API http://", append([]string{"serve", "prefill", "--side-channel", side, "--http", papi, "--engine-id", "prefill-standin"}, common...)...)
 	startServe(t, "API http://", append([]string{"serve", "decode", "--http", dapi, "--engine-id", "decode-standin"}, common...)...)
@@ -196,7 +198,7 @@ func TestStandinDecodeRefuses(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(smallModelConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	side, papi, dapi := freePort(t), freePort(t), freePort(t)
+	side, papi, dapi := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	common := []string{"--backend", "ucx", "--num-blocks", "64", "--model-config", cfg}
 	startServe(t, "API http://", append([]string{"serve", "prefill", "--side-channel", side, "--http", papi, "--engine-id", "p0"}, common...)...)
 	startServe(t, "API http://", append([]string{"serve", "decode", "--http", dapi}, common...)...)

@@ -254,15 +254,11 @@ func TestOptionPrecedence(t *testing.T) {
 	if got := get(nil); got != "16" {
 		t.Errorf("default: %s", got)
 	}
-	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    isl: 1024\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, "nixlctl.yaml", "block-size: 32\nkv:\n  layout:\n    isl: 1024\n")
 	if got := get(nil); got != "32" {
 		t.Errorf("config file top-level key: %s", got)
 	}
-	if err := os.WriteFile("nixlctl.yaml", []byte("block-size: 32\nkv:\n  layout:\n    block-size: 48\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, "nixlctl.yaml", "block-size: 32\nkv:\n  layout:\n    block-size: 48\n")
 	if got := get(nil); got != "48" {
 		t.Errorf("command section beats top level: %s", got)
 	}
@@ -272,9 +268,7 @@ func TestOptionPrecedence(t *testing.T) {
 	if got := get(map[string]string{"NIXLCTL_BLOCK_SIZE": "64"}, "--block-size", "128"); got != "128" {
 		t.Errorf("flag beats env: %s", got)
 	}
-	if err := os.WriteFile("nixlctl.yaml", []byte("kv:\n  layout:\n    blocksize: 48\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, "nixlctl.yaml", "kv:\n  layout:\n    blocksize: 48\n")
 	code, _, errOut := runCLI(t, nil, "kv", "layout")
 	if code != exitUsage || !strings.Contains(errOut, "kv.layout.blocksize is not an option") {
 		t.Errorf("typo in config section: exit %d, %q", code, errOut)

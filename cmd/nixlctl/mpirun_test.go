@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -59,15 +58,9 @@ case $OMPI_COMM_WORLD_RANK in 0) role=prefill ;; 1) role=decode ;; *) exit 2 ;; 
 exec "$NIXLCTL_BIN" serve "$role" --listen 0.0.0.0:7400 --register hosta:7520`)
 	cmd.Env = append(rdvEnv(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
 		"NIXLCTL_JOB_ID="+runID, "NIXLCTL_BIN="+mh.bin)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var mout syncBuffer
 	cmd.Stdout, cmd.Stderr = &mout, &mout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	defer stop()
-	merr := cmd.Wait()
+	merr := runGroup(ctx, t, cmd)
 	derr := driver.Wait()
 	t.Logf("mpirun: %v, driver: %v, in %v", merr, derr, time.Since(start).Round(100*time.Millisecond))
 	if ctx.Err() != nil {

@@ -430,6 +430,20 @@ func (mh *twoHosts) command(host string, shift int, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// runGroup runs cmd in a process group of its own and returns what Wait
+// does; if ctx ends first, the whole group is killed: the launcher
+// (mpirun, sbatch, the netns wrapper) and all it started.
+func runGroup(ctx context.Context, t *testing.T, cmd *exec.Cmd) error {
+	t.Helper()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	defer stop()
+	return cmd.Wait()
+}
+
 func (mh *twoHosts) run(t *testing.T, host string, shift int, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -437,12 +451,7 @@ func (mh *twoHosts) run(t *testing.T, host string, shift int, args ...string) (i
 	cmd := mh.command(host, shift, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	defer stop()
-	err := cmd.Wait()
+	err := runGroup(ctx, t, cmd)
 	if ctx.Err() != nil {
 		t.Fatalf("nixlctl %s timed out; stderr:\n%s", strings.Join(args, " "), lastLines(errb.String(), 10))
 	}

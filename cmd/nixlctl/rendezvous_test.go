@@ -143,22 +143,32 @@ func rdvEnv() []string {
 	return env
 }
 
+// startWatched starts cmd and returns a channel closed once Wait has
+// returned (ProcessState is set): a test selects on it, with a time
+// bound, where Wait would block.
+func startWatched(t *testing.T, cmd *exec.Cmd) chan struct{} {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	return exited
+}
+
 // startRdv starts nixlctl (testscript.Main put it in $PATH); the test
 // kills what is still running at its end.
 func startRdv(t *testing.T, args ...string) *rdvProc {
 	t.Helper()
-	p := &rdvProc{name: strings.Join(args[:min(2, len(args))], " "), exited: make(chan struct{})}
+	p := &rdvProc{name: strings.Join(args[:min(2, len(args))], " ")}
 	p.cmd = exec.Command("nixlctl", args...)
 	p.cmd.Env = rdvEnv()
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
+	p.exited = startWatched(t, p.cmd)
 	t.Cleanup(func() {
 		select {
 		case <-p.exited:

@@ -279,15 +279,9 @@ func (sl *slurm) sbatch(t *testing.T, script string, env ...string) (string, int
 	defer cancel()
 	cmd := sl.client("sbatch", "--wait", "--chdir="+sl.workdir, script)
 	cmd.Env = append(cmd.Env, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	defer stop()
-	err := cmd.Wait()
+	err := runGroup(ctx, t, cmd)
 	m := regexp.MustCompile(`Submitted batch job (\d+)`).FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("sbatch: %v\n%s", err, out.String())

@@ -11,17 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+	"github.com/nixlctl/nixlctl/internal/testkit"
+)
 
 // TestStandinCLI runs serve prefill --side-channel as a user would: the
 // API answers a proxy's prefill leg with kv_transfer_params naming the
@@ -33,7 +25,7 @@ func TestStandinCLI(t *testing.T) {
 	if err := os.WriteFile(factors, []byte(`{"vllm_version": "0.11.0", "nixl_connector_version": 12, "model": "m", "dtype": "torch.bfloat16", "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "attn_backend_name": "FLASH_ATTN", "cache_dtype": "auto", "is_hma_enabled": false, "speculative_config": null, "transfer_mode": "pull"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	side, api := freePort(t), freePort(t)
+	side, api := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var errOut syncBuffer

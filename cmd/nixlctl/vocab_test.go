@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
 
@@ -38,9 +37,7 @@ func TestFlagAliases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Chdir(t.TempDir())
 			if tc.file != "" {
-				if err := os.WriteFile("nixlctl.yaml", []byte(tc.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				writeFile(t, "nixlctl.yaml", tc.file)
 			}
 			code, out, errOut := runCLI(t, tc.env, append([]string{"kv", "layout", "-o", "csv"}, tc.args...)...)
 			if code != tc.code {
@@ -119,9 +116,7 @@ func TestIgnoredFlagSources(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Chdir(t.TempDir())
 			if tc.file != "" {
-				if err := os.WriteFile("nixlctl.yaml", []byte(tc.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				writeFile(t, "nixlctl.yaml", tc.file)
 			}
 			args := append([]string{"bench", "pull", "--inproc", "--requests", "1000000", "--backend", "nope"}, tc.args...)
 			code, _, errOut := runCLI(t, tc.env, args...)

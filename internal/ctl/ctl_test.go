@@ -196,20 +196,27 @@ func TestCloseWaitsForRunning(t *testing.T) {
 	}
 }
 
-func TestChild(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	c := child(t, "serve")
-	if c.PID() <= 0 {
-		t.Errorf("pid %d", c.PID())
-	}
+// echoAndClose makes one call of testRole's echo, which answers in
+// upper case, then closes the client, whose goodbye must come back.
+func echoAndClose(t *testing.T, c *Client, in string) {
+	t.Helper()
 	var out string
-	if err := c.Call(context.Background(), "echo", "hi", &out); err != nil || out != "HI" {
+	if err := c.Call(context.Background(), "echo", in, &out); err != nil || out != strings.ToUpper(in) {
 		t.Fatalf("echo: %q %v", out, err)
 	}
 	var bye map[string]bool
 	if err := c.Close(5*time.Second, &bye); err != nil || !bye["bye"] {
 		t.Fatalf("close: %v %v", bye, err)
 	}
+}
+
+func TestChild(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	c := child(t, "serve")
+	if c.PID() <= 0 {
+		t.Errorf("pid %d", c.PID())
+	}
+	echoAndClose(t, c, "hi")
 	ev := <-c.Events()
 	if ev.Name != "saw" {
 		t.Errorf("event %+v", ev)
@@ -320,14 +327,7 @@ func TestDial(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out string
-		if err := c.Call(context.Background(), "echo", "net", &out); err != nil || out != "NET" {
-			t.Fatalf("echo: %q %v", out, err)
-		}
-		var bye map[string]bool
-		if err := c.Close(5*time.Second, &bye); err != nil || !bye["bye"] {
-			t.Fatalf("close: %v %v", bye, err)
-		}
+		echoAndClose(t, c, "net")
 	}
 	cancel()
 	if err := <-served; !errors.Is(err, context.Canceled) {
@@ -465,14 +465,7 @@ func TestNewConnClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := NewConnClient(conn)
-	var out string
-	if err := c.Call(context.Background(), "echo", "rev", &out); err != nil || out != "REV" {
-		t.Fatalf("echo: %q %v", out, err)
-	}
-	var bye map[string]bool
-	if err := c.Close(5*time.Second, &bye); err != nil || !bye["bye"] {
-		t.Fatalf("close: %v %v", bye, err)
-	}
+	echoAndClose(t, c, "rev")
 	if err := <-served; err != nil {
 		t.Errorf("serve: %v", err)
 	}

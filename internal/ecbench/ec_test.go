@@ -12,14 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // smallEC is a run of small images (Qwen3.5-4B geometry, grid 1x8x8 = 16
@@ -255,16 +254,7 @@ func TestECValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := smallEC(nixl.Read)
 			tc.mut(&o)
-			err := o.Validate()
-			if !errkind.IsBadInput(err) {
-				t.Fatalf("Validate() = %v, want bad input", err)
-			}
-			if diff := cmp.Diff(tc.want, errkind.Fields(err)); diff != "" {
-				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
-			}
-			if !strings.Contains(err.Error(), tc.msg) {
-				t.Errorf("%v lacks %q", err, tc.msg)
-			}
+			testkit.WantBadInput(t, o.Validate(), tc.want, tc.msg)
 		})
 	}
 	o := smallEC(nixl.Read)

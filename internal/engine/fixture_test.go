@@ -69,24 +69,33 @@ func TestFixtureHeartbeat(t *testing.T) {
 func TestFixtureTransferParams(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"pull", "push"} {
-		want := wirefixture.Raw(t, "vllm_kv_transfer_params_"+mode+".json")
-		p := TransferParams{DoRemotePrefill: true, RemoteBlockIDs: []int{4, 5, 6}, RemoteEngineID: "prefill-0",
-			RemoteRequestID: "cmpl-1-0-1a2b3c4d", RemoteHost: "10.0.0.1", RemotePort: 5600, TPSize: 2, DCPSize: 1, PPSize: 1,
-			RemoteNumTokens: 40, TransferMode: mode}
-		got, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(got) != string(want) {
-			t.Errorf("%s kv_transfer_params differ from the upstream fixture:\n got %s\nwant %s", mode, got, want)
-		}
-		var back TransferParams
-		if err := json.Unmarshal(want, &back); err != nil {
-			t.Fatal(err)
-		}
-		if d := cmp.Diff(p, back); d != "" {
-			t.Errorf("%s decoded (-upstream +nixlctl):\n%s", mode, d)
-		}
+		t.Run(mode, func(t *testing.T) {
+			checkTransferParams(t, mode, wirefixture.Raw(t, "vllm_kv_transfer_params_"+mode+".json"))
+		})
+	}
+}
+
+// checkTransferParams encodes the fixtures' kv_transfer_params for mode
+// and compares them with want byte for byte, then decodes want back to
+// the same params.
+func checkTransferParams(t *testing.T, mode string, want []byte) {
+	t.Helper()
+	p := TransferParams{DoRemotePrefill: true, RemoteBlockIDs: []int{4, 5, 6}, RemoteEngineID: "prefill-0",
+		RemoteRequestID: "cmpl-1-0-1a2b3c4d", RemoteHost: "10.0.0.1", RemotePort: 5600, TPSize: 2, DCPSize: 1, PPSize: 1,
+		RemoteNumTokens: 40, TransferMode: mode}
+	got, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("kv_transfer_params differ from the fixture:\n got %s\nwant %s", got, want)
+	}
+	var back TransferParams
+	if err := json.Unmarshal(want, &back); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(p, back); d != "" {
+		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
 	}
 }
 

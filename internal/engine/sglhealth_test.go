@@ -12,6 +12,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sglrooms"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestSGLLiveness(t *testing.T) {
@@ -71,9 +72,7 @@ func TestSGLConfigDefaults(t *testing.T) {
 			c := tc.in
 			err := c.sglDefaults()
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
-				}
+				testkit.WantErr(t, err, tc.wantErr)
 				return
 			}
 			got := [4]any{time.Duration(c.SGLBootstrapTimeout), time.Duration(c.SGLWaitingTimeout), time.Duration(c.SGLHeartbeatInterval), c.SGLHeartbeatMaxFailures}

@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"encoding/json"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
 
 	"github.com/nixlctl/nixlctl/internal/wirefixture"
 )
@@ -28,21 +25,7 @@ func TestFixtureUpstreamTransferParams(t *testing.T) {
 			name := "vllm_kv_transfer_params_" + mode + ".json"
 			want := wirefixture.Upstream(t, name)
 			sameWire(t, "hand fixture "+name, wirefixture.Raw(t, name), want)
-			p := TransferParams{DoRemotePrefill: true, RemoteBlockIDs: []int{4, 5, 6}, RemoteEngineID: "prefill-0",
-				RemoteRequestID: "cmpl-1-0-1a2b3c4d", RemoteHost: "10.0.0.1", RemotePort: 5600, TPSize: 2, DCPSize: 1, PPSize: 1,
-				RemoteNumTokens: 40, TransferMode: mode}
-			got, err := json.Marshal(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sameWire(t, "nixlctl's kv_transfer_params", got, want)
-			var back TransferParams
-			if err := json.Unmarshal(want, &back); err != nil {
-				t.Fatal(err)
-			}
-			if d := cmp.Diff(p, back); d != "" {
-				t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-			}
+			checkTransferParams(t, mode, want)
 		})
 	}
 }

@@ -20,13 +20,13 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
-	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // handoffOpts runs both endpoints as child processes (this test binary).
@@ -40,25 +40,34 @@ func handoffOpts(t *testing.T, proto engine.Protocol, ptp, dtp int) HandoffOptio
 		Exe: exe, ExeArgs: []string{"-test.run=^$"}, ChildEnv: []string{runcoretest.ChildEnv + "=1"}, Seed: 3, Knobs: engine.Knobs{DRAMAlloc: engine.AllocMmap, Verify: engine.Full, Lease: runcore.Duration(20 * time.Second), RegTimeout: runcore.Duration(20 * time.Second)}}
 }
 
+// runHandoffClean runs o and fails at once unless all requests of it
+// completed with no corrupt or leaked block. The records' errors are
+// logged first: the summary counts the failures but does not say why.
+func runHandoffClean(t *testing.T, o HandoffOptions, requests int) *HandoffResult {
+	t.Helper()
+	res, err := RunHandoff(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := res.Summary; s.Requests != requests || s.Failed != 0 || s.CorruptBlocks != 0 || s.LeakedBlocks != 0 {
+		for _, r := range res.Records {
+			if r.Error != "" {
+				t.Log(r.Error)
+			}
+		}
+		t.Fatalf("summary %+v", s)
+	}
+	return res
+}
+
 // Every protocol, every TP pair, across real processes: every byte
 // verified, nothing left allocated.
 func TestHandoffAcrossProcesses(t *testing.T) {
 	for _, proto := range []engine.Protocol{engine.ProtoPull, engine.ProtoPush, engine.ProtoSGLang} {
 		for _, tps := range [][2]int{{1, 1}, {2, 1}, {1, 2}, {4, 2}} {
 			t.Run(fmt.Sprintf("%s/%d-%d", proto, tps[0], tps[1]), func(t *testing.T) {
-				res, err := RunHandoff(context.Background(), handoffOpts(t, proto, tps[0], tps[1]))
-				if err != nil {
-					t.Fatal(err)
-				}
+				res := runHandoffClean(t, handoffOpts(t, proto, tps[0], tps[1]), 6)
 				s := res.Summary
-				if s.Requests != 6 || s.Failed != 0 || s.CorruptBlocks != 0 || s.LeakedBlocks != 0 {
-					for _, r := range res.Records {
-						if r.Error != "" {
-							t.Log(r.Error)
-						}
-					}
-					t.Fatalf("summary %+v", s)
-				}
 				if s.HandoffLatencyMS.P50 <= 0 || s.Bytes <= 0 || s.BandwidthGBps <= 0 || s.FirstHandshakeMS <= 0 {
 					t.Errorf("empty measurements: %+v", s)
 				}
@@ -186,16 +195,7 @@ func TestHandoffValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.mut(&o)
-			err := o.Validate()
-			if err == nil || !errkind.IsBadInput(err) {
-				t.Fatalf("Validate() = %v, want bad input", err)
-			}
-			if diff := cmp.Diff(tc.want, errkind.Fields(err)); diff != "" {
-				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
-			}
-			if tc.msg != "" && !strings.Contains(err.Error(), tc.msg) {
-				t.Errorf("%v lacks %q", err, tc.msg)
-			}
+			testkit.WantBadInput(t, o.Validate(), tc.want, tc.msg)
 		})
 	}
 	if err := base.Validate(); err != nil {
@@ -567,19 +567,8 @@ func TestHandoffXPyD(t *testing.T) {
 		t.Run(proto.String(), func(t *testing.T) {
 			o := handoffOpts(t, proto, 1, 1)
 			o.Prefills, o.Decodes, o.Requests, o.Warmup = 2, 2, 8, 0
-			res, err := RunHandoff(context.Background(), o)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := runHandoffClean(t, o, 8)
 			s := res.Summary
-			if s.Requests != 8 || s.Failed != 0 || s.CorruptBlocks != 0 || s.LeakedBlocks != 0 {
-				for _, r := range res.Records {
-					if r.Error != "" {
-						t.Log(r.Error)
-					}
-				}
-				t.Fatalf("summary %+v", s)
-			}
 			if len(s.Pairs) != 4 {
 				t.Fatalf("%d pairs, want 4: %+v", len(s.Pairs), s.Pairs)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestRouterRoundRobin(t *testing.T) {
@@ -103,18 +104,7 @@ func TestParseTopology(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseTopology(tc.file, []byte(tc.text))
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one containing %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
-			}
+			testkit.WantResult(t, got, err, tc.want, tc.err)
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nixlctl/nixlctl/internal/kv"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // quickLeak is a short probe of one configuration: seconds, not minutes,
@@ -132,20 +133,10 @@ func TestParseEnvAxis(t *testing.T) {
 		{"UCX_TLS=a,,b", EnvAxis{}, "empty value"},
 		{"UCX_TLS=", EnvAxis{}, "empty value"},
 	} {
-		got, err := ParseEnvAxis(tc.in)
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("%q: err %v, want %q", tc.in, err, tc.err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%q: %v", tc.in, err)
-			continue
-		}
-		if d := cmp.Diff(tc.want, got); d != "" {
-			t.Errorf("%q (-want +got):\n%s", tc.in, d)
-		}
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseEnvAxis(tc.in)
+			testkit.WantResult(t, got, err, tc.want, tc.err)
+		})
 	}
 }
 

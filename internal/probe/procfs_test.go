@@ -8,19 +8,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-)
 
-const statusSample = `Name:	nixlctl
-Umask:	0022
-State:	S (sleeping)
-VmPeak:	 1298520 kB
-VmSize:	 1233048 kB
-VmRSS:	   85232 kB
-RssAnon:	   40000 kB
-VmData:	  180312 kB
-VmStk:	     132 kB
-Threads:	9
-`
+	"github.com/nixlctl/nixlctl/internal/testkit"
+)
 
 // A fake /proc tree: the sampler reads status, maps and fd/ of a pid.
 func TestSamplerOnFakeProc(t *testing.T) {
@@ -34,7 +24,7 @@ func TestSamplerOnFakeProc(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("status", statusSample)
+	write("status", testkit.ProcStatus)
 	write("maps", strings.Repeat("00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/x\n", 7))
 	for _, fd := range []string{"0", "1", "2"} {
 		write("fd/"+fd, "")

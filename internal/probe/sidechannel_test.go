@@ -18,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestParseTarget(t *testing.T) {
@@ -286,9 +287,7 @@ func TestProbeSGLangFakePeers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := fakeBootstrap(t, tc.info, tc.rank)
 			_, err := RunSideChannel(context.Background(), SideChannelOptions{Protocol: ProtoSGLang, Target: addr, Timeout: 300 * time.Millisecond})
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want %q", err, tc.want)
-			}
+			testkit.WantErr(t, err, tc.want)
 		})
 	}
 	// A server without /query_dp_ranks, whose prefill does not follow the

@@ -4,23 +4,13 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-)
 
-const statusSample = `Name:	nixlctl
-Umask:	0022
-State:	S (sleeping)
-VmPeak:	 1298520 kB
-VmSize:	 1233048 kB
-VmRSS:	   85232 kB
-RssAnon:	   40000 kB
-VmData:	  180312 kB
-VmStk:	     132 kB
-Threads:	9
-`
+	"github.com/nixlctl/nixlctl/internal/testkit"
+)
 
 func TestParseProcStatus(t *testing.T) {
 	t.Parallel()
-	got, err := ParseProcStatus([]byte(statusSample))
+	got, err := ParseProcStatus([]byte(testkit.ProcStatus))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +47,7 @@ func TestParseMemInfo(t *testing.T) {
 }
 
 func FuzzParseProcStatus(f *testing.F) {
-	f.Add([]byte(statusSample))
+	f.Add([]byte(testkit.ProcStatus))
 	f.Add([]byte("VmRSS:\t1 kB\nVmData:\t2 kB"))
 	f.Add([]byte("VmRSS:"))
 	f.Fuzz(func(t *testing.T, b []byte) {

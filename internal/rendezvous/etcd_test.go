@@ -3,7 +3,6 @@ package rendezvous
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -11,21 +10,10 @@ import (
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/rendezvous/etcdtest"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
-
-// freePort asks the kernel for a port nobody listens on (it may be taken
-// again before etcd binds it; startEtcd then fails loudly, not silently).
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // startEtcd runs a real etcd for the test (etcdtest.Start).
 func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
@@ -33,6 +21,26 @@ func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
 // etcdLeaks ignores the goroutines there were before (the etcd process's
 // waiters).
 func etcdLeaks(before goleak.Option) []goleak.Option { return []goleak.Option{before} }
+
+// joinEtcd registers h under the etcd at addr and watchEtcd watches it
+// for expect, failing the test at once if they cannot.
+func joinEtcd(t *testing.T, addr string, h Hello, opt Options) *Registration {
+	t.Helper()
+	r, err := JoinEtcd(context.Background(), addr, h, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func watchEtcd(t *testing.T, addr string, expect Roster, opt Options) *Driver {
+	t.Helper()
+	d, err := WatchEtcd(context.Background(), addr, expect, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
 
 func TestEtcd(t *testing.T) {
 	addr := startEtcd(t)
@@ -58,10 +66,7 @@ func TestEtcd(t *testing.T) {
 			t.Errorf("advertised %q: the unspecified host should be the one etcd is reached from", p.Addr())
 		}
 		// Another run's member under the same store is invisible here.
-		other, err := JoinEtcd(ctx, addr, hello("run-b", "decode", 1, 2, "127.0.0.1:7401"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		other := joinEtcd(t, addr, hello("run-b", "decode", 1, 2, "127.0.0.1:7401"), opt)
 		defer other.Close()
 		done := make(chan struct{})
 		var members []Member
@@ -72,10 +77,7 @@ func TestEtcd(t *testing.T) {
 		}()
 		time.Sleep(50 * time.Millisecond)
 		start := time.Now()
-		dec, err := JoinEtcd(ctx, addr, hello("run-a", "decode", 1, 2, "10.1.2.3:7401"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		dec := joinEtcd(t, addr, hello("run-a", "decode", 1, 2, "10.1.2.3:7401"), opt)
 		defer dec.Close()
 		<-done
 		t.Logf("Wait returned %v after the last join", time.Since(start))
@@ -91,19 +93,13 @@ func TestEtcd(t *testing.T) {
 	t.Run("duplicate", func(t *testing.T) {
 		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
 		opt, logs := testOptions()
-		d, err := WatchEtcd(ctx, addr, PrefillDecode("run-dup", 1, 1), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := watchEtcd(t, addr, PrefillDecode("run-dup", 1, 1), opt)
 		defer d.Close()
-		p, err := JoinEtcd(ctx, addr, hello("run-dup", "prefill", 0, 2, "127.0.0.1:7400"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := joinEtcd(t, addr, hello("run-dup", "prefill", 0, 2, "127.0.0.1:7400"), opt)
 		defer p.Close()
 		h := hello("run-dup", "prefill", 0, 2, "127.0.0.1:7401")
 		h.Host = "imposter"
-		_, err = JoinEtcd(ctx, addr, h, opt)
+		_, err := JoinEtcd(ctx, addr, h, opt)
 		var rej *RejectedError
 		if !errors.As(err, &rej) || rej.Reason != RejectDuplicate || !strings.Contains(rej.Detail, "host host-prefill") {
 			t.Fatalf("second prefill rank 0: %v", err)
@@ -117,29 +113,17 @@ func TestEtcd(t *testing.T) {
 	t.Run("missing, gone and garbage", func(t *testing.T) {
 		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
 		opt, logs := testOptions()
-		d, err := WatchEtcd(ctx, addr, PrefillDecode("run-c", 1, 3), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := watchEtcd(t, addr, PrefillDecode("run-c", 1, 3), opt)
 		defer d.Close()
-		p, err := JoinEtcd(ctx, addr, hello("run-c", "prefill", 0, 4, "127.0.0.1:7400"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := joinEtcd(t, addr, hello("run-c", "prefill", 0, 4, "127.0.0.1:7400"), opt)
 		defer p.Close()
 		// Close revokes the lease: the key goes at once.
-		left, err := JoinEtcd(ctx, addr, hello("run-c", "decode", 1, 4, "127.0.0.1:7401"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		left := joinEtcd(t, addr, hello("run-c", "decode", 1, 4, "127.0.0.1:7401"), opt)
 		// A crash: the lease is no longer kept alive nor revoked, and the
 		// key goes when it expires.
 		crashOpt := opt
 		crashOpt.LeaseTTL = time.Second
-		crashed, err := JoinEtcd(ctx, addr, hello("run-c", "decode", 2, 4, "127.0.0.1:7402"), crashOpt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		crashed := joinEtcd(t, addr, hello("run-c", "decode", 2, 4, "127.0.0.1:7402"), crashOpt)
 		waitFor(t, func() bool { return strings.Count(logs.String(), "rendezvous: joined") == 3 }, logs.String)
 		if err := left.Close(); err != nil {
 			t.Fatal(err)
@@ -205,10 +189,7 @@ func TestEtcd(t *testing.T) {
 	t.Run("lease revoked on close", func(t *testing.T) {
 		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
 		opt, _ := testOptions()
-		r, err := JoinEtcd(ctx, addr, hello("run-e", "prefill", 0, 1, "127.0.0.1:7400"), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := joinEtcd(t, addr, hello("run-e", "prefill", 0, 1, "127.0.0.1:7400"), opt)
 		cli, err := newEtcdClient(addr)
 		if err != nil {
 			t.Fatal(err)
@@ -237,7 +218,7 @@ func TestEtcd(t *testing.T) {
 // --register-timeout): both took the 10 s hello timeout before, whatever
 // the window.
 func TestEtcdUnreachableIsBounded(t *testing.T) {
-	refused := fmt.Sprintf("etcd://127.0.0.1:%d", freePort(t))
+	refused := "etcd://" + testkit.FreeAddr(t)
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nixlctl/nixlctl/internal/launcher"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestDecodeHello(t *testing.T) {
@@ -51,18 +52,7 @@ func TestDecodeHello(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DecodeHello([]byte(tc.line))
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one containing %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := cmp.Diff(tc.want, got); d != "" {
-				t.Fatalf("-want +got\n%s", d)
-			}
+			testkit.WantResult(t, got, err, tc.want, tc.err)
 		})
 	}
 }

@@ -3,12 +3,13 @@ package rendezvous
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 // TestRegisterWaitsForTheDriver: an endpoint that starts before its
@@ -16,7 +17,7 @@ import (
 func TestRegisterWaitsForTheDriver(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	opt, logs := testOptions()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := testkit.FreeAddr(t)
 	type result struct {
 		r   *Registration
 		err error
@@ -47,7 +48,7 @@ func TestRegisterWaitsForTheDriver(t *testing.T) {
 func TestRegisterGivesUp(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	opt, _ := testOptions()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := testkit.FreeAddr(t)
 	if _, err := Register(context.Background(), addr, Hello{Role: "Bad"}, opt); err == nil || strings.Contains(err.Error(), "deadline") {
 		t.Fatalf("a bad hello: %v", err)
 	}

@@ -36,6 +36,16 @@ func listen(t *testing.T, expect Roster, opt Options) *Driver {
 	return d
 }
 
+// join registers h with d, failing the test at once if it cannot.
+func join(t *testing.T, d *Driver, h Hello, opt Options) *Registration {
+	t.Helper()
+	r, err := Join(context.Background(), d.Addr(), h, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func hello(run, role string, rank, world int, ctlAddr string) Hello {
 	return Hello{Run: run, Role: role, Rank: rank, World: world, Host: "host-" + role, Ctl: ctlAddr}
 }
@@ -55,10 +65,7 @@ func TestTCPComplete(t *testing.T) {
 	defer d.Close()
 	ctx := context.Background()
 
-	p, err := Join(ctx, d.Addr(), hello("run-1", "prefill", 0, 2, "0.0.0.0:7400"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := join(t, d, hello("run-1", "prefill", 0, 2, "0.0.0.0:7400"), opt)
 	defer p.Close()
 	if p.Addr() != "127.0.0.1:7400" || p.Conn() != nil {
 		t.Errorf("prefill: Addr %q Conn %v", p.Addr(), p.Conn())
@@ -136,10 +143,7 @@ func TestTCPRejections(t *testing.T) {
 	d := listen(t, PrefillDecode("run-1", 1, 1), opt)
 	defer d.Close()
 	ctx := context.Background()
-	p, err := Join(ctx, d.Addr(), hello("run-1", "prefill", 0, 2, "127.0.0.1:7400"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := join(t, d, hello("run-1", "prefill", 0, 2, "127.0.0.1:7400"), opt)
 	defer p.Close()
 
 	for _, tc := range []struct {
@@ -188,15 +192,12 @@ func TestTCPRejections(t *testing.T) {
 	want := map[string]int{RejectDuplicate: 1, RejectRun: 1, RejectRoster: 2, RejectWorld: 1, RejectGarbage: 5}
 	waitFor(t, func() bool { return equalCounts(d.Rejected(), want) }, func() string { return fmtCounts(d.Rejected()) })
 	// The driver still works: the real decode joins.
-	dec, err := Join(ctx, d.Addr(), hello("run-1", "decode", 1, 2, "127.0.0.1:7401"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dec := join(t, d, hello("run-1", "decode", 1, 2, "127.0.0.1:7401"), opt)
 	defer dec.Close()
 	if _, err := d.Wait(ctx, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Join(ctx, d.Addr(), hello("run-1", "decode", 1, 2, "127.0.0.1:7402"), opt)
+	_, err := Join(ctx, d.Addr(), hello("run-1", "decode", 1, 2, "127.0.0.1:7402"), opt)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != RejectLate {
 		t.Fatalf("after Wait: %v", err)
@@ -237,15 +238,9 @@ func TestTCPIncomplete(t *testing.T) {
 	d := listen(t, PrefillDecode("r", 1, 2), opt)
 	defer d.Close()
 	ctx := context.Background()
-	p, err := Join(ctx, d.Addr(), hello("r", "prefill", 0, 3, "127.0.0.1:7400"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := join(t, d, hello("r", "prefill", 0, 3, "127.0.0.1:7400"), opt)
 	defer p.Close()
-	gone, err := Join(ctx, d.Addr(), hello("r", "decode", 2, 3, "127.0.0.1:7402"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gone := join(t, d, hello("r", "decode", 2, 3, "127.0.0.1:7402"), opt)
 	gone.Close()
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
 
@@ -280,16 +275,10 @@ func TestTCPRejoin(t *testing.T) {
 	d := listen(t, PrefillDecode("r", 1, 0), opt)
 	defer d.Close()
 	ctx := context.Background()
-	first, err := Join(ctx, d.Addr(), hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := join(t, d, hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
 	first.Close()
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
-	again, err := Join(ctx, d.Addr(), hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := join(t, d, hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
 	defer again.Close()
 	if m, err := d.Wait(ctx, 5*time.Second); err != nil || len(m) != 1 {
 		t.Fatalf("Wait: %+v %v", m, err)
@@ -320,13 +309,10 @@ func TestTCPReverseGone(t *testing.T) {
 	d := listen(t, PrefillDecode("r", 1, 1), opt)
 	defer d.Close()
 	ctx := context.Background()
-	dec, err := Join(ctx, d.Addr(), hello("r", "decode", 1, 2, Reverse), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dec := join(t, d, hello("r", "decode", 1, 2, Reverse), opt)
 	dec.Close()
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
-	_, err = d.Wait(ctx, 50*time.Millisecond)
+	_, err := d.Wait(ctx, 50*time.Millisecond)
 	var inc *IncompleteError
 	if !errors.As(err, &inc) || len(inc.Gone) != 1 || len(inc.Missing) != 1 {
 		t.Fatalf("Wait: %v", err)
@@ -414,10 +400,7 @@ func TestLeaveAfterTheRendezvous(t *testing.T) {
 			ctx := context.Background()
 			var joined []*Registration
 			for i, role := range []string{"prefill", "decode"} {
-				m, err := Join(ctx, d.Addr(), hello("run-1", role, i, 2, "127.0.0.1:7400"), opt)
-				if err != nil {
-					t.Fatal(err)
-				}
+				m := join(t, d, hello("run-1", role, i, 2, "127.0.0.1:7400"), opt)
 				defer m.Close()
 				joined = append(joined, m)
 			}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 const recordsHead = `{"schema":"nixlctl.records/v1","command":"fake records"}` + "\n"
@@ -37,9 +39,7 @@ func TestReadRecordLines(t *testing.T) {
 			t.Parallel()
 			l, err := ReadRecordLines(strings.NewReader(tc.in))
 			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+				testkit.WantErr(t, err, tc.err)
 				return
 			}
 			if err != nil {
@@ -56,17 +56,25 @@ func TestReadRecordLines(t *testing.T) {
 	}
 }
 
-// A run killed mid-way: the provisional result written at its start and
-// the records it streamed, the last one torn. Load recomputes from the
-// whole records, skips the torn one, and says the run was partial.
-func TestLoadPartialRun(t *testing.T) {
-	t.Parallel()
+// saveProvisional writes a provisional result, as a run does at its
+// start, into a directory of its own.
+func saveProvisional(t *testing.T) (string, *recordsFake) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "run")
 	r := &recordsFake{fakeResult: *fake(0.9, nil)}
 	r.Command = recordsCommand
 	if err := SaveProvisional(dir, r); err != nil {
 		t.Fatal(err)
 	}
+	return dir, r
+}
+
+// A run killed mid-way: the provisional result written at its start and
+// the records it streamed, the last one torn. Load recomputes from the
+// whole records, skips the torn one, and says the run was partial.
+func TestLoadPartialRun(t *testing.T) {
+	t.Parallel()
+	dir, r := saveProvisional(t)
 	if r.Partial || r.RecordsFile != nil {
 		t.Fatalf("SaveProvisional changed the result: %+v", r.Meta)
 	}
@@ -135,12 +143,7 @@ func TestLoadPartialRun(t *testing.T) {
 // once) shows as it is, with a note.
 func TestLoadPartialRunWithoutRecords(t *testing.T) {
 	t.Parallel()
-	dir := filepath.Join(t.TempDir(), "run")
-	r := &recordsFake{fakeResult: *fake(0.9, nil)}
-	r.Command = recordsCommand
-	if err := SaveProvisional(dir, r); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := saveProvisional(t)
 	if err := os.WriteFile(filepath.Join(dir, RecordsName), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

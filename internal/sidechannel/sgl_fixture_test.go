@@ -24,55 +24,97 @@ func sameFrames(t *testing.T, what string, got, want [][]byte) {
 	}
 }
 
-func TestFixtureSGLTransferInfo(t *testing.T) {
-	t.Parallel()
-	want := wirefixture.Frames(t, "sglang_transfer_info.hex")
-	info := SGLTransferInfo{Room: 12345678901234567, DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0",
+// sglRoom and the values below are what every SGLang fixture holds, the
+// hand ones here and upstream's (upstream_fixture_test.go).
+const sglRoom = 12345678901234567
+
+func fixtureTransferInfo() SGLTransferInfo {
+	return SGLTransferInfo{Room: sglRoom, DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0",
 		DstPages: []int32{7, 8, 300}, DstAux: 5, RequiredDst: 1, PrefixLen: 0}
-	sameFrames(t, "TransferInfo", info.Encode(), want)
-	reg, got, _, err := DecodeSGLMessage(want)
+}
+
+func fixtureRegistration() SGLRegistration {
+	return SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0", AgentMD: []byte("\x00\x01nixl"),
+		KVPtrs: []uint64{0x7f0000000000, 0x7f0000100000}, AuxPtrs: []uint64{0x55000000}, GPUID: 0, DecodeTP: 1,
+		DecodeRank: 0, KVItemLen: 32768}
+}
+
+func fixtureAbort() [][]byte { return SGLAbort(sglRoom, "10.0.0.2", 41235) }
+
+// sglNotifFixture is a notification prefill's WRITEs carry: the fixture's
+// name (without .hex or upstream's .bin), nixlctl's bytes and what they
+// parse to.
+type sglNotifFixture struct {
+	name string
+	got  []byte
+	want SGLNotif
+}
+
+func sglNotifFixtures() []sglNotifFixture {
+	return []sglNotifFixture{
+		{"sglang_notif_kv", SGLKVNotif(sglRoom, 3, true, 1), SGLNotif{Room: sglRoom, Kind: "kv", Chunk: 3, Last: true, Sender: 1}},
+		{"sglang_notif_aux", SGLAuxNotif(sglRoom), SGLNotif{Room: sglRoom, Kind: "aux"}},
+		{"sglang_notif_aux_nokv", SGLNoKVNotif(sglRoom, 1), SGLNotif{Room: sglRoom, Kind: "nokv", Sender: 1}},
+	}
+}
+
+// checkTransferInfo, checkRegistration and checkAbort decode a fixture's
+// frames with nixlctl and compare them with the values above.
+func checkTransferInfo(t *testing.T, frames [][]byte) {
+	t.Helper()
+	reg, got, _, err := DecodeSGLMessage(frames)
 	if err != nil || reg != nil || got == nil {
 		t.Fatalf("decoded %v %v %v", reg, got, err)
 	}
-	if d := cmp.Diff(info, *got); d != "" {
+	if d := cmp.Diff(fixtureTransferInfo(), *got); d != "" {
 		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
 	}
+}
+
+func checkRegistration(t *testing.T, frames [][]byte) {
+	t.Helper()
+	got, info, _, err := DecodeSGLMessage(frames)
+	if err != nil || info != nil || got == nil {
+		t.Fatalf("decoded %v %v %v", got, info, err)
+	}
+	if d := cmp.Diff(fixtureRegistration(), *got); d != "" {
+		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
+	}
+}
+
+func checkAbort(t *testing.T, frames [][]byte) {
+	t.Helper()
+	reg, info, room, err := DecodeSGLMessage(frames)
+	if err != nil || reg != nil || info != nil || room != sglRoom {
+		t.Errorf("ABORT decoded to room %d, %v %v %v", room, reg, info, err)
+	}
+}
+
+func TestFixtureSGLTransferInfo(t *testing.T) {
+	t.Parallel()
+	want := wirefixture.Frames(t, "sglang_transfer_info.hex")
+	sameFrames(t, "TransferInfo", fixtureTransferInfo().Encode(), want)
+	checkTransferInfo(t, want)
 }
 
 func TestFixtureSGLRegistration(t *testing.T) {
 	t.Parallel()
 	want := wirefixture.Frames(t, "sglang_kv_args.hex")
-	r := SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0", AgentMD: []byte("\x00\x01nixl"),
-		KVPtrs: []uint64{0x7f0000000000, 0x7f0000100000}, AuxPtrs: []uint64{0x55000000}, GPUID: 0, DecodeTP: 1,
-		DecodeRank: 0, KVItemLen: 32768}
-	sameFrames(t, "KV-args registration", r.Encode(), want)
-	got, info, _, err := DecodeSGLMessage(want)
-	if err != nil || info != nil || got == nil {
-		t.Fatalf("decoded %v %v %v", got, info, err)
-	}
-	if d := cmp.Diff(r, *got); d != "" {
-		t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-	}
+	sameFrames(t, "KV-args registration", fixtureRegistration().Encode(), want)
+	checkRegistration(t, want)
 }
 
 func TestFixtureSGLNotifs(t *testing.T) {
 	t.Parallel()
-	const room = 12345678901234567
-	for _, tc := range []struct {
-		fixture string
-		got     []byte
-		want    SGLNotif
-	}{
-		{"sglang_notif_kv.hex", SGLKVNotif(room, 3, true, 1), SGLNotif{Room: room, Kind: "kv", Chunk: 3, Last: true, Sender: 1}},
-		{"sglang_notif_aux.hex", SGLAuxNotif(room), SGLNotif{Room: room, Kind: "aux"}},
-		{"sglang_notif_aux_nokv.hex", SGLNoKVNotif(room, 1), SGLNotif{Room: room, Kind: "nokv", Sender: 1}},
-	} {
-		want := wirefixture.Hex(t, tc.fixture)
-		sameBytes(t, tc.fixture, tc.got, want)
-		n, err := ParseSGLNotif(string(want))
-		if err != nil || n != tc.want {
-			t.Errorf("%s parsed %+v, %v; want %+v", tc.fixture, n, err, tc.want)
-		}
+	for _, tc := range sglNotifFixtures() {
+		t.Run(tc.name, func(t *testing.T) {
+			fixture := tc.name + ".hex"
+			want := wirefixture.Hex(t, fixture)
+			sameBytes(t, fixture, tc.got, want)
+			if n, err := ParseSGLNotif(string(want)); err != nil || n != tc.want {
+				t.Errorf("%s parsed %+v, %v; want %+v", fixture, n, err, tc.want)
+			}
+		})
 	}
 }
 
@@ -80,9 +122,7 @@ func TestFixtureSGLNotifs(t *testing.T) {
 // reads SGLang's.
 func TestFixtureSGLAbort(t *testing.T) {
 	t.Parallel()
-	sameFrames(t, "ABORT", SGLAbort(12345678901234567, "10.0.0.2", 41235), wirefixture.Frames(t, "sglang_abort.hex"))
-	reg, info, room, err := DecodeSGLMessage(wirefixture.Frames(t, "sglang_abort.hex"))
-	if err != nil || reg != nil || info != nil || room != 12345678901234567 {
-		t.Errorf("ABORT decoded to room %d, %v %v %v", room, reg, info, err)
-	}
+	want := wirefixture.Frames(t, "sglang_abort.hex")
+	sameFrames(t, "ABORT", fixtureAbort(), want)
+	checkAbort(t, want)
 }

@@ -89,42 +89,15 @@ func TestFixtureUpstreamVLLMHandshake(t *testing.T) {
 // on the hand fixtures' values.
 func TestFixtureUpstreamSGLFrames(t *testing.T) {
 	t.Parallel()
-	const room = 12345678901234567
-	info := SGLTransferInfo{Room: room, DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0",
-		DstPages: []int32{7, 8, 300}, DstAux: 5, RequiredDst: 1, PrefixLen: 0}
-	reg := SGLRegistration{DecodeIP: "10.0.0.2", DecodePort: 41235, AgentName: "agent-d0", AgentMD: []byte("\x00\x01nixl"),
-		KVPtrs: []uint64{0x7f0000000000, 0x7f0000100000}, AuxPtrs: []uint64{0x55000000}, GPUID: 0, DecodeTP: 1,
-		DecodeRank: 0, KVItemLen: 32768}
 	for _, tc := range []struct {
 		name string
 		got  [][]byte
 		// check decodes upstream's frames with nixlctl.
 		check func(t *testing.T, frames [][]byte)
 	}{
-		{"sglang_transfer_info.hex", info.Encode(), func(t *testing.T, frames [][]byte) {
-			r, got, _, err := DecodeSGLMessage(frames)
-			if err != nil || r != nil || got == nil {
-				t.Fatalf("decoded %v %v %v", r, got, err)
-			}
-			if d := cmp.Diff(info, *got); d != "" {
-				t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-			}
-		}},
-		{"sglang_kv_args.hex", reg.Encode(), func(t *testing.T, frames [][]byte) {
-			got, i, _, err := DecodeSGLMessage(frames)
-			if err != nil || i != nil || got == nil {
-				t.Fatalf("decoded %v %v %v", got, i, err)
-			}
-			if d := cmp.Diff(reg, *got); d != "" {
-				t.Errorf("decoded (-upstream +nixlctl):\n%s", d)
-			}
-		}},
-		{"sglang_abort.hex", SGLAbort(room, "10.0.0.2", 41235), func(t *testing.T, frames [][]byte) {
-			r, i, gotRoom, err := DecodeSGLMessage(frames)
-			if err != nil || r != nil || i != nil || gotRoom != room {
-				t.Errorf("ABORT decoded to room %d, %v %v %v", gotRoom, r, i, err)
-			}
-		}},
+		{"sglang_transfer_info.hex", fixtureTransferInfo().Encode(), checkTransferInfo},
+		{"sglang_kv_args.hex", fixtureRegistration().Encode(), checkRegistration},
+		{"sglang_abort.hex", fixtureAbort(), checkAbort},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := wirefixture.Frames(t, "upstream/"+tc.name)
@@ -133,15 +106,7 @@ func TestFixtureUpstreamSGLFrames(t *testing.T) {
 			tc.check(t, want)
 		})
 	}
-	for _, tc := range []struct {
-		name string
-		got  []byte
-		want SGLNotif
-	}{
-		{"sglang_notif_kv", SGLKVNotif(room, 3, true, 1), SGLNotif{Room: room, Kind: "kv", Chunk: 3, Last: true, Sender: 1}},
-		{"sglang_notif_aux", SGLAuxNotif(room), SGLNotif{Room: room, Kind: "aux"}},
-		{"sglang_notif_aux_nokv", SGLNoKVNotif(room, 1), SGLNotif{Room: room, Kind: "nokv", Sender: 1}},
-	} {
+	for _, tc := range sglNotifFixtures() {
 		t.Run(tc.name, func(t *testing.T) {
 			want := wirefixture.Upstream(t, tc.name+".bin")
 			sameBytes(t, "hand fixture "+tc.name+".hex", wirefixture.Hex(t, tc.name+".hex"), want)

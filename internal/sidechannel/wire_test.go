@@ -3,8 +3,6 @@ package sidechannel
 import (
 	"strings"
 	"testing"
-
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // msgspec decodes NixlAgentMetadata strictly: a null where the field is
@@ -14,15 +12,7 @@ import (
 // must be a pair.
 func TestAgentMetadataHasNoNulls(t *testing.T) {
 	t.Parallel()
-	md := AgentMetadata{EngineID: "e", NumBlocks: 4, BlockSize: 16, KVCacheLayout: "HND", AttnBackendName: "FLASH_ATTN"}.Wire()
-	b, err := msgpack.Marshal(&md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := msgpack.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
+	m := wireMap(t, AgentMetadata{EngineID: "e", NumBlocks: 4, BlockSize: 16, KVCacheLayout: "HND", AttnBackendName: "FLASH_ATTN"}.Wire())
 	vllmFields := []string{"engine_id", "agent_metadata", "kv_caches_base_addr", "device_id", "num_blocks", "block_lens",
 		"block_strides", "kv_cache_layout", "block_size", "ssm_sizes", "attn_backend_name",
 		"physical_blocks_per_logical_kv_block", "region_num_blocks", "region_group_ids", "region_names",

@@ -1,9 +1,7 @@
 package standin
 
 import (
-	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,29 +17,10 @@ func standInDecode(t *testing.T) (*DecodeServer, string) {
 	t.Helper()
 	cfg := engine.Config{Role: engine.RoleDecode, Backend: "ucx", Protocol: engine.ProtoPull, Model: testModel(),
 		BlockSize: 16, NumBlocks: 64, EngineID: "standin-decode", Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Full}}
-	if err := CheckDecodeConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	eng, err := engine.NewEngine(context.Background(), cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewDecode(eng, Options{ServedModel: "llama-3.1-8b"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		eng.Close()
+	s, _, base := serveOnLoopback(t, cfg, CheckDecodeConfig, func(eng *engine.Engine) *DecodeServer {
+		return NewDecode(eng, Options{ServedModel: "llama-3.1-8b"}, nil)
 	})
-	return s, "http://" + ln.Addr().String()
+	return s, base
 }
 
 // TestStandInPair: a prefill leg on the prefill stand-in, its

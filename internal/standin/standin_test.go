@@ -31,7 +31,23 @@ func standIn(t *testing.T, backend string, o Options) (*Server, *engine.Engine, 
 	cfg := engine.Config{Role: engine.RolePrefill, Backend: backend, Protocol: engine.ProtoPull, Model: testModel(),
 		BlockSize: 16, NumBlocks: 64,
 		EngineID: "standin-prefill", SideChannel: "tcp://127.0.0.1:0", Knobs: engine.Knobs{DRAMAlloc: "mmap", Verify: engine.Full, Lease: runcore.Duration(30 * time.Second)}}
-	if err := CheckConfig(cfg); err != nil {
+	o.ServedModel = "llama-3.1-8b"
+	return serveOnLoopback(t, cfg, CheckConfig, func(eng *engine.Engine) *Server { return New(eng, o, nil) })
+}
+
+// servable is a stand-in: the prefill's Server or the decode's
+// DecodeServer.
+type servable interface {
+	Serve(context.Context, net.Listener) error
+}
+
+// serveOnLoopback checks cfg as the CLI does (check), starts its engine
+// and serves the stand-in that stand makes of it on loopback until the
+// test ends, when Serve must return nil. It returns the stand-in, its
+// engine and its base URL.
+func serveOnLoopback[S servable](t *testing.T, cfg engine.Config, check func(engine.Config) error, stand func(*engine.Engine) S) (S, *engine.Engine, string) {
+	t.Helper()
+	if err := check(cfg); err != nil {
 		t.Fatal(err)
 	}
 	eng, err := engine.NewEngine(context.Background(), cfg, nil, nil)
@@ -42,8 +58,7 @@ func standIn(t *testing.T, backend string, o Options) (*Server, *engine.Engine, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.ServedModel = "llama-3.1-8b"
-	s := New(eng, o, nil)
+	s := stand(eng)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 	"github.com/nixlctl/nixlctl/internal/runcore/runcoretest"
@@ -25,6 +24,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl/cuda/cudatest"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/cudaipc"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 	"github.com/nixlctl/nixlctl/internal/xfertarget"
 )
 
@@ -192,13 +192,7 @@ func TestXferValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.mut(&o)
-			err := o.Validate()
-			if !errkind.IsBadInput(err) {
-				t.Fatalf("Validate() = %v, want bad input", err)
-			}
-			if diff := cmp.Diff(tc.want, errkind.Fields(err)); diff != "" {
-				t.Errorf("fields at fault (-want +got):\n%s\n%v", diff, err)
-			}
+			testkit.WantBadInput(t, o.Validate(), tc.want, "")
 		})
 	}
 	d := DefaultXferOptions()
