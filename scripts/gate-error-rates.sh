@@ -4,10 +4,8 @@
 #   - false alarms: the same build judged against its own baseline
 #     (TRIALS times; each trial a fresh --repeat run);
 #   - power: the same with a real slowdown of the handoff alone, made by
-#     --ready-delay SLOW (every decode waits that long before a request is
-#     ready: the handoff stage slowed, not the bench xfer reference beside
-#     it). --prefill-time served before 2026-11-29; the rounds' ratio now
-#     leaves the prefill stage out, so it no longer slows the ratio.
+#     --prefill-time SLOW (modelled prefill compute per token, which delays
+#     every request's KV and not the bench xfer reference beside it).
 # Trials of the two kinds alternate, so a slow spell of the host hits both.
 #
 #   [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
@@ -15,14 +13,14 @@
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
 # llama-3.1-8b's 3.6 GB of pools on a VM whose page faults cost 13 us) at
-# 2048 tokens, concurrency 4, PROTO push; SLOW is the --ready-delay that
+# 2048 tokens, concurrency 4, PROTO push; SLOW is the --prefill-time that
 # takes about 20% off the ratio on the project's 2-core hosts: check the
 # "slowdown" line it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_go
-trials=${1:-20} slow=${2:-12ms} repeat=${3:-3} reqs=${4:-128}
+trials=${1:-20} slow=${2:-10us} repeat=${3:-3} reqs=${4:-128}
 proto=${PROTO:-push} model=${MODEL:-llama-3.2-1b} maxreg=${MAX_REGRESSION:-5%}
 base_repeat=${BASE_REPEAT:-$repeat} # runs of the baseline (docs/ci-gates.md: 5)
 work=$(mktemp -d)
@@ -39,7 +37,7 @@ same_ratios=() slow_ratios=()
 for i in $(seq 1 "$trials"); do
   for kind in same slow; do
     extra=()
-    [ "$kind" = slow ] && extra=(--ready-delay "$slow")
+    [ "$kind" = slow ] && extra=(--prefill-time "$slow")
     "${run[@]}" "${extra[@]}" -o json >"$work/$kind-$i.json" 2>"$work/$kind-$i.err"
     rc=0
     "$bin" gate --baseline "$work/base" --result "$work/$kind-$i.json" --max-regression "$maxreg" -o json \
@@ -60,7 +58,7 @@ base=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]+"/result.json")
 slowdown=$(python3 -c 'import sys, statistics as st; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print("%.1f%%" % (100 * (1 - st.median(b) / st.median(a))))' "${same_ratios[*]}" "${slow_ratios[*]}")
 echo
 echo "baseline efficiency_vs_xfer (median of $base_repeat runs): $base"
-echo "slowdown made by --ready-delay $slow: $slowdown (median ratio of the slowed trials against the unchanged ones)"
+echo "slowdown made by --prefill-time $slow: $slowdown (median ratio of the slowed trials against the unchanged ones)"
 echo "false alarms: $false_alarms of $trials (same build)"
 echo "power: $detected of $trials (slowed build detected)"
 # The same trials judged on other metrics (no new runs): which one a gate

@@ -437,9 +437,6 @@ func (s *decodeState) pull(ctx context.Context, r LoadRequest, rep *LoadReply) e
 		wg.Go(func() { s.pullRank(ctx, rk, &leg, &results[rk.idx]) })
 	}
 	wg.Wait()
-	if err := e.readyDelay(ctx); err != nil {
-		return err
-	}
 	rep.TReady = mono.Now()
 	for _, res := range results {
 		rep.TReady = max(rep.TReady, res.done) // seen no earlier than it happened
@@ -649,9 +646,6 @@ func (s *decodeState) push(ctx context.Context, r LoadRequest, rep *LoadReply) e
 	rep.TXferDone = s.waits.Remove(id)
 	delete(s.waitDone, id)
 	s.mu.Unlock()
-	if waitErr == nil {
-		waitErr = e.readyDelay(ctx)
-	}
 	rep.TReady = mono.Now()
 	if waitErr == nil {
 		s.verify(r, local, s.startOf(r), rep)
@@ -752,21 +746,4 @@ func (e *Engine) everyRemoteRank(pp, tp int) ([]rkey, []lpair) {
 		}
 	}
 	return ranks, pairs
-}
-
-// readyDelay waits the configured ReadyDelay (the handoff slowed on
-// purpose) before a request is declared ready, or until ctx ends.
-func (e *Engine) readyDelay(ctx context.Context) error {
-	d := time.Duration(e.cfg.ReadyDelay)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -25,13 +25,6 @@ import (
 type Knobs struct {
 	// PrefillPerToken models prefill compute time.
 	PrefillPerToken runcore.Duration `mapstructure:"prefill-time" json:"prefill_time_per_token" help:"modelled prefill compute per token (e.g. 20us)"`
-	// ReadyDelay is a fixed wait every decode adds before a request is
-	// ready, its KV in: a slowdown of the handoff stage alone (the bench
-	// xfer reference beside the run does not have it), so that a gate's
-	// power can be measured against a known regression
-	// (scripts/gate-error-rates.sh). PrefillPerToken cannot serve: it
-	// delays the prefill stage, which the rounds' ratio leaves out.
-	ReadyDelay runcore.Duration `mapstructure:"ready-delay" json:"ready_delay,omitempty" help:"a fixed wait every decode adds before a request is ready (after its KV is in): slows the handoff on purpose, to check that a gate catches it; 0 in a real measurement"`
 	// Lease is how long prefill keeps a finished request's blocks for its
 	// consumers (vLLM's kv_lease_duration) until a heartbeat extends it.
 	Lease runcore.Duration `mapstructure:"kv-lease-duration" json:"lease" help:"how long prefill keeps a finished request's blocks"`
@@ -102,11 +95,6 @@ func (k *Knobs) Validate(p Protocol, bad func(field, format string, a ...any)) {
 	}
 	if k.PrefillPerToken < 0 {
 		bad("PrefillPerToken", "must not be negative")
-	}
-	if k.ReadyDelay < 0 {
-		bad("ReadyDelay", "must not be negative")
-	} else if k.ReadyDelay > runcore.Duration(time.Minute) {
-		bad("ReadyDelay", "%v is more than a minute a request: a slowdown to check a gate is milliseconds", k.ReadyDelay)
 	}
 	if k.Lease <= 0 {
 		bad("Lease", "must be positive")

@@ -756,9 +756,6 @@ func (s *sglState) load(ctx context.Context, r LoadRequest, rep *LoadReply) (loa
 		rep.TXferDone = max(rep.TXferDone, rc.tr.TLast())
 		s.mu.Unlock()
 	}
-	if err := e.readyDelay(ctx); err != nil {
-		return err
-	}
 	rep.TReady = mono.Now()
 	if !r.Foreign {
 		e.dec.verify(r, local, start, rep)

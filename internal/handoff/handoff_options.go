@@ -186,9 +186,6 @@ func (o *HandoffOptions) notUpstream() []string {
 	for _, r := range o.unsupportedTP() {
 		out = append(out, "--allow-unsupported-tp: "+r+"; measured anyway")
 	}
-	if o.ReadyDelay > 0 {
-		out = append(out, fmt.Sprintf("--ready-delay %v: every decode waits that long before a request is ready, a handoff slowed on purpose (for checking a gate); not a measurement of the engines", o.ReadyDelay))
-	}
 	return out
 }
 
