@@ -35,7 +35,7 @@ const gateLong = `Compare a result with a baseline and fail on a regression, for
 
 By default the gate compares the efficiency ratios (bench xfer: efficiency per
 sweep point; bench pull|push|sglang: efficiency_vs_memcpy and, when measured,
-efficiency_vs_xfer): each is measured against a reference taken in the same run
+efficiency_vs_xfer and span_efficiency_vs_xfer): each is measured against a reference taken in the same run
 on the same machine, so it carries across machines and noisy neighbours.
 Absolute numbers only when named: --metric bandwidth_gbps, --metric
 handoff_latency_ms.p99, --metric latency_us.p99 (a key selects it at every sweep

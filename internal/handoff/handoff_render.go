@@ -135,12 +135,11 @@ func resultTable(res *HandoffResult) *report.Table {
 		k.AddRow("bench xfer, same bytes", report.GBps(s.XferGBps*1e9))
 		if sp := s.EfficiencyXferSpread; sp != nil {
 			row := fmt.Sprintf("%.2f (p10-p90 %.2f-%.2f)", sp.Median, sp.P10, sp.P90)
-			if s.RoundIdleFraction >= 0.005 {
-				// What the rounds' handoff rates left out, so that a
-				// reader can put it back: no handoff outstanding.
-				row += fmt.Sprintf("; idle %.0f%% of the rounds, left out", 100*s.RoundIdleFraction)
-			}
 			k.AddRow(fmt.Sprintf("efficiency vs bench xfer (%d rounds)", sp.N), row)
+			if s.RoundIdleFraction >= 0.005 {
+				// What the rounds' handoff rates left out, put back.
+				k.AddRow("  over the rounds' whole span", fmt.Sprintf("%.2f (no handoff outstanding %.0f%% of it)", s.SpanEfficiencyXfer, 100*s.RoundIdleFraction))
+			}
 		} else {
 			k.AddRow("efficiency vs bench xfer", fmt.Sprintf("%.2f", s.EfficiencyXfer))
 		}
@@ -250,6 +249,9 @@ func (res *HandoffResult) Metrics() []report.Metric {
 	}
 	if s.XferGBps > 0 {
 		m("efficiency_vs_xfer", "ratio", s.EfficiencyXfer, report.HigherIsBetter, true, hand)
+	}
+	if s.SpanEfficiencyXfer > 0 {
+		m("span_efficiency_vs_xfer", "ratio", s.SpanEfficiencyXfer, report.HigherIsBetter, true, hand)
 	}
 	if s.LimitGBps > 0 {
 		m("efficiency_vs_limit", "ratio", s.EfficiencyLimit, report.HigherIsBetter, false, hand)

@@ -205,8 +205,14 @@ type HandoffSummary struct {
 	EfficiencyXferSpread *report.Spread `json:"efficiency_vs_xfer_spread,omitempty"`
 	// RoundIdleFraction is the rounds' median share of their span in
 	// which no request was in its handoff stage (every one in its
-	// prefill, or between requests): time the ratio leaves out.
-	RoundIdleFraction float64 `json:"round_idle_fraction,omitempty"`
+	// prefill, in decode's checks after it, or between requests): time
+	// EfficiencyXfer leaves out. SpanEfficiencyXfer is the median of the
+	// rounds' SpanGBps / XferGBps, that time included: the pipeline's
+	// ratio, which a regression outside the handoff stage (a decode that
+	// checks every byte, a slower prefill) lowers while EfficiencyXfer
+	// holds; the gate judges both.
+	RoundIdleFraction  float64 `json:"round_idle_fraction,omitempty"`
+	SpanEfficiencyXfer float64 `json:"span_efficiency_vs_xfer,omitempty"`
 	// LimitGBps is the median rate of the same transfers between
 	// UCX-allocated shared memory, measured in the same rounds: the
 	// fastest path UCX offers two processes on this host. EfficiencyLimit

@@ -99,8 +99,9 @@ func TestSummarizeRoundsLeavesOutTimeWithNothingOutstanding(t *testing.T) {
 	if d := cmp.Diff(want, s.Rounds, approx); d != "" {
 		t.Fatal(d)
 	}
-	if d := cmp.Diff([]float64{1, 0.1}, []float64{s.EfficiencyXfer, s.RoundIdleFraction}, approx); d != "" {
-		t.Errorf("efficiency, idle fraction: %s", d)
+	// Over the spans: 0.8 and 1.0.
+	if d := cmp.Diff([]float64{1, 0.1, 0.9}, []float64{s.EfficiencyXfer, s.RoundIdleFraction, s.SpanEfficiencyXfer}, approx); d != "" {
+		t.Errorf("efficiency, idle fraction, span efficiency: %s", d)
 	}
 }
 

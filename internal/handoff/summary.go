@@ -175,7 +175,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 		sp.outstanding = append(sp.outstanding, [2]int64{from, r.TReady})
 	}
 	s.Rounds = nil
-	var ratios, limitRatios, xfers, limits, idle []float64
+	var ratios, spanRatios, limitRatios, xfers, limits, idle []float64
 	for k, ref := range refs {
 		sp := spans[k]
 		if ref.xfer <= 0 || sp.last <= sp.first {
@@ -190,6 +190,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 			XferGBps: ref.xfer, LimitGBps: ref.limit, CPUNSPerStep: ref.cpuNS, TouchMS: ref.touchMS}
 		s.Rounds = append(s.Rounds, rd)
 		ratios = append(ratios, rd.Ratio())
+		spanRatios = append(spanRatios, rd.SpanGBps/rd.XferGBps)
 		xfers = append(xfers, rd.XferGBps)
 		idle = append(idle, rd.IdleFraction)
 		if rd.LimitGBps > 0 {
@@ -202,7 +203,7 @@ func summarizeRounds(s *HandoffSummary, records []HandoffRecord, refs []roundRef
 	}
 	sp := report.SpreadOf(ratios)
 	s.XferGBps, s.EfficiencyXfer, s.EfficiencyXferSpread = stats.Median(xfers), sp.Median, &sp
-	s.RoundIdleFraction = stats.Median(idle)
+	s.RoundIdleFraction, s.SpanEfficiencyXfer = stats.Median(idle), stats.Median(spanRatios)
 	if len(limits) > 0 {
 		s.LimitGBps, s.EfficiencyLimit = stats.Median(limits), stats.Median(limitRatios)
 	}
