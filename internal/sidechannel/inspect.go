@@ -398,29 +398,6 @@ func (f *fields) members(name string) [][]string {
 	})
 }
 
-// asInt64 reads any msgpack integer that fits an int64.
-func asInt64(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int64:
-		return x, true
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
-	case uint64:
-		return int64(x), x <= math.MaxInt64
-	}
-	return 0, false
-}
-
 // typeName is the msgpack type of a decoded value, in msgspec's words.
 func typeName(v any) string {
 	switch v.(type) {
