@@ -436,34 +436,20 @@ setup with an error naming both.`, role),
 			if _, err := o.identity(); err != nil {
 				return err
 			}
-			if role == "prefill" {
-				if o.SideChannel != "" {
-					if o.Stdio || o.Listen != "" || o.Register != "" {
-						return errkind.BadInputf("--side-channel runs without a driver: not with --stdio, --listen or --register")
-					}
-					return runStandin(cmd.Context(), a, o)
+			standIn := standIns[role]
+			if standIn.asked(o) {
+				if o.Stdio || o.Listen != "" || o.Register != "" {
+					return errkind.BadInputf("--%s runs without a driver: not with --stdio, --listen or --register", standIn.flags[0])
 				}
-				// Only the command line counts: a driven endpoint inherits
-				// its driver's environment, whose NIXLCTL_BACKEND or
-				// NIXLCTL_MODEL (the bench's own flags) refused every
-				// child of "NIXLCTL_BACKEND=ucx nixlctl bench pull".
-				for _, f := range standinFlags[1:] {
-					if cmd.Flags().Changed(f) {
-						return errkind.BadInputf("--%s goes with --side-channel (a driven prefill gets its configuration from the driver)", f)
-					}
-				}
+				return standIn.run(cmd.Context(), a, o)
 			}
-			if role == "decode" {
-				if o.HTTP != "" {
-					if o.Stdio || o.Listen != "" || o.Register != "" {
-						return errkind.BadInputf("--http runs without a driver: not with --stdio, --listen or --register")
-					}
-					return runStandinDecode(cmd.Context(), a, o)
-				}
-				for _, f := range standinDecodeFlags[1:] {
-					if cmd.Flags().Changed(f) { // as for prefill, above
-						return errkind.BadInputf("--%s goes with --http (a driven decode gets its configuration from the driver)", f)
-					}
+			// Only the command line counts: a driven endpoint inherits
+			// its driver's environment, whose NIXLCTL_BACKEND or
+			// NIXLCTL_MODEL (the bench's own flags) refused every
+			// child of "NIXLCTL_BACKEND=ucx nixlctl bench pull".
+			for _, f := range standIn.flags[1:] {
+				if cmd.Flags().Changed(f) {
+					return errkind.BadInputf("--%s goes with --%s (a driven %s gets its configuration from the driver)", f, standIn.flags[0], role)
 				}
 			}
 			if o.Register != "" {
@@ -488,22 +474,35 @@ setup with an error naming both.`, role),
 	cmd.Flags().String("compat-factors", "", "stand for a vLLM engine with these compatibility factors (JSON file, as bench pull|push --compat-factors): advertise and check the hash they give; a driver that sends another fails its setup")
 	cmd.Flags().String("compat-hash", "", "stand for a vLLM engine that advertises this compatibility hash (sha256 hex); a driver that sends another fails its setup")
 	cmd.Flags().Bool("no-compat-check", false, "accept any peer's compatibility hash (vLLM's enforce_handshake_compat=false); a driver that says otherwise fails its setup")
-	if role == "prefill" {
-		cmd.Long += "\n" + standinHelp
-		cmd.Example += `
+	standIn := standIns[role]
+	cmd.Long += "\n" + standIn.help
+	cmd.Example += standIn.example
+	standIn.addFlags(cmd)
+	return cmd
+}
+
+// standIn is how serve prefill or serve decode runs without a driver,
+// standing in for a vLLM engine: the flags only it reads (the first one
+// asks for it), whether the options ask for it, what runs it, and what it
+// adds to the command's help.
+type standIn struct {
+	flags         []string
+	asked         func(serveEngineOptions) bool
+	run           func(context.Context, *app, serveEngineOptions) error
+	help, example string
+	addFlags      func(*cobra.Command)
+}
+
+var standIns = map[string]standIn{
+	"prefill": {flags: standinFlags, asked: func(o serveEngineOptions) bool { return o.SideChannel != "" }, run: runStandin,
+		help: standinHelp, addFlags: addStandinFlags, example: `
   # stand in for a prefill next to a real vLLM decode (its proxy sends prefill legs to :8100)
   nixlctl serve prefill --side-channel 10.0.0.1:5600 --http 0.0.0.0:8100 \
-    --model llama-3.1-8b --compat-factors factors.json`
-		addStandinFlags(cmd)
-	}
-	if role == "decode" {
-		cmd.Long += "\n" + standinDecodeHelp
-		cmd.Example += `
+    --model llama-3.1-8b --compat-factors factors.json`},
+	"decode": {flags: standinDecodeFlags, asked: func(o serveEngineOptions) bool { return o.HTTP != "" }, run: runStandinDecode,
+		help: standinDecodeHelp, addFlags: addStandinDecodeFlags, example: `
   # stand in for a decode behind a disaggregated proxy (it sends decode legs to :8200)
-  nixlctl serve decode --http 0.0.0.0:8200 --model llama-3.1-8b`
-		addStandinDecodeFlags(cmd)
-	}
-	return cmd
+  nixlctl serve decode --http 0.0.0.0:8200 --model llama-3.1-8b`},
 }
 
 func runServeEngine(ctx context.Context, a *app, o serveEngineOptions) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 
@@ -27,13 +28,8 @@ on different hosts or under a debugger.`,
 	return cmd
 }
 
-type serveTargetOptions struct {
-	Stdio  bool   `mapstructure:"stdio"`
-	Listen string `mapstructure:"listen"`
-}
-
 func newServeTargetCmd(a *app) *cobra.Command {
-	cmd := &cobra.Command{
+	return withServeRole(a, xfertarget.Role, &cobra.Command{
 		Use:   "target",
 		Short: "Serve the passive side of `bench xfer`",
 		Long: `Serve the target of "nixlctl bench xfer": an agent with a registered buffer that the
@@ -46,22 +42,30 @@ runs its child). --listen HOST:PORT accepts one initiator at a time over TCP;
 point "bench xfer --target HOST:PORT" at it.`,
 		Example: `  nixlctl serve target --listen 0.0.0.0:7300
   nixlctl bench xfer --target tcp://10.0.0.2:7300`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o serveTargetOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runServeTarget(cmd.Context(), a, o)
-		},
+	})
+}
+
+// serveRoleOptions are the flags of a command that serves a role
+// (withServeRole).
+type serveRoleOptions struct {
+	Stdio  bool   `mapstructure:"stdio"`
+	Listen string `mapstructure:"listen"`
+}
+
+// withServeRole makes cmd serve the role that newRole makes (with the
+// logger the command runs with) on --stdio or --listen (serveRole).
+func withServeRole(a *app, newRole func(*slog.Logger) ctl.Role, cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		var o serveRoleOptions
+		if err := bindOptions(cmd, &o); err != nil {
+			return err
+		}
+		return serveRole(cmd.Context(), a, o.Stdio, o.Listen, newRole(a.log))
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
 	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
 	return cmd
-}
-
-func runServeTarget(ctx context.Context, a *app, o serveTargetOptions) error {
-	return serveRole(ctx, a, o.Stdio, o.Listen, xfertarget.Role(a.log))
 }
 
 // serveRole serves role on standard input and output (--stdio, how the
@@ -82,13 +86,8 @@ func serveRole(ctx context.Context, a *app, stdio bool, listen string, role ctl.
 	return ctl.ServeListener(ctx, ln, role, a.log)
 }
 
-type serveEncoderOptions struct {
-	Stdio  bool   `mapstructure:"stdio"`
-	Listen string `mapstructure:"listen"`
-}
-
 func newServeEncoderCmd(a *app) *cobra.Command {
-	cmd := &cobra.Command{
+	return withServeRole(a, ec.EncoderRole, &cobra.Command{
 		Use:   "encoder",
 		Short: "Serve an encoder-cache producer (the E of EPD) for `bench ec`",
 		Long: `Serve the producer of "nixlctl bench ec": an agent with a /dev/shm region of
@@ -105,22 +104,7 @@ exit; one left by a killed encoder is removed by the next nixlctl that
 creates a region.`,
 		Example: `  nixlctl serve encoder --listen 0.0.0.0:7301
   nixlctl bench ec --producer tcp://10.0.0.2:7301`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o serveEncoderOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runServeEncoder(cmd.Context(), a, o)
-		},
-	}
-	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
-	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
-	return cmd
-}
-
-func runServeEncoder(ctx context.Context, a *app, o serveEncoderOptions) error {
-	return serveRole(ctx, a, o.Stdio, o.Listen, ec.EncoderRole(a.log))
+	})
 }
 
 type serveLeakPeerOptions struct {

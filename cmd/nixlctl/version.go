@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 
 	"github.com/spf13/cobra"
@@ -27,22 +28,20 @@ func newVersionCmd(a *app) *cobra.Command {
 			// Every -o format, as every other command: -o csv or prom
 			// printed the table's plain line, which no CSV reader or
 			// Prometheus scrape parses.
-			var err error
-			switch a.format {
-			case report.FormatJSON:
-				return report.WriteJSON(a.io.Out, v)
-			case report.FormatCSV:
-				_, err = fmt.Fprintf(a.io.Out, "nixlctl,go,os,arch\n%s,%s,%s,%s\n", v.Nixlctl, v.Go, v.OS, v.Arch)
-			case report.FormatMarkdown:
-				_, err = fmt.Fprintf(a.io.Out, "| nixlctl | go | os | arch |\n|---|---|---|---|\n| %s | %s | %s | %s |\n", v.Nixlctl, v.Go, v.OS, v.Arch)
-			case report.FormatProm:
-				// The usual build-info gauge: always 1, the facts as labels.
-				_, err = fmt.Fprintf(a.io.Out, "# HELP nixlctl_build_info nixlctl's version and toolchain.\n# TYPE nixlctl_build_info gauge\nnixlctl_build_info{version=%q,go=%q,os=%q,arch=%q} 1\n",
-					v.Nixlctl, v.Go, v.OS, v.Arch)
-			default:
-				_, err = fmt.Fprintf(a.io.Out, "nixlctl %s (%s, %s/%s)\n", v.Nixlctl, v.Go, v.OS, v.Arch)
+			line := func(format string) func(io.Writer) error {
+				return func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, format, v.Nixlctl, v.Go, v.OS, v.Arch)
+					return err
+				}
 			}
-			return err
+			return report.Render(a.io.Out, a.format, report.Renderings{
+				JSON:     v,
+				CSV:      line("nixlctl,go,os,arch\n%s,%s,%s,%s\n"),
+				Markdown: line("| nixlctl | go | os | arch |\n|---|---|---|---|\n| %s | %s | %s | %s |\n"),
+				// The usual build-info gauge: always 1, the facts as labels.
+				Prom: line("# HELP nixlctl_build_info nixlctl's version and toolchain.\n# TYPE nixlctl_build_info gauge\nnixlctl_build_info{version=%q,go=%q,os=%q,arch=%q} 1\n"),
+				Text: line("nixlctl %s (%s, %s/%s)\n"),
+			})
 		},
 	}
 }

@@ -32,16 +32,10 @@ func writeECMarkdown(w io.Writer, res *ECResult) error {
 	if p := runcore.PathLine(res.NetPath); p != "" {
 		fmt.Fprintf(w, "path: %s\n\n", p)
 	}
-	if err := ecLatencyTable(res.Summary).WriteMarkdown(w); err != nil {
+	if err := report.WriteTables(w, (*report.Table).WriteMarkdown, ecLatencyTable(res.Summary), ecSummaryTable(res)); err != nil {
 		return err
 	}
-	fmt.Fprintln(w)
-	if err := ecSummaryTable(res).WriteMarkdown(w); err != nil {
-		return err
-	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-	}
+	report.WriteMarkdownWarnings(w, res.Warnings)
 	return nil
 }
 
@@ -70,14 +64,7 @@ func writeECText(w io.Writer, res *ECResult) error {
 	fmt.Fprintf(w, "regions: producer %s (%s blocks), consumer %s (%s blocks) each\n\n",
 		report.Bytes(int64(c.ProducerRegion)), report.Int(int64(c.ProducerBlocks)), report.Bytes(int64(c.ConsumerRegion)), report.Int(int64(c.ConsumerBlocks)))
 
-	lat := ecLatencyTable(s)
-	if err := lat.WriteText(w); err != nil {
-		return err
-	}
-	fmt.Fprintln(w)
-
-	sum := ecSummaryTable(res)
-	if err := sum.WriteText(w); err != nil {
+	if err := report.WriteTables(w, (*report.Table).WriteText, ecLatencyTable(s), ecSummaryTable(res)); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
@@ -88,9 +75,7 @@ func writeECText(w io.Writer, res *ECResult) error {
 	if len(s.FailuresByStatus) > 0 {
 		fmt.Fprintf(w, "failures by status: %s\n", statusList(s.FailuresByStatus))
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
+	report.WriteWarnings(w, res.Warnings)
 	return nil
 }
 

@@ -56,6 +56,16 @@ func (h SideChannelHost) apply(cfg *Config, local net.Addr) error {
 	return nil
 }
 
+// decodeParams decodes a control call's params, an error naming the
+// method.
+func decodeParams[T any](method string, params json.RawMessage) (T, error) {
+	var v T
+	if err := json.Unmarshal(params, &v); err != nil {
+		return v, fmt.Errorf("%s: %w", method, err)
+	}
+	return v, nil
+}
+
 func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (release func()) {
 	var mu sync.Mutex
 	var eng *Engine
@@ -68,9 +78,9 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 		return eng, nil
 	}
 	srv.Handle("setup", func(ctx context.Context, params json.RawMessage) (any, error) {
-		var cfg Config
-		if err := json.Unmarshal(params, &cfg); err != nil {
-			return nil, fmt.Errorf("setup: %w", err)
+		cfg, err := decodeParams[Config]("setup", params)
+		if err != nil {
+			return nil, err
 		}
 		if err := side.apply(&cfg, srv.LocalAddr()); err != nil {
 			return nil, err
@@ -94,40 +104,38 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 			"side_channel", rep.SideChannel, "bootstrap", rep.Bootstrap)
 		return rep, nil
 	})
-	srv.Handle("prefill", func(ctx context.Context, params json.RawMessage) (any, error) {
-		e, err := get()
+	// The methods after setup act on its engine.
+	handle := func(method string, do func(context.Context, *Engine, json.RawMessage) (any, error)) {
+		srv.Handle(method, func(ctx context.Context, params json.RawMessage) (any, error) {
+			e, err := get()
+			if err != nil {
+				return nil, err
+			}
+			return do(ctx, e, params)
+		})
+	}
+	handle("prefill", func(ctx context.Context, e *Engine, params json.RawMessage) (any, error) {
+		r, err := decodeParams[PrefillRequest]("prefill", params)
 		if err != nil {
 			return nil, err
-		}
-		var r PrefillRequest
-		if err := json.Unmarshal(params, &r); err != nil {
-			return nil, fmt.Errorf("prefill: %w", err)
 		}
 		e.c.inFlight.Add(1)
 		defer e.c.inFlight.Add(-1)
 		return e.role.Prefill(ctx, r)
 	})
-	srv.Handle("load", func(ctx context.Context, params json.RawMessage) (any, error) {
-		e, err := get()
+	handle("load", func(ctx context.Context, e *Engine, params json.RawMessage) (any, error) {
+		r, err := decodeParams[LoadRequest]("load", params)
 		if err != nil {
 			return nil, err
-		}
-		var r LoadRequest
-		if err := json.Unmarshal(params, &r); err != nil {
-			return nil, fmt.Errorf("load: %w", err)
 		}
 		e.c.inFlight.Add(1)
 		defer e.c.inFlight.Add(-1)
 		return e.role.Load(ctx, r)
 	})
-	srv.Handle("abort", func(ctx context.Context, params json.RawMessage) (any, error) {
-		e, err := get()
+	handle("abort", func(_ context.Context, e *Engine, params json.RawMessage) (any, error) {
+		r, err := decodeParams[AbortRequest]("abort", params)
 		if err != nil {
 			return nil, err
-		}
-		var r AbortRequest
-		if err := json.Unmarshal(params, &r); err != nil {
-			return nil, fmt.Errorf("abort: %w", err)
 		}
 		aborted, err := e.role.Abort(r.ID)
 		if err != nil {
@@ -135,27 +143,9 @@ func serveEndpoint(srv *ctl.Server, log *slog.Logger, side SideChannelHost) (rel
 		}
 		return AbortReply{Aborted: aborted}, nil
 	})
-	srv.Handle("stats", func(context.Context, json.RawMessage) (any, error) {
-		e, err := get()
-		if err != nil {
-			return nil, err
-		}
-		return e.Stats(), nil
-	})
-	srv.Handle("touch", func(context.Context, json.RawMessage) (any, error) {
-		e, err := get()
-		if err != nil {
-			return nil, err
-		}
-		return e.TouchPools(), nil
-	})
-	srv.Handle("info", func(context.Context, json.RawMessage) (any, error) {
-		e, err := get()
-		if err != nil {
-			return nil, err
-		}
-		return e.Info(), nil
-	})
+	handle("stats", func(_ context.Context, e *Engine, _ json.RawMessage) (any, error) { return e.Stats(), nil })
+	handle("touch", func(_ context.Context, e *Engine, _ json.RawMessage) (any, error) { return e.TouchPools(), nil })
+	handle("info", func(_ context.Context, e *Engine, _ json.RawMessage) (any, error) { return e.Info(), nil })
 	return func() {
 		mu.Lock()
 		if eng != nil {

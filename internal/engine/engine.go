@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/enum"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/lease"
 	"github.com/nixlctl/nixlctl/internal/mono"
@@ -403,13 +404,13 @@ func (c *Config) normalize() (kv.Spec, error) {
 		c.RegWatchdog = WatchdogDrop
 	}
 	if !c.RegWatchdog.Valid() {
-		return kv.Spec{}, fmt.Errorf("reg_watchdog %q: want %s", c.RegWatchdog, list(WatchdogActions))
+		return kv.Spec{}, fmt.Errorf("reg_watchdog %q: want %s", c.RegWatchdog, enum.Names(WatchdogActions))
 	}
 	if c.PushHeartbeatKeys == "" {
 		c.PushHeartbeatKeys = HBKeysUpstream
 	}
 	if !c.PushHeartbeatKeys.Valid() {
-		return kv.Spec{}, fmt.Errorf("push_heartbeat_keys %q: want %s", c.PushHeartbeatKeys, list(HeartbeatKeyings))
+		return kv.Spec{}, fmt.Errorf("push_heartbeat_keys %q: want %s", c.PushHeartbeatKeys, enum.Names(HeartbeatKeyings))
 	}
 	if c.EngineID == "" {
 		c.EngineID = string(c.Role) + "-" + randHex(4)

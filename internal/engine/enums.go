@@ -2,7 +2,9 @@ package engine
 
 import (
 	"fmt"
-	"strings"
+	"slices"
+
+	"github.com/nixlctl/nixlctl/internal/enum"
 )
 
 // The engine's enumerations parse themselves (encoding.TextUnmarshaler),
@@ -18,10 +20,10 @@ var Protocols = []Protocol{ProtoPull, ProtoPush, ProtoSGLang}
 func (p Protocol) String() string { return string(p) }
 
 // UnmarshalText accepts pull, push or sglang.
-func (p *Protocol) UnmarshalText(b []byte) error { return parseEnum(p, "protocol", b, Protocols) }
+func (p *Protocol) UnmarshalText(b []byte) error { return enum.Parse(p, "protocol", b, Protocols) }
 
 // Valid reports whether p is one of Protocols.
-func (p Protocol) Valid() bool { return valid(p, Protocols) }
+func (p Protocol) Valid() bool { return slices.Contains(Protocols, p) }
 
 // Role is an endpoint's part in a handoff.
 type Role string
@@ -32,10 +34,10 @@ var Roles = []Role{RolePrefill, RoleDecode}
 func (r Role) String() string { return string(r) }
 
 // UnmarshalText accepts prefill or decode.
-func (r *Role) UnmarshalText(b []byte) error { return parseEnum(r, "role", b, Roles) }
+func (r *Role) UnmarshalText(b []byte) error { return enum.Parse(r, "role", b, Roles) }
 
 // Valid reports whether r is one of Roles.
-func (r Role) Valid() bool { return valid(r, Roles) }
+func (r Role) Valid() bool { return slices.Contains(Roles, r) }
 
 // Verifies lists the valid verification depths.
 var Verifies = []Verify{Sparse, Full}
@@ -52,22 +54,14 @@ func (v Verify) String() string {
 
 // MarshalText writes the name, so configs and results read "sparse", not 0.
 func (v Verify) MarshalText() ([]byte, error) {
-	if !valid(v, Verifies) {
+	if !slices.Contains(Verifies, v) {
 		return nil, fmt.Errorf("unknown verify mode %d", int(v))
 	}
 	return []byte(v.String()), nil
 }
 
 // UnmarshalText accepts sparse or full.
-func (v *Verify) UnmarshalText(b []byte) error {
-	for _, x := range Verifies {
-		if x.String() == string(b) {
-			*v = x
-			return nil
-		}
-	}
-	return fmt.Errorf("unknown verify mode %q (want %s)", b, list(Verifies))
-}
+func (v *Verify) UnmarshalText(b []byte) error { return enum.Parse(v, "verify mode", b, Verifies) }
 
 // Fragmentation is how the block allocator places a request's blocks.
 type Fragmentation string
@@ -87,11 +81,11 @@ func (f Fragmentation) String() string { return string(f) }
 
 // UnmarshalText accepts contiguous or scattered.
 func (f *Fragmentation) UnmarshalText(b []byte) error {
-	return parseEnum(f, "fragmentation", b, Fragmentations)
+	return enum.Parse(f, "fragmentation", b, Fragmentations)
 }
 
 // Valid reports whether f is one of Fragmentations.
-func (f Fragmentation) Valid() bool { return valid(f, Fragmentations) }
+func (f Fragmentation) Valid() bool { return slices.Contains(Fragmentations, f) }
 
 // DRAMAlloc is how a DRAM pool is allocated: mmap (as an engine allocates
 // its own pool, 4 KiB pages), thp (the same advised for transparent huge
@@ -113,7 +107,7 @@ var DRAMAllocs = []DRAMAlloc{AllocMmap, AllocTHP, AllocUCX}
 func (a DRAMAlloc) String() string { return string(a) }
 
 // DRAMAllocChoices lists the valid allocations for error messages.
-func DRAMAllocChoices() string { return list(DRAMAllocs) }
+func DRAMAllocChoices() string { return enum.Names(DRAMAllocs) }
 
 // UnmarshalText accepts mmap, thp or ucx; empty is the zero value, which the
 // allocator takes as mmap (a Config that never set it still decodes).
@@ -122,11 +116,11 @@ func (a *DRAMAlloc) UnmarshalText(b []byte) error {
 		*a = ""
 		return nil
 	}
-	return parseEnum(a, "DRAM allocation", b, DRAMAllocs)
+	return enum.Parse(a, "DRAM allocation", b, DRAMAllocs)
 }
 
 // Valid reports whether a is one of DRAMAllocs.
-func (a DRAMAlloc) Valid() bool { return valid(a, DRAMAllocs) }
+func (a DRAMAlloc) Valid() bool { return slices.Contains(DRAMAllocs, a) }
 
 // FreedReason says why prefill released a request's blocks (FreedEvent).
 type FreedReason string
@@ -146,44 +140,15 @@ func (r FreedReason) String() string { return string(r) }
 
 // UnmarshalText accepts the FreedReasons.
 func (r *FreedReason) UnmarshalText(b []byte) error {
-	return parseEnum(r, "freed reason", b, FreedReasons)
+	return enum.Parse(r, "freed reason", b, FreedReasons)
 }
 
 // Valid reports whether r is one of FreedReasons.
-func (r FreedReason) Valid() bool { return valid(r, FreedReasons) }
+func (r FreedReason) Valid() bool { return slices.Contains(FreedReasons, r) }
 
 // Consumed reports whether the blocks went where they were meant to (read
 // by decode, or written into it), as opposed to expiring or failing.
 func (r FreedReason) Consumed() bool { return r == FreedConsumed || r == FreedPushed }
-
-func parseEnum[T interface {
-	~string
-	fmt.Stringer
-}](dst *T, kind string, b []byte, all []T) error {
-	s := T(b)
-	if !valid(s, all) {
-		return fmt.Errorf("unknown %s %q (want %s)", kind, b, list(all))
-	}
-	*dst = s
-	return nil
-}
-
-func valid[T comparable](v T, all []T) bool {
-	for _, x := range all {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func list[T fmt.Stringer](all []T) string {
-	s := make([]string, len(all))
-	for i, x := range all {
-		s[i] = x.String()
-	}
-	return strings.Join(s, ", ")
-}
 
 // HeartbeatKeys is what push mode's lease heartbeats are keyed by.
 //
@@ -209,11 +174,11 @@ func (k HeartbeatKeys) String() string { return string(k) }
 
 // UnmarshalText accepts upstream or fixed.
 func (k *HeartbeatKeys) UnmarshalText(b []byte) error {
-	return parseEnum(k, "push heartbeat keys", b, HeartbeatKeyings)
+	return enum.Parse(k, "push heartbeat keys", b, HeartbeatKeyings)
 }
 
 // Valid reports whether k is one of HeartbeatKeyings.
-func (k HeartbeatKeys) Valid() bool { return valid(k, HeartbeatKeyings) }
+func (k HeartbeatKeys) Valid() bool { return slices.Contains(HeartbeatKeyings, k) }
 
 // WatchdogAction is what push mode's decode-side registration watchdog
 // does when it fires.
@@ -237,8 +202,8 @@ func (a WatchdogAction) String() string { return string(a) }
 
 // UnmarshalText accepts drop or fail.
 func (a *WatchdogAction) UnmarshalText(b []byte) error {
-	return parseEnum(a, "registration watchdog action", b, WatchdogActions)
+	return enum.Parse(a, "registration watchdog action", b, WatchdogActions)
 }
 
 // Valid reports whether a is one of WatchdogActions.
-func (a WatchdogAction) Valid() bool { return valid(a, WatchdogActions) }
+func (a WatchdogAction) Valid() bool { return slices.Contains(WatchdogActions, a) }

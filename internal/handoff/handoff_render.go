@@ -44,22 +44,10 @@ func writeHandoffText(w io.Writer, res *HandoffResult) error {
 	}
 	load := loadLabel(c)
 	fmt.Fprintf(w, "%d requests (%v warm-up left out), %s, prefix hit %v\n\n", s.Requests, c.Warmup, load, c.PrefixHit)
-	if err := stageTable(s).WriteText(w); err != nil {
+	if err := report.WriteTables(w, (*report.Table).WriteText, handoffTables(res)...); err != nil {
 		return err
 	}
-	fmt.Fprintln(w)
-	if err := resultTable(res).WriteText(w); err != nil {
-		return err
-	}
-	for _, t := range pairTables(res) {
-		fmt.Fprintln(w)
-		if err := t.WriteText(w); err != nil {
-			return err
-		}
-	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
+	report.WriteWarnings(w, res.Warnings)
 	return nil
 }
 
@@ -73,23 +61,16 @@ func handoffMarkdown(w io.Writer, res *HandoffResult) error {
 	if h := hostsLine(res); h != "" {
 		fmt.Fprintf(w, "hosts: %s\n\n", h)
 	}
-	if err := stageTable(res.Summary).WriteMarkdown(w); err != nil {
+	if err := report.WriteTables(w, (*report.Table).WriteMarkdown, handoffTables(res)...); err != nil {
 		return err
 	}
-	fmt.Fprintln(w)
-	if err := resultTable(res).WriteMarkdown(w); err != nil {
-		return err
-	}
-	for _, t := range pairTables(res) {
-		fmt.Fprintln(w)
-		if err := t.WriteMarkdown(w); err != nil {
-			return err
-		}
-	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-	}
+	report.WriteMarkdownWarnings(w, res.Warnings)
 	return nil
+}
+
+// handoffTables are the tables of a handoff's text and Markdown pages.
+func handoffTables(res *HandoffResult) []*report.Table {
+	return append([]*report.Table{stageTable(res.Summary), resultTable(res)}, pairTables(res)...)
 }
 
 func stageTable(s HandoffSummary) *report.Table {

@@ -8,9 +8,9 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"time"
 
+	"github.com/nixlctl/nixlctl/internal/enum"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/runcore"
@@ -35,17 +35,7 @@ func (d ISLDist) String() string { return string(d) }
 
 // UnmarshalText accepts the ISLDists.
 func (d *ISLDist) UnmarshalText(b []byte) error {
-	for _, x := range ISLDists {
-		if string(x) == string(b) {
-			*d = x
-			return nil
-		}
-	}
-	names := make([]string, len(ISLDists))
-	for i, x := range ISLDists {
-		names[i] = string(x)
-	}
-	return fmt.Errorf("unknown ISL distribution %q (want %s)", b, strings.Join(names, ", "))
+	return enum.Parse(d, "ISL distribution", b, ISLDists)
 }
 
 // ISL says how long prompts are. The mapstructure tags are the flags of

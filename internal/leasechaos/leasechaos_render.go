@@ -103,9 +103,7 @@ func writeLeaseChaosMarkdown(w io.Writer, res *LeaseChaosResult) error {
 		}
 		fmt.Fprintf(w, "\n%s\n", res.Sweep.Recommendation)
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-	}
+	report.WriteMarkdownWarnings(w, res.Warnings)
 	return nil
 }
 
@@ -138,9 +136,7 @@ func writeLeaseChaosText(w io.Writer, res *LeaseChaosResult) error {
 	if res.Mode == "sim" && res.SimulatedRequests > 0 {
 		fmt.Fprintf(w, "\nsimulated %s requests in %s of wall time\n", report.Int(int64(res.SimulatedRequests)), report.Seconds(res.WallSeconds))
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
+	report.WriteWarnings(w, res.Warnings)
 	return nil
 }
 

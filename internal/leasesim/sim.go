@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -667,15 +668,19 @@ func (c *simCore) abortPlan() {
 	}
 }
 
+// held is the requests p holds leases for, in request order (the map's
+// order would differ from one run of a seed to the next). It is a copy:
+// ending a lease takes it out of the map.
+func (p *simPrefill) held() []*simReq {
+	held := slices.Collect(maps.Values(p.byLease))
+	slices.SortFunc(held, func(a, b *simReq) int { return cmp.Compare(a.idx, b.idx) })
+	return held
+}
+
 func (c *simCore) killPrefill(p *simPrefill) {
 	c.fault("prefill-kill")
 	p.alive = false
-	held := make([]*simReq, 0, len(p.byLease))
-	for _, r := range p.byLease {
-		held = append(held, r)
-	}
-	slices.SortFunc(held, func(a, b *simReq) int { return cmp.Compare(a.idx, b.idx) })
-	for _, r := range held {
+	for _, r := range p.held() {
 		c.endLease(p, r, r.lease, "discarded")
 	}
 	p.table = lease.NewTable(c.lc)
@@ -920,12 +925,7 @@ func (c *simCore) finish(end int64) {
 		if !p.alive {
 			continue
 		}
-		held := make([]*simReq, 0, len(p.byLease))
-		for _, r := range p.byLease {
-			held = append(held, r)
-		}
-		slices.SortFunc(held, func(a, b *simReq) int { return cmp.Compare(a.idx, b.idx) })
-		for _, r := range held {
+		for _, r := range p.held() {
 			c.endLease(p, r, r.lease, "held")
 			c.st.heldEnd++
 		}

@@ -80,6 +80,29 @@ func (c *peerClient) Call(req PeerRequest) (PeerReply, error) {
 	return PeerReply{}, errors.New(msg)
 }
 
+// connectPeers sets up recv as the receiver and send as the sender, each
+// by its setup request (Op and Role filled in here), and loads each one's
+// metadata into the other, so that the sender can start writing. It
+// returns the receiver's setup reply (its address and PID), even when a
+// later step failed.
+func connectPeers(recv, send *peerClient, recvSetup, sendSetup PeerRequest) (PeerReply, error) {
+	recvSetup.Op, recvSetup.Role = "setup", "receiver"
+	sendSetup.Op, sendSetup.Role = "setup", "sender"
+	rrep, err := recv.Call(recvSetup)
+	if err != nil {
+		return rrep, err
+	}
+	srep, err := send.Call(sendSetup)
+	if err != nil {
+		return rrep, err
+	}
+	if _, err := send.Call(PeerRequest{Op: "load_md", MD: rrep.MD}); err != nil {
+		return rrep, err
+	}
+	_, err = recv.Call(PeerRequest{Op: "load_md", MD: srep.MD})
+	return rrep, err
+}
+
 // Stderr is what the peer wrote to stderr (the last 256 KiB).
 func (c *peerClient) Stderr() string { return c.err.String() }
 

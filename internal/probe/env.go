@@ -489,18 +489,9 @@ func provePath(ctx context.Context, o EnvOptions, backend string, extra []string
 		return fail(err)
 	}
 	defer send.Close()
-	rrep, err := recv.Call(PeerRequest{Op: "setup", Role: "receiver", Backend: backend, Name: "env-receiver", Shape: &shape})
+	rrep, err := connectPeers(recv, send, PeerRequest{Backend: backend, Name: "env-receiver", Shape: &shape},
+		PeerRequest{Backend: backend, Name: "env-sender", Shape: &shape})
 	if err != nil {
-		return fail(err)
-	}
-	srep, err := send.Call(PeerRequest{Op: "setup", Role: "sender", Backend: backend, Name: "env-sender", Shape: &shape})
-	if err != nil {
-		return fail(err)
-	}
-	if _, err := send.Call(PeerRequest{Op: "load_md", MD: rrep.MD}); err != nil {
-		return fail(err)
-	}
-	if _, err := recv.Call(PeerRequest{Op: "load_md", MD: srep.MD}); err != nil {
 		return fail(err)
 	}
 	const seed = 0x656e76

@@ -50,9 +50,7 @@ func writeEnvText(w io.Writer, res *EnvResult) error {
 	}
 	if len(res.Warnings) > 0 {
 		b.WriteString("\n")
-		for _, warn := range res.Warnings {
-			fmt.Fprintf(&b, "WARNING: %s\n", warn)
-		}
+		report.WriteWarnings(&b, res.Warnings)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -578,20 +578,11 @@ func runConfig(ctx context.Context, o *LeakOptions, shape Shape, axes []EnvAxis,
 		return fail(err)
 	}
 	defer send.Close()
-	rrep, err := recv.Call(PeerRequest{Op: "setup", Role: "receiver", Backend: c.backend, Name: "leak-receiver", Shape: &shape,
-		Churn: o.Churn, LeakMBPerS: o.SelfTestLeakMBPerS, Seed: 1})
-	if err != nil {
-		return fail(err)
-	}
+	rrep, err := connectPeers(recv, send,
+		PeerRequest{Backend: c.backend, Name: "leak-receiver", Shape: &shape, Churn: o.Churn, LeakMBPerS: o.SelfTestLeakMBPerS, Seed: 1},
+		PeerRequest{Backend: c.backend, Name: "leak-sender", Shape: &shape, Seed: 2})
 	cr.ReceiverPID = rrep.PID
-	srep, err := send.Call(PeerRequest{Op: "setup", Role: "sender", Backend: c.backend, Name: "leak-sender", Shape: &shape, Seed: 2})
 	if err != nil {
-		return fail(err)
-	}
-	if _, err := send.Call(PeerRequest{Op: "load_md", MD: rrep.MD}); err != nil {
-		return fail(err)
-	}
-	if _, err := recv.Call(PeerRequest{Op: "load_md", MD: srep.MD}); err != nil {
 		return fail(err)
 	}
 	if info, err := send.Call(PeerRequest{Op: "info"}); err == nil {

@@ -52,9 +52,7 @@ func writeLeakText(w io.Writer, res *LeakResult) error {
 			fmt.Fprintf(w, "note: %s\n", n)
 		}
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
+	report.WriteWarnings(w, res.Warnings)
 	return nil
 }
 

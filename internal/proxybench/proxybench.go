@@ -195,15 +195,10 @@ func (r *Result) Metrics() []report.Metric {
 
 // Render implements report.Result: json and table.
 func (r *Result) Render(w io.Writer, f report.Format) error {
-	switch f {
-	case report.FormatJSON:
-		e := json.NewEncoder(w)
-		e.SetIndent("", "  ")
-		return e.Encode(r)
-	case report.FormatTable:
-		return r.table(w)
+	refuse := func(io.Writer) error {
+		return fmt.Errorf("%w: bench proxy writes json or table, not %s", report.ErrFormat, f)
 	}
-	return fmt.Errorf("%w: bench proxy writes json or table, not %s", report.ErrFormat, f)
+	return report.Render(w, f, report.Renderings{JSON: r, Text: r.table, CSV: refuse, Markdown: refuse, Prom: refuse})
 }
 
 func (r *Result) table(w io.Writer) error {

@@ -292,12 +292,24 @@ func (f *fields) int(name string, required bool, lo, def int) int {
 	return int(n)
 }
 
-func (f *fields) array(name string, v any) ([]any, bool) {
+// elems reads v, which must be an array (field name), an element at a
+// time by conv, which names a bad element as elem ("name[i]") and says
+// whether it was good; nil at the first bad one.
+func elems[T any](f *fields, name string, v any, conv func(elem string, e any) (T, bool)) []T {
 	a, ok := v.([]any)
 	if !ok {
 		f.fail(name, "want array, got %s", typeName(v))
+		return nil
 	}
-	return a, ok
+	out := make([]T, 0, len(a))
+	for i, e := range a {
+		x, ok := conv(fmt.Sprintf("%s[%d]", name, i), e)
+		if !ok {
+			return nil
+		}
+		out = append(out, x)
+	}
+	return out
 }
 
 func (f *fields) ints64(name string, required bool, lo int64) []int64 {
@@ -305,24 +317,18 @@ func (f *fields) ints64(name string, required bool, lo int64) []int64 {
 	if !ok {
 		return nil
 	}
-	a, ok := f.array(name, v)
-	if !ok {
-		return nil
-	}
-	out := make([]int64, 0, len(a))
-	for i, e := range a {
+	return elems(f, name, v, func(elem string, e any) (int64, bool) {
 		n, isInt := asInt64(e)
 		if !isInt {
-			f.fail(fmt.Sprintf("%s[%d]", name, i), "want int, got %s", typeName(e))
-			return nil
+			f.fail(elem, "want int, got %s", typeName(e))
+			return 0, false
 		}
 		if n < lo {
-			f.fail(fmt.Sprintf("%s[%d]", name, i), "%d, want >= %d", n, lo)
-			return nil
+			f.fail(elem, "%d, want >= %d", n, lo)
+			return 0, false
 		}
-		out = append(out, n)
-	}
-	return out
+		return n, true
+	})
 }
 
 // addrs reads kv_caches_base_addr: addresses up to 2^64-1.
@@ -331,25 +337,17 @@ func (f *fields) addrs(name string) []uint64 {
 	if !ok {
 		return nil
 	}
-	a, ok := f.array(name, v)
-	if !ok {
-		return nil
-	}
-	out := make([]uint64, 0, len(a))
-	for i, e := range a {
-		switch x := e.(type) {
-		case uint64:
-			out = append(out, x)
-			continue
+	return elems(f, name, v, func(elem string, e any) (uint64, bool) {
+		if x, ok := e.(uint64); ok {
+			return x, true
 		}
 		n, isInt := asInt64(e)
 		if !isInt || n < 0 {
-			f.fail(fmt.Sprintf("%s[%d]", name, i), "want an address (int >= 0), got %s", describe(e))
-			return nil
+			f.fail(elem, "want an address (int >= 0), got %s", describe(e))
+			return 0, false
 		}
-		out = append(out, uint64(n))
-	}
-	return out
+		return uint64(n), true
+	})
 }
 
 // intsOpt reads a list[int] | None field.
@@ -370,20 +368,13 @@ func (f *fields) intsOpt(name string, lo int64) []int {
 }
 
 func (f *fields) strsIn(name string, v any) []string {
-	a, ok := f.array(name, v)
-	if !ok {
-		return nil
-	}
-	out := make([]string, 0, len(a))
-	for i, e := range a {
+	return elems(f, name, v, func(elem string, e any) (string, bool) {
 		s, isStr := e.(string)
 		if !isStr {
-			f.fail(fmt.Sprintf("%s[%d]", name, i), "want str, got %s", typeName(e))
-			return nil
+			f.fail(elem, "want str, got %s", typeName(e))
 		}
-		out = append(out, s)
-	}
-	return out
+		return s, isStr
+	})
 }
 
 // strsOpt reads a list[str] | None field.
@@ -401,42 +392,10 @@ func (f *fields) members(name string) [][]string {
 	if !ok {
 		return nil
 	}
-	a, ok := f.array(name, v)
-	if !ok {
-		return nil
-	}
-	out := make([][]string, 0, len(a))
-	for i, e := range a {
-		s := f.strsIn(fmt.Sprintf("%s[%d]", name, i), e)
-		if f.err != nil {
-			return nil
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// asInt64 reads any msgpack integer that fits an int64.
-func asInt64(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int64:
-		return x, true
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
-	case uint64:
-		return int64(x), x <= math.MaxInt64
-	}
-	return 0, false
+	return elems(f, name, v, func(elem string, e any) ([]string, bool) {
+		s := f.strsIn(elem, e)
+		return s, f.err == nil
+	})
 }
 
 // typeName is the msgpack type of a decoded value, in msgspec's words.

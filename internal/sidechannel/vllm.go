@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,23 +125,34 @@ func DecodeGetMeta(frame []byte) (pp, tp int, err error) {
 // AsInt reads an integer msgpack decoded into any (its width depends on
 // the value), refusing one that does not fit an int.
 func AsInt(v any) (int, bool) {
+	if x, ok := v.(uint64); ok {
+		// AsInt has always refused a uint64 from 2^31 up (an int32's
+		// range), where asInt64 takes up to 2^63-1.
+		return int(x), x < 1<<31
+	}
+	n, ok := asInt64(v)
+	return int(n), ok && n == int64(int(n))
+}
+
+// asInt64 reads any msgpack integer that fits an int64.
+func asInt64(v any) (int64, bool) {
 	switch x := v.(type) {
 	case int8:
-		return int(x), true
+		return int64(x), true
 	case int16:
-		return int(x), true
+		return int64(x), true
 	case int32:
-		return int(x), true
+		return int64(x), true
 	case int64:
-		return int(x), x == int64(int(x))
+		return x, true
 	case uint8:
-		return int(x), true
+		return int64(x), true
 	case uint16:
-		return int(x), true
+		return int64(x), true
 	case uint32:
-		return int(x), true
+		return int64(x), true
 	case uint64:
-		return int(x), x < 1<<31
+		return int64(x), x <= math.MaxInt64
 	}
 	return 0, false
 }

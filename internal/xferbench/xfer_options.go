@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/enum"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -111,11 +112,7 @@ func (p XferProgress) String() string { return string(p) }
 
 // UnmarshalText accepts poll or thread.
 func (p *XferProgress) UnmarshalText(b []byte) error {
-	if !slices.Contains(XferProgresses, XferProgress(b)) {
-		return fmt.Errorf("unknown progress %q (want poll, thread)", b)
-	}
-	*p = XferProgress(b)
-	return nil
+	return enum.Parse(p, "progress", b, XferProgresses)
 }
 
 // agents is the initiator's and the target's progress.
@@ -153,11 +150,7 @@ func (d DescOrder) String() string { return string(d) }
 
 // UnmarshalText accepts sequential or random.
 func (d *DescOrder) UnmarshalText(b []byte) error {
-	if !slices.Contains(DescOrders, DescOrder(b)) {
-		return fmt.Errorf("unknown descriptor order %q (want sequential, random)", b)
-	}
-	*d = DescOrder(b)
-	return nil
+	return enum.Parse(d, "descriptor order", b, DescOrders)
 }
 
 // Validate checks the options, nixlbench's rules included, as field

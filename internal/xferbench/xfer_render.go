@@ -52,9 +52,7 @@ func writeXferText(w io.Writer, res *XferResult) error {
 	if err := xferTable(res).WriteText(w); err != nil {
 		return err
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
-	}
+	report.WriteWarnings(w, res.Warnings)
 	return nil
 }
 
@@ -140,9 +138,7 @@ func xferMarkdown(w io.Writer, res *XferResult) error {
 	if err := xferTable(res).WriteMarkdown(w); err != nil {
 		return err
 	}
-	for _, warn := range res.Warnings {
-		fmt.Fprintf(w, "\n> **Warning:** %s\n", warn)
-	}
+	report.WriteMarkdownWarnings(w, res.Warnings)
 	return nil
 }
 
