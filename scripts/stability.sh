@@ -23,7 +23,8 @@ ensure_go
 runs=${1:-10} model=${2:-llama-3.1-8b} isl=${3:-2048} conc=${4:-4} reqs=${5:-128}
 read -r -a extra <<<"${STABILITY_FLAGS:-}"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# STABILITY_KEEP=DIR keeps the runs' results there.
+trap 'if [ -n "${STABILITY_KEEP:-}" ]; then mkdir -p "$STABILITY_KEEP" && cp "$work"/*.json "$STABILITY_KEEP"/ || true; fi; rm -rf "$work"' EXIT
 go build -o "$work/nixlctl" ./cmd/nixlctl
 for i in $(seq 1 "$runs"); do
   for p in pull push sglang; do
@@ -41,10 +42,10 @@ def mmm(xs):
     n = len(xs)
     med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
     return "%.2f / %.2f / %.2f (%.2fx)" % (xs[0], med, xs[-1], xs[-1] / xs[0])
-print("%-7s %-28s %-28s %-12s %-12s %-28s %-28s %s" % ("proto", "GB/s min/med/max (max/min)", "vs xfer min/med/max", "p10-p90 ok", "median ok",
-      "vs host limit", "vs memcpy", "host CPU swing per run"))
+print("%-7s %-28s %-28s %-12s %-12s %-28s %-28s %-28s %s" % ("proto", "GB/s min/med/max (max/min)", "vs xfer min/med/max", "p10-p90 ok", "median ok",
+      "over whole span", "vs host limit", "vs memcpy", "host CPU swing per run"))
 for p in ("pull", "push", "sglang"):
-    gbps, eff, lim, mem, swing, spread_ok, med_ok, n = [], [], [], [], [], 0, 0, 0
+    gbps, eff, span, lim, mem, swing, spread_ok, med_ok, n = [], [], [], [], [], [], 0, 0, 0
     for i in range(1, runs + 1):
         path = os.path.join(work, "%s-%d.json" % (p, i))
         try:
@@ -55,12 +56,13 @@ for p in ("pull", "push", "sglang"):
         s = d["summary"]
         gbps.append(s["bandwidth_gbps"]); eff.append(s.get("efficiency_vs_xfer", 0))
         lim.append(s.get("efficiency_vs_limit", 0)); mem.append(s.get("efficiency_vs_memcpy", 0))
+        span.append(s.get("span_efficiency_vs_xfer", 0))
         swing.append((d.get("host_cpu") or {}).get("swing", 0))
         sp = s.get("efficiency_vs_xfer_spread") or {}
         if sp and 0.85 <= sp["p10"] and sp["p90"] <= 1.1:
             spread_ok += 1
         if 0.9 <= s.get("efficiency_vs_xfer", 0) <= 1.05:
             med_ok += 1
-    print("%-7s %-28s %-28s %-12s %-12s %-28s %-28s %s" % (p, mmm(gbps), mmm(eff), "%d of %d" % (spread_ok, n), "%d of %d" % (med_ok, n),
-          mmm(lim), mmm(mem), " ".join("%.2f" % x for x in swing)))
+    print("%-7s %-28s %-28s %-12s %-12s %-28s %-28s %-28s %s" % (p, mmm(gbps), mmm(eff), "%d of %d" % (spread_ok, n), "%d of %d" % (med_ok, n),
+          mmm(span), mmm(lim), mmm(mem), " ".join("%.2f" % x for x in swing)))
 PY
