@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/nixl"
 	_ "github.com/nixlctl/nixlctl/internal/nixl/ucx"
 	"github.com/nixlctl/nixlctl/internal/sidechannel"
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -336,19 +336,9 @@ func TestECProducerKilledMidRun(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
-}
-
 func TestECProducerRestartReloadsAgent(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ep := freePort(t)
+	ep := "tcp://" + testkit.FreeAddr(t)
 	enc := startEncoder(t, 4*ecSmall, ep, 0)
 	enc.encode(t, "x", ecSmall)
 	c := newTestConsumer(t, 4*ecSmall, nixl.Read, nil)

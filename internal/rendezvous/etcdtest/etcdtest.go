@@ -6,8 +6,6 @@ package etcdtest
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -30,8 +28,8 @@ func Start(t testing.TB) string {
 		}
 		t.Skipf("etcd is not installed, so the etcd rendezvous is untested (apt-get install etcd-server): %v", err)
 	}
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	client := "http://" + testkit.FreeAddr(t)
+	peer := "http://" + testkit.FreeAddr(t)
 	var out lockedBuffer
 	cmd := exec.Command(exe, "--name", "t", "--data-dir", t.TempDir(),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
@@ -80,16 +78,6 @@ func Start(t testing.TB) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // lockedBuffer collects etcd's output while the test may read it.
