@@ -345,7 +345,8 @@ func handoffPairBytes(records []HandoffRecord, n int) runcore.PairBytes {
 // both sides count the time there was something to move. A closed loop of
 // equal requests runs in waves (equal transfers sharing the copy finish
 // together) and between waves every request is in its prefill, nothing
-// outstanding: 5-8% of an SGLang round on a 2-core host, which a rate
+// outstanding: 5-7% of an SGLang round on a 2-core host (the medians of
+// ten runs, docs/bench-pull-push-sglang.md), which a rate
 // over the round's whole span (SpanGBps) charged to the transfer path.
 type XferRound struct {
 	Round       int     `json:"round"`
