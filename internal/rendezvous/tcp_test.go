@@ -36,6 +36,17 @@ func listen(t *testing.T, expect Roster, opt Options) *Driver {
 	return d
 }
 
+// serve is listen for a test that owns the driver: when the test ends
+// (after its own defers, such as its members' Close) the driver is
+// closed, and then any goroutine left behind fails the test.
+func serve(t *testing.T, expect Roster, opt Options) *Driver {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	d := listen(t, expect, opt)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // join registers h with d, failing the test at once if it cannot.
 func join(t *testing.T, d *Driver, h Hello, opt Options) *Registration {
 	t.Helper()
@@ -44,6 +55,14 @@ func join(t *testing.T, d *Driver, h Hello, opt Options) *Registration {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// joinAndLeave registers h with d and closes the registration at once,
+// waiting until d's log (logs) says the member is gone.
+func joinAndLeave(t *testing.T, d *Driver, h Hello, opt Options, logs *syncBuffer) {
+	t.Helper()
+	join(t, d, h, opt).Close()
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
 }
 
 func hello(run, role string, rank, world int, ctlAddr string) Hello {
@@ -59,10 +78,8 @@ func echoRole(s *ctl.Server) func() {
 // for its hello connection to be the control channel; the driver gets
 // both, resolves the unspecified host, and runs ctl over the reverse one.
 func TestTCPComplete(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, _ := testOptions()
-	d := listen(t, PrefillDecode("run-1", 1, 1), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("run-1", 1, 1), opt)
 	ctx := context.Background()
 
 	p := join(t, d, hello("run-1", "prefill", 0, 2, "0.0.0.0:7400"), opt)
@@ -137,11 +154,9 @@ func rawHello(t *testing.T, addr, line string) string {
 }
 
 func TestTCPRejections(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, logs := testOptions()
 	opt.HelloTimeout = 300 * time.Millisecond
-	d := listen(t, PrefillDecode("run-1", 1, 1), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("run-1", 1, 1), opt)
 	ctx := context.Background()
 	p := join(t, d, hello("run-1", "prefill", 0, 2, "127.0.0.1:7400"), opt)
 	defer p.Close()
@@ -233,16 +248,12 @@ func waitFor(t *testing.T, cond func() bool, state func() string) {
 // one that joined and left; the error names both, and the members that
 // are there come back.
 func TestTCPIncomplete(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, logs := testOptions()
-	d := listen(t, PrefillDecode("r", 1, 2), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("r", 1, 2), opt)
 	ctx := context.Background()
 	p := join(t, d, hello("r", "prefill", 0, 3, "127.0.0.1:7400"), opt)
 	defer p.Close()
-	gone := join(t, d, hello("r", "decode", 2, 3, "127.0.0.1:7402"), opt)
-	gone.Close()
-	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
+	joinAndLeave(t, d, hello("r", "decode", 2, 3, "127.0.0.1:7402"), opt, logs)
 
 	start := time.Now()
 	members, err := d.Wait(ctx, 300*time.Millisecond)
@@ -270,14 +281,10 @@ func TestTCPIncomplete(t *testing.T) {
 // TestTCPRejoin: a member that left and came back (a restarted pod)
 // completes the roster, and is not reported gone.
 func TestTCPRejoin(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, logs := testOptions()
-	d := listen(t, PrefillDecode("r", 1, 0), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("r", 1, 0), opt)
 	ctx := context.Background()
-	first := join(t, d, hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
-	first.Close()
-	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
+	joinAndLeave(t, d, hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt, logs)
 	again := join(t, d, hello("r", "prefill", 0, 1, "127.0.0.1:7400"), opt)
 	defer again.Close()
 	if m, err := d.Wait(ctx, 5*time.Second); err != nil || len(m) != 1 {
@@ -288,10 +295,8 @@ func TestTCPRejoin(t *testing.T) {
 // TestTCPCancel: Wait gives up with its context, and says what was
 // missing then.
 func TestTCPCancel(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, _ := testOptions()
-	d := listen(t, PrefillDecode("r", 1, 1), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("r", 1, 1), opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := d.Wait(ctx, time.Hour)
@@ -304,14 +309,10 @@ func TestTCPCancel(t *testing.T) {
 // TestTCPReverseGone: a reverse member that drops before Wait returns is
 // gone, although nothing reads its connection but the watcher.
 func TestTCPReverseGone(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, logs := testOptions()
-	d := listen(t, PrefillDecode("r", 1, 1), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("r", 1, 1), opt)
 	ctx := context.Background()
-	dec := join(t, d, hello("r", "decode", 1, 2, Reverse), opt)
-	dec.Close()
-	waitFor(t, func() bool { return strings.Contains(logs.String(), "member gone") }, logs.String)
+	joinAndLeave(t, d, hello("r", "decode", 1, 2, Reverse), opt, logs)
 	_, err := d.Wait(ctx, 50*time.Millisecond)
 	var inc *IncompleteError
 	if !errors.As(err, &inc) || len(inc.Gone) != 1 || len(inc.Missing) != 1 {
@@ -322,11 +323,9 @@ func TestTCPReverseGone(t *testing.T) {
 // TestTCPManyJoiners: concurrent joins racing for the same slots; each
 // slot goes to exactly one and the rest are duplicates.
 func TestTCPManyJoiners(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, _ := testOptions()
 	opt.Log = slog.New(slog.DiscardHandler)
-	d := listen(t, PrefillDecode("r", 2, 2), opt)
-	defer d.Close()
+	d := serve(t, PrefillDecode("r", 2, 2), opt)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -371,9 +370,8 @@ func TestTCPManyJoiners(t *testing.T) {
 // TestTCPCloseEndsWait: Close during Wait ends it at once, and a second
 // Wait is refused.
 func TestTCPCloseEndsWait(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	opt, _ := testOptions()
-	d := listen(t, PrefillDecode("r", 1, 1), opt)
+	d := serve(t, PrefillDecode("r", 1, 1), opt)
 	time.AfterFunc(50*time.Millisecond, func() { d.Close() })
 	start := time.Now()
 	_, err := d.Wait(context.Background(), time.Hour)
