@@ -102,6 +102,24 @@ func TestECWireMatchesMsgspec(t *testing.T) {
 	}
 }
 
+// reDecode encodes v and decodes what that wrote: it must be v again.
+// It returns the encoding.
+func reDecode[T any](t *testing.T, v T, encode func() ([]byte, error), decode func([]byte) (T, error)) []byte {
+	t.Helper()
+	b, err := encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decode(b)
+	if err != nil {
+		t.Fatalf("re-decode of %+v: %v", v, err)
+	}
+	if diff := cmp.Diff(v, got); diff != "" {
+		t.Errorf("re-decode (-encoded +decoded):\n%s", diff)
+	}
+	return b
+}
+
 func TestECWireRoundTrip(t *testing.T) {
 	reqs := []Request{
 		{MMHash: "m", CompatibilityHash: "c", ConnectorVersion: ECConnectorVersion},
@@ -109,17 +127,7 @@ func TestECWireRoundTrip(t *testing.T) {
 			DstBlockIndices: []int{5, 0, 1 << 30}, AgentMetadata: []byte{1, 2}, MemDescriptor: []byte{0x90}},
 	}
 	for _, r := range reqs {
-		b, err := r.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := DecodeRequest(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(r, got); diff != "" {
-			t.Error(diff)
-		}
+		b := reDecode(t, r, r.Encode, DecodeRequest)
 		// The other decoder refuses it by its tag.
 		if _, err := DecodeAck(b); !errors.Is(err, ErrWrongType) {
 			t.Errorf("ack decoder took a req: %v", err)
@@ -132,17 +140,7 @@ func TestECWireRoundTrip(t *testing.T) {
 		{MMHash: "", Status: Status(42)},
 	}
 	for _, a := range acks {
-		b, err := a.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := DecodeAck(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(a, got); diff != "" {
-			t.Error(diff)
-		}
+		reDecode(t, a, a.Encode, DecodeAck)
 	}
 	// Omit-defaults: only the three mandatory keys of a plain request.
 	b, _ := reqs[0].Encode()
@@ -250,14 +248,7 @@ func FuzzDecodeRequest(f *testing.F) {
 			}
 		}
 		// What decodes re-encodes and decodes to the same value.
-		b, err := r.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r2, err := DecodeRequest(b)
-		if err != nil || !cmp.Equal(r, r2) {
-			t.Fatalf("re-decode: %+v vs %+v (%v)", r, r2, err)
-		}
+		reDecode(t, r, r.Encode, DecodeRequest)
 	})
 }
 
@@ -271,14 +262,7 @@ func FuzzDecodeAck(f *testing.F) {
 		if err != nil {
 			return
 		}
-		b, err := a.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		a2, err := DecodeAck(b)
-		if err != nil || !cmp.Equal(a, a2) {
-			t.Fatalf("re-decode: %+v vs %+v (%v)", a, a2, err)
-		}
+		reDecode(t, a, a.Encode, DecodeAck)
 	})
 }
 
@@ -295,13 +279,6 @@ func FuzzDecodeMemDescriptor(f *testing.F) {
 				t.Fatalf("bad descriptor accepted: %+v", x)
 			}
 		}
-		b, err := EncodeMemDescriptor(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d2, err := DecodeMemDescriptor(b)
-		if err != nil || !cmp.Equal(d, d2) {
-			t.Fatalf("re-decode: %v vs %v (%v)", d, d2, err)
-		}
+		reDecode(t, d, func() ([]byte, error) { return EncodeMemDescriptor(d) }, DecodeMemDescriptor)
 	})
 }
