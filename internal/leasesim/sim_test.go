@@ -54,17 +54,24 @@ var (
 	restartCnts = simCounts{Completed: 6, Consumed: 6, Failed: 6, Recomputed: 6}
 )
 
-func TestSimulatePlanLeasePolicy(t *testing.T) {
-	t.Parallel()
-	want := map[string]simCounts{
+// simWant is each scenario's counts under the lease policy and under a
+// long fixed timeout: the same for all but the decode stall, whose
+// counts (stall) tell the two apart.
+func simWant(stall simCounts) map[string]simCounts {
+	return map[string]simCounts{
 		ScenarioDecodeOverload: allComplete,
 		ScenarioHeartbeatLoss:  allComplete,
 		ScenarioSlowStep:       allComplete,
 		ScenarioDecodeCrash:    crashCounts,
-		ScenarioDecodeStall:    {Completed: 2, Consumed: 2, Failed: 6, Recomputed: 6, Expired: 6, Premature: 6, LateReads: 6},
+		ScenarioDecodeStall:    stall,
 		ScenarioAbortBeforeRd:  abortCounts,
 		ScenarioPrefillRestart: restartCnts,
 	}
+}
+
+func TestSimulatePlanLeasePolicy(t *testing.T) {
+	t.Parallel()
+	want := simWant(simCounts{Completed: 2, Consumed: 2, Failed: 6, Recomputed: 6, Expired: 6, Premature: 6, LateReads: 6})
 	for _, L := range simLeases {
 		lc := simLC(t, lease.Config{Duration: L})
 		for _, sc := range Scenarios() {
@@ -153,15 +160,7 @@ func TestSimulatePlanHeadOnlyReaperLeaksAbortedLeases(t *testing.T) {
 
 func TestSimulatePlanFixedPolicyLongTimeout(t *testing.T) {
 	t.Parallel()
-	want := map[string]simCounts{
-		ScenarioDecodeOverload: allComplete,
-		ScenarioHeartbeatLoss:  allComplete,
-		ScenarioSlowStep:       allComplete,
-		ScenarioDecodeCrash:    crashCounts,
-		ScenarioDecodeStall:    allComplete,
-		ScenarioAbortBeforeRd:  abortCounts,
-		ScenarioPrefillRestart: restartCnts,
-	}
+	want := simWant(allComplete)
 	for _, L := range simLeases {
 		lc := simLC(t, lease.Config{Policy: lease.PolicyFixed, Duration: L, Timeout: 16 * L})
 		for _, sc := range Scenarios() {
