@@ -42,6 +42,13 @@ func watchEtcd(t *testing.T, addr string, expect Roster, opt Options) *Driver {
 	return d
 }
 
+// serveEtcd is watchEtcd for a test that owns the driver (see owned);
+// the goroutines there were before it (etcdLeaks) may stay.
+func serveEtcd(t *testing.T, addr string, expect Roster, opt Options) *Driver {
+	t.Helper()
+	return owned(t, func() *Driver { return watchEtcd(t, addr, expect, opt) }, etcdLeaks(goleak.IgnoreCurrent())...)
+}
+
 func TestEtcd(t *testing.T) {
 	addr := startEtcd(t)
 	ctx := context.Background()
@@ -91,10 +98,8 @@ func TestEtcd(t *testing.T) {
 	})
 
 	t.Run("duplicate", func(t *testing.T) {
-		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
 		opt, logs := testOptions()
-		d := watchEtcd(t, addr, PrefillDecode("run-dup", 1, 1), opt)
-		defer d.Close()
+		d := serveEtcd(t, addr, PrefillDecode("run-dup", 1, 1), opt)
 		p := joinEtcd(t, addr, hello("run-dup", "prefill", 0, 2, "127.0.0.1:7400"), opt)
 		defer p.Close()
 		h := hello("run-dup", "prefill", 0, 2, "127.0.0.1:7401")
@@ -111,10 +116,8 @@ func TestEtcd(t *testing.T) {
 	})
 
 	t.Run("missing, gone and garbage", func(t *testing.T) {
-		defer goleak.VerifyNone(t, etcdLeaks(goleak.IgnoreCurrent())...)
 		opt, logs := testOptions()
-		d := watchEtcd(t, addr, PrefillDecode("run-c", 1, 3), opt)
-		defer d.Close()
+		d := serveEtcd(t, addr, PrefillDecode("run-c", 1, 3), opt)
 		p := joinEtcd(t, addr, hello("run-c", "prefill", 0, 4, "127.0.0.1:7400"), opt)
 		defer p.Close()
 		// Close revokes the lease: the key goes at once.

@@ -36,13 +36,20 @@ func listen(t *testing.T, expect Roster, opt Options) *Driver {
 	return d
 }
 
-// serve is listen for a test that owns the driver: when the test ends
-// (after its own defers, such as its members' Close) the driver is
-// closed, and then any goroutine left behind fails the test.
+// serve is listen for a test that owns the driver (see owned).
 func serve(t *testing.T, expect Roster, opt Options) *Driver {
 	t.Helper()
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-	d := listen(t, expect, opt)
+	return owned(t, func() *Driver { return listen(t, expect, opt) })
+}
+
+// owned starts a driver for a test that owns it: when the test ends
+// (after its own defers, such as its members' Close) the driver is
+// closed, and then any goroutine left behind, but those ignore lets
+// pass, fails the test.
+func owned(t *testing.T, start func() *Driver, ignore ...goleak.Option) *Driver {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore...) })
+	d := start()
 	t.Cleanup(func() { d.Close() })
 	return d
 }
