@@ -86,17 +86,8 @@ func TestFetchRanksOneSocket(t *testing.T) {
 }
 
 func TestFetchRanksStopsAtARefusal(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := ServeHandshake(ctx, "tcp://127.0.0.1:0", "h", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); s.Wait() }()
-	if err := s.Set(0, 0, sampleMeta()); err != nil {
-		t.Fatal(err)
-	}
-	_, err = FetchRanks(ctx, s.Endpoint(), [][2]int{{0, 0}, {1, 0}, {0, 0}}, "h", 300*time.Millisecond)
+	ctx, s := serveMeta(t, "h", 0, 0)
+	_, err := FetchRanks(ctx, s.Endpoint(), [][2]int{{0, 0}, {1, 0}, {0, 0}}, "h", 300*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "(pp 1, tp 0)") || !strings.Contains(err.Error(), "no reply within") {
 		t.Errorf("unknown rank: %v", err)
 	}

@@ -37,17 +37,28 @@ func sampleMeta() AgentMetadata {
 		Nixlctl: &Extra{Backend: "ucx", TPRank: 1, TPSize: 2, PPSize: 1}}
 }
 
-func TestHandshakeRoundTrip(t *testing.T) {
-	defer goleak.VerifyNone(t)
+// serveMeta serves sampleMeta as rank (pp, tp) of a handshake for hash on
+// a loopback port, with ctx for the test's requests. When the test ends
+// the server is stopped and waited for, and then any goroutine left
+// behind fails the test.
+func serveMeta(t *testing.T, hash string, pp, tp int) (context.Context, *HandshakeServer) {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) })
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := ServeHandshake(ctx, "tcp://127.0.0.1:0", "hash-a", nil)
+	s, err := ServeHandshake(ctx, "tcp://127.0.0.1:0", hash, nil)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	defer func() { cancel(); s.Wait() }()
-	if err := s.Set(0, 1, sampleMeta()); err != nil {
+	t.Cleanup(func() { cancel(); s.Wait() })
+	if err := s.Set(pp, tp, sampleMeta()); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, s
+}
+
+func TestHandshakeRoundTrip(t *testing.T) {
+	ctx, s := serveMeta(t, "hash-a", 0, 1)
 	h, err := FetchAgentMetadata(ctx, s.Endpoint(), 0, 1, "hash-a", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
