@@ -137,23 +137,37 @@ func TestRunECNotReadyRetries(t *testing.T) {
 	}
 }
 
-func TestRunECInterrupted(t *testing.T) {
-	o := smallEC(nixl.Read)
+// runInterrupted runs o with its encoder in this process, after arm has
+// set o's hooks to call cancel, and fails unless the run ends interrupted
+// with a result; it returns the result's summary.
+func runInterrupted(t *testing.T, o ECOptions, arm func(o *ECOptions, cancel context.CancelFunc)) ECSummary {
+	t.Helper()
 	o.Producer = ProducerSpec{Inproc: true}
-	o.Requests = 200
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	n := 0
-	o.Live = live.Func(func(e live.Event) { // cancel after a few images
-		if _, ok := e.(live.Request); ok {
-			if n++; n == 5 {
-				cancel()
-			}
-		}
-	})
+	arm(&o, cancel)
 	res, err := RunEC(ctx, o)
-	if err == nil || res == nil || !res.Interrupted || res.Summary.Requests == 0 || res.Summary.Requests >= 200 {
-		t.Fatalf("interrupted run: err %v, result %+v", err, res)
+	if err == nil || res == nil || !res.Interrupted {
+		t.Fatalf("want an interrupted run: err %v, result %+v", err, res)
+	}
+	return res.Summary
+}
+
+func TestRunECInterrupted(t *testing.T) {
+	o := smallEC(nixl.Read)
+	o.Requests = 200
+	n := 0
+	s := runInterrupted(t, o, func(o *ECOptions, cancel context.CancelFunc) {
+		o.Live = live.Func(func(e live.Event) { // cancel after a few images
+			if _, ok := e.(live.Request); ok {
+				if n++; n == 5 {
+					cancel()
+				}
+			}
+		})
+	})
+	if s.Requests == 0 || s.Requests >= 200 {
+		t.Fatalf("interrupted run: %d requests, want some of the 200: %+v", s.Requests, s)
 	}
 }
 
@@ -165,22 +179,16 @@ func TestRunECInterruptedFetchFinishes(t *testing.T) {
 	for _, dir := range []nixl.Op{nixl.Read, nixl.Write} {
 		t.Run(dir.String(), func(t *testing.T) {
 			o := smallEC(dir)
-			o.Producer = ProducerSpec{Inproc: true}
 			o.Requests, o.Consumers, o.ImagesPerRequest = 50, 1, 1
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			var measuring atomic.Bool
-			o.Live = live.Func(func(e live.Event) {
-				if p, ok := e.(live.Phase); ok && p.Text == "measuring" {
-					measuring.Store(true)
-				}
+			s := runInterrupted(t, o, func(o *ECOptions, cancel context.CancelFunc) {
+				var measuring atomic.Bool
+				o.Live = live.Func(func(e live.Event) {
+					if p, ok := e.(live.Phase); ok && p.Text == "measuring" {
+						measuring.Store(true)
+					}
+				})
+				o.Log = slog.New(cancelOnMessage{msg: "encoder cache: Request sent", armed: &measuring, cancel: cancel})
 			})
-			o.Log = slog.New(cancelOnMessage{msg: "encoder cache: Request sent", armed: &measuring, cancel: cancel})
-			res, err := RunEC(ctx, o)
-			if err == nil || res == nil || !res.Interrupted {
-				t.Fatalf("want an interrupted run: err %v, result %+v", err, res)
-			}
-			s := res.Summary
 			if s.Requests != 1 || s.Failed != 0 || s.Hits+s.Transfers != 1 || len(s.FailuresByStatus) != 0 {
 				t.Errorf("the request in flight should finish: %+v", s)
 			}
@@ -211,18 +219,16 @@ func (h cancelOnMessage) WithGroup(string) slog.Handler      { return h }
 // a "warm-up transfer failed" error and no result on stdout.
 func TestRunECInterruptedInWarmup(t *testing.T) {
 	o := smallEC(nixl.Read)
-	o.Producer = ProducerSpec{Inproc: true}
 	o.Warmup = 2
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	o.Live = live.Func(func(e live.Event) {
-		if p, ok := e.(live.Phase); ok && p.Text == "warm-up" {
-			cancel()
-		}
+	s := runInterrupted(t, o, func(o *ECOptions, cancel context.CancelFunc) {
+		o.Live = live.Func(func(e live.Event) {
+			if p, ok := e.(live.Phase); ok && p.Text == "warm-up" {
+				cancel()
+			}
+		})
 	})
-	res, err := RunEC(ctx, o)
-	if err == nil || res == nil || !res.Interrupted || res.Summary.Requests != 0 {
-		t.Fatalf("interrupted in warm-up: err %v, result %+v", err, res)
+	if s.Requests != 0 {
+		t.Fatalf("interrupted in warm-up: %d requests measured, want none: %+v", s.Requests, s)
 	}
 }
 
