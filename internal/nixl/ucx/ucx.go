@@ -696,16 +696,15 @@ func (a *agent) ReleaseDlist(d nixl.Dlist) error {
 
 // request is a transfer request.
 type request struct {
-	nixl.XferInfo
-	a        *agent
-	x        *C.nx_xfer_t
-	peer     *peer
-	released bool
-	posted   bool
+	nixl.ReqHead
+	a      *agent
+	x      *C.nx_xfer_t
+	peer   *peer
+	posted bool
 }
 
 func (r *request) inFlight() bool {
-	if r.released || !r.posted {
+	if r.Released() || !r.posted {
 		return false
 	}
 	st := C.nx_xfer_state(r.a.c, r.x, 0)
@@ -780,7 +779,7 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 	if x == nil {
 		return nil, fmt.Errorf("make request: out of memory")
 	}
-	r := &request{XferInfo: nixl.NewXferInfo(op, total, len(ops), p.name), a: a, x: x, peer: p}
+	r := &request{ReqHead: nixl.ReqHead{XferInfo: nixl.NewXferInfo(op, total, len(ops), p.name)}, a: a, x: x, peer: p}
 	a.AddReqLocked(r, p)
 	return r, nil
 }
@@ -794,23 +793,9 @@ func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, r
 		})
 }
 
-func (a *agent) req(x nixl.XferReq) (*request, error) {
-	r, ok := x.(*request)
-	if !ok || r.a != a {
-		return nil, fmt.Errorf("request was not made by this agent")
-	}
-	if r.released {
-		return nil, fmt.Errorf("request already released")
-	}
-	return r, nil
-}
-
 func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.LockReq(x)
 	if err != nil {
-		return nixl.Failed, err
-	}
-	if err := a.LockOpen(); err != nil {
 		return nixl.Failed, err
 	}
 	if r.peer.invalid {
@@ -860,12 +845,9 @@ func peerGone(p *peer) bool {
 }
 
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.OpenReq(x)
 	if err != nil {
 		return nixl.Failed, err
-	}
-	if a.Closed() {
-		return nixl.Failed, nixl.ErrClosed
 	}
 	// Finished requests answer without calling into C; running ones
 	// progress the worker.
@@ -876,26 +858,17 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 }
 
 func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
-	r, err := a.req(x)
-	if err != nil {
-		return err
-	}
-	a.Lock()
-	defer a.Unlock()
-	if a.Closed() {
-		return nil // freed at Close
-	}
-	if C.nx_xfer_release(a.c, r.x) != 0 {
-		return fmt.Errorf("release: %w", nixl.ErrInFlight)
-	}
-	r.released = true
-	a.ReleaseReqLocked(r)
-	return nil
+	return a.ReleaseReq(x, func(r *request) error {
+		if C.nx_xfer_release(a.c, r.x) != 0 {
+			return fmt.Errorf("release: %w", nixl.ErrInFlight)
+		}
+		return nil
+	})
 }
 
 func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	r, ok := x.(*request)
-	if !ok || r.released {
+	if !ok || r.Released() {
 		return nixl.Telemetry{}
 	}
 	if st := r.state(); st != C.NX_DONE && st != C.NX_ERROR {
@@ -971,7 +944,7 @@ func (a *agent) Close() error {
 	}
 	for r := range a.ReqsLocked() {
 		C.nx_xfer_release(a.c, r.x)
-		r.released = true
+		r.MarkReleased()
 	}
 	for _, r := range a.RegsLocked() {
 		C.nx_mem_unmap(a.c, r.Handle.mem)
