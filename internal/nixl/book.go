@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Book is the bookkeeping an agent keeps beside its transport, the same
@@ -232,6 +233,31 @@ func (b *Book[P, R, H]) PeersLocked() iter.Seq2[string, P] {
 				return
 			}
 		}
+	}
+}
+
+// PeerWatchPeriod is how often WatchPeers looks at the peers: how long a
+// dead same-host peer's transfers may hang before they fail.
+const PeerWatchPeriod = 100 * time.Millisecond
+
+// WatchPeers calls check for each loaded peer, with the lock held, every
+// PeerWatchPeriod until stop is closed: check looks for a same-host peer
+// whose process exited, which a backend's transport may never notice, and
+// fails what it has in flight.
+func (b *Book[P, R, H]) WatchPeers(stop <-chan struct{}, check func(P)) {
+	t := time.NewTicker(PeerWatchPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		for _, e := range b.peers {
+			check(e.p)
+		}
+		b.mu.Unlock()
 	}
 }
 

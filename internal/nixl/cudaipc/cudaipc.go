@@ -793,32 +793,22 @@ func (a *agent) read(c *net.UnixConn) {
 }
 
 // watchPeers fails the transfers of same-host peers whose process died,
-// within about 100 ms: an IPC mapping outlives its exporter, so nothing in
-// CUDA would ever notice.
+// within about nixl.PeerWatchPeriod: an IPC mapping outlives its
+// exporter, so nothing in CUDA would ever notice.
 func (a *agent) watchPeers() {
 	defer a.wg.Done()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stop:
+	a.WatchPeers(a.stop, func(p *peer) {
+		if !p.watch || p.dead.Load() || nixl.Alive(p.proc) {
 			return
-		case <-t.C:
 		}
-		a.Lock()
-		for _, p := range a.PeersLocked() {
-			if p.watch && !p.dead.Load() && !nixl.Alive(p.proc) {
-				p.dead.Store(true)
-				err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
-				for r, rp := range a.InFlightLocked() {
-					if rp == p {
-						r.fail(err)
-					}
-				}
+		p.dead.Store(true)
+		err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
+		for r, rp := range a.InFlightLocked() {
+			if rp == p {
+				r.fail(err)
 			}
 		}
-		a.Unlock()
-	}
+	})
 }
 
 // Close waits for copies in flight (bounded: the GPU finishes them),

@@ -218,26 +218,16 @@ func errMode(p nixl.Process) string {
 }
 
 // watchPeers fails the transfers of same-host peers whose process died,
-// within about 100 ms, where the transport itself would never notice.
+// within about nixl.PeerWatchPeriod, where the transport itself would
+// never notice.
 func (a *agent) watchPeers() {
 	defer close(a.watchDone)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stopWatch:
-			return
-		case <-t.C:
+	a.WatchPeers(a.stopWatch, func(p *peer) {
+		if p.mode == "none" && !p.dead && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
+			p.dead = true
+			C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
 		}
-		a.Lock()
-		for _, p := range a.PeersLocked() {
-			if p.mode == "none" && !p.dead && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
-				p.dead = true
-				C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
-			}
-		}
-		a.Unlock()
-	}
+	})
 }
 
 // watchNotifs turns the C side's eventfd into a coalescing channel signal.
