@@ -389,12 +389,7 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	return d, nil
 }
 
-func (a *agent) ReleaseDlist(d nixl.Dlist) error {
-	if _, ok := d.(*dlist); !ok {
-		return fmt.Errorf("not a cuda-ipc descriptor list")
-	}
-	return nil
-}
+func (a *agent) ReleaseDlist(d nixl.Dlist) error { return nixl.ReleaseDlist[*dlist](d, "cuda-ipc") }
 
 // request is a transfer request. state moves idle -> running -> (finishing
 // ->) done|failed, and back to running on a repost; gen counts postings

@@ -677,12 +677,7 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	return d, d.setMeta()
 }
 
-func (a *agent) ReleaseDlist(d nixl.Dlist) error {
-	if _, ok := d.(*dlist); !ok {
-		return fmt.Errorf("not a ucx descriptor list")
-	}
-	return nil
-}
+func (a *agent) ReleaseDlist(d nixl.Dlist) error { return nixl.ReleaseDlist[*dlist](d, "ucx") }
 
 // request is a transfer request.
 type request struct {
