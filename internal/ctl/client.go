@@ -354,6 +354,21 @@ func (c *Client) write(m Message) error {
 	return err
 }
 
+// CallRole is Call for a typed client of a child role (an encoder, an
+// xfer target): the reply decoded as R, an error prefixed with the role
+// and method, since the caller's caller did not ask the child itself. It
+// takes no context: a run still collects a child's counters, tags or
+// notifications after an interrupt, and a child that died fails the call
+// at once.
+func CallRole[R any](c *Client, role, method string, params any) (R, error) {
+	var rep R
+	if err := c.Call(context.Background(), method, params, &rep); err != nil {
+		var none R
+		return none, fmt.Errorf("%s %s: %w", role, method, err)
+	}
+	return rep, nil
+}
+
 // Call sends a request and decodes its result into result (nil: ignore
 // it). An error the server answered comes back as is; a server that went
 // away fails every call at once. Errors do not name the method: the

@@ -509,3 +509,18 @@ func TestDialTunesConnection(t *testing.T) {
 		t.Errorf("TCP_USER_TIMEOUT %d ms, SO_KEEPALIVE %d, TCP_KEEPIDLE %d s", timeout, keepalive, idle)
 	}
 }
+
+func TestCallRole(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	c := StartInProcess(context.Background(), testRole(nil))
+	if got, err := CallRole[string](c, "tester", "echo", "hi"); err != nil || got != "HI" {
+		t.Errorf("echo: %q, %v; want HI", got, err)
+	}
+	if got, err := CallRole[string](c, "tester", "echo", "fail"); err == nil || err.Error() != "tester echo: asked to fail" || got != "" {
+		t.Errorf("failed echo: %q, %v; want the error named by role and method", got, err)
+	}
+	if err := c.Close(time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-c.Done()
+}

@@ -110,11 +110,7 @@ type EncoderClient struct{ *ctl.Client }
 // After the encoder died every call fails at once. It takes no context:
 // the run collects the encoder's counters even after an interrupt.
 func (c EncoderClient) Call(req EncoderRequest) (EncoderReply, error) {
-	var rep EncoderReply
-	if err := c.Client.Call(context.Background(), req.Op, req, &rep); err != nil {
-		return EncoderReply{}, fmt.Errorf("encoder %s: %w", req.Op, err)
-	}
-	return rep, nil
+	return ctl.CallRole[EncoderReply](c.Client, "encoder", req.Op, req)
 }
 
 // Close asks the encoder to exit, killing a child still running 10 s

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -16,13 +15,6 @@ import (
 // encoding rules (msgspec msgpack, Python's json, SGLang's frame packing);
 // nixlctl's encoders must produce them byte for byte and its decoders read
 // them back.
-
-func sameWire(t *testing.T, what string, got, want []byte) {
-	t.Helper()
-	if string(got) != string(want) {
-		t.Errorf("%s differs from the upstream fixture:\n got %s\nwant %s", what, hex.EncodeToString(got), hex.EncodeToString(want))
-	}
-}
 
 func TestFixturePushReg(t *testing.T) {
 	t.Parallel()
@@ -40,7 +32,7 @@ func checkPushReg(t *testing.T, want []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameWire(t, "PUSH_REG", got, want)
+	wirefixture.Same(t, "PUSH_REG", got, want)
 	payload, ok := strings.CutPrefix(string(want), PushRegPrefix)
 	if !ok {
 		t.Fatal("the bytes lack the PUSH_REG: prefix")
@@ -59,7 +51,7 @@ func TestFixtureHeartbeat(t *testing.T) {
 	t.Parallel()
 	want := wirefixture.Hex(t, "vllm_heartbeat.hex")
 	idsIn := []string{"cmpl-1-0-1a2b3c4d", "cmpl-2-0-5e6f7a8b"}
-	sameWire(t, "HB", lease.HeartbeatBatch{IDs: idsIn}.Message(), want)
+	wirefixture.Same(t, "HB", lease.HeartbeatBatch{IDs: idsIn}.Message(), want)
 	ids, ok := lease.ParseHeartbeat(string(want))
 	if !ok || !cmp.Equal(ids, idsIn) {
 		t.Errorf("parsed %v, %v", ids, ok)
@@ -102,7 +94,7 @@ func checkTransferParams(t *testing.T, mode string, want []byte) {
 func TestFixtureCompletionNotif(t *testing.T) {
 	t.Parallel()
 	want := wirefixture.Hex(t, "vllm_completion_notif.hex")
-	sameWire(t, "completion notification", completionNotif("cmpl-1-0-1a2b3c4d", 2), want)
+	wirefixture.Same(t, "completion notification", completionNotif("cmpl-1-0-1a2b3c4d", 2), want)
 	id, n, ok := parseCompletion(string(want))
 	if !ok || id != "cmpl-1-0-1a2b3c4d" || n != 2 {
 		t.Errorf("parsed %q %d %v", id, n, ok)

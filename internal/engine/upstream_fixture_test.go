@@ -12,7 +12,7 @@ import (
 func TestFixtureUpstreamPushReg(t *testing.T) {
 	t.Parallel()
 	want := wirefixture.Upstream(t, "vllm_push_reg.bin")
-	sameWire(t, "hand fixture vllm_push_reg.hex", wirefixture.Hex(t, "vllm_push_reg.hex"), want)
+	wirefixture.Same(t, "hand fixture vllm_push_reg.hex", wirefixture.Hex(t, "vllm_push_reg.hex"), want)
 	checkPushReg(t, want)
 }
 
@@ -24,7 +24,7 @@ func TestFixtureUpstreamTransferParams(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			name := "vllm_kv_transfer_params_" + mode + ".json"
 			want := wirefixture.Upstream(t, name)
-			sameWire(t, "hand fixture "+name, wirefixture.Raw(t, name), want)
+			wirefixture.Same(t, "hand fixture "+name, wirefixture.Raw(t, name), want)
 			checkTransferParams(t, mode, want)
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Book is the bookkeeping an agent keeps beside its transport, the same
@@ -20,8 +21,10 @@ import (
 // What differs by backend comes in through Init and the calls: its name
 // (metadata and messages), what releasing a peer means (drop, which also
 // marks the backend's peer invalid for requests that still point at it),
-// whether a request is in flight, and how memory is registered.
-type Book[P comparable, R comparable, H any] struct {
+// whether a request is in flight, and how memory is registered. A
+// backend's request embeds ReqHead, so that the book can tell its own
+// requests, released or not, from anyone else's.
+type Book[P comparable, R Request, H any] struct {
 	backend  string
 	mu       sync.Mutex
 	closed   atomic.Bool
@@ -233,6 +236,31 @@ func (b *Book[P, R, H]) PeersLocked() iter.Seq2[string, P] {
 	}
 }
 
+// PeerWatchPeriod is how often WatchPeers looks at the peers: how long a
+// dead same-host peer's transfers may hang before they fail.
+const PeerWatchPeriod = 100 * time.Millisecond
+
+// WatchPeers calls check for each loaded peer, with the lock held, every
+// PeerWatchPeriod until stop is closed: check looks for a same-host peer
+// whose process exited, which a backend's transport may never notice, and
+// fails what it has in flight.
+func (b *Book[P, R, H]) WatchPeers(stop <-chan struct{}, check func(P)) {
+	t := time.NewTicker(PeerWatchPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		for _, e := range b.peers {
+			check(e.p)
+		}
+		b.mu.Unlock()
+	}
+}
+
 // InvalidateRemoteMD forgets the peer called name and releases what it
 // holds, unless transfers to it are in flight (ErrInFlight).
 func (b *Book[P, R, H]) InvalidateRemoteMD(name string) error {
@@ -258,11 +286,72 @@ func (b *Book[P, R, H]) invalidateLocked(name string, p P) error {
 	return nil
 }
 
-// AddReqLocked records a request made for peer p.
-func (b *Book[P, R, H]) AddReqLocked(r R, p P) { b.reqs[r] = p }
+// AddReqLocked records a request made for peer p, as this agent's.
+func (b *Book[P, R, H]) AddReqLocked(r R, p P) {
+	r.reqHead().owner = b
+	b.reqs[r] = p
+}
 
-// ReleaseReqLocked forgets a released request.
-func (b *Book[P, R, H]) ReleaseReqLocked(r R) { delete(b.reqs, r) }
+// Req is x as this agent's request: one it made and has not released.
+func (b *Book[P, R, H]) Req(x XferReq) (R, error) {
+	r, ok := x.(R)
+	if !ok || r.reqHead().owner != b {
+		var none R
+		return none, fmt.Errorf("request was not made by this agent")
+	}
+	if r.Released() {
+		var none R
+		return none, fmt.Errorf("request already released")
+	}
+	return r, nil
+}
+
+// OpenReq is Req for an agent that is not closed (ErrClosed if it is),
+// as polling a request wants; the lock is not taken.
+func (b *Book[P, R, H]) OpenReq(x XferReq) (R, error) {
+	r, err := b.Req(x)
+	if err == nil && b.Closed() {
+		err = ErrClosed
+	}
+	return r, err
+}
+
+// LockReq is Req followed by LockOpen, as posting a request wants: on
+// success the caller holds the lock.
+func (b *Book[P, R, H]) LockReq(x XferReq) (R, error) {
+	r, err := b.Req(x)
+	if err != nil {
+		return r, err
+	}
+	return r, b.LockOpen()
+}
+
+// ReleaseReq releases request x (Req) once release, called with the lock
+// held, let go of what the backend holds for it; release refuses with an
+// error when it cannot (a transfer in flight). After Close there is
+// nothing left to release: Close freed every request.
+func (b *Book[P, R, H]) ReleaseReq(x XferReq, release func(R) error) error {
+	r, err := b.Req(x)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil
+	}
+	if err := release(r); err != nil {
+		return err
+	}
+	b.ReleaseReqLocked(r)
+	return nil
+}
+
+// ReleaseReqLocked marks a request released and forgets it.
+func (b *Book[P, R, H]) ReleaseReqLocked(r R) {
+	r.reqHead().released.Store(true)
+	delete(b.reqs, r)
+}
 
 // ReqsLocked yields the requests not released, each with its peer.
 func (b *Book[P, R, H]) ReqsLocked() iter.Seq2[R, P] {

@@ -15,6 +15,7 @@ type bookPeerFake struct {
 }
 
 type bookReqFake struct {
+	ReqHead
 	running bool
 }
 
@@ -203,5 +204,51 @@ func TestBookRegistrations(t *testing.T) {
 	}
 	if _, err := b.EncodeLocalMD("me", nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("metadata after close: %v", err)
+	}
+}
+
+func TestBookReqRefusesForeignAndReleasedRequests(t *testing.T) {
+	b, other := newBookFake(), newBookFake()
+	p := &bookPeerFake{name: "p"}
+	r := &bookReqFake{running: true}
+	b.Lock()
+	b.AddReqLocked(r, p)
+	b.Unlock()
+
+	if _, err := other.Req(r); err == nil || !strings.Contains(err.Error(), "not made by this agent") {
+		t.Fatalf("another agent's request: %v", err)
+	}
+	if got, err := b.LockReq(r); err != nil || got != r {
+		t.Fatalf("LockReq: %v %v", got, err)
+	}
+	b.Unlock()
+
+	if err := b.ReleaseReq(r, func(*bookReqFake) error { return ErrInFlight }); !errors.Is(err, ErrInFlight) {
+		t.Fatalf("refused release: %v", err)
+	}
+	if r.Released() || len(maps.Collect(b.ReqsLocked())) != 1 {
+		t.Fatal("a refused release released the request")
+	}
+	r.running = false
+	if err := b.ReleaseReq(r, func(*bookReqFake) error { return nil }); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if _, err := b.Req(r); err == nil || !strings.Contains(err.Error(), "already released") {
+		t.Fatalf("released request: %v", err)
+	}
+
+	r2 := &bookReqFake{}
+	b.Lock()
+	b.AddReqLocked(r2, p)
+	b.CloseLocked()
+	b.Unlock()
+	if _, err := b.OpenReq(r2); !errors.Is(err, ErrClosed) {
+		t.Fatalf("OpenReq after Close: %v, want ErrClosed", err)
+	}
+	if _, err := b.LockReq(r2); !errors.Is(err, ErrClosed) {
+		t.Fatalf("LockReq after Close: %v, want ErrClosed", err)
+	}
+	if err := b.ReleaseReq(r2, func(*bookReqFake) error { t.Error("release called after Close"); return nil }); err != nil {
+		t.Fatalf("release after Close: %v, want nil (freed at Close)", err)
 	}
 }

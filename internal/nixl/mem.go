@@ -68,6 +68,31 @@ func (b *Buffer) Free() error {
 	return f()
 }
 
+// LendBuffer readies an agent that lends one buffer to its peers (a
+// benchmark's target): it allocates the buffer (alloc), registers it and
+// returns it with the agent's metadata, what a peer loads to reach it. On
+// failure it frees the buffer and closes a, which the caller must not
+// use again: an agent without its buffer has nothing to serve.
+func LendBuffer(a Agent, alloc func() (*Buffer, error)) (*Buffer, []byte, error) {
+	buf, err := alloc()
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	if err := a.RegisterMem(buf); err != nil {
+		buf.Free()
+		a.Close()
+		return nil, nil, err
+	}
+	md, err := a.LocalMD()
+	if err != nil {
+		buf.Free()
+		a.Close()
+		return nil, nil, err
+	}
+	return buf, md, nil
+}
+
 // AllocDRAM maps size bytes of anonymous, page-aligned, pre-faulted
 // memory, like a serving engine's own KV pool. With hugePages it asks for
 // 2 MiB pages and fails (naming the sysctl) if none are reserved.

@@ -256,20 +256,8 @@ func (p *peerState) setup(req PeerRequest) (PeerReply, error) {
 	if err != nil {
 		return PeerReply{}, err
 	}
-	pool, err := nixl.AllocDRAM(int(req.Shape.PoolBytes), false)
+	pool, md, err := nixl.LendBuffer(a, func() (*nixl.Buffer, error) { return nixl.AllocDRAM(int(req.Shape.PoolBytes), false) })
 	if err != nil {
-		a.Close()
-		return PeerReply{}, err
-	}
-	if err := a.RegisterMem(pool); err != nil {
-		pool.Free()
-		a.Close()
-		return PeerReply{}, err
-	}
-	md, err := a.LocalMD()
-	if err != nil {
-		pool.Free()
-		a.Close()
 		return PeerReply{}, err
 	}
 	p.agent, p.pool, p.shape, p.role = a, pool, req.Shape, req.Role

@@ -1,7 +1,6 @@
 package sidechannel
 
 import (
-	"encoding/hex"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -24,13 +23,6 @@ func fixtureMetadata() AgentMetadata {
 		RegionMembers: [][]string{}}
 }
 
-func sameBytes(t *testing.T, what string, got, want []byte) {
-	t.Helper()
-	if string(got) != string(want) {
-		t.Errorf("%s differs from the upstream fixture:\n got %s\nwant %s", what, hex.EncodeToString(got), hex.EncodeToString(want))
-	}
-}
-
 func TestFixtureGetMetaRequest(t *testing.T) {
 	t.Parallel()
 	want := wirefixture.Hex(t, "vllm_get_meta_req.hex")
@@ -38,7 +30,7 @@ func TestFixtureGetMetaRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameBytes(t, "get_meta_msg request", got, want)
+	wirefixture.Same(t, "get_meta_msg request", got, want)
 	pp, tp, err := DecodeGetMeta(want)
 	if err != nil || pp != 1 || tp != 3 {
 		t.Errorf("decoded pp %d tp %d, %v; want 1, 3", pp, tp, err)
@@ -52,7 +44,7 @@ func TestFixtureAgentMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameBytes(t, "NixlAgentMetadata", got, want)
+	wirefixture.Same(t, "NixlAgentMetadata", got, want)
 	// Unset lists fill in as a vLLM worker's defaults would: the same bytes.
 	sparse := fixtureMetadata()
 	sparse.SSMSizes, sparse.RegionMembers = nil, nil
@@ -60,7 +52,7 @@ func TestFixtureAgentMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameBytes(t, "NixlAgentMetadata with defaults left unset", got, want)
+	wirefixture.Same(t, "NixlAgentMetadata with defaults left unset", got, want)
 }
 
 func TestFixtureHandshakeReply(t *testing.T) {
@@ -71,8 +63,8 @@ func TestFixtureHandshakeReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameBytes(t, "NixlHandshakePayload", got, wantPayload)
-	sameBytes(t, "listener clock", EncodeClock(12345.5), wantTS)
+	wirefixture.Same(t, "NixlHandshakePayload", got, wantPayload)
+	wirefixture.Same(t, "listener clock", EncodeClock(12345.5), wantTS)
 
 	// The listener's answer to the fixture request is the fixture payload.
 	s := &HandshakeServer{hash: fixtureHash, ranks: map[[2]int][]byte{}}
@@ -83,7 +75,7 @@ func TestFixtureHandshakeReply(t *testing.T) {
 	if err != nil || len(frames) != 2 {
 		t.Fatalf("listener answered %d frames, %v", len(frames), err)
 	}
-	sameBytes(t, "listener payload", frames[0], wantPayload)
+	wirefixture.Same(t, "listener payload", frames[0], wantPayload)
 
 	// And the client reads upstream's reply back to the same values.
 	md, ts, err := DecodeHandshakeReply([][]byte{wantPayload, wantTS}, fixtureHash)

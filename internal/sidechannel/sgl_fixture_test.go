@@ -20,7 +20,7 @@ func sameFrames(t *testing.T, what string, got, want [][]byte) {
 		t.Errorf("%s: %d frames, upstream has %d", what, len(got), len(want))
 	}
 	for i := range min(len(got), len(want)) {
-		sameBytes(t, fmt.Sprintf("%s frame %d", what, i), got[i], want[i])
+		wirefixture.Same(t, fmt.Sprintf("%s frame %d", what, i), got[i], want[i])
 	}
 }
 
@@ -110,7 +110,7 @@ func TestFixtureSGLNotifs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fixture := tc.name + ".hex"
 			want := wirefixture.Hex(t, fixture)
-			sameBytes(t, fixture, tc.got, want)
+			wirefixture.Same(t, fixture, tc.got, want)
 			if n, err := ParseSGLNotif(string(want)); err != nil || n != tc.want {
 				t.Errorf("%s parsed %+v, %v; want %+v", fixture, n, err, tc.want)
 			}

@@ -77,8 +77,8 @@ func TestFixtureUpstreamVLLMHandshake(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sameBytes(t, "nixlctl's encoding", got, want)
-			sameBytes(t, "the hand fixture "+tc.hand, wirefixture.Hex(t, tc.hand), want)
+			wirefixture.Same(t, "nixlctl's encoding", got, want)
+			wirefixture.Same(t, "the hand fixture "+tc.hand, wirefixture.Hex(t, tc.hand), want)
 			tc.decode(t, want)
 		})
 	}
@@ -109,8 +109,8 @@ func TestFixtureUpstreamSGLFrames(t *testing.T) {
 	for _, tc := range sglNotifFixtures() {
 		t.Run(tc.name, func(t *testing.T) {
 			want := wirefixture.Upstream(t, tc.name+".bin")
-			sameBytes(t, "hand fixture "+tc.name+".hex", wirefixture.Hex(t, tc.name+".hex"), want)
-			sameBytes(t, "nixlctl's "+tc.name, tc.got, want)
+			wirefixture.Same(t, "hand fixture "+tc.name+".hex", wirefixture.Hex(t, tc.name+".hex"), want)
+			wirefixture.Same(t, "nixlctl's "+tc.name, tc.got, want)
 			if n, err := ParseSGLNotif(string(want)); err != nil || n != tc.want {
 				t.Errorf("parsed %+v, %v; want %+v", n, err, tc.want)
 			}

@@ -57,6 +57,16 @@ func Hex(t testing.TB, name string) []byte {
 	return frames[0]
 }
 
+// Same reports, as a test error, encoded bytes (got) that differ from a
+// fixture's (want), both in hex: a byte-level diff is what tells which
+// field an encoder got wrong.
+func Same(t testing.TB, what string, got, want []byte) {
+	t.Helper()
+	if string(got) != string(want) {
+		t.Errorf("%s differs from the upstream fixture:\n got %s\nwant %s", what, hex.EncodeToString(got), hex.EncodeToString(want))
+	}
+}
+
 // Frames returns a multipart .hex fixture's frames.
 func Frames(t testing.TB, name string) [][]byte {
 	t.Helper()

@@ -1,8 +1,6 @@
 package xfertarget
 
 import (
-	"context"
-	"fmt"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/ctl"
@@ -16,11 +14,7 @@ type Client struct{ *ctl.Client }
 // takes no context: the initiator still collects notifications and tags
 // after an interrupt, and a target that dies fails the call at once.
 func (c Client) Call(req Request) (Reply, error) {
-	var rep Reply
-	if err := c.Client.Call(context.Background(), req.Op, req, &rep); err != nil {
-		return Reply{}, fmt.Errorf("target %s: %w", req.Op, err)
-	}
-	return rep, nil
+	return ctl.CallRole[Reply](c.Client, "target", req.Op, req)
 }
 
 // Close asks the target to exit, killing a child still running 10 s later.

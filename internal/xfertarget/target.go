@@ -141,20 +141,10 @@ func (t *Target) setup(req Request) (Reply, error) {
 	if err != nil {
 		return Reply{}, err
 	}
-	buf, err := cuda.AllocSeg(a, mem, req.Device, req.Size, req.Alloc, req.HugePages)
+	buf, md, err := nixl.LendBuffer(a, func() (*nixl.Buffer, error) {
+		return cuda.AllocSeg(a, mem, req.Device, req.Size, req.Alloc, req.HugePages)
+	})
 	if err != nil {
-		a.Close()
-		return Reply{}, err
-	}
-	if err := a.RegisterMem(buf); err != nil {
-		buf.Free()
-		a.Close()
-		return Reply{}, err
-	}
-	md, err := a.LocalMD()
-	if err != nil {
-		buf.Free()
-		a.Close()
 		return Reply{}, err
 	}
 	t.agent, t.buf = a, buf

@@ -389,32 +389,25 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	return d, nil
 }
 
-func (a *agent) ReleaseDlist(d nixl.Dlist) error {
-	if _, ok := d.(*dlist); !ok {
-		return fmt.Errorf("not a cuda-ipc descriptor list")
-	}
-	return nil
-}
+func (a *agent) ReleaseDlist(d nixl.Dlist) error { return nixl.ReleaseDlist[*dlist](d, "cuda-ipc") }
 
 // request is a transfer request. state moves idle -> running -> (finishing
 // ->) done|failed, and back to running on a repost; gen counts postings
 // so that a completion seen for an old posting never finishes a new one.
 type request struct {
-	nixl.XferInfo
-	a     *agent
+	nixl.ReqHead
 	peer  *peer
 	ops   []cuda.Copy
 	notif []byte
 
-	state    atomic.Int32
-	gen      atomic.Uint64
-	released atomic.Bool
-	err      error       // why it failed; written before state is stored
-	ev       *cuda.Event // created at the first post
-	pins     int         // completion goroutine waiting on ev (under a.mu)
-	evFreed  bool        // under a.mu
-	t0, t1   time.Time   // post start and end (under a.mu)
-	tDone    time.Time   // written before state is stored
+	state   atomic.Int32
+	gen     atomic.Uint64
+	err     error       // why it failed; written before state is stored
+	ev      *cuda.Event // created at the first post
+	pins    int         // completion goroutine waiting on ev (under a.mu)
+	evFreed bool        // under a.mu
+	t0, t1  time.Time   // post start and end (under a.mu)
+	tDone   time.Time   // written before state is stored
 }
 
 // fail ends a posting in flight with err (under the agent's lock).
@@ -459,7 +452,7 @@ func (a *agent) MakeXferReq(op nixl.Op, local nixl.Dlist, localIdx []int, remote
 	if rm.remote.invalid {
 		return nil, fmt.Errorf("%w: %s", nixl.ErrUnknownAgent, rm.remote.name)
 	}
-	r := &request{XferInfo: nixl.NewXferInfo(op, total, len(localIdx), rm.remote.name), a: a, peer: rm.remote, ops: ops, notif: append([]byte(nil), notif...)}
+	r := &request{ReqHead: nixl.ReqHead{XferInfo: nixl.NewXferInfo(op, total, len(localIdx), rm.remote.name)}, peer: rm.remote, ops: ops, notif: append([]byte(nil), notif...)}
 	a.AddReqLocked(r, rm.remote)
 	return r, nil
 }
@@ -468,23 +461,9 @@ func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, r
 	return nixl.CreateXferReqByPrep(a, op, mem, local, remoteMem, remote, remoteName, notif)
 }
 
-func (a *agent) req(x nixl.XferReq) (*request, error) {
-	r, ok := x.(*request)
-	if !ok || r.a != a {
-		return nil, fmt.Errorf("request was not made by this agent")
-	}
-	if r.released.Load() {
-		return nil, fmt.Errorf("request already released")
-	}
-	return r, nil
-}
-
 func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.LockReq(x)
 	if err != nil {
-		return nixl.Failed, err
-	}
-	if err := a.LockOpen(); err != nil {
 		return nixl.Failed, err
 	}
 	p := r.peer
@@ -547,12 +526,9 @@ func (a *agent) prepareLocked(r *request) error {
 }
 
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.OpenReq(x)
 	if err != nil {
 		return nixl.Failed, err
-	}
-	if a.Closed() {
-		return nixl.Failed, nixl.ErrClosed
 	}
 	// The posting's number before its state: a repost numbers itself
 	// before its copies re-record the event and marks itself running only
@@ -564,7 +540,7 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 	if r.state.Load() == stRunning {
 		a.life.RLock()
 		done, qerr := false, error(nil)
-		if !r.released.Load() && !a.Closed() {
+		if !r.Released() && !a.Closed() {
 			done, qerr = r.ev.Query()
 		}
 		a.life.RUnlock()
@@ -640,7 +616,7 @@ func (a *agent) complete() {
 			it := a.pending[0]
 			a.pending = a.pending[1:]
 			r := it.r
-			if r.released.Load() || r.gen.Load() != it.gen || r.state.Load() != stRunning {
+			if r.Released() || r.gen.Load() != it.gen || r.state.Load() != stRunning {
 				a.Unlock()
 				continue
 			}
@@ -651,7 +627,7 @@ func (a *agent) complete() {
 			a.finish(r, it.gen, err)
 			a.Lock()
 			r.pins--
-			free := r.released.Load() && r.pins == 0 && !r.evFreed
+			free := r.Released() && r.pins == 0 && !r.evFreed
 			if free {
 				r.evFreed = true
 			}
@@ -666,39 +642,31 @@ func (a *agent) complete() {
 }
 
 func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
-	r, err := a.req(x)
-	if err != nil {
-		return err
-	}
-	a.Lock()
-	if a.Closed() {
-		a.Unlock()
-		return nil // freed at Close
-	}
-	if r.inFlight() {
-		a.Unlock()
-		return fmt.Errorf("release: %w", nixl.ErrInFlight)
-	}
-	r.released.Store(true)
-	a.ReleaseReqLocked(r)
-	free := r.ev != nil && r.pins == 0 && !r.evFreed
-	if free {
-		r.evFreed = true
-	}
-	a.Unlock()
-	if free {
+	var free *cuda.Event
+	err := a.ReleaseReq(x, func(r *request) error {
+		if r.inFlight() {
+			return fmt.Errorf("release: %w", nixl.ErrInFlight)
+		}
+		if r.ev != nil && r.pins == 0 && !r.evFreed {
+			r.evFreed = true
+			free = r.ev
+		}
+		return nil
+	})
+	if free != nil {
 		// The event may still have copies of a failed posting queued
-		// before it; the driver frees it once they ran.
+		// before it; the driver frees it once they ran. Not under the
+		// agent's lock: life is taken before it (Close).
 		a.life.Lock()
-		_ = r.ev.Destroy()
+		_ = free.Destroy()
 		a.life.Unlock()
 	}
-	return nil
+	return err
 }
 
 func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	r, ok := x.(*request)
-	if !ok || r.released.Load() {
+	if !ok || r.Released() {
 		return nixl.Telemetry{}
 	}
 	t := nixl.Telemetry{Bytes: r.Bytes(), Descs: r.Descs()}
@@ -820,32 +788,22 @@ func (a *agent) read(c *net.UnixConn) {
 }
 
 // watchPeers fails the transfers of same-host peers whose process died,
-// within about 100 ms: an IPC mapping outlives its exporter, so nothing in
-// CUDA would ever notice.
+// within about nixl.PeerWatchPeriod: an IPC mapping outlives its
+// exporter, so nothing in CUDA would ever notice.
 func (a *agent) watchPeers() {
 	defer a.wg.Done()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stop:
+	a.WatchPeers(a.stop, func(p *peer) {
+		if !p.watch || p.dead.Load() || nixl.Alive(p.proc) {
 			return
-		case <-t.C:
 		}
-		a.Lock()
-		for _, p := range a.PeersLocked() {
-			if p.watch && !p.dead.Load() && !nixl.Alive(p.proc) {
-				p.dead.Store(true)
-				err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
-				for r, rp := range a.InFlightLocked() {
-					if rp == p {
-						r.fail(err)
-					}
-				}
+		p.dead.Store(true)
+		err := fmt.Errorf("%w: %s: its process exited", nixl.ErrPeerFailed, p.name)
+		for r, rp := range a.InFlightLocked() {
+			if rp == p {
+				r.fail(err)
 			}
 		}
-		a.Unlock()
-	}
+	})
 }
 
 // Close waits for copies in flight (bounded: the GPU finishes them),

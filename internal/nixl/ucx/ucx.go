@@ -218,26 +218,16 @@ func errMode(p nixl.Process) string {
 }
 
 // watchPeers fails the transfers of same-host peers whose process died,
-// within about 100 ms, where the transport itself would never notice.
+// within about nixl.PeerWatchPeriod, where the transport itself would
+// never notice.
 func (a *agent) watchPeers() {
 	defer close(a.watchDone)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stopWatch:
-			return
-		case <-t.C:
+	a.WatchPeers(a.stopWatch, func(p *peer) {
+		if p.mode == "none" && !p.dead && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
+			p.dead = true
+			C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
 		}
-		a.Lock()
-		for _, p := range a.PeersLocked() {
-			if p.mode == "none" && !p.dead && nixl.SameHost(p.proc) && !nixl.Alive(p.proc) {
-				p.dead = true
-				C.nx_peer_fail(a.c, p.p, C.nx_status_peer_died())
-			}
-		}
-		a.Unlock()
-	}
+	})
 }
 
 // watchNotifs turns the C side's eventfd into a coalescing channel signal.
@@ -687,25 +677,19 @@ func (a *agent) PrepXferDlist(remote string, mem nixl.MemType, descs []nixl.Desc
 	return d, d.setMeta()
 }
 
-func (a *agent) ReleaseDlist(d nixl.Dlist) error {
-	if _, ok := d.(*dlist); !ok {
-		return fmt.Errorf("not a ucx descriptor list")
-	}
-	return nil
-}
+func (a *agent) ReleaseDlist(d nixl.Dlist) error { return nixl.ReleaseDlist[*dlist](d, "ucx") }
 
 // request is a transfer request.
 type request struct {
-	nixl.XferInfo
-	a        *agent
-	x        *C.nx_xfer_t
-	peer     *peer
-	released bool
-	posted   bool
+	nixl.ReqHead
+	a      *agent
+	x      *C.nx_xfer_t
+	peer   *peer
+	posted bool
 }
 
 func (r *request) inFlight() bool {
-	if r.released || !r.posted {
+	if r.Released() || !r.posted {
 		return false
 	}
 	st := C.nx_xfer_state(r.a.c, r.x, 0)
@@ -780,7 +764,7 @@ func (a *agent) newRequest(op nixl.Op, p *peer, ops []C.nx_op_t, total int64, no
 	if x == nil {
 		return nil, fmt.Errorf("make request: out of memory")
 	}
-	r := &request{XferInfo: nixl.NewXferInfo(op, total, len(ops), p.name), a: a, x: x, peer: p}
+	r := &request{ReqHead: nixl.ReqHead{XferInfo: nixl.NewXferInfo(op, total, len(ops), p.name)}, a: a, x: x, peer: p}
 	a.AddReqLocked(r, p)
 	return r, nil
 }
@@ -794,23 +778,9 @@ func (a *agent) CreateXferReq(op nixl.Op, mem nixl.MemType, local []nixl.Desc, r
 		})
 }
 
-func (a *agent) req(x nixl.XferReq) (*request, error) {
-	r, ok := x.(*request)
-	if !ok || r.a != a {
-		return nil, fmt.Errorf("request was not made by this agent")
-	}
-	if r.released {
-		return nil, fmt.Errorf("request already released")
-	}
-	return r, nil
-}
-
 func (a *agent) PostXferReq(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.LockReq(x)
 	if err != nil {
-		return nixl.Failed, err
-	}
-	if err := a.LockOpen(); err != nil {
 		return nixl.Failed, err
 	}
 	if r.peer.invalid {
@@ -860,12 +830,9 @@ func peerGone(p *peer) bool {
 }
 
 func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
-	r, err := a.req(x)
+	r, err := a.OpenReq(x)
 	if err != nil {
 		return nixl.Failed, err
-	}
-	if a.Closed() {
-		return nixl.Failed, nixl.ErrClosed
 	}
 	// Finished requests answer without calling into C; running ones
 	// progress the worker.
@@ -876,26 +843,17 @@ func (a *agent) XferStatus(x nixl.XferReq) (nixl.Status, error) {
 }
 
 func (a *agent) ReleaseXferReq(x nixl.XferReq) error {
-	r, err := a.req(x)
-	if err != nil {
-		return err
-	}
-	a.Lock()
-	defer a.Unlock()
-	if a.Closed() {
-		return nil // freed at Close
-	}
-	if C.nx_xfer_release(a.c, r.x) != 0 {
-		return fmt.Errorf("release: %w", nixl.ErrInFlight)
-	}
-	r.released = true
-	a.ReleaseReqLocked(r)
-	return nil
+	return a.ReleaseReq(x, func(r *request) error {
+		if C.nx_xfer_release(a.c, r.x) != 0 {
+			return fmt.Errorf("release: %w", nixl.ErrInFlight)
+		}
+		return nil
+	})
 }
 
 func (a *agent) Telemetry(x nixl.XferReq) nixl.Telemetry {
 	r, ok := x.(*request)
-	if !ok || r.released {
+	if !ok || r.Released() {
 		return nixl.Telemetry{}
 	}
 	if st := r.state(); st != C.NX_DONE && st != C.NX_ERROR {
@@ -971,7 +929,7 @@ func (a *agent) Close() error {
 	}
 	for r := range a.ReqsLocked() {
 		C.nx_xfer_release(a.c, r.x)
-		r.released = true
+		r.MarkReleased()
 	}
 	for _, r := range a.RegsLocked() {
 		C.nx_mem_unmap(a.c, r.Handle.mem)
