@@ -102,17 +102,7 @@ func newBenchXferCmd(a *app) *cobra.Command {
 		Long:    benchXferLong,
 		Example: benchXferExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o benchXferOptions
-			set, err := bindExplicit(cmd, &o)
-			if err != nil {
-				return err
-			}
-			if err := ignoredErrors(set, o, o.ignored()); err != nil {
-				return err
-			}
-			return runBenchXfer(cmd.Context(), a, o)
-		},
+		RunE:    bound(a.runBenchXfer),
 	}
 	d := xferbench.DefaultXferOptions()
 	f := cmd.Flags()
@@ -154,6 +144,10 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+func (o benchXferOptions) checkExplicit(set explicitOptions) error {
+	return ignoredErrors(set, o, o.ignored())
+}
+
 // ignored lists what this run does not read: the model's shape flags
 // without a model, and with one the sweep bounds it replaces.
 func (o benchXferOptions) ignored() []runcore.IgnoredField {
@@ -170,7 +164,7 @@ func (o benchXferOptions) ignored() []runcore.IgnoredField {
 	return out
 }
 
-func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
+func (a *app) runBenchXfer(ctx context.Context, o benchXferOptions) error {
 	x := o.XferOptions
 	x.Version, x.Log = version, a.log
 	if o.Model != "" || o.ModelConfig != "" {

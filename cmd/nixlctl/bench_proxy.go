@@ -66,13 +66,7 @@ func newBenchProxyCmd(a *app) *cobra.Command {
 		Example: `  nixlctl bench proxy --proxy http://127.0.0.1:8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
   nixlctl bench proxy --proxy http://router:8000 --requests 1000 --concurrency 32 --isl 4096 -o json`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o benchProxyOptions
-			if _, err := bindExplicit(cmd, &o); err != nil {
-				return err
-			}
-			return runBenchProxy(cmd.Context(), a, o)
-		},
+		RunE: bound(a.runBenchProxy),
 	}
 	f := cmd.Flags()
 	f.String("proxy", "", "the proxy's base URL (required), e.g. http://127.0.0.1:8000")
@@ -92,7 +86,7 @@ func newBenchProxyCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-func runBenchProxy(ctx context.Context, a *app, o benchProxyOptions) error {
+func (a *app) runBenchProxy(ctx context.Context, o benchProxyOptions) error {
 	if o.Proxy == "" {
 		return errkind.BadInputf("--proxy URL is required (the proxy's base URL, e.g. http://127.0.0.1:8000)")
 	}
