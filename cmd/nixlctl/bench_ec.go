@@ -81,7 +81,7 @@ func newBenchECCmd(a *app) *cobra.Command {
 	}
 	d := ecbench.DefaultECOptions()
 	f := cmd.Flags()
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	transferBackendFlag(f, d.Backend, autoPicksNixl)
 	f.String("direction", strings.ToLower(d.Direction.String()), "read: the consumer READs (upstream); write: the producer WRITEs")
 	f.String("model", kv.DefaultVisionModel, "vision geometry preset: "+strings.Join(kv.VisionPresets(), ", "))
 	f.Int("hidden-size", 0, "override the preset's hidden size (elements per embedding)")

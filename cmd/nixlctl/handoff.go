@@ -17,7 +17,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
@@ -184,7 +183,7 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
 	}
 	d := handoff.DefaultHandoffOptions()
 	f := cmd.Flags()
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	transferBackendFlag(f, d.Backend, "")
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")

@@ -14,7 +14,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
@@ -125,7 +124,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f.String("reaper", string(d.Reaper), "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
 	f.String("protocol", d.Protocol.String(), "pull (decode READs) or push (prefill WRITEs)")
 	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease: vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	transferBackendFlag(f, d.Backend, "")
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
