@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
@@ -102,21 +103,11 @@ func newBenchXferCmd(a *app) *cobra.Command {
 		Long:    benchXferLong,
 		Example: benchXferExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o benchXferOptions
-			set, err := bindExplicit(cmd, &o)
-			if err != nil {
-				return err
-			}
-			if err := ignoredErrors(set, o, o.ignored()); err != nil {
-				return err
-			}
-			return runBenchXfer(cmd.Context(), a, o)
-		},
+		RunE:    bound(a.runBenchXfer),
 	}
 	d := xferbench.DefaultXferOptions()
 	f := cmd.Flags()
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	transferBackendFlag(f, d.Backend, autoPicksNixl)
 	f.String("op-type", d.Op.String(), "READ or WRITE")
 	f.String("mem", d.InitiatorSeg.String(), "initiator memory: DRAM or VRAM")
 	f.String("target-mem", d.TargetSeg.String(), "target memory: DRAM or VRAM")
@@ -154,6 +145,10 @@ func newBenchXferCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+func (o benchXferOptions) checkExplicit(set explicitOptions) error {
+	return ignoredErrors(set, o, o.ignored())
+}
+
 // ignored lists what this run does not read: the model's shape flags
 // without a model, and with one the sweep bounds it replaces.
 func (o benchXferOptions) ignored() []runcore.IgnoredField {
@@ -170,7 +165,7 @@ func (o benchXferOptions) ignored() []runcore.IgnoredField {
 	return out
 }
 
-func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
+func (a *app) runBenchXfer(ctx context.Context, o benchXferOptions) error {
 	x := o.XferOptions
 	x.Version, x.Log = version, a.log
 	if o.Model != "" || o.ModelConfig != "" {
@@ -228,6 +223,17 @@ func runBenchXfer(ctx context.Context, a *app, o benchXferOptions) error {
 	}
 	return runErr
 }
+
+// transferBackendFlag declares --backend of a command that moves data,
+// naming every registered backend so that the help follows the registry;
+// note (autoPicksNixl or nothing) follows the list.
+func transferBackendFlag(f *pflag.FlagSet, dflt, note string) {
+	f.String("backend", dflt, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+note)
+}
+
+// autoPicksNixl is what --backend auto chooses, as the help of bench xfer
+// and bench ec says it.
+const autoPicksNixl = " (auto: nixl when installed, else ucx)"
 
 // checkBackendName refuses a backend nobody registered (bad input, exit 2);
 // a known one that cannot run here fails later with its reason (exit 1).

@@ -77,28 +77,11 @@ func newBenchECCmd(a *app) *cobra.Command {
 		Long:    benchECLong,
 		Example: benchECExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o benchECOptions
-			set, err := bindExplicit(cmd, &o)
-			if err != nil {
-				return err
-			}
-			// 0 was read as "the preset's", as if not given.
-			if err := refuseExplicitZero(set,
-				zeroFlag{"hidden-size", o.HiddenSize == 0, "a positive number of elements per embedding", "the preset's"},
-				zeroFlag{"spatial-merge", o.SpatialMerge == 0, "a positive merge size", "the preset's"},
-			); err != nil {
-				return err
-			}
-			if err := ignoredErrors(set, o, o.ECOptions.Ignored()); err != nil {
-				return err
-			}
-			return runBenchEC(cmd.Context(), a, o)
-		},
+		RunE:    bound(a.runBenchEC),
 	}
 	d := ecbench.DefaultECOptions()
 	f := cmd.Flags()
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", ")+" (auto: nixl when installed, else ucx)")
+	transferBackendFlag(f, d.Backend, autoPicksNixl)
 	f.String("direction", strings.ToLower(d.Direction.String()), "read: the consumer READs (upstream); write: the producer WRITEs")
 	f.String("model", kv.DefaultVisionModel, "vision geometry preset: "+strings.Join(kv.VisionPresets(), ", "))
 	f.Int("hidden-size", 0, "override the preset's hidden size (elements per embedding)")
@@ -127,7 +110,18 @@ func newBenchECCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-func runBenchEC(ctx context.Context, a *app, o benchECOptions) error {
+func (o benchECOptions) checkExplicit(set explicitOptions) error {
+	// 0 was read as "the preset's", as if not given.
+	if err := refuseExplicitZero(set,
+		zeroFlag{"hidden-size", o.HiddenSize == 0, "a positive number of elements per embedding", "the preset's"},
+		zeroFlag{"spatial-merge", o.SpatialMerge == 0, "a positive merge size", "the preset's"},
+	); err != nil {
+		return err
+	}
+	return ignoredErrors(set, o, o.ECOptions.Ignored())
+}
+
+func (a *app) runBenchEC(ctx context.Context, o benchECOptions) error {
 	x := o.ECOptions
 	x.Version, x.Log = version, a.log
 	if x.Backend != "auto" && x.Backend != "" {

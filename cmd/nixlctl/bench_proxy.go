@@ -14,21 +14,12 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
+// benchProxyOptions is proxybench.Options, which the flags decode into,
+// plus the table's per-request rows and the headers as typed.
 type benchProxyOptions struct {
-	Proxy       string        `mapstructure:"proxy"`
-	Path        string        `mapstructure:"path"`
-	Requests    int           `mapstructure:"requests"`
-	Concurrency int           `mapstructure:"concurrency"`
-	ISL         int           `mapstructure:"isl"`
-	MaxTokens   int           `mapstructure:"max-tokens"`
-	Model       string        `mapstructure:"model"`
-	Timeout     time.Duration `mapstructure:"timeout"`
-	Prefill     []string      `mapstructure:"prefill"`
-	Decode      []string      `mapstructure:"decode"`
-	Settle      time.Duration `mapstructure:"settle"`
-	Seed        uint64        `mapstructure:"seed"`
-	PerRequest  bool          `mapstructure:"per-request"`
-	Header      []string      `mapstructure:"header"`
+	proxybench.Options `mapstructure:",squash"`
+	PerRequest         bool     `mapstructure:"per-request"`
+	Header             []string `mapstructure:"header"`
 }
 
 const benchProxyLong = `Test a disaggregated-serving proxy or router without GPUs: send --requests
@@ -66,13 +57,7 @@ func newBenchProxyCmd(a *app) *cobra.Command {
 		Example: `  nixlctl bench proxy --proxy http://127.0.0.1:8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
   nixlctl bench proxy --proxy http://router:8000 --requests 1000 --concurrency 32 --isl 4096 -o json`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o benchProxyOptions
-			if _, err := bindExplicit(cmd, &o); err != nil {
-				return err
-			}
-			return runBenchProxy(cmd.Context(), a, o)
-		},
+		RunE: bound(a.runBenchProxy),
 	}
 	f := cmd.Flags()
 	f.String("proxy", "", "the proxy's base URL (required), e.g. http://127.0.0.1:8000")
@@ -92,13 +77,12 @@ func newBenchProxyCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-func runBenchProxy(ctx context.Context, a *app, o benchProxyOptions) error {
+func (a *app) runBenchProxy(ctx context.Context, o benchProxyOptions) error {
 	if o.Proxy == "" {
 		return errkind.BadInputf("--proxy URL is required (the proxy's base URL, e.g. http://127.0.0.1:8000)")
 	}
-	po := proxybench.Options{Proxy: o.Proxy, Path: o.Path, Requests: o.Requests, Concurrency: o.Concurrency, ISL: o.ISL,
-		MaxTokens: o.MaxTokens, Model: o.Model, Timeout: o.Timeout, Prefill: o.Prefill, Decode: o.Decode, Settle: o.Settle,
-		Seed: o.Seed, Version: version}
+	po := o.Options
+	po.Version = version
 	for _, h := range o.Header {
 		k, v, ok := strings.Cut(h, ":")
 		if !ok || strings.TrimSpace(k) == "" {

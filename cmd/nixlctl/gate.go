@@ -74,13 +74,7 @@ func newGateCmd(a *app) *cobra.Command {
   nixlctl gate --baseline base.json --result a.json --result b.json --result c.json --max-regression 3%
   nixlctl gate --baseline base.json --repeat 3 --metric efficiency --metric latency_us.p99`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o gateOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runGate(cmd.Context(), a, o)
-		},
+		RunE: bound(a.runGate),
 	}
 	f := cmd.Flags()
 	f.String("baseline", "", "the baseline result (file or --save directory)")
@@ -112,7 +106,7 @@ func parseFraction(flag, s string) (float64, error) {
 	return v, nil
 }
 
-func runGate(ctx context.Context, a *app, o gateOptions) error {
+func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	if a.format == report.FormatProm {
 		// Found before any --repeat run spends minutes.
 		return errkind.BadInput(report.FormatError("gate", a.format))

@@ -17,7 +17,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/rendezvous"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
@@ -178,18 +177,13 @@ func newHandoffCmd(a *app, proto engine.Protocol) *cobra.Command {
   nixlctl bench %[1]s --rendezvous 0.0.0.0:7500 --roster prefill=0,decode=1 --run-id "$SLURM_JOB_ID" --join-window 5m
   nixlctl bench %[1]s --isl-dist normal --isl-mean 4000 --isl-std 1500 --isl-min 256 --isl-max 8192 --rate 20 --records out.jsonl`, proto),
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o handoffOptions
-			set, err := bindExplicit(cmd, &o)
-			if err != nil {
-				return err
-			}
-			return runHandoff(cmd.Context(), a, proto, o, set)
-		},
+		RunE: boundExplicit(func(ctx context.Context, o handoffOptions, set explicitOptions) error {
+			return runHandoff(ctx, a, proto, o, set)
+		}),
 	}
 	d := handoff.DefaultHandoffOptions()
 	f := cmd.Flags()
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	transferBackendFlag(f, d.Backend, "")
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
@@ -428,8 +422,7 @@ setup with an error naming both.`, role),
   nixlctl serve decode --register 10.0.0.3:7500 --run-id r1 --rank 1 --world-size 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o serveEngineOptions
-			set, err := bindExplicit(cmd, &o)
+			o, set, err := bindLeaf[serveEngineOptions](cmd)
 			if err != nil {
 				return err
 			}

@@ -83,20 +83,14 @@ func newReportHTMLCmd(a *app) *cobra.Command {
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var o reportHTMLOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runReportHTML(cmd.Context(), a, args, o)
-		},
+		RunE: boundArgs(a.runReportHTML),
 	}
 	cmd.Flags().String("out", "", "write the page to this .html file (default: stdout)")
 	cmd.Flags().StringArray("metric", nil, "with several results: compare only this metric key (repeatable)")
 	return cmd
 }
 
-func runReportHTML(_ context.Context, a *app, paths []string, o reportHTMLOptions) error {
+func (a *app) runReportHTML(_ context.Context, paths []string, o reportHTMLOptions) error {
 	if o.Out != "" {
 		if err := checkHTMLFile("out", o.Out, ""); err != nil {
 			return err

@@ -79,13 +79,7 @@ func newKVLayoutCmd(a *app) *cobra.Command {
 		Long:    kvLayoutLong,
 		Example: kvLayoutExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var opts kvLayoutOptions
-			if err := bindOptions(cmd, &opts); err != nil {
-				return err
-			}
-			return runKVLayout(cmd.Context(), a, opts)
-		},
+		RunE:    bound(a.runKVLayout),
 	}
 	f := cmd.Flags()
 	f.String("model", "", "model preset ("+strings.Join(kv.PresetNames(), ", ")+"); default "+kv.DefaultModel)
@@ -206,7 +200,7 @@ func parseLinks(s string) ([]kv.Link, error) {
 	return links, nil
 }
 
-func runKVLayout(_ context.Context, a *app, o kvLayoutOptions) error {
+func (a *app) runKVLayout(_ context.Context, o kvLayoutOptions) error {
 	m, err := loadModel(o.Model, o.ModelConfig)
 	if err != nil {
 		return err

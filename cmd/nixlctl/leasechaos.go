@@ -14,7 +14,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
 	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
@@ -110,24 +109,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 		Long:    leaseChaosLong,
 		Example: leaseChaosExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o leaseChaosOptions
-			set, err := bindExplicit(cmd, &o)
-			if err != nil {
-				return err
-			}
-			if err := ignoredErrors(set, o, o.ignored()); err != nil {
-				return err
-			}
-			// 0 is "the default" (settle), as if not given.
-			if err := refuseExplicitZero(set,
-				zeroFlag{"kv-lease-duration", o.Lease == 0, "a positive duration", "3s, or 30s with --sim"},
-				zeroFlag{"timeout", o.Timeout == 0, "a positive duration", "16 x the lease"},
-			); err != nil {
-				return err
-			}
-			return runLeaseChaos(cmd.Context(), a, o)
-		},
+		RunE:    bound(a.runLeaseChaos),
 	}
 	d, t := leasechaos.DefaultLeaseChaosOptions(), leasesim.DefaultTrafficOptions()
 	var policies []string
@@ -142,7 +124,7 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	f.String("reaper", string(d.Reaper), "how prefill looks for expired leases: full (every entry) or head-only (vLLM before PR #50789)")
 	f.String("protocol", d.Protocol.String(), "pull (decode READs) or push (prefill WRITEs)")
 	f.String("push-heartbeat-keys", d.PushHeartbeatKeys.String(), "push: upstream (heartbeats keyed by the router's id never renew a lease: vLLM #53095) or fixed (decode's id matched by base id; not upstream behaviour)")
-	f.String("backend", d.Backend, "transfer backend: "+strings.Join(append([]string{"auto"}, nixl.Backends()...), ", "))
+	transferBackendFlag(f, d.Backend, "")
 	f.String("model", "", "model preset (default "+kv.DefaultModel+")")
 	f.String("model-config", "", "HuggingFace config.json instead of a preset")
 	f.String("kv-dtype", "", "KV cache dtype (default: the model's)")
@@ -167,6 +149,17 @@ func newLeaseChaosCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+func (o leaseChaosOptions) checkExplicit(set explicitOptions) error {
+	if err := ignoredErrors(set, o, o.ignored()); err != nil {
+		return err
+	}
+	// 0 is "the default" (settle), as if not given.
+	return refuseExplicitZero(set,
+		zeroFlag{"kv-lease-duration", o.Lease == 0, "a positive duration", "3s, or 30s with --sim"},
+		zeroFlag{"timeout", o.Timeout == 0, "a positive duration", "16 x the lease"},
+	)
+}
+
 // ignored lists what the mode does not read: without --sim, every
 // traffic option (each tagged field of leasesim.TrafficOptions but the
 // seed, which both modes use) and --sweep-lease; with --sim, what only
@@ -186,7 +179,7 @@ func (o leaseChaosOptions) ignored() []runcore.IgnoredField {
 	return append(out, runcore.IgnoredField{Field: "SweepLease", Why: why})
 }
 
-func runLeaseChaos(ctx context.Context, a *app, o leaseChaosOptions) error {
+func (a *app) runLeaseChaos(ctx context.Context, o leaseChaosOptions) error {
 	if err := o.measureOptions.validate(); err != nil {
 		return err
 	}

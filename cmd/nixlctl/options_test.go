@@ -13,6 +13,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/handoff"
 	"github.com/nixlctl/nixlctl/internal/leasechaos"
 	"github.com/nixlctl/nixlctl/internal/leasesim"
+	"github.com/nixlctl/nixlctl/internal/proxybench"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
@@ -76,6 +77,7 @@ func TestOptionsAreFlags(t *testing.T) {
 		{reflect.TypeFor[ecbench.ECOptions](), newBenchECCmd(&app{})},
 		{reflect.TypeFor[leasechaos.LeaseChaosOptions](), newLeaseChaosCmd(&app{})},
 		{reflect.TypeFor[leasesim.TrafficOptions](), newLeaseChaosCmd(&app{})},
+		{reflect.TypeFor[proxybench.Options](), newBenchProxyCmd(&app{})},
 	} {
 		var missing []string
 		var walk func(reflect.Type, string)

@@ -94,13 +94,7 @@ func newProbeUCXLeakCmd(a *app) *cobra.Command {
 		Long:    probeUCXLeakLong,
 		Example: probeUCXLeakExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o probeUCXLeakOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runProbeUCXLeak(cmd.Context(), a, o)
-		},
+		RunE:    bound(a.runProbeUCXLeak),
 	}
 	d := probe.DefaultChurn
 	f := cmd.Flags()
@@ -140,7 +134,7 @@ func parseDurationFlag(flag, s string, allowZero bool) (time.Duration, error) {
 	return d, nil
 }
 
-func runProbeUCXLeak(ctx context.Context, a *app, o probeUCXLeakOptions) error {
+func (a *app) runProbeUCXLeak(ctx context.Context, o probeUCXLeakOptions) error {
 	x := probe.LeakOptions{Rate: o.Rate, Tokens: o.ISL, SelfTestLeakMBPerS: o.SelfTestLeak, Thresholds: probe.DefaultThresholds,
 		Version: version, Log: a.log}
 	if !a.io.StderrTTY {
@@ -254,13 +248,7 @@ func newProbeEnvCmd(a *app) *cobra.Command {
   UCX_TLS=tcp,self nixlctl probe env
   nixlctl probe env --requests 0 -o json`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o probeEnvOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runProbeEnv(cmd.Context(), a, o)
-		},
+		RunE: bound(a.runProbeEnv),
 	}
 	f := cmd.Flags()
 	f.String("backend", "auto", "backend for the loopback: auto, ucx or nixl (auto: nixl when available, else ucx)")
@@ -269,7 +257,7 @@ func newProbeEnvCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-func runProbeEnv(ctx context.Context, a *app, o probeEnvOptions) error {
+func (a *app) runProbeEnv(ctx context.Context, o probeEnvOptions) error {
 	if o.Requests < 0 || o.Requests > 10000 {
 		return errkind.BadInputf("--requests must be between 0 and 10000 (got %d)", o.Requests)
 	}
@@ -395,6 +383,14 @@ const probeSideChannelExample = `  nixlctl probe sidechannel 10.0.0.2:5600
   nixlctl probe sidechannel tcp://10.0.0.2:5601 --tp-rank 1
   nixlctl probe sidechannel --protocol sglang 10.0.0.2:8998 -o json`
 
+func (o probeSideChannelOptions) checkExplicit(set explicitOptions) error {
+	// 0 is "discover", as if not given.
+	return refuseExplicitZero(set,
+		zeroFlag{"tp", o.TP == 0, "at least 1", "discovering it"},
+		zeroFlag{"pp", o.PP == 0, "at least 1", "discovering it"},
+	)
+}
+
 func newProbeSideChannelCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "sidechannel TARGET",
@@ -403,16 +399,8 @@ func newProbeSideChannelCmd(a *app) *cobra.Command {
 		Example: probeSideChannelExample,
 		Args:    cobra.ArbitraryArgs, // checked in runProbeSideChannel, with a clearer message
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var o probeSideChannelOptions
-			set, err := bindExplicit(cmd, &o)
+			o, _, err := bindLeaf[probeSideChannelOptions](cmd)
 			if err != nil {
-				return err
-			}
-			// 0 is "discover", as if not given.
-			if err := refuseExplicitZero(set,
-				zeroFlag{"tp", o.TP == 0, "at least 1", "discovering it"},
-				zeroFlag{"pp", o.PP == 0, "at least 1", "discovering it"},
-			); err != nil {
 				return err
 			}
 			f := cmd.Flags()

@@ -46,13 +46,9 @@ mid-way skipped.`,
   nixlctl report show result.json -o markdown
   nixlctl report show run1/ --plot latency.svg -o prom`,
 		Args: exactArgs(1, "report show needs one result file or directory"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var o reportShowOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runReportShow(cmd.Context(), a, args[0], o)
-		},
+		RunE: boundArgs(func(ctx context.Context, args []string, o reportShowOptions) error {
+			return runReportShow(ctx, a, args[0], o)
+		}),
 	}
 	cmd.Flags().String("plot", "", "draw the result into this .png or .svg file")
 	return cmd
@@ -159,20 +155,14 @@ distribution is "same" came from its reference (memcpy) or is noise.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var o reportCompareOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
-			return runReportCompare(cmd.Context(), a, args, o)
-		},
+		RunE: boundArgs(a.runReportCompare),
 	}
 	cmd.Flags().StringArray("metric", nil, "compare only this metric key (repeatable): efficiency, bandwidth_gbps, handoff_latency_ms.p99, ...")
 	cmd.Flags().String("html", "", "also write the comparison as one self-contained HTML page (each metric's runs as points) to this .html file")
 	return cmd
 }
 
-func runReportCompare(_ context.Context, a *app, paths []string, o reportCompareOptions) error {
+func (a *app) runReportCompare(_ context.Context, paths []string, o reportCompareOptions) error {
 	if o.HTML != "" {
 		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
 			return err

@@ -53,7 +53,7 @@ func newRootCmd(a *app) *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			a.command = cmd.CommandPath()
 			var g globalOptions
-			// Not bindOptions: the command's own bind resolves its
+			// Not bindLeaf: the command's own bind resolves its
 			// aliases, and their notes are printed once.
 			if _, err := bind(cmd, &g, false); err != nil {
 				return err
@@ -103,26 +103,18 @@ func (a *app) applyGlobals(g globalOptions) error {
 	return nil
 }
 
-// bindOptions resolves every flag of cmd (its own and inherited) with the
-// precedence flag > NIXLCTL_* environment > config file > flag default, and
-// decodes the result into opts, whose fields carry mapstructure tags named
-// after the flags. Flag variables themselves are never read: viper does
-// not update them from the environment or the file.
-func bindOptions(cmd *cobra.Command, opts any) error {
-	_, err := bind(cmd, opts, true)
-	return err
-}
-
 // explicitOptions says whether an option was set by the user (flag,
 // environment or config file, any spelling) rather than left at its
 // default: a flag the chosen mode ignores is an error only then.
 type explicitOptions func(flag string) bool
 
-// bindExplicit is bindOptions that also tells which options were set.
-func bindExplicit(cmd *cobra.Command, opts any) (explicitOptions, error) {
-	return bind(cmd, opts, true)
-}
-
+// bind resolves every flag of cmd (its own and inherited) with the
+// precedence flag > NIXLCTL_* environment > config file > flag default,
+// decodes the result into opts, whose fields carry mapstructure tags named
+// after the flags, and tells which options were set. Flag variables
+// themselves are never read: viper does not update them from the
+// environment or the file. With aliases it resolves the deprecated
+// spellings (aliasFlag) too.
 func bind(cmd *cobra.Command, opts any, aliases bool) (explicitOptions, error) {
 	v := viper.New()
 	v.SetEnvPrefix("NIXLCTL")

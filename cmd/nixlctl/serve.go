@@ -56,13 +56,9 @@ type serveRoleOptions struct {
 // logger the command runs with) on --stdio or --listen (serveRole).
 func withServeRole(a *app, newRole func(*slog.Logger) ctl.Role, cmd *cobra.Command) *cobra.Command {
 	cmd.Args = cobra.NoArgs
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		var o serveRoleOptions
-		if err := bindOptions(cmd, &o); err != nil {
-			return err
-		}
-		return serveRole(cmd.Context(), a, o.Stdio, o.Listen, newRole(a.log))
-	}
+	cmd.RunE = bound(func(ctx context.Context, o serveRoleOptions) error {
+		return serveRole(ctx, a, o.Stdio, o.Listen, newRole(a.log))
+	})
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
 	cmd.Flags().String("listen", "", "control channel on this TCP address (host:port)")
 	return cmd
@@ -119,16 +115,12 @@ func newServeLeakPeerCmd(a *app) *cobra.Command {
 		Short:  "Serve one side of probe ucx-leak / probe env transfers (started by nixlctl itself)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var o serveLeakPeerOptions
-			if err := bindOptions(cmd, &o); err != nil {
-				return err
-			}
+		RunE: bound(func(ctx context.Context, o serveLeakPeerOptions) error {
 			if !o.Stdio {
 				return errkind.BadInputf("leak-peer needs --stdio")
 			}
-			return ctl.ServeStdio(cmd.Context(), probe.LeakPeerRole(a.log))
-		},
+			return ctl.ServeStdio(ctx, probe.LeakPeerRole(a.log))
+		}),
 	}
 	cmd.Flags().Bool("stdio", false, "control channel on stdin/stdout")
 	return cmd

@@ -57,41 +57,9 @@ func strictHook() func(f, t reflect.Type, data any) (any, error) {
 			return data, nil
 		}
 		switch k := t.Kind(); {
-		case isInt(k):
-			switch {
-			case fk == reflect.String:
-				n, err := strconv.ParseInt(strings.TrimSpace(v.String()), 10, t.Bits())
-				if err != nil {
-					return nil, fmt.Errorf("%q: want a whole number in base 10", v.String())
-				}
-				return n, nil
-			case isFloat(fk):
-				x := v.Float()
-				if x != math.Trunc(x) || math.Abs(x) > math.MaxInt64/2 {
-					return nil, fmt.Errorf("%v: want a whole number", data)
-				}
-				return int64(x), nil
-			case fk == reflect.Bool:
-				return nil, fmt.Errorf("%v: want a whole number, not a bool", data)
-			}
-		case isUint(k):
-			switch {
-			case fk == reflect.String:
-				n, err := strconv.ParseUint(strings.TrimSpace(v.String()), 10, t.Bits())
-				if err != nil {
-					return nil, fmt.Errorf("%q: want a whole number from 0 in base 10", v.String())
-				}
-				return n, nil
-			case isInt(fk) && v.Int() < 0:
-				return nil, fmt.Errorf("%v: cannot be negative", data)
-			case isFloat(fk):
-				x := v.Float()
-				if x != math.Trunc(x) || x < 0 || x > math.MaxUint64/2 {
-					return nil, fmt.Errorf("%v: want a whole number from 0", data)
-				}
-				return uint64(x), nil
-			case fk == reflect.Bool:
-				return nil, fmt.Errorf("%v: want a whole number, not a bool", data)
+		case isInt(k), isUint(k):
+			if n, ok, err := wholeNumber(data, fk, t, isInt(k)); ok {
+				return n, err
 			}
 		case isFloat(k):
 			switch {
@@ -133,6 +101,41 @@ func strictHook() func(f, t reflect.Type, data any) (any, error) {
 		}
 		return data, nil
 	}
+}
+
+// wholeNumber converts data for an integer option (signed) or an
+// unsigned one, which differ only in their range and words; ok is false
+// where neither has a rule for data's kind.
+func wholeNumber(data any, fk reflect.Kind, t reflect.Type, signed bool) (n any, ok bool, err error) {
+	v := reflect.ValueOf(data)
+	want, lo, hi := "a whole number from 0", 0.0, float64(math.MaxUint64/2)
+	parse := func(s string) (any, error) { return strconv.ParseUint(s, 10, t.Bits()) }
+	if signed {
+		want, lo, hi = "a whole number", -math.MaxInt64/2, math.MaxInt64/2
+		parse = func(s string) (any, error) { return strconv.ParseInt(s, 10, t.Bits()) }
+	}
+	switch {
+	case fk == reflect.String:
+		n, err := parse(strings.TrimSpace(v.String()))
+		if err != nil {
+			return nil, true, fmt.Errorf("%q: want %s in base 10", v.String(), want)
+		}
+		return n, true, nil
+	case !signed && isInt(fk) && v.Int() < 0:
+		return nil, true, fmt.Errorf("%v: cannot be negative", data)
+	case isFloat(fk):
+		x := v.Float()
+		if x != math.Trunc(x) || x < lo || x > hi {
+			return nil, true, fmt.Errorf("%v: want %s", data, want)
+		}
+		if signed {
+			return int64(x), true, nil
+		}
+		return uint64(x), true, nil
+	case fk == reflect.Bool:
+		return nil, true, fmt.Errorf("%v: want a whole number, not a bool", data)
+	}
+	return nil, false, nil
 }
 
 func isDurationType(t reflect.Type) bool {

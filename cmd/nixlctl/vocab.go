@@ -25,7 +25,7 @@ const aliasAnnotation = "nixlctl/alias-of"
 // working so that scripts and config files written for them do not break.
 //
 // The alias shares the canonical flag's Value, so a command-line alias
-// writes the canonical value directly; bindOptions then marks the
+// writes the canonical value directly; bindLeaf then marks the
 // canonical flag changed (so viper ranks it as a flag), moves an alias
 // set by environment or config file onto the canonical key, and prints
 // the deprecation note. pflag's MarkDeprecated is not used: cobra prints

@@ -29,28 +29,30 @@ import (
 	"github.com/nixlctl/nixlctl/internal/stats"
 )
 
-// Options configure a run.
+// Options configure a run. The CLI decodes its flags into them
+// (mapstructure tags are the flag names, "-" is not a flag).
 type Options struct {
-	Proxy       string        `json:"proxy"` // base URL
-	Path        string        `json:"path"`  // /v1/completions
-	Requests    int           `json:"requests"`
-	Concurrency int           `json:"concurrency"`
-	ISL         int           `json:"isl"` // prompt tokens (token ids)
-	MaxTokens   int           `json:"max_tokens"`
-	Model       string        `json:"model"`
-	Timeout     time.Duration `json:"timeout_ns"`
+	Proxy       string        `json:"proxy" mapstructure:"proxy"` // base URL
+	Path        string        `json:"path" mapstructure:"path"`   // /v1/completions
+	Requests    int           `json:"requests" mapstructure:"requests"`
+	Concurrency int           `json:"concurrency" mapstructure:"concurrency"`
+	ISL         int           `json:"isl" mapstructure:"isl"` // prompt tokens (token ids)
+	MaxTokens   int           `json:"max_tokens" mapstructure:"max-tokens"`
+	Model       string        `json:"model" mapstructure:"model"`
+	Timeout     time.Duration `json:"timeout_ns" mapstructure:"timeout"`
 	// Prefill and Decode are the stand-ins' base URLs (their --http):
 	// their stats are checked and their stamps split the latency.
-	Prefill []string `json:"prefill"`
-	Decode  []string `json:"decode"`
+	Prefill []string `json:"prefill" mapstructure:"prefill"`
+	Decode  []string `json:"decode" mapstructure:"decode"`
 	// Settle bounds the wait, after the last answer, for the prefills to
 	// free the blocks the decodes' notifications released.
-	Settle time.Duration `json:"settle_ns"`
-	Seed   uint64        `json:"seed"`
+	Settle time.Duration `json:"settle_ns" mapstructure:"settle"`
+	Seed   uint64        `json:"seed" mapstructure:"seed"`
 	// Headers go on every request (llm-d's routing sidecar picks the
-	// prefill by x-prefiller-host-port).
-	Headers map[string]string `json:"headers,omitempty"`
-	Version string            `json:"-"`
+	// prefill by x-prefiller-host-port). The CLI's --header is a list
+	// of NAME:VALUE, parsed into this.
+	Headers map[string]string `json:"headers,omitempty" mapstructure:"-"`
+	Version string            `json:"-" mapstructure:"-"`
 }
 
 // Validate refuses options a run cannot use.
