@@ -10,7 +10,16 @@
 #     the time a handoff is outstanding, does not).
 # Trials of the two kinds alternate, so a slow spell of the host hits both.
 #
-#   [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+# AB=1 measures the A/B gate (gate --baseline-binary) beside the saved
+# baseline's: each trial makes REPEAT runs of the baseline's command and
+# REPEAT of the trial's, in turns (base, trial, trial, base, ...), one
+# process a run, and judges the trial's runs twice: against the baseline
+# saved at the start (what `gate --repeat` does) and against the runs made
+# beside them (what `gate --baseline-binary` does: the same judgement,
+# given here as pooled --baseline files so that every metric can be
+# judged on the same runs).
+#
+#   [AB=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
 #
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
@@ -32,29 +41,81 @@ go build -o "$bin" ./cmd/nixlctl
 run=("$bin" bench "$proto" --model "$model" --isl 2048 --requests "$reqs" --concurrency 4 --xfer-reference)
 log "baseline: ${run[*]#"$work/"} --repeat $base_repeat --save base"
 "${run[@]}" --repeat "$base_repeat" --save "$work/base" -o json >/dev/null 2>"$work/base.err"
-run+=(--repeat "$repeat")
 # The pipeline's ratio (span_efficiency_vs_xfer), the one --prefill-time
 # lowers: efficiency_vs_xfer leaves the prefill stage out.
 ratio() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["summary"]; print("%.3f" % s.get("span_efficiency_vs_xfer", s["efficiency_vs_xfer"]))' "$1"; }
-false_alarms=0 detected=0
+median_ratio() {
+  python3 -c 'import json,sys,statistics as st
+ss=[json.load(open(f))["summary"] for f in sys.argv[1:]]
+print("%.3f" % st.median(s.get("span_efficiency_vs_xfer", s["efficiency_vs_xfer"]) for s in ss))' "$@"
+}
+# trial_runs KIND I: the files the trial's gate judges as its results
+# (and, with AB=1, as its baseline: side_base).
+trial_runs() {
+  local kind=$1 i=$2 extra=()
+  [ "$kind" = slow ] && extra=(--prefill-time "$slow")
+  side_res=() side_base=()
+  if [ "${AB:-0}" != 1 ]; then
+    "${run[@]}" --repeat "$repeat" "${extra[@]}" -o json >"$work/$kind-$i.json" 2>"$work/$kind-$i.err"
+    side_res=("$work/$kind-$i.json")
+    return
+  fi
+  local r order
+  for r in $(seq 1 "$repeat"); do
+    order="base res"
+    [ $((r % 2)) = 0 ] && order="res base"
+    for side in $order; do
+      if [ "$side" = base ]; then
+        "${run[@]}" -o json >"$work/$kind-$i-base$r.json" 2>"$work/$kind-$i-base$r.err"
+        side_base+=("$work/$kind-$i-base$r.json")
+      else
+        "${run[@]}" "${extra[@]}" -o json >"$work/$kind-$i-res$r.json" 2>"$work/$kind-$i-res$r.err"
+        side_res+=("$work/$kind-$i-res$r.json")
+      fi
+    done
+  done
+}
+# judge KIND I [gate flags...]: the trial's gate against the saved
+# baseline (saved) and, with AB=1, against the runs beside it (ab); exit
+# codes in rc_saved and rc_ab.
+judge() {
+  local kind=$1 i=$2
+  shift 2
+  local res=() f
+  for f in $(cat "$work/$kind-$i.res"); do res+=(--result "$f"); done
+  rc_saved=0
+  "$bin" gate --baseline "$work/base" "${res[@]}" --max-regression "$maxreg" "$@" -o json >"$work/gate-$kind-$i.json" 2>/dev/null || rc_saved=$?
+  rc_ab=0
+  if [ -s "$work/$kind-$i.base" ]; then
+    local bs=()
+    for f in $(cat "$work/$kind-$i.base"); do bs+=(--baseline "$f"); done
+    "$bin" gate "${bs[@]}" "${res[@]}" --max-regression "$maxreg" "$@" -o json >"$work/gate-ab-$kind-$i.json" 2>/dev/null || rc_ab=$?
+  fi
+}
+verdict() { python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g["metrics"][0]["verdict"] if g.get("metrics") else "refused")' "$1"; }
+fa=0 pw=0 fa_ab=0 pw_ab=0
 same_ratios=() slow_ratios=()
 for i in $(seq 1 "$trials"); do
   for kind in same slow; do
-    extra=()
-    [ "$kind" = slow ] && extra=(--prefill-time "$slow")
-    "${run[@]}" "${extra[@]}" -o json >"$work/$kind-$i.json" 2>"$work/$kind-$i.err"
-    rc=0
-    "$bin" gate --baseline "$work/base" --result "$work/$kind-$i.json" --max-regression "$maxreg" -o json \
-      >"$work/gate-$kind-$i.json" 2>/dev/null || rc=$?
-    r=$(ratio "$work/$kind-$i.json")
-    verdict=$(python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g["metrics"][0]["verdict"] if g.get("metrics") else "refused")' "$work/gate-$kind-$i.json")
-    printf 'trial %2d %-4s ratio %s gate exit %d (%s)\n' "$i" "$kind" "$r" "$rc" "$verdict"
-    case "$kind:$rc" in
-      same:1) false_alarms=$((false_alarms + 1)) ;;
-      slow:1) detected=$((detected + 1)) ;;
-      *:0) ;;
-      *) log "gate exit $rc in trial $i ($kind): see $work/gate-$kind-$i.json"; exit 1 ;;
-    esac
+    trial_runs "$kind" "$i"
+    printf '%s\n' "${side_res[@]}" >"$work/$kind-$i.res"
+    printf '%s\n' "${side_base[@]}" >"$work/$kind-$i.base"
+    judge "$kind" "$i"
+    r=$(median_ratio "${side_res[@]}")
+    line=$(printf 'trial %2d %-4s ratio %s gate exit %d (%s)' "$i" "$kind" "$r" "$rc_saved" "$(verdict "$work/gate-$kind-$i.json")")
+    if [ "${AB:-0}" = 1 ]; then
+      line+=$(printf '; beside ratio %s, A/B gate exit %d (%s)' "$(median_ratio "${side_base[@]}")" "$rc_ab" "$(verdict "$work/gate-ab-$kind-$i.json")")
+    fi
+    echo "$line"
+    for pair in "$rc_saved:fa:pw" "$rc_ab:fa_ab:pw_ab"; do
+      IFS=: read -r rc fvar pvar <<<"$pair"
+      case "$kind:$rc" in
+        same:1) eval "$fvar=\$(( $fvar + 1 ))" ;;
+        slow:1) eval "$pvar=\$(( $pvar + 1 ))" ;;
+        *:0) ;;
+        *) log "gate exit $rc in trial $i ($kind): see $work"; exit 1 ;;
+      esac
+    done
     if [ "$kind" = same ]; then same_ratios+=("$r"); else slow_ratios+=("$r"); fi
   done
 done
@@ -63,17 +124,33 @@ slowdown=$(python3 -c 'import sys, statistics as st; a=[float(x) for x in sys.ar
 echo
 echo "baseline span_efficiency_vs_xfer (median of $base_repeat runs): $base"
 echo "slowdown made by --prefill-time $slow: $slowdown (median ratio of the slowed trials against the unchanged ones)"
-echo "false alarms: $false_alarms of $trials (same build)"
-echo "power: $detected of $trials (slowed build detected)"
+echo "false alarms: $fa of $trials (same build, against the saved baseline)"
+echo "power: $pw of $trials (slowed build detected, against the saved baseline)"
+if [ "${AB:-0}" = 1 ]; then
+  echo "A/B false alarms: $fa_ab of $trials (against the $repeat runs made beside)"
+  echo "A/B power: $pw_ab of $trials"
+fi
 # The same trials judged on other metrics (no new runs): which one a gate
 # on this machine should use.
 echo
-printf '%-26s %-14s %s\n' metric "false alarms" power
+if [ "${AB:-0}" = 1 ]; then
+  printf '%-26s %-14s %-10s %-14s %s\n' metric "false alarms" power "A/B false" "A/B power"
+else
+  printf '%-26s %-14s %s\n' metric "false alarms" power
+fi
 for m in ${METRICS:-efficiency_vs_xfer span_efficiency_vs_xfer efficiency_vs_limit efficiency_vs_memcpy bandwidth_gbps transfer_gbps_p50 handoff_latency_ms.p50}; do
-  fa=0 pw=0
+  mfa=0 mpw=0 mfa_ab=0 mpw_ab=0
   for i in $(seq 1 "$trials"); do
-    "$bin" gate --baseline "$work/base" --result "$work/same-$i.json" --metric "$m" --max-regression "$maxreg" -o json >/dev/null 2>&1 || fa=$((fa + 1))
-    "$bin" gate --baseline "$work/base" --result "$work/slow-$i.json" --metric "$m" --max-regression "$maxreg" -o json >/dev/null 2>&1 || pw=$((pw + 1))
+    judge same "$i" --metric "$m"
+    [ "$rc_saved" = 0 ] || mfa=$((mfa + 1))
+    [ "$rc_ab" = 0 ] || mfa_ab=$((mfa_ab + 1))
+    judge slow "$i" --metric "$m"
+    [ "$rc_saved" = 0 ] || mpw=$((mpw + 1))
+    [ "$rc_ab" = 0 ] || mpw_ab=$((mpw_ab + 1))
   done
-  printf '%-26s %-14s %s\n' "$m" "$fa of $trials" "$pw of $trials"
+  if [ "${AB:-0}" = 1 ]; then
+    printf '%-26s %-14s %-10s %-14s %s\n' "$m" "$mfa of $trials" "$mpw of $trials" "$mfa_ab of $trials" "$mpw_ab of $trials"
+  else
+    printf '%-26s %-14s %s\n' "$m" "$mfa of $trials" "$mpw of $trials"
+  fi
 done

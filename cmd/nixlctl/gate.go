@@ -22,13 +22,15 @@ import (
 )
 
 type gateOptions struct {
-	Baseline      string   `mapstructure:"baseline"`
+	Baselines     []string `mapstructure:"baseline"`
 	Results       []string `mapstructure:"result"`
 	MaxRegression string   `mapstructure:"max-regression"`
 	Metrics       []string `mapstructure:"metric"`
 	Repeat        int      `mapstructure:"repeat"`
 	NoiseCeiling  string   `mapstructure:"noise-ceiling"`
 	HTML          string   `mapstructure:"html"`
+	Binary        string   `mapstructure:"binary"`
+	BaseBinary    string   `mapstructure:"baseline-binary"`
 }
 
 const gateLong = `Compare a result with a baseline and fail on a regression, for CI.
@@ -57,9 +59,18 @@ and power measured on this project's hosts, and scripts/gate-error-rates.sh
 measures them on yours.
 
 Runs: --result FILE|DIR (repeatable) takes the median of those results, a
-result made with --repeat N counting as its N runs; without --result,
+result made with --repeat N counting as its N runs (--baseline too: several
+are pooled, so runs made in turns with two builds can be judged later); without --result,
 --repeat N runs the command recorded in the baseline (its "args", --repeat
 included) N times with this nixlctl and takes the median.
+
+A/B: --baseline-binary OLD with --repeat N also runs the baseline's command N
+times with OLD, alternating with this build's runs (old, new, new, old, ...),
+and judges against those runs instead of the saved baseline's numbers. Both
+sides then meet the same state of the host; a baseline saved on another day
+meets only its own. --binary NEW runs this side with another nixlctl (default:
+this one), so one gate can compare two builds. docs/ci-gates.md gives the
+error rates of both ways on a noisy host.
 
 The Markdown summary goes to stdout (-o markdown or table) and is appended to
 $GITHUB_STEP_SUMMARY when that is set. Exit codes: 0 pass, 1 regression,
@@ -72,17 +83,20 @@ func newGateCmd(a *app) *cobra.Command {
 		Long:  gateLong,
 		Example: `  nixlctl gate --baseline ci/baseline-push/ --result run/
   nixlctl gate --baseline base.json --result a.json --result b.json --result c.json --max-regression 3%
-  nixlctl gate --baseline base.json --repeat 3 --metric efficiency --metric latency_us.p99`,
+  nixlctl gate --baseline base.json --repeat 3 --metric efficiency --metric latency_us.p99
+  nixlctl gate --baseline base/ --repeat 5 --baseline-binary ./main/nixlctl --binary ./pr/nixlctl`,
 		Args: cobra.NoArgs,
 		RunE: bound(a.runGate),
 	}
 	f := cmd.Flags()
-	f.String("baseline", "", "the baseline result (file or --save directory)")
+	f.StringArray("baseline", nil, "the baseline result (file or --save directory); repeatable: the runs of several are pooled, as --result's are")
 	f.StringArray("result", nil, "a result to judge (repeatable: the median is judged)")
 	f.String("max-regression", "5%", "allowed change in the worse direction: a percentage (5%) or a fraction below 1 (0.05)")
 	f.StringArray("metric", nil, "gate on this metric key instead of the efficiency ratios (repeatable)")
 	f.Int("repeat", 0, "without --result: run the baseline's command this many times")
 	f.String("noise-ceiling", "", "the largest change the noise tests may explain away; beyond it a change is a regression or an improvement by its size alone (default 50%, or twice --max-regression where that is more)")
+	f.String("baseline-binary", "", "with --repeat: also re-run the baseline's command with this nixlctl, interleaved with the runs, and judge against those runs (A/B on the same host state)")
+	f.String("binary", "", "with --repeat: the nixlctl that makes the runs (default: this one)")
 	f.String("html", "", "also write the judgement as one self-contained HTML page (each metric's runs as points) to this .html file")
 	return cmd
 }
@@ -111,7 +125,7 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 		// Found before any --repeat run spends minutes.
 		return errkind.BadInput(report.FormatError("gate", a.format))
 	}
-	if o.Baseline == "" {
+	if len(o.Baselines) == 0 {
 		return errkind.BadInputf("--baseline is required")
 	}
 	maxReg, err := parseFraction("max-regression", o.MaxRegression)
@@ -133,20 +147,53 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	case len(o.Results) == 0 && o.Repeat <= 0:
 		return errkind.BadInputf("give --result FILE (repeatable) or --repeat N")
 	}
+	if (o.Binary != "" || o.BaseBinary != "") && o.Repeat <= 0 {
+		return errkind.BadInputf("--binary and --baseline-binary choose what --repeat runs: give --repeat N")
+	}
+	if o.BaseBinary != "" && len(o.Baselines) > 1 {
+		return errkind.BadInputf("--baseline-binary makes the baseline's runs: give one --baseline (whose command it re-runs), not %d", len(o.Baselines))
+	}
+	exe, baseExe := o.Binary, o.BaseBinary
+	for flag, p := range map[string]string{"binary": exe, "baseline-binary": baseExe} {
+		if p != "" {
+			if err := checkExecutable(flag, p); err != nil {
+				return err
+			}
+		}
+	}
+	if exe == "" {
+		if exe, err = ctl.SelfExe(); err != nil {
+			return err
+		}
+		o.Binary = "nixlctl" // how the runs' log lines name it
+	}
 	if o.HTML != "" {
 		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
 			return err
 		}
 	}
-	base, err := loadResult(o.Baseline)
-	if err != nil {
-		return err
-	}
 	// A saved run edited since (its checksums differ) is not judged: a
 	// failed baseline edited to "failed": 0 passed as healthy.
 	var altered []string
-	for _, a := range base.Altered {
-		altered = append(altered, "baseline: "+a)
+	var base *report.Loaded
+	var baseRuns []report.Result
+	for i, p := range o.Baselines {
+		l, err := loadResult(p)
+		if err != nil {
+			return err
+		}
+		what := "baseline"
+		if len(o.Baselines) > 1 {
+			what = fmt.Sprintf("baseline %d", i+1)
+			// Several baselines: their runs pooled, as --result's are.
+			baseRuns = append(baseRuns, l.Result)
+		}
+		for _, a := range l.Altered {
+			altered = append(altered, what+": "+a)
+		}
+		if base == nil {
+			base = l
+		}
 	}
 	var runs []report.Result
 	for i, p := range o.Results {
@@ -160,15 +207,37 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 		runs = append(runs, l.Result)
 	}
 	for i := 0; i < o.Repeat; i++ {
-		r, err := rerun(ctx, a, base.Result.Header(), i+1, o.Repeat)
-		if err != nil {
-			return err
+		// Alternating which side goes first (old, new, new, old, ...)
+		// keeps a drift of the host within a pair from favouring one.
+		sides := []string{exe}
+		if baseExe != "" {
+			sides = []string{baseExe, exe}
+			if i%2 == 1 {
+				sides = []string{exe, baseExe}
+			}
 		}
-		runs = append(runs, r)
+		for _, bin := range sides {
+			name, ofBaseline := o.Binary, bin == baseExe
+			if ofBaseline {
+				name = baseExe
+			}
+			r, err := rerun(ctx, a, base.Result.Header(), bin, name, ofBaseline, i+1, o.Repeat)
+			if err != nil {
+				return err
+			}
+			if bin == baseExe {
+				baseRuns = append(baseRuns, r)
+			} else {
+				runs = append(runs, r)
+			}
+		}
 	}
-	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling})
+	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling, BaselineRuns: baseRuns})
 	if err != nil {
 		return errkind.BadInput(err)
+	}
+	if baseExe != "" {
+		g.BaselineReruns = len(baseRuns)
 	}
 	for _, a := range altered {
 		g.Refuse(a)
@@ -178,7 +247,7 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 		for i := 0; i < o.Repeat; i++ {
 			labels = append(labels, fmt.Sprintf("run %d", i+1))
 		}
-		page := htmlreport.BuildGate(g, "baseline "+runLabels([]string{o.Baseline})[0], base.Result, labels, runs, version)
+		page := htmlreport.BuildGate(g, "baseline "+strings.Join(runLabels(o.Baselines), ", "), base.Result, labels, runs, version)
 		if err := writePage("html", o.HTML, page); err != nil {
 			return err
 		}
@@ -271,17 +340,18 @@ func rerunArgs(args []string) []string {
 	return append(out, "-o", "json", "--tui=off")
 }
 
-// rerun runs the baseline's command again with this nixlctl.
-func rerun(ctx context.Context, a *app, base *report.Meta, i, n int) (report.Result, error) {
+// rerun runs the baseline's command again with the nixlctl at exe, named
+// name in the log (the baseline's side when ofBaseline).
+func rerun(ctx context.Context, a *app, base *report.Meta, exe, name string, ofBaseline bool, i, n int) (report.Result, error) {
 	if len(base.Args) == 0 {
 		return nil, errkind.BadInputf("--repeat: the baseline does not record its command line (an older result); run it yourself and pass --result")
 	}
-	exe, err := ctl.SelfExe()
-	if err != nil {
-		return nil, err
-	}
 	args := rerunArgs(base.Args)
-	fmt.Fprintf(a.io.ErrOut, "gate: run %d/%d: nixlctl %s\n", i, n, strings.Join(args, " "))
+	side := ""
+	if ofBaseline {
+		side = " (baseline)"
+	}
+	fmt.Fprintf(a.io.ErrOut, "gate: run %d/%d%s: %s %s\n", i, n, side, name, strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, exe, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, a.io.ErrOut
@@ -296,11 +366,24 @@ func rerun(ctx context.Context, a *app, base *report.Meta, i, n int) (report.Res
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		return nil, fmt.Errorf("gate: run %d of %q failed: %w", i, strings.Join(args, " "), err)
+		return nil, fmt.Errorf("gate: run %d%s of %q failed: %w", i, side, strings.Join(args, " "), err)
 	}
 	r, err := report.DecodeResult(out.Bytes())
 	if err != nil {
-		return nil, fmt.Errorf("gate: run %d: %w", i, err)
+		return nil, fmt.Errorf("gate: run %d%s: %w", i, side, err)
 	}
 	return r, nil
+}
+
+// checkExecutable refuses a --binary that cannot run, before any run
+// spends minutes.
+func checkExecutable(flag, path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return errkind.BadInputf("--%s: %v", flag, err)
+	case st.IsDir() || st.Mode().Perm()&0o111 == 0:
+		return errkind.BadInputf("--%s %s: not an executable file", flag, path)
+	}
+	return nil
 }

@@ -36,6 +36,12 @@ type GateOptions struct {
 	// a few runs, and a run that froze for 20 s of its 25 has typical
 	// requests too.
 	NoiseCeiling float64
+	// BaselineRuns, when set, are the baseline's runs: the baseline's
+	// values are theirs (pooled, as runs are), and base only names the
+	// command and the metrics. Made in turns with the results' runs (gate
+	// --baseline-binary), a slow spell of the host hits both sides alike,
+	// where a baseline saved on another day meets the results' noise alone.
+	BaselineRuns []Result
 }
 
 // DefaultNoiseCeiling is GateOptions.NoiseCeiling's default: no run of
@@ -75,6 +81,10 @@ type GateReport struct {
 	// was interrupted (report.HealthReporter). Any entry fails the gate.
 	Refused []string `json:"refused,omitempty"`
 	Passed  bool     `json:"passed"`
+	// BaselineReruns is how many runs of the baseline's command the gate
+	// made beside the results' (gate --baseline-binary; Gate leaves it to
+	// its caller, since GateOptions.BaselineRuns may also be saved runs).
+	BaselineReruns int `json:"baseline_reruns,omitempty"`
 }
 
 // Gate compares result runs (their median) with a baseline. The rules,
@@ -96,7 +106,7 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 		return nil, errors.New("no result to compare with the baseline")
 	}
 	bh := base.Header()
-	for _, r := range runs {
+	for _, r := range append(append([]Result(nil), runs...), o.BaselineRuns...) {
 		if h := r.Header(); h.Command != bh.Command {
 			return nil, fmt.Errorf("baseline is %q but a result is %q", bh.Command, h.Command)
 		}
@@ -111,53 +121,35 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 	for _, p := range Problems(base) {
 		rep.Refused = append(rep.Refused, "baseline: "+p)
 	}
-	refused := make([]bool, len(runs))
-	for i, r := range runs {
-		for _, p := range Problems(r) {
-			rep.Refused = append(rep.Refused, fmt.Sprintf("result %d: %s", i+1, p))
-			refused[i] = true
-		}
-	}
+	results := newGateSide("result", runs, rep)
+	reruns := newGateSide("baseline run", o.BaselineRuns, rep)
 	if len(rep.Refused) > 0 {
 		rep.Passed = false
 	}
-	runMetrics := make([]map[string]Metric, len(runs))
-	for i, r := range runs {
-		runMetrics[i] = map[string]Metric{}
-		for _, m := range r.Metrics() {
-			runMetrics[i][m.Name()] = m
-		}
-	}
-metrics:
 	for _, bm := range sel {
 		row := GateRow{Name: bm.Name(), Unit: bm.Unit, Better: bm.Better.String(), Baseline: bm.Value}
-		if vs, ok := bh.Repeats.values(bm.Name()); ok {
+		baseDist := bm.Dist
+		if len(o.BaselineRuns) > 0 {
+			vs, dist, skip, err := reruns.values(bm.Name())
+			if err != nil {
+				return nil, err
+			}
+			if skip {
+				continue
+			}
+			row.BaselineRuns, row.Baseline, baseDist = vs, stats.Median(vs), dist
+		} else if vs, ok := bh.Repeats.values(bm.Name()); ok {
 			row.BaselineRuns = vs
 			row.Baseline = stats.Median(vs)
 		}
-		var dist *Histogram
-		for i := range runs {
-			m, ok := runMetrics[i][bm.Name()]
-			if !ok && refused[i] {
-				// Already refused (a run that measured nothing has no
-				// metrics): the reason is that, not a mismatched sweep.
-				continue metrics
-			}
-			if !ok {
-				return nil, fmt.Errorf("result %d has no %s (is it the same sweep as the baseline?)", i+1, bm.Name())
-			}
-			if vs, ok := runs[i].Header().Repeats.values(bm.Name()); ok {
-				row.Runs = append(row.Runs, vs...)
-			} else {
-				row.Runs = append(row.Runs, m.Value)
-			}
-			if m.Dist != nil {
-				if dist == nil {
-					dist = NewHistogram()
-				}
-				dist.Merge(m.Dist)
-			}
+		vs, dist, skip, err := results.values(bm.Name())
+		if err != nil {
+			return nil, err
 		}
+		if skip {
+			continue
+		}
+		row.Runs = vs
 		row.Result = stats.Median(row.Runs)
 		row.spread = [2]float64{slicesMin(row.Runs), slicesMax(row.Runs)}
 		if len(row.BaselineRuns) >= MinRuns && len(row.Runs) >= MinRuns {
@@ -165,8 +157,8 @@ metrics:
 			rs := CompareRuns(row.BaselineRuns, row.Runs, bm.Better)
 			row.runs = &rs
 			row.Test = rs.String()
-		} else if bm.Dist != nil && dist != nil {
-			s := CompareDists(bm.Dist, dist)
+		} else if baseDist != nil && dist != nil {
+			s := CompareDists(baseDist, dist)
 			row.shift = &s
 			row.Test = s.String()
 		} else {
@@ -183,6 +175,59 @@ metrics:
 		rep.Rows = append(rep.Rows, row)
 	}
 	return rep, nil
+}
+
+// gateSide is one side's runs (the results, or the baseline's re-runs)
+// with their metrics by name, and which of them the gate refused.
+type gateSide struct {
+	what    string // "result" or "baseline run", for messages
+	runs    []Result
+	metrics []map[string]Metric
+	refused []bool
+}
+
+// newGateSide indexes runs' metrics and records their problems in rep.
+func newGateSide(what string, runs []Result, rep *GateReport) *gateSide {
+	s := &gateSide{what: what, runs: runs, metrics: make([]map[string]Metric, len(runs)), refused: make([]bool, len(runs))}
+	for i, r := range runs {
+		for _, p := range Problems(r) {
+			rep.Refused = append(rep.Refused, fmt.Sprintf("%s %d: %s", what, i+1, p))
+			s.refused[i] = true
+		}
+		s.metrics[i] = map[string]Metric{}
+		for _, m := range r.Metrics() {
+			s.metrics[i][m.Name()] = m
+		}
+	}
+	return s
+}
+
+// values is one metric over the side's runs: every run's value (a result
+// made with --repeat counts as its runs) and their latency distributions
+// merged. skip: a refused run lacks the metric (a run that measured
+// nothing has none), and the refusal is the reason, not a mismatched sweep.
+func (s *gateSide) values(name string) (vs []float64, dist *Histogram, skip bool, err error) {
+	for i, r := range s.runs {
+		m, ok := s.metrics[i][name]
+		if !ok && s.refused[i] {
+			return nil, nil, true, nil
+		}
+		if !ok {
+			return nil, nil, false, fmt.Errorf("%s %d has no %s (is it the same sweep as the baseline?)", s.what, i+1, name)
+		}
+		if rv, ok := r.Header().Repeats.values(name); ok {
+			vs = append(vs, rv...)
+		} else {
+			vs = append(vs, m.Value)
+		}
+		if m.Dist != nil {
+			if dist == nil {
+				dist = NewHistogram()
+			}
+			dist.Merge(m.Dist)
+		}
+	}
+	return vs, dist, false, nil
 }
 
 // Refuse fails the gate for a reason found outside the numbers (a
@@ -341,6 +386,9 @@ func (g *GateReport) Headline() string {
 	}
 	line := fmt.Sprintf("%s: %s, %d metric(s): %d pass, %d improvement, %d noise, %d regression (allowed regression %.3g%%, %d run(s))",
 		word, g.Command, len(g.Rows), n[Pass], n[Improvement], n[Noise], n[Regression], g.MaxRegression*100, g.Runs)
+	if g.BaselineReruns > 0 {
+		line += fmt.Sprintf("; the baseline re-run %d time(s) interleaved with them", g.BaselineReruns)
+	}
 	if len(g.Refused) > 0 {
 		line += "; refused: " + strings.Join(g.Refused, "; ")
 	}

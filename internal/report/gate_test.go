@@ -149,3 +149,58 @@ func TestPromGolden(t *testing.T) {
 		}
 	}
 }
+
+// With the baseline re-run beside the results (gate --baseline-binary),
+// the saved baseline's numbers do not count: a slow spell of the host that
+// hits both sides is not a regression, and a real slowdown is one even
+// where the saved baseline, from a slower day, would have passed it.
+func TestGateWithBaselineReruns(t *testing.T) {
+	t.Parallel()
+	runs := func(effs ...float64) []Result {
+		var rs []Result
+		for _, e := range effs {
+			rs = append(rs, fake(e, nil))
+		}
+		return rs
+	}
+	tests := []struct {
+		name     string
+		saved    float64
+		reruns   []Result
+		results  []Result
+		baseline float64
+		verdict  Verdict
+		refused  []string
+	}{
+		{"a slow hour on both sides is no regression", 0.95, runs(0.70, 0.72, 0.71), runs(0.71, 0.70, 0.72), 0.71, Pass, nil},
+		{"a real slowdown below a slower saved baseline", 0.66, runs(0.80, 0.82, 0.81), runs(0.64, 0.65, 0.63), 0.81, Regression, nil},
+		{"overlapping runs are noise", 0.80, runs(0.70, 0.80, 0.90), runs(0.62, 0.74, 0.86), 0.80, Noise, nil},
+		{"a refused re-run fails the gate", 0.80, []Result{fake(0.8, nil), sickResult{fake(0.8, nil), []string{"interrupted"}}, fake(0.8, nil)}, runs(0.8, 0.8, 0.8), 0, "", []string{"baseline run 2: interrupted"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g, err := Gate(fake(tc.saved, nil), tc.results, GateOptions{MaxRegression: 0.05, BaselineRuns: tc.reruns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(g.Refused, "|") != strings.Join(tc.refused, "|") {
+				t.Fatalf("refused %q, want %q", g.Refused, tc.refused)
+			}
+			if tc.refused != nil {
+				if g.Passed || !strings.HasPrefix(g.Headline(), "FAIL") {
+					t.Errorf("a refused re-run passed: %s", g.Headline())
+				}
+				return
+			}
+			if len(g.Rows) != 1 || g.Rows[0].Verdict != tc.verdict || g.Rows[0].Baseline != tc.baseline || len(g.Rows[0].BaselineRuns) != len(tc.reruns) {
+				t.Fatalf("got %+v, want verdict %s against %g", g.Rows, tc.verdict, tc.baseline)
+			}
+		})
+	}
+	other := fake(0.8, nil)
+	other.Command = "fake other"
+	if _, err := Gate(fake(0.8, nil), runs(0.8), GateOptions{BaselineRuns: []Result{other}}); err == nil || !strings.Contains(err.Error(), `a result is "fake other"`) {
+		t.Errorf("a re-run of another command: %v", err)
+	}
+}
