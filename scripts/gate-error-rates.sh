@@ -19,7 +19,11 @@
 # given here as pooled --baseline files so that every metric can be
 # judged on the same runs).
 #
-#   [AB=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+# NEIGHBOUR=1 runs a noisy neighbour beside the trials (not the baseline):
+# one core busy for 5-30 s, then idle for 5-30 s, at random, so that the
+# host's state drifts during the trials as it does on a shared runner.
+#
+#   [AB=1] [NEIGHBOUR=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
 #
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
@@ -92,6 +96,19 @@ judge() {
     "$bin" gate "${bs[@]}" "${res[@]}" --max-regression "$maxreg" "$@" -o json >"$work/gate-ab-$kind-$i.json" 2>/dev/null || rc_ab=$?
   fi
 }
+if [ "${NEIGHBOUR:-0}" = 1 ]; then
+  # RANDOM seeded, so that two runs of the script meet the same pattern.
+  (
+    RANDOM=25
+    while :; do
+      timeout $((5 + RANDOM % 26)) sh -c 'while :; do :; done' || true
+      sleep $((5 + RANDOM % 26))
+    done
+  ) &
+  neighbour=$!
+  trap 'kill -STOP "$neighbour" 2>/dev/null; pkill -P "$neighbour" 2>/dev/null; kill "$neighbour" 2>/dev/null; kill -CONT "$neighbour" 2>/dev/null; rm -rf "$work"' EXIT
+  log "noisy neighbour: pid $neighbour, one core busy 5-30 s, then idle 5-30 s"
+fi
 verdict() { python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g["metrics"][0]["verdict"] if g.get("metrics") else "refused")' "$1"; }
 fa=0 pw=0 fa_ab=0 pw_ab=0
 same_ratios=() slow_ratios=()
