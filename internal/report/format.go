@@ -73,37 +73,6 @@ func Write(w io.Writer, f Format, res TextWriter) error {
 	return res.WriteText(w)
 }
 
-// Renderings are one result's writers, a format each, for Render. A nil
-// writer is a format the result has no rendering of its own in: it gets
-// Text.
-type Renderings struct {
-	// JSON is what FormatJSON encodes: the result itself.
-	JSON                      any
-	Text, CSV, Markdown, Prom func(io.Writer) error
-}
-
-// Render writes one result in format f: JSON encodes r.JSON, the other
-// formats call their writer, and a format without one (or one Render does
-// not know) gets r.Text. It is the one dispatch on the format that every
-// result's Write function goes through.
-func Render(w io.Writer, f Format, r Renderings) error {
-	var write func(io.Writer) error
-	switch f {
-	case FormatJSON:
-		return WriteJSON(w, r.JSON)
-	case FormatCSV:
-		write = r.CSV
-	case FormatMarkdown:
-		write = r.Markdown
-	case FormatProm:
-		write = r.Prom
-	}
-	if write == nil {
-		write = r.Text
-	}
-	return write(w)
-}
-
 // WriteJSON writes v as indented JSON with a trailing newline.
 func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

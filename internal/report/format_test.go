@@ -66,38 +66,6 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-func TestRender(t *testing.T) {
-	says := func(s string) func(io.Writer) error {
-		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
-	}
-	all := Renderings{JSON: map[string]int{"a": 1}, Text: says("text"), CSV: says("csv"), Markdown: says("md"), Prom: says("prom")}
-	textOnly := Renderings{JSON: []int{1}, Text: says("text")}
-	for _, tc := range []struct {
-		name string
-		f    Format
-		r    Renderings
-		want string
-	}{
-		{"json is the value", FormatJSON, all, "{\n  \"a\": 1\n}\n"},
-		{"table", FormatTable, all, "text"},
-		{"csv", FormatCSV, all, "csv"},
-		{"markdown", FormatMarkdown, all, "md"},
-		{"prom", FormatProm, all, "prom"},
-		{"no csv of its own: text", FormatCSV, textOnly, "text"},
-		{"no markdown of its own: text", FormatMarkdown, textOnly, "text"},
-		{"no prom of its own: text", FormatProm, textOnly, "text"},
-		{"an unknown format: text", Format("yaml"), all, "text"},
-		{"json without writers", FormatJSON, textOnly, "[\n  1\n]\n"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var b strings.Builder
-			if err := Render(&b, tc.f, tc.r); err != nil || b.String() != tc.want {
-				t.Errorf("Render(%s) = %q, %v; want %q", tc.f, b.String(), err, tc.want)
-			}
-		})
-	}
-}
-
 // says is a writer of a fixed text, so the test can tell which one ran.
 type says string
 
