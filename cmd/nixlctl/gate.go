@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -273,24 +272,9 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 			a.log.Warn("GITHUB_STEP_SUMMARY", "err", err)
 		}
 	}
-	err = report.Render(a.io.Out, a.format, report.Renderings{
-		JSON: g,
-		CSV:  func(w io.Writer) error { return g.Table().WriteCSV(w) },
-		Markdown: func(w io.Writer) error {
-			_, err := w.Write(md.Bytes())
-			return err
-		},
-		// Refused before the runs (runGate's first check); here too, so
-		// that no format falls through to the text.
-		Prom: func(io.Writer) error { return errkind.BadInput(report.FormatError("gate", a.format)) },
-		Text: func(w io.Writer) error {
-			if _, err := fmt.Fprintln(w, g.Headline()); err != nil {
-				return err
-			}
-			return g.Table().WriteText(w)
-		},
-	})
-	if err != nil {
+	// -o prom is refused before the runs (runGate's first check), and by
+	// the report too.
+	if err := report.Write(a.io.Out, a.format, g); err != nil {
 		return err
 	}
 	if len(g.Refused) > 0 {

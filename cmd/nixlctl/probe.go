@@ -269,7 +269,7 @@ func (a *app) runProbeEnv(ctx context.Context, o probeEnvOptions) error {
 	res, err := probe.RunEnv(ctx, probe.EnvOptions{Backend: o.Backend, Requests: o.Requests, PeerModeCheck: o.PeerMode,
 		Version: version, Log: a.log})
 	if res != nil {
-		if werr := probe.WriteEnv(a.io.Out, a.format, res); werr != nil {
+		if werr := report.Write(a.io.Out, a.format, res); werr != nil {
 			return werr
 		}
 	}
@@ -475,7 +475,7 @@ func runProbeSideChannel(ctx context.Context, a *app, o probeSideChannelOptions,
 	res, err := probe.RunSideChannel(ctx, x)
 	if res != nil {
 		res.Version = version
-		if werr := probe.WriteSideChannel(a.io.Out, a.format, res); werr != nil {
+		if werr := report.Write(a.io.Out, a.format, res); werr != nil {
 			return werr
 		}
 	}

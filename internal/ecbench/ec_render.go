@@ -11,22 +11,8 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// WriteEC renders a `bench ec` result: what ran, per-stage latency
-// percentiles, outcomes, bandwidth against memcpy of the same bytes, and
-// the cache and failure counters.
-func WriteEC(w io.Writer, f report.Format, res *ECResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return ecCSV(res).WriteCSV(w) },
-		Markdown: func(w io.Writer) error { return writeECMarkdown(w, res) },
-		// vLLM's nixl_* metrics describe KV transfers, not the encoder
-		// cache: its metrics as plain gauges.
-		Prom: func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
-		Text: func(w io.Writer) error { return writeECText(w, res) },
-	})
-}
-
-func writeECMarkdown(w io.Writer, res *ECResult) error {
+// WriteMarkdown is the text's headline and tables for a report.
+func (res *ECResult) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(w, "**bench ec** %s, %s over %s (%s), %d consumers\n\n", res.Config.Model, res.Config.Direction,
 		res.Env.Backend, res.Env.BackendVersion, res.Config.Consumers)
 	if p := runcore.PathLine(res.NetPath); p != "" {
@@ -39,7 +25,10 @@ func writeECMarkdown(w io.Writer, res *ECResult) error {
 	return nil
 }
 
-func writeECText(w io.Writer, res *ECResult) error {
+// WriteText says what ran, per-stage latency percentiles, outcomes,
+// bandwidth against memcpy of the same bytes, and the cache and failure
+// counters.
+func (res *ECResult) WriteText(w io.Writer) error {
 	c, s := res.Config, res.Summary
 	who := "consumer READs"
 	if c.Direction == "write" {
@@ -101,7 +90,8 @@ func statusList(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func ecCSV(res *ECResult) *report.Table {
+// WriteCSV writes the run as one row.
+func (res *ECResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{}
 	for _, c := range []string{"backend", "direction", "model", "block_bytes", "requests", "images", "transfers", "hits", "failed",
 		"hit_rate", "bytes", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "latency_ms_max", "ack_ms_p50", "ack_ms_p99",
@@ -117,15 +107,16 @@ func ecCSV(res *ECResult) *report.Table {
 		g(s.TransferMS.P50), g(s.TransferMS.P99), g(s.HitLatencyMS.P50), g(s.TransferGBps), g(res.Reference.MemcpyGBps),
 		g(res.Reference.Efficiency), g(s.WarmSpeedup), fmt.Sprint(s.Evictions), fmt.Sprint(s.PinnedSkips),
 		fmt.Sprint(s.ProducerEvictions), fmt.Sprint(s.NotReadyRetries), statusList(s.FailuresByStatus))
-	return t
+	return t.WriteCSV(w)
 }
 
 func init() {
 	report.RegisterKind(func() report.Result { return new(ECResult) }, "bench ec")
 }
 
-// Render implements report.Result.
-func (res *ECResult) Render(w io.Writer, f report.Format) error { return WriteEC(w, f, res) }
+// Render implements report.Result. vLLM's nixl_* metrics describe KV
+// transfers, not the encoder cache: -o prom is its metrics as plain gauges.
+func (res *ECResult) Render(w io.Writer, f report.Format) error { return report.Write(w, f, res) }
 
 // Metrics implements report.Result: the efficiency against memcpy of the
 // same bytes (stable, the gate's default), transfer bandwidth and the cold

@@ -93,7 +93,7 @@ func TestRunECAcrossProcesses(t *testing.T) {
 			}
 			// The JSON result has the documented top level.
 			var buf bytes.Buffer
-			if err := WriteEC(&buf, report.FormatJSON, res); err != nil {
+			if err := res.Render(&buf, report.FormatJSON); err != nil {
 				t.Fatal(err)
 			}
 			var j map[string]any
@@ -114,7 +114,7 @@ func TestRunECAcrossProcesses(t *testing.T) {
 				t.Errorf("meta: %v %v", j["command"], j["schema"])
 			}
 			var tbl bytes.Buffer
-			WriteEC(&tbl, report.FormatTable, res)
+			res.Render(&tbl, report.FormatTable)
 			if !strings.Contains(tbl.String(), "cold transfer") || !strings.Contains(tbl.String(), "Warm speed-up") {
 				t.Errorf("table:\n%s", tbl.String())
 			}

@@ -13,18 +13,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// WriteHandoff renders a `bench pull|push|sglang` result.
-func WriteHandoff(w io.Writer, f report.Format, res *HandoffResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return handoffCSV(res).WriteCSV(w) },
-		Prom:     res.WriteProm,
-		Markdown: func(w io.Writer) error { return handoffMarkdown(w, res) },
-		Text:     func(w io.Writer) error { return writeHandoffText(w, res) },
-	})
-}
-
-func writeHandoffText(w io.Writer, res *HandoffResult) error {
+// WriteText renders a `bench pull|push|sglang` result: what ran, the
+// stages' percentiles, the outcome and the pairs.
+func (res *HandoffResult) WriteText(w io.Writer) error {
 	s := res.Summary
 	c := res.Config
 	fmt.Fprintf(w, "bench %s: %s, %v tokens (%v), %s, %v-token blocks, %v blocks, over %s %s (%v), endpoints %v\n",
@@ -51,7 +42,9 @@ func writeHandoffText(w io.Writer, res *HandoffResult) error {
 	return nil
 }
 
-func handoffMarkdown(w io.Writer, res *HandoffResult) error {
+// WriteMarkdown is the text's tables under a shorter headline, for a
+// report.
+func (res *HandoffResult) WriteMarkdown(w io.Writer) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench %s** %s, %v tokens, %s, over %s %s\n\n", res.Protocol, res.Model, c.ISL.label(),
 		c.parallelLabel(), res.Backend, res.Env.BackendVersion)
@@ -178,7 +171,8 @@ func (isl ISL) label() string {
 	return fmt.Sprint(isl.Fixed)
 }
 
-func handoffCSV(res *HandoffResult) *report.Table {
+// WriteCSV writes a row per request.
+func (res *HandoffResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{}
 	for _, c := range []string{"index", "id", "isl", "prefix_tokens", "blocks", "descriptors", "bytes", "first_handshake", "handshake_ms",
 		"registration_rtt_ms", "finish_to_post_ms", "post_ms", "transfer_ms", "completion_to_ready_ms", "handoff_ms", "corrupt_blocks", "error"} {
@@ -201,7 +195,7 @@ func handoffCSV(res *HandoffResult) *report.Table {
 		}
 		t.AddRow(row...)
 	}
-	return t
+	return t.WriteCSV(w)
 }
 
 func init() {
@@ -209,7 +203,7 @@ func init() {
 }
 
 // Render implements report.Result.
-func (res *HandoffResult) Render(w io.Writer, f report.Format) error { return WriteHandoff(w, f, res) }
+func (res *HandoffResult) Render(w io.Writer, f report.Format) error { return report.Write(w, f, res) }
 
 // Metrics implements report.Result. The efficiency ratios are stable
 // (the gate's default); latency metrics carry their stage's histogram,

@@ -208,7 +208,7 @@ func TestHandoffPairRender(t *testing.T) {
 	res.Config.DecodeEngines = res.Config.PrefillEngines
 	res.Summary.Pairs = SummarizePairs(recs, 2, 2)
 	var b strings.Builder
-	if err := WriteHandoff(&b, report.FormatTable, res); err != nil {
+	if err := res.Render(&b, report.FormatTable); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"requests (failed)", "GB/s (pair active)", "handoff p99 (ms)", "prefill-1", "decode-1", "1 (1)"} {
@@ -228,7 +228,7 @@ func TestHandoffPairRender(t *testing.T) {
 	}
 	one := &HandoffResult{Protocol: "pull", Records: recs[:1], Summary: SummarizeHandoff(recs[:1], 0)}
 	b.Reset()
-	if err := WriteHandoff(&b, report.FormatTable, one); err != nil {
+	if err := one.Render(&b, report.FormatTable); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(b.String(), "pair active") {

@@ -15,7 +15,7 @@ func init() {
 
 // Render implements report.Result.
 func (res *LeaseChaosResult) Render(w io.Writer, f report.Format) error {
-	return WriteLeaseChaos(w, f, res)
+	return report.Write(w, f, res)
 }
 
 // Metrics implements report.Result: per scenario, whether it passed (the
@@ -70,19 +70,9 @@ func (res *LeaseChaosResult) Figure() (report.Figure, error) {
 	return fig, nil
 }
 
-// WriteLeaseChaos renders a lease-chaos result: one line per scenario and
-// policy with its verdict and numbers, then what each one checked.
-func WriteLeaseChaos(w io.Writer, f report.Format, res *LeaseChaosResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return leaseCSV(res).WriteCSV(w) },
-		Markdown: func(w io.Writer) error { return writeLeaseChaosMarkdown(w, res) },
-		Prom:     func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
-		Text:     func(w io.Writer) error { return writeLeaseChaosText(w, res) },
-	})
-}
-
-func writeLeaseChaosMarkdown(w io.Writer, res *LeaseChaosResult) error {
+// WriteMarkdown is the text's table with the expectations as a list, for
+// a report.
+func (res *LeaseChaosResult) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(w, "**lease-chaos** %s\n\n", leaseHeadline(res))
 	if err := leaseTable(res).WriteMarkdown(w); err != nil {
 		return err
@@ -107,7 +97,9 @@ func writeLeaseChaosMarkdown(w io.Writer, res *LeaseChaosResult) error {
 	return nil
 }
 
-func writeLeaseChaosText(w io.Writer, res *LeaseChaosResult) error {
+// WriteText renders a lease-chaos result: one line per scenario and
+// policy with its verdict and numbers, then what each one checked.
+func (res *LeaseChaosResult) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "lease-chaos: %s\n\n", leaseHeadline(res))
 	if len(res.Scenarios) > 0 {
 		if err := leaseTable(res).WriteText(w); err != nil {
@@ -207,7 +199,8 @@ func leaseTable(res *LeaseChaosResult) *report.Table {
 	return t
 }
 
-func leaseCSV(res *LeaseChaosResult) *report.Table {
+// WriteCSV writes a row per scenario and policy.
+func (res *LeaseChaosResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{}
 	for _, c := range []string{"mode", "scenario", "policy", "reaper", "passed", "requests", "completed", "failed", "recomputed", "aborted",
 		"lost", "expired_leases", "premature_frees", "late_reads_detected", "corrupt_accepted", "expired_unreleased", "dead_block_gb_s",
@@ -224,5 +217,5 @@ func leaseCSV(res *LeaseChaosResult) *report.Table {
 			fmt.Sprint(r.HeartbeatsSent), fmt.Sprint(r.HeartbeatsLost), fmt.Sprint(r.HeartbeatsRecvd), fmt.Sprint(r.LeakedBlocks),
 			g(r.LeaseS), g(r.TimeoutS), g(r.Seconds), r.Expectation)
 	}
-	return t
+	return t.WriteCSV(w)
 }

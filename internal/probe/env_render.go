@@ -8,17 +8,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// WriteEnv renders `probe env`: one screen for people, the result itself
-// as JSON, and the facts as key,value rows for CSV.
-func WriteEnv(w io.Writer, f report.Format, res *EnvResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON: res,
-		CSV:  func(w io.Writer) error { return writeEnvCSV(w, res) },
-		Text: func(w io.Writer) error { return writeEnvText(w, res) },
-	})
-}
-
-func writeEnvCSV(w io.Writer, res *EnvResult) error {
+// WriteCSV writes the facts as section,key,value rows. The screen is
+// WriteText, for every other format but JSON, which is the result itself.
+func (res *EnvResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{Columns: []report.Column{{Name: "section"}, {Name: "key"}, {Name: "value"}}}
 	for _, r := range envRows(res) {
 		t.AddRow(r[0], r[1], r[2])
@@ -26,7 +18,8 @@ func writeEnvCSV(w io.Writer, res *EnvResult) error {
 	return t.WriteCSV(w)
 }
 
-func writeEnvText(w io.Writer, res *EnvResult) error {
+// WriteText is one screen for people.
+func (res *EnvResult) WriteText(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("nixlctl probe env: what transfers on this host will really use\n")
 	rows := envRows(res)

@@ -208,12 +208,12 @@ func TestWriteEnv(t *testing.T) {
 			Protocols: []ProtoTable{{Operation: "remote memory write by ucp_put* from host memory to host", Ranges: []ProtoRange{{"0..inf", "zero-copy", "rc_mlx5/mlx5_0:1"}}}}},
 	}
 	var b bytes.Buffer
-	if err := WriteEnv(&b, report.FormatTable, res); err != nil {
+	if err := report.Write(&b, report.FormatTable, res); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, "env_screen.txt", b.Bytes())
 	b.Reset()
-	if err := WriteEnv(&b, report.FormatCSV, res); err != nil {
+	if err := report.Write(&b, report.FormatCSV, res); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(b.String(), "section,key,value\nucx,library,libucp 1.18.0") || !strings.Contains(b.String(), "path,used,this transfer used rc_mlx5") {

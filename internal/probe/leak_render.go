@@ -8,19 +8,9 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// WriteLeak renders a `probe ucx-leak` result: JSON is the result itself
-// (samples included); the table and CSV have one row per configuration.
-func WriteLeak(w io.Writer, f report.Format, res *LeakResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return leakCSV(res).WriteCSV(w) },
-		Text:     func(w io.Writer) error { return writeLeakText(w, res) },
-		Markdown: func(w io.Writer) error { return leakTable(res).WriteMarkdown(w) },
-		Prom:     func(w io.Writer) error { return report.WriteMetricsProm(w, res) },
-	})
-}
-
-func writeLeakText(w io.Writer, res *LeakResult) error {
+// WriteText renders a `probe ucx-leak` result with a row per
+// configuration; JSON is the result itself (samples included).
+func (res *LeakResult) WriteText(w io.Writer) error {
 	c := res.Config
 	plural := "s"
 	if len(res.Configs) == 1 {
@@ -102,7 +92,11 @@ func leakTable(res *LeakResult) *report.Table {
 	return t
 }
 
-func leakCSV(res *LeakResult) *report.Table {
+// WriteMarkdown is the text's table alone.
+func (res *LeakResult) WriteMarkdown(w io.Writer) error { return leakTable(res).WriteMarkdown(w) }
+
+// WriteCSV writes a row per configuration.
+func (res *LeakResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{}
 	cols := []string{"config", "backend"}
 	for _, a := range res.Config.Matrix {
@@ -131,5 +125,5 @@ func leakCSV(res *LeakResult) *report.Table {
 			fmt.Sprint(cr.Receiver.ChurnOps), fmt.Sprint(len(cr.Samples)), cr.Transport, strings.ReplaceAll(cr.Reason, "\n", " "))
 		t.AddRow(row...)
 	}
-	return t
+	return t.WriteCSV(w)
 }

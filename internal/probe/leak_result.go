@@ -16,7 +16,7 @@ func init() {
 }
 
 // Render implements report.Result.
-func (res *LeakResult) Render(w io.Writer, f report.Format) error { return WriteLeak(w, f, res) }
+func (res *LeakResult) Render(w io.Writer, f report.Format) error { return report.Write(w, f, res) }
 
 // Series names a configuration: "ucx UCX_MEM_MMAP_HOOK_MODE=none".
 func (cr ConfigResult) Series() string { return cr.Backend + " " + cr.Label }

@@ -32,15 +32,15 @@ func fakeLeakResult() *LeakResult {
 func TestWriteLeak(t *testing.T) {
 	res := fakeLeakResult()
 	var tb, cb, jb bytes.Buffer
-	if err := WriteLeak(&tb, report.FormatTable, res); err != nil {
+	if err := res.Render(&tb, report.FormatTable); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, "leak_table.txt", tb.Bytes())
-	if err := WriteLeak(&cb, report.FormatCSV, res); err != nil {
+	if err := res.Render(&cb, report.FormatCSV); err != nil {
 		t.Fatal(err)
 	}
 	golden.Check(t, "leak.csv", cb.Bytes())
-	if err := WriteLeak(&jb, report.FormatJSON, res); err != nil {
+	if err := res.Render(&jb, report.FormatJSON); err != nil {
 		t.Fatal(err)
 	}
 	// The JSON keys scripts rely on.

@@ -9,18 +9,18 @@ import (
 	"github.com/nixlctl/nixlctl/internal/report"
 )
 
-// WriteSideChannel renders probe sidechannel: a screen for people,
-// Markdown for a report, the result as JSON, or its rows as key,value CSV.
-func WriteSideChannel(w io.Writer, f report.Format, res *SideChannelResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return writeSideChannelCSV(w, res) },
-		Markdown: func(w io.Writer) error { return writeSideChannelText(w, res, true) },
-		Text:     func(w io.Writer) error { return writeSideChannelText(w, res, false) },
-	})
+// WriteText is the screen for people (JSON is the result itself).
+func (res *SideChannelResult) WriteText(w io.Writer) error {
+	return writeSideChannelText(w, res, false)
 }
 
-func writeSideChannelCSV(w io.Writer, res *SideChannelResult) error {
+// WriteMarkdown is the screen for a report.
+func (res *SideChannelResult) WriteMarkdown(w io.Writer) error {
+	return writeSideChannelText(w, res, true)
+}
+
+// WriteCSV is the screen's rows as key,value, with every rank and check.
+func (res *SideChannelResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{Columns: []report.Column{{Name: "key"}, {Name: "value"}}}
 	for _, r := range sideChannelRows(res) {
 		t.AddRow(r[0], r[1])

@@ -96,7 +96,7 @@ func TestProbeVLLMAgainstEngine(t *testing.T) {
 		t.Errorf("clock offset %.3f ms with a %.3f ms round trip", h.ClockOffsetMs, h.RTTMs)
 	}
 	var out strings.Builder
-	if err := WriteSideChannel(&out, report.FormatTable, res); err != nil {
+	if err := report.Write(&out, report.FormatTable, res); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"engine id prefill-probe", "agent prefill-probe-tp1 (nixlctl ucx blob,", "compat check matches --compat-factors f.json",
@@ -226,7 +226,7 @@ func TestProbeSGLangAgainstEngine(t *testing.T) {
 		t.Errorf("%+v %+v", b, b.Info)
 	}
 	var out strings.Builder
-	if err := WriteSideChannel(&out, report.FormatTable, res); err != nil {
+	if err := report.Write(&out, report.FormatTable, res); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"health OK", "attn tp 2, attn cp 1, dp 1, pp 1", "query_dp_ranks ok", "ranks (GET /route per rank)"} {
@@ -348,7 +348,7 @@ func TestProbeVLLMEveryRankOfEngine(t *testing.T) {
 	}
 	for _, f := range []report.Format{report.FormatTable, report.FormatMarkdown} {
 		var out strings.Builder
-		if err := WriteSideChannel(&out, f, res); err != nil {
+		if err := report.Write(&out, f, res); err != nil {
 			t.Fatal(err)
 		}
 		for _, want := range []string{"ranks asked | nixlctl metadata: tp 2, pp 1", "prefill-probe-tp1", "tp ratio", "tp_ratio 2",
@@ -362,7 +362,7 @@ func TestProbeVLLMEveryRankOfEngine(t *testing.T) {
 		}
 	}
 	var csv strings.Builder
-	if err := WriteSideChannel(&csv, report.FormatCSV, res); err != nil {
+	if err := report.Write(&csv, report.FormatCSV, res); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"\nranks asked,\"nixlctl metadata: tp 2, pp 1\"\n", "\nrank pp 0 tp 1,\"engine prefill-probe, agent prefill-probe-tp1, 4 regions,",

@@ -197,13 +197,15 @@ func (r *Result) Metrics() []report.Metric {
 
 // Render implements report.Result: json and table.
 func (r *Result) Render(w io.Writer, f report.Format) error {
-	refuse := func(io.Writer) error {
+	switch f {
+	case report.FormatCSV, report.FormatMarkdown, report.FormatProm:
 		return fmt.Errorf("%w: bench proxy writes json or table, not %s", report.ErrFormat, f)
 	}
-	return report.Render(w, f, report.Renderings{JSON: r, Text: r.table, CSV: refuse, Markdown: refuse, Prom: refuse})
+	return report.Write(w, f, r)
 }
 
-func (r *Result) table(w io.Writer) error {
+// WriteText is the table: the latencies of each stage, then the outcome.
+func (r *Result) WriteText(w io.Writer) error {
 	s, o := r.Summary, r.Options
 	var b strings.Builder
 	fmt.Fprintf(&b, "bench proxy: %d requests through %s%s (isl %d, max_tokens %d, concurrency %d, model %s)\n\n",

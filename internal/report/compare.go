@@ -121,12 +121,10 @@ func (c *Comparison) Render(w io.Writer, f Format) error {
 	if f == FormatProm {
 		return FormatError("report compare", f) // a comparison is no set of samples
 	}
-	return Render(w, f, Renderings{
-		JSON:     c.jsonSafe(),
-		CSV:      func(w io.Writer) error { return c.Table().WriteCSV(w) },
-		Markdown: func(w io.Writer) error { return c.Table().WriteMarkdown(w) },
-		Text:     func(w io.Writer) error { return c.Table().WriteText(w) },
-	})
+	if f == FormatJSON {
+		return WriteJSON(w, c.jsonSafe())
+	}
+	return Write(w, f, c.Table()) // every other format is the table
 }
 
 // jsonSafe replaces NaN and infinities, which JSON cannot carry, by null.

@@ -36,35 +36,41 @@ func ParseFormat(s string) (Format, error) {
 	return "", fmt.Errorf("unknown output format %q (want table, json, csv, markdown or prom)", s)
 }
 
-// Renderings are one result's writers, a format each, for Render. A nil
-// writer is a format the result has no rendering of its own in: it gets
-// Text.
-type Renderings struct {
-	// JSON is what FormatJSON encodes: the result itself.
-	JSON                      any
-	Text, CSV, Markdown, Prom func(io.Writer) error
-}
+// The writers a value can have, one a format, for Write. Table has all
+// three, so a value whose every format is one table can hand them on.
+type (
+	TextWriter     interface{ WriteText(w io.Writer) error }
+	CSVWriter      interface{ WriteCSV(w io.Writer) error }
+	MarkdownWriter interface{ WriteMarkdown(w io.Writer) error }
+)
 
-// Render writes one result in format f: JSON encodes r.JSON, the other
-// formats call their writer, and a format without one (or one Render does
-// not know) gets r.Text. It is the one dispatch on the format that every
-// result's Write function goes through.
-func Render(w io.Writer, f Format, r Renderings) error {
-	var write func(io.Writer) error
+// Write writes res in format f, the one dispatch on the format that every
+// result goes through: JSON encodes res itself; CSV, Markdown and Prom use
+// res's writer for the format (PromExporter's WriteProm for Prom, else a
+// Result's Metrics as gauges, WriteMetricsProm); any other format, or one
+// res has no writer for, gets its text. A value that cannot write a
+// format says so from its writer (FormatError) or before calling Write.
+func Write(w io.Writer, f Format, res TextWriter) error {
 	switch f {
 	case FormatJSON:
-		return WriteJSON(w, r.JSON)
+		return WriteJSON(w, res)
 	case FormatCSV:
-		write = r.CSV
+		if c, ok := res.(CSVWriter); ok {
+			return c.WriteCSV(w)
+		}
 	case FormatMarkdown:
-		write = r.Markdown
+		if m, ok := res.(MarkdownWriter); ok {
+			return m.WriteMarkdown(w)
+		}
 	case FormatProm:
-		write = r.Prom
+		if p, ok := res.(PromExporter); ok {
+			return p.WriteProm(w)
+		}
+		if r, ok := res.(Result); ok {
+			return WriteMetricsProm(w, r)
+		}
 	}
-	if write == nil {
-		write = r.Text
-	}
-	return write(w)
+	return res.WriteText(w)
 }
 
 // WriteJSON writes v as indented JSON with a trailing newline.

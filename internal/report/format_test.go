@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -65,33 +66,71 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-func TestRender(t *testing.T) {
-	says := func(s string) func(io.Writer) error {
-		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
-	}
-	all := Renderings{JSON: map[string]int{"a": 1}, Text: says("text"), CSV: says("csv"), Markdown: says("md"), Prom: says("prom")}
-	textOnly := Renderings{JSON: []int{1}, Text: says("text")}
+// says is a writer of a fixed text, so the test can tell which one ran.
+type says string
+
+func (s says) write(w io.Writer) error { _, err := io.WriteString(w, string(s)); return err }
+
+// everyFormat has a writer of its own for every format.
+type everyFormat struct {
+	A int `json:"a"`
+}
+
+func (everyFormat) WriteText(w io.Writer) error     { return says("text").write(w) }
+func (everyFormat) WriteCSV(w io.Writer) error      { return says("csv").write(w) }
+func (everyFormat) WriteMarkdown(w io.Writer) error { return says("md").write(w) }
+func (everyFormat) WriteProm(w io.Writer) error     { return says("prom").write(w) }
+
+// textOnly has only its text.
+type textOnly []int
+
+func (textOnly) WriteText(w io.Writer) error { return says("text").write(w) }
+
+// metricsOnly is a Result with text and no Prometheus writer of its own.
+type metricsOnly struct{ *fakeResult }
+
+func (metricsOnly) WriteText(w io.Writer) error { return says("text").write(w) }
+
+// noProm refuses Prometheus text, as a comparison does.
+type noProm struct{ textOnly }
+
+func (noProm) WriteProm(io.Writer) error { return FormatError("no prom", FormatProm) }
+
+func TestWrite(t *testing.T) {
+	t.Parallel()
+	gauges := "# HELP nixlctl_fake_measure_bandwidth_gbps bandwidth_gbps (GB/s), higher is better\n"
 	for _, tc := range []struct {
-		name string
-		f    Format
-		r    Renderings
-		want string
+		name    string
+		f       Format
+		res     TextWriter
+		want    string
+		prefix  bool // want is how the output starts
+		wantErr error
 	}{
-		{"json is the value", FormatJSON, all, "{\n  \"a\": 1\n}\n"},
-		{"table", FormatTable, all, "text"},
-		{"csv", FormatCSV, all, "csv"},
-		{"markdown", FormatMarkdown, all, "md"},
-		{"prom", FormatProm, all, "prom"},
-		{"no csv of its own: text", FormatCSV, textOnly, "text"},
-		{"no markdown of its own: text", FormatMarkdown, textOnly, "text"},
-		{"no prom of its own: text", FormatProm, textOnly, "text"},
-		{"an unknown format: text", Format("yaml"), all, "text"},
-		{"json without writers", FormatJSON, textOnly, "[\n  1\n]\n"},
+		{"json is the value", FormatJSON, everyFormat{1}, "{\n  \"a\": 1\n}\n", false, nil},
+		{"table", FormatTable, everyFormat{}, "text", false, nil},
+		{"csv", FormatCSV, everyFormat{}, "csv", false, nil},
+		{"markdown", FormatMarkdown, everyFormat{}, "md", false, nil},
+		{"prom", FormatProm, everyFormat{}, "prom", false, nil},
+		{"an unknown format: text", Format("yaml"), everyFormat{}, "text", false, nil},
+		{"json without writers", FormatJSON, textOnly{1}, "[\n  1\n]\n", false, nil},
+		{"no csv of its own: text", FormatCSV, textOnly{}, "text", false, nil},
+		{"no markdown of its own: text", FormatMarkdown, textOnly{}, "text", false, nil},
+		{"no prom and no metrics: text", FormatProm, textOnly{}, "text", false, nil},
+		{"no prom of its own: the metrics as gauges", FormatProm, metricsOnly{fake(0.8, nil)}, gauges, true, nil},
+		{"a result's json is the result", FormatJSON, metricsOnly{fake(0.8, nil)}, "{\n  \"schema\": \"" + Schema + "\"", true, nil},
+		{"a format refused: the error", FormatProm, noProm{}, "", false, ErrFormat},
+		{"a format refused, the others written", FormatCSV, noProm{}, "text", false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var b strings.Builder
-			if err := Render(&b, tc.f, tc.r); err != nil || b.String() != tc.want {
-				t.Errorf("Render(%s) = %q, %v; want %q", tc.f, b.String(), err, tc.want)
+			err := Write(&b, tc.f, tc.res)
+			if (err != nil) != (tc.wantErr != nil) || !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Write(%s) error %v, want %v", tc.f, err, tc.wantErr)
+			}
+			if got := b.String(); got != tc.want && !(tc.prefix && strings.HasPrefix(got, tc.want)) {
+				t.Errorf("Write(%s) = %q, want %q", tc.f, got, tc.want)
 			}
 		})
 	}

@@ -395,6 +395,21 @@ func (g *GateReport) Headline() string {
 	return line
 }
 
+// WriteText is the headline over the table, for a terminal.
+func (g *GateReport) WriteText(w io.Writer) error {
+	if _, err := fmt.Fprintln(w, g.Headline()); err != nil {
+		return err
+	}
+	return g.Table().WriteText(w)
+}
+
+// WriteCSV is the table alone.
+func (g *GateReport) WriteCSV(w io.Writer) error { return g.Table().WriteCSV(w) }
+
+// WriteProm refuses: a judgement is no set of samples, and without it
+// Write would fall through to the text.
+func (g *GateReport) WriteProm(io.Writer) error { return FormatError("gate", FormatProm) }
+
 // WriteMarkdown writes the judgement for a CI job summary.
 func (g *GateReport) WriteMarkdown(w io.Writer) error {
 	mark := "✅"

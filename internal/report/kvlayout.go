@@ -1,6 +1,7 @@
 package report
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -14,20 +15,22 @@ func WriteKVLayout(w io.Writer, f Format, as []kv.Analysis) error {
 	if len(as) == 0 {
 		return fmt.Errorf("no token counts to report")
 	}
-	var js any = as
-	if len(as) == 1 {
-		js = as[0]
-	}
-	return Render(w, f, Renderings{
-		JSON:     js,
-		CSV:      func(w io.Writer) error { return kvCSVTable(as).WriteCSV(w) },
-		Markdown: func(w io.Writer) error { return writeKVMarkdown(w, as) },
-		Prom:     func(w io.Writer) error { return kvProm(w, as) },
-		Text:     func(w io.Writer) error { return writeKVText(w, as) },
-	})
+	return Write(w, f, kvLayout(as))
 }
 
-func writeKVMarkdown(w io.Writer, as []kv.Analysis) error {
+// kvLayout is a sweep's analyses, one per token count.
+type kvLayout []kv.Analysis
+
+// MarshalJSON writes one token count as its analysis alone, as before
+// kv layout took sweeps, so scripts reading it keep working.
+func (as kvLayout) MarshalJSON() ([]byte, error) {
+	if len(as) == 1 {
+		return json.Marshal(as[0])
+	}
+	return json.Marshal([]kv.Analysis(as))
+}
+
+func (as kvLayout) WriteMarkdown(w io.Writer) error {
 	if _, err := fmt.Fprintf(w, "```\n%s\n```\n\n", kvHeader(as[0])); err != nil {
 		return err
 	}
@@ -43,7 +46,7 @@ func writeKVMarkdown(w io.Writer, as []kv.Analysis) error {
 	return nil
 }
 
-func writeKVText(w io.Writer, as []kv.Analysis) error {
+func (as kvLayout) WriteText(w io.Writer) error {
 	a := as[0]
 	if _, err := io.WriteString(w, kvHeader(a)+"\n"); err != nil {
 		return err
@@ -145,6 +148,8 @@ func kvHeteroTable(a kv.Analysis) *Table {
 	return t
 }
 
+func (as kvLayout) WriteCSV(w io.Writer) error { return kvCSVTable(as).WriteCSV(w) }
+
 func kvCSVTable(as []kv.Analysis) *Table {
 	t := &Table{Columns: []Column{{Name: "model"}, {Name: "tokens"}, {Name: "kv_dtype"}, {Name: "block_size"},
 		{Name: "tp"}, {Name: "pp"}, {Name: "layout"}, {Name: "bytes_per_token"}, {Name: "bytes_per_token_per_rank"},
@@ -197,10 +202,11 @@ func sum(xs []int) int {
 	return n
 }
 
-// kvProm writes the sizes as gauges, one sample per token count, labelled
-// with the deployment (so a dashboard can show what a model costs next to
-// what moving it took): nixlctl_kv_layout_bytes_per_request{model=...}.
-func kvProm(w io.Writer, as []kv.Analysis) error {
+// WriteProm writes the sizes as gauges, one sample per token count,
+// labelled with the deployment (so a dashboard can show what a model
+// costs next to what moving it took):
+// nixlctl_kv_layout_bytes_per_request{model=...}.
+func (as kvLayout) WriteProm(w io.Writer) error {
 	t := kvCSVTable(as)
 	const labels = 7 // model, tokens, kv_dtype, block_size, tp, pp, layout
 	for c := labels; c < len(t.Columns); c++ {

@@ -5,8 +5,8 @@ import (
 	"io"
 )
 
-// A result's text and Markdown pages (the Text and Markdown writers of
-// its Renderings) lay out their tables and warnings the same way for
+// A result's text and Markdown pages (its WriteText and WriteMarkdown,
+// which Write calls) lay out their tables and warnings the same way for
 // every kind; these write those parts.
 
 // WriteTables writes tables in order, a blank line between them, each by

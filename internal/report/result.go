@@ -38,9 +38,8 @@ type Plottable interface {
 
 // PromExporter is the method of the kinds whose runs are KV transfers and
 // so can speak vLLM's own metrics (bench xfer, the handoff benchmarks).
-// Nothing asserts it: `-o prom` and `report show -o prom` call
-// Render(w, FormatProm), and such a kind's Render calls WriteProm; other
-// kinds answer with WriteMetricsProm.
+// Write asserts it for FormatProm; other kinds answer with
+// WriteMetricsProm.
 type PromExporter interface {
 	// WriteProm writes the result as Prometheus text exposition under
 	// vLLM NixlConnector's metric names and buckets (fill a

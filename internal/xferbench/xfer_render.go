@@ -9,21 +9,10 @@ import (
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
 
-// WriteXfer renders a `bench xfer` result. The table has nixlbench's
-// columns, then measured request percentiles, descriptor rate and the
-// efficiency against the reference copy of the same pattern in the same
-// run (memcpy; device-to-device copies for VRAM).
-func WriteXfer(w io.Writer, f report.Format, res *XferResult) error {
-	return report.Render(w, f, report.Renderings{
-		JSON:     res,
-		CSV:      func(w io.Writer) error { return xferCSV(res).WriteCSV(w) },
-		Prom:     res.WriteProm,
-		Markdown: func(w io.Writer) error { return xferMarkdown(w, res) },
-		Text:     func(w io.Writer) error { return writeXferText(w, res) },
-	})
-}
-
-func writeXferText(w io.Writer, res *XferResult) error {
+// WriteText has nixlbench's columns, then measured request percentiles,
+// descriptor rate and the efficiency against the reference copy of the
+// same pattern in the same run (memcpy; device-to-device copies for VRAM).
+func (res *XferResult) WriteText(w io.Writer) error {
 	c := res.Config
 	fmt.Fprintf(w, "bench xfer: %s %s->%s over %s (%s), target %s, initiator buffer %s, target buffer %s, %s\n",
 		c.Op, seg(c.InitiatorSeg, c.InitiatorDevice), seg(c.TargetSeg, c.TargetDevice), res.Env.Backend, res.Env.BackendVersion,
@@ -110,7 +99,8 @@ func xferTable(res *XferResult) *report.Table {
 	return t
 }
 
-func xferCSV(res *XferResult) *report.Table {
+// WriteCSV writes a row per point.
+func (res *XferResult) WriteCSV(w io.Writer) error {
 	t := &report.Table{}
 	for _, c := range []string{"backend", "op", "block_size", "batch_size", "iterations", "bandwidth_gbps", "avg_lat_us",
 		"prep_us_mean", "prep_us_p99", "post_us_mean", "post_us_p99", "tx_us_mean", "tx_us_p99",
@@ -125,10 +115,12 @@ func xferCSV(res *XferResult) *report.Table {
 			g(p.TxUS.Mean), g(p.TxUS.P99), g(p.LatencyUS.P50), g(p.LatencyUS.P90), g(p.LatencyUS.P99), g(p.LatencyUS.P999),
 			g(p.LatencyUS.Max), g(p.DescriptorsPerS), g(p.PostNSPerDesc), g(p.MemcpyGBps), g(p.Efficiency), p.Consistency, res.Config.Reference)
 	}
-	return t
+	return t.WriteCSV(w)
 }
 
-func xferMarkdown(w io.Writer, res *XferResult) error {
+// WriteMarkdown is the text's table under a shorter headline, for a
+// report.
+func (res *XferResult) WriteMarkdown(w io.Writer) error {
 	c := res.Config
 	fmt.Fprintf(w, "**bench xfer** %s %s->%s over %s (%s), target %s\n\n", c.Op, c.InitiatorSeg, c.TargetSeg, res.Env.Backend,
 		res.Env.BackendVersion, c.Target)
@@ -147,7 +139,7 @@ func init() {
 }
 
 // Render implements report.Result.
-func (res *XferResult) Render(w io.Writer, f report.Format) error { return WriteXfer(w, f, res) }
+func (res *XferResult) Render(w io.Writer, f report.Format) error { return report.Write(w, f, res) }
 
 // Metrics implements report.Result: per point, the efficiency against
 // memcpy (stable across machines, the gate's default), bandwidth and the
