@@ -199,7 +199,13 @@ func sideChannelRows(res *SideChannelResult) [][2]string {
 			add("region memory", strRuns(h.RegionMemTypes))
 		}
 		add("parallel", fmt.Sprintf("dcp %d, pcp %d, %d physical blocks per logical", h.DCPSize, h.PCPSize, h.PhysicalBlocksPerLogical))
-		add("ssm sizes", fmt.Sprintf("%d, %d", h.SSMSizes[0], h.SSMSizes[1]))
+		// The decoder insists on two, but a saved result read back may
+		// carry any number: print what is there rather than index it.
+		ssm := make([]string, len(h.SSMSizes))
+		for i, n := range h.SSMSizes {
+			ssm[i] = strconv.FormatInt(n, 10)
+		}
+		add("ssm sizes", strings.Join(ssm, ", "))
 		add("registered", fmt.Sprintf("%s (%d B)", report.Bytes(h.RegisteredBytes), h.RegisteredBytes))
 		add("metadata size", fmt.Sprintf("payload %d B, NixlAgentMetadata %d B, agent blob %d B", h.PayloadBytes, h.MetadataBytes, h.AgentBlobBytes))
 		add("listener clock", fmt.Sprintf("%.6f s, %+.3f ms from this host's monotonic clock", h.RemoteClockS, h.ClockOffsetMs))
