@@ -86,6 +86,9 @@ func LendBuffer(a Agent, alloc func() (*Buffer, error)) (*Buffer, []byte, error)
 	}
 	md, err := a.LocalMD()
 	if err != nil {
+		// Deregistered before it is freed, as Free asks: the memory
+		// must not go back while the agent still describes it.
+		a.DeregisterMem(buf)
 		buf.Free()
 		a.Close()
 		return nil, nil, err
