@@ -36,43 +36,6 @@ func ParseFormat(s string) (Format, error) {
 	return "", fmt.Errorf("unknown output format %q (want table, json, csv, markdown or prom)", s)
 }
 
-// The writers a value can have, one a format, for Write. Table has all
-// three, so a value whose every format is one table can hand them on.
-type (
-	TextWriter     interface{ WriteText(w io.Writer) error }
-	CSVWriter      interface{ WriteCSV(w io.Writer) error }
-	MarkdownWriter interface{ WriteMarkdown(w io.Writer) error }
-)
-
-// Write writes res in format f, the one dispatch on the format that every
-// result goes through: JSON encodes res itself; CSV, Markdown and Prom use
-// res's writer for the format (PromExporter's WriteProm for Prom, else a
-// Result's Metrics as gauges, WriteMetricsProm); any other format, or one
-// res has no writer for, gets its text. A value that cannot write a
-// format says so from its writer (FormatError) or before calling Write.
-func Write(w io.Writer, f Format, res TextWriter) error {
-	switch f {
-	case FormatJSON:
-		return WriteJSON(w, res)
-	case FormatCSV:
-		if c, ok := res.(CSVWriter); ok {
-			return c.WriteCSV(w)
-		}
-	case FormatMarkdown:
-		if m, ok := res.(MarkdownWriter); ok {
-			return m.WriteMarkdown(w)
-		}
-	case FormatProm:
-		if p, ok := res.(PromExporter); ok {
-			return p.WriteProm(w)
-		}
-		if r, ok := res.(Result); ok {
-			return WriteMetricsProm(w, r)
-		}
-	}
-	return res.WriteText(w)
-}
-
 // WriteJSON writes v as indented JSON with a trailing newline.
 func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
