@@ -152,20 +152,21 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	if o.BaseBinary != "" && len(o.Baselines) > 1 {
 		return errkind.BadInputf("--baseline-binary makes the baseline's runs: give one --baseline (whose command it re-runs), not %d", len(o.Baselines))
 	}
-	exe, baseExe := o.Binary, o.BaseBinary
-	for flag, p := range map[string]string{"binary": exe, "baseline-binary": baseExe} {
-		if p != "" {
-			if err := checkExecutable(flag, p); err != nil {
+	for _, b := range [][2]string{{"binary", o.Binary}, {"baseline-binary", o.BaseBinary}} {
+		if b[1] != "" {
+			if err := checkExecutable(b[0], b[1]); err != nil {
 				return err
 			}
 		}
 	}
-	if exe == "" {
-		if exe, err = ctl.SelfExe(); err != nil {
+	this := rerunSide{exe: o.Binary, name: o.Binary}
+	if this.exe == "" {
+		if this.exe, err = ctl.SelfExe(); err != nil {
 			return err
 		}
-		o.Binary = "nixlctl" // how the runs' log lines name it
+		this.name = "nixlctl"
 	}
+	old := rerunSide{exe: o.BaseBinary, name: o.BaseBinary, ofBaseline: true}
 	if o.HTML != "" {
 		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
 			return err
@@ -208,23 +209,21 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	for i := 0; i < o.Repeat; i++ {
 		// Alternating which side goes first (old, new, new, old, ...)
 		// keeps a drift of the host within a pair from favouring one.
-		sides := []string{exe}
-		if baseExe != "" {
-			sides = []string{baseExe, exe}
+		// The sides are told apart by role, not by path: the same
+		// binary on both is a valid A/A check.
+		sides := []rerunSide{this}
+		if old.exe != "" {
+			sides = []rerunSide{old, this}
 			if i%2 == 1 {
-				sides = []string{exe, baseExe}
+				sides = []rerunSide{this, old}
 			}
 		}
-		for _, bin := range sides {
-			name, ofBaseline := o.Binary, bin == baseExe
-			if ofBaseline {
-				name = baseExe
-			}
-			r, err := rerun(ctx, a, base.Result.Header(), bin, name, ofBaseline, i+1, o.Repeat)
+		for _, side := range sides {
+			r, err := rerun(ctx, a, base.Result.Header(), side, i+1, o.Repeat)
 			if err != nil {
 				return err
 			}
-			if bin == baseExe {
+			if side.ofBaseline {
 				baseRuns = append(baseRuns, r)
 			} else {
 				runs = append(runs, r)
@@ -235,7 +234,7 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	if err != nil {
 		return errkind.BadInput(err)
 	}
-	if baseExe != "" {
+	if old.exe != "" {
 		g.BaselineReruns = len(baseRuns)
 	}
 	for _, a := range altered {
@@ -324,19 +323,26 @@ func rerunArgs(args []string) []string {
 	return append(out, "-o", "json", "--tui=off")
 }
 
-// rerun runs the baseline's command again with the nixlctl at exe, named
-// name in the log (the baseline's side when ofBaseline).
-func rerun(ctx context.Context, a *app, base *report.Meta, exe, name string, ofBaseline bool, i, n int) (report.Result, error) {
+// rerunSide is a nixlctl that makes one side's runs in a gate: this
+// build's, or the baseline's (gate --baseline-binary).
+type rerunSide struct {
+	exe        string // what runs
+	name       string // how the log names it
+	ofBaseline bool
+}
+
+// rerun runs the baseline's command again with s's nixlctl.
+func rerun(ctx context.Context, a *app, base *report.Meta, s rerunSide, i, n int) (report.Result, error) {
 	if len(base.Args) == 0 {
 		return nil, errkind.BadInputf("--repeat: the baseline does not record its command line (an older result); run it yourself and pass --result")
 	}
 	args := rerunArgs(base.Args)
 	side := ""
-	if ofBaseline {
+	if s.ofBaseline {
 		side = " (baseline)"
 	}
-	fmt.Fprintf(a.io.ErrOut, "gate: run %d/%d%s: %s %s\n", i, n, side, name, strings.Join(args, " "))
-	cmd := exec.CommandContext(ctx, exe, args...)
+	fmt.Fprintf(a.io.ErrOut, "gate: run %d/%d%s: %s %s\n", i, n, side, s.name, strings.Join(args, " "))
+	cmd := exec.CommandContext(ctx, s.exe, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, a.io.ErrOut
 	// Interrupted, the run is asked to stop as a Ctrl-C would (it then
