@@ -90,7 +90,7 @@ judge() {
   rc_saved=0
   "$bin" gate --baseline "$work/base" "${res[@]}" --max-regression "$maxreg" "$@" -o json >"$work/gate-$kind-$i.json" 2>/dev/null || rc_saved=$?
   rc_ab=0
-  if [ -s "$work/$kind-$i.base" ]; then
+  if [ "${AB:-0}" = 1 ]; then
     local bs=()
     for f in $(cat "$work/$kind-$i.base"); do bs+=(--baseline "$f"); done
     "$bin" gate "${bs[@]}" "${res[@]}" --max-regression "$maxreg" "$@" -o json >"$work/gate-ab-$kind-$i.json" 2>/dev/null || rc_ab=$?
