@@ -317,13 +317,23 @@ func (b *Book[P, R, H]) OpenReq(x XferReq) (R, error) {
 }
 
 // LockReq is Req followed by LockOpen, as posting a request wants: on
-// success the caller holds the lock.
+// success the caller holds the lock. Req is asked again under the lock:
+// a release that ran between the first look and the lock would otherwise
+// hand the caller a freed request.
 func (b *Book[P, R, H]) LockReq(x XferReq) (R, error) {
 	r, err := b.Req(x)
 	if err != nil {
 		return r, err
 	}
-	return r, b.LockOpen()
+	if err := b.LockOpen(); err != nil {
+		return r, err
+	}
+	if r.Released() {
+		b.mu.Unlock()
+		var none R
+		return none, fmt.Errorf("request already released")
+	}
+	return r, nil
 }
 
 // ReleaseReq releases request x (Req) once release, called with the lock

@@ -3,6 +3,7 @@ package nixl
 import (
 	"errors"
 	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -251,4 +252,43 @@ func TestBookReqRefusesForeignAndReleasedRequests(t *testing.T) {
 	if err := b.ReleaseReq(r2, func(*bookReqFake) error { t.Error("release called after Close"); return nil }); err != nil {
 		t.Fatalf("release after Close: %v, want nil (freed at Close)", err)
 	}
+}
+
+// A release that takes the lock while a post waits for it wins: the post
+// must not go on with the request it looked up before (a freed handle).
+func TestBookLockReqSeesAReleaseThatWonTheLock(t *testing.T) {
+	b := newBookFake()
+	r := &bookReqFake{}
+	b.Lock()
+	b.AddReqLocked(r, &bookPeerFake{name: "p"})
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.LockReq(r)
+		if err == nil {
+			b.Unlock()
+		}
+		done <- err
+	}()
+	// Wait for the state, not a time: the post has looked the request up
+	// and is blocked on the lock this test holds.
+	for !goroutineWaitsIn("LockOpen") {
+		runtime.Gosched()
+	}
+	b.ReleaseReqLocked(r)
+	b.Unlock()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "already released") {
+		t.Fatalf("LockReq after a release that won the lock: %v, want already released", err)
+	}
+}
+
+// goroutineWaitsIn reports whether some goroutine is blocked in a mutex
+// inside a function whose name ends in fn.
+func goroutineWaitsIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "sync.(*Mutex).Lock") && strings.Contains(g, "."+fn+"(") {
+			return true
+		}
+	}
+	return false
 }
