@@ -12,7 +12,6 @@ import (
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/live"
-	"github.com/nixlctl/nixlctl/internal/nixl"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/userfile"
 )
@@ -124,10 +123,8 @@ func (o benchECOptions) checkExplicit(set explicitOptions) error {
 func (a *app) runBenchEC(ctx context.Context, o benchECOptions) error {
 	x := o.ECOptions
 	x.Version, x.Log = version, a.log
-	if x.Backend != "auto" && x.Backend != "" {
-		if _, ok := nixl.Lookup(x.Backend); !ok {
-			return errkind.BadInputf("--backend: unknown backend %q (available: auto, %s)", x.Backend, strings.Join(nixl.Backends(), ", "))
-		}
+	if err := checkBackendName(x.Backend); err != nil {
+		return err
 	}
 	v, err := kv.VisionPreset(o.Model)
 	if err != nil {

@@ -24,7 +24,7 @@ func TestBenchECBadInputExitCodes(t *testing.T) {
 		{[]string{"--zipf-s", "11"}, "--zipf-s: must be between 0"},
 		{[]string{"--consumers", "65"}, "--consumers: must be between 1 and 64"},
 		{[]string{"--ack-timeout", "0s"}, "--ack-timeout: must be positive"},
-		{[]string{"--backend", "rdma"}, `unknown backend "rdma"`},
+		{[]string{"--backend", "rdma"}, `--backend "rdma": unknown (available: auto, `},
 		{[]string{"--dtype", "int4"}, "--dtype: unknown dtype"},
 		{[]string{"--hidden-size", "-1"}, "hidden size must be > 0"},
 		{[]string{"--records", "no/such/dir/r.jsonl", "--requests", "1"}, "--records no/such/dir/r.jsonl: directory no/such/dir does not exist"},
