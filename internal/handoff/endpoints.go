@@ -211,6 +211,26 @@ func (f *handoffFleet) decodeName(i int) string  { return engineName("decode", i
 // all is every endpoint, prefills first.
 func (f *handoffFleet) all() []*Endpoint { return slices.Concat(f.pes, f.des) }
 
+// sameHostPIDs are the process ids of the engines on this host, in this
+// PID namespace, as their setup gave them: the run's own, even where it
+// did not start them (serve started by hand, or by a launcher).
+func (f *handoffFleet) sameHostPIDs() []int {
+	me, err := clocksync.ReadHostIdentity()
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for i, setups := range [][]engine.SetupReply{f.psetups, f.dsetups} {
+		eps := [][]*Endpoint{f.pes, f.des}[i]
+		for j, s := range setups {
+			if j < len(eps) && eps[j] != nil && s.PID > 0 && clocksync.SameHost(me, eps[j].host.Identity) {
+				pids = append(pids, s.PID)
+			}
+		}
+	}
+	return pids
+}
+
 // close closes every endpoint started so far; closing one twice is
 // harmless.
 func (f *handoffFleet) close() {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/cpuspeed"
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/hostload"
 	"github.com/nixlctl/nixlctl/internal/kv"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
@@ -278,6 +279,11 @@ type HandoffResult struct {
 	// HostCPU says how steady the host's CPU speed was: readings of a
 	// fixed loop before, between the rounds of, and after the timed phase.
 	HostCPU *cpuspeed.Summary `json:"host_cpu,omitempty"`
+	// HostOthers is the CPU time processes other than the run's (this
+	// one, the endpoints it started, and those on this host it reached)
+	// took of this host while it measured: a neighbour on a small host
+	// takes the CPUs UCX's progress threads spin on.
+	hostload.Field
 	// EndpointDied names the endpoint that died during the timed phase and
 	// how ("decode: signal: killed"); the run stopped there.
 	EndpointDied string          `json:"endpoint_died,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/cpuspeed"
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/hostload"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -194,6 +195,7 @@ func (h *handoff) runWatched(ctx, runCtx context.Context, stopRun context.Cancel
 	if o.XferRef && o.Rate == 0 && len(o.Trace) == 0 && (!o.remote() || o.XferTarget != "") {
 		h.rounds = &interleave{h: h, backend: backend, size: roundsFor(o.Requests, o.Concurrency, o.XferRounds)}
 	}
+	h.load = hostload.NewSampler(f.sameHostPIDs()...)
 	h.readCPU()
 	runErr = h.run(runCtx)
 	h.readCPU()
@@ -438,6 +440,16 @@ func (h *handoff) judge(res *HandoffResult, f *handoffFleet) {
 		res.HostCPU = &cpu
 		if w := cpu.Warning(); w != "" {
 			res.Warn(w)
+		}
+	}
+	if loads := h.loadSamples(); len(loads) >= 2 {
+		if others, err := hostload.Summarize(loads); err != nil {
+			o.Log.Debug("host load", "err", err)
+		} else {
+			res.HostOthers = &others
+			if w := others.Warning(); w != "" {
+				res.Warn(w)
+			}
 		}
 	}
 }

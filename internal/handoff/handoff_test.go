@@ -708,6 +708,9 @@ func TestHandoffXferReferenceLikeForLike(t *testing.T) {
 			if res.HostCPU == nil || res.HostCPU.Readings != 5 {
 				t.Errorf("host cpu %+v: want a reading before, after, and before each of the 3 rounds' references", res.HostCPU)
 			}
+			if res.HostOthers == nil || res.HostOthers.Samples != 5 || res.HostOthers.CPUs < 1 {
+				t.Errorf("host others %+v: want a sample with each CPU reading", res.HostOthers)
+			}
 		})
 	}
 }

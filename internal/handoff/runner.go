@@ -6,6 +6,7 @@ import (
 
 	"github.com/nixlctl/nixlctl/internal/cpuspeed"
 	"github.com/nixlctl/nixlctl/internal/engine"
+	"github.com/nixlctl/nixlctl/internal/hostload"
 	"github.com/nixlctl/nixlctl/internal/xferbench"
 )
 
@@ -31,6 +32,10 @@ type handoff struct {
 	rounds *interleave
 	cpuMu  sync.Mutex
 	cpu    []cpuspeed.Reading
+	// load samples what other processes take of the host's CPUs at each
+	// CPU reading (nil: not sampled); loads are its samples.
+	load  *hostload.Sampler
+	loads []hostload.Sample
 	// unstreamed holds the finished requests whose records wait for
 	// prefill's release before they are streamed (o.Records): their
 	// position in records, by router id.
@@ -43,8 +48,17 @@ type handoff struct {
 }
 
 // readCPU takes a reading of the host's CPU speed (cpuspeed), while no
-// request is in flight.
+// request is in flight, and a sample of the host's load (hostload).
 func (h *handoff) readCPU() {
+	if h.load != nil {
+		if s, err := h.load.Read(); err != nil {
+			h.o.Log.Debug("host load sample", "err", err)
+		} else {
+			h.cpuMu.Lock()
+			h.loads = append(h.loads, s)
+			h.cpuMu.Unlock()
+		}
+	}
 	r, err := cpuspeed.Measure()
 	if err != nil {
 		h.o.Log.Debug("cpu speed reading", "err", err)
@@ -53,6 +67,12 @@ func (h *handoff) readCPU() {
 	h.cpuMu.Lock()
 	h.cpu = append(h.cpu, r)
 	h.cpuMu.Unlock()
+}
+
+func (h *handoff) loadSamples() []hostload.Sample {
+	h.cpuMu.Lock()
+	defer h.cpuMu.Unlock()
+	return slices.Clone(h.loads)
 }
 
 func (h *handoff) cpuReadings() []cpuspeed.Reading {

@@ -38,7 +38,8 @@ type GateOptions struct {
 	NoiseCeiling float64
 	// BaselineRuns, when set, are the baseline's runs: the baseline's
 	// values are theirs (pooled, as runs are), and base only names the
-	// command and the metrics. Made in turns with the results' runs (gate
+	// command and the metrics: its own problems are not the gate's, the
+	// runs' are. Made in turns with the results' runs (gate
 	// --baseline-binary), a slow spell of the host hits both sides alike,
 	// where a baseline saved on another day meets the results' noise alone.
 	BaselineRuns []Result
@@ -80,7 +81,12 @@ type GateReport struct {
 	// baseline or run that failed requests, leaked or corrupted blocks, or
 	// was interrupted (report.HealthReporter). Any entry fails the gate.
 	Refused []string `json:"refused,omitempty"`
-	Passed  bool     `json:"passed"`
+	// SharedHost lists the runs that other processes took a share of the
+	// host's CPUs from while they measured (report.HostSharer): their
+	// numbers moved with the neighbour's load, not only with the build.
+	// It fails nothing by itself.
+	SharedHost []string `json:"shared_host,omitempty"`
+	Passed     bool     `json:"passed"`
 	// BaselineReruns is how many runs of the baseline's command the gate
 	// made beside the results' (gate --baseline-binary; Gate leaves it to
 	// its caller, since GateOptions.BaselineRuns may also be saved runs).
@@ -118,8 +124,16 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 	rep := &GateReport{Command: bh.Command, MaxRegression: o.MaxRegression, Runs: len(runs), Passed: true}
 	// A run that lost, leaked or corrupted anything, or stopped early, has
 	// numbers that flatter it: the gate never passes it, whatever they say.
-	for _, p := range Problems(base) {
-		rep.Refused = append(rep.Refused, "baseline: "+p)
+	// With BaselineRuns, base's numbers are not used (the runs' are), so
+	// only the runs' problems count; pooled baselines pass their first file
+	// as base and again as a run, and its problems were listed twice.
+	if len(o.BaselineRuns) == 0 {
+		for _, p := range Problems(base) {
+			rep.Refused = append(rep.Refused, "baseline: "+p)
+		}
+		if sh := sharedHost(base); sh != "" {
+			rep.SharedHost = append(rep.SharedHost, "baseline: "+sh)
+		}
 	}
 	results := newGateSide("result", runs, rep)
 	reruns := newGateSide("baseline run", o.BaselineRuns, rep)
@@ -193,6 +207,9 @@ func newGateSide(what string, runs []Result, rep *GateReport) *gateSide {
 		for _, p := range Problems(r) {
 			rep.Refused = append(rep.Refused, fmt.Sprintf("%s %d: %s", what, i+1, p))
 			s.refused[i] = true
+		}
+		if sh := sharedHost(r); sh != "" {
+			rep.SharedHost = append(rep.SharedHost, fmt.Sprintf("%s %d: %s", what, i+1, sh))
 		}
 		s.metrics[i] = map[string]Metric{}
 		for _, m := range r.Metrics() {
@@ -391,6 +408,9 @@ func (g *GateReport) Headline() string {
 	}
 	if len(g.Refused) > 0 {
 		line += "; refused: " + strings.Join(g.Refused, "; ")
+	}
+	if len(g.SharedHost) > 0 {
+		line += fmt.Sprintf("; %d run(s) shared the host with other processes, whose load moved their numbers: %s", len(g.SharedHost), strings.Join(g.SharedHost, "; "))
 	}
 	return line
 }

@@ -198,6 +198,19 @@ func TestGateWithBaselineReruns(t *testing.T) {
 			}
 		})
 	}
+	// Pooled baselines (gate --baseline a --baseline b) pass the first file
+	// as base and again among the runs: its problem is listed once, as a
+	// run's. A saved baseline whose numbers the re-runs replace refuses
+	// nothing by itself.
+	sick := sickResult{fake(0.8, nil), []string{"interrupted"}}
+	g, err := Gate(sick, runs(0.8, 0.8, 0.8), GateOptions{MaxRegression: 0.05, BaselineRuns: []Result{sick, fake(0.8, nil), fake(0.8, nil)}})
+	if err != nil || strings.Join(g.Refused, "|") != "baseline run 1: interrupted" || g.Passed {
+		t.Errorf("pooled baselines with a sick first: refused %q, passed %v, err %v", g.Refused, g.Passed, err)
+	}
+	g, err = Gate(sick, runs(0.8, 0.8, 0.8), GateOptions{MaxRegression: 0.05, BaselineRuns: runs(0.8, 0.8, 0.8)})
+	if err != nil || len(g.Refused) != 0 || !g.Passed {
+		t.Errorf("healthy re-runs of a sick saved baseline: refused %q, passed %v, err %v", g.Refused, g.Passed, err)
+	}
 	other := fake(0.8, nil)
 	other.Command = "fake other"
 	if _, err := Gate(fake(0.8, nil), runs(0.8), GateOptions{BaselineRuns: []Result{other}}); err == nil || !strings.Contains(err.Error(), `a result is "fake other"`) {

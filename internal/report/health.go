@@ -24,3 +24,20 @@ func Problems(r Result) []string {
 	}
 	return p
 }
+
+// HostSharer results say whether other processes took enough of their
+// host's CPUs while they measured to move their rates (a neighbour on a
+// small host); the gate lists such runs beside its verdict.
+type HostSharer interface {
+	// SharedHost is one short line when they did ("other processes used
+	// 0.79 of the host's 2 CPUs (0.86 at the most)"), "" otherwise.
+	SharedHost() string
+}
+
+// sharedHost is r's SharedHost line, "" when it has none or cannot say.
+func sharedHost(r Result) string {
+	if h, ok := r.(HostSharer); ok {
+		return h.SharedHost()
+	}
+	return ""
+}

@@ -48,3 +48,34 @@ func TestGateRefusesFailedRuns(t *testing.T) {
 		})
 	}
 }
+
+// sharedResult is a fake run that shared its host with a neighbour.
+type sharedResult struct {
+	*fakeResult
+	line string
+}
+
+func (s sharedResult) SharedHost() string { return s.line }
+
+// A run that shared its host is listed beside the verdict, on either
+// side, and fails nothing by itself.
+func TestGateListsRunsThatSharedTheHost(t *testing.T) {
+	t.Parallel()
+	shared := sharedResult{fake(0.8, nil), "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"}
+	quiet := sharedResult{fake(0.8, nil), ""}
+	g, err := Gate(fake(0.8, nil), []Result{fake(0.8, nil), shared, quiet}, GateOptions{MaxRegression: 0.05, BaselineRuns: []Result{shared, fake(0.8, nil), fake(0.8, nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"result 2: " + shared.line, "baseline run 1: " + shared.line}
+	if strings.Join(g.SharedHost, "|") != strings.Join(want, "|") {
+		t.Fatalf("shared host %q, want %q", g.SharedHost, want)
+	}
+	if !g.Passed || !strings.Contains(g.Headline(), "2 run(s) shared the host with other processes") {
+		t.Errorf("passed %v, headline %q", g.Passed, g.Headline())
+	}
+	g, err = Gate(shared, []Result{fake(0.8, nil)}, GateOptions{MaxRegression: 0.05})
+	if err != nil || len(g.SharedHost) != 1 || !strings.HasPrefix(g.SharedHost[0], "baseline: ") {
+		t.Errorf("a shared saved baseline: %q (%v)", g.SharedHost, err)
+	}
+}

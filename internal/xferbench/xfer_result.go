@@ -3,6 +3,7 @@ package xferbench
 import (
 	"fmt"
 
+	"github.com/nixlctl/nixlctl/internal/hostload"
 	"github.com/nixlctl/nixlctl/internal/report"
 	"github.com/nixlctl/nixlctl/internal/runcore"
 )
@@ -27,6 +28,9 @@ type XferResult struct {
 	// result with fewer points must say why, or it reads as a shorter
 	// sweep.
 	Failure string `json:"failure,omitempty"`
+	// HostOthers is the CPU time processes other than this one and the
+	// target it started took of this host during the sweep.
+	hostload.Field
 }
 
 // XferConfig echoes what was asked, so a result describes itself.

@@ -15,6 +15,7 @@ import (
 	"github.com/nixlctl/nixlctl/internal/ctl"
 	"github.com/nixlctl/nixlctl/internal/errkind"
 	"github.com/nixlctl/nixlctl/internal/fleet"
+	"github.com/nixlctl/nixlctl/internal/hostload"
 	"github.com/nixlctl/nixlctl/internal/live"
 	"github.com/nixlctl/nixlctl/internal/netpath"
 	"github.com/nixlctl/nixlctl/internal/nixl"
@@ -92,6 +93,8 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	path := runcore.WatchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
 	snap := runcore.Snapshotter(o.Snapshot, res, o.Live)
 	snap()
+	load := newLoadSampler(o.Log)
+	load.read()
 	for i, pt := range points {
 		if ctx.Err() != nil {
 			break
@@ -110,6 +113,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			break
 		}
 		res.Points = append(res.Points, p)
+		load.read()
 		snap()
 		failed := strings.HasPrefix(p.Consistency, "FAILED")
 		live.Emit(o.Live, live.Point{Label: p.Series(), Bytes: p.Bytes, Elapsed: time.Duration(p.Seconds * 1e9),
@@ -122,6 +126,13 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	}
 	path.Stop(ctx)
 	res.NetPath = path.Verdicts(runcore.TwoEnds(xferPayload(&o, res.Points)), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
+	if others, ok := load.summary(); ok {
+		res.HostOthers = &others
+		if w := others.Warning(); w != "" {
+			res.Warn(w)
+			live.Emit(o.Live, live.Warning{Text: w})
+		}
+	}
 	res.Finish()
 	if err := ctx.Err(); err != nil {
 		res.Interrupted = true
@@ -704,4 +715,38 @@ func xferPayload(o *XferOptions, points []XferPoint) int64 {
 		n += int64(p.BlockSize) * int64(p.BatchSize) * int64(iters+warm)
 	}
 	return n
+}
+
+// loadSampler samples what other processes take of the host between the
+// sweep's points (hostload): the target this run started is below it.
+type loadSampler struct {
+	s     *hostload.Sampler
+	log   *slog.Logger
+	reads []hostload.Sample
+}
+
+func newLoadSampler(log *slog.Logger) *loadSampler {
+	return &loadSampler{s: hostload.NewSampler(), log: log}
+}
+
+func (l *loadSampler) read() {
+	s, err := l.s.Read()
+	if err != nil {
+		l.log.Debug("host load sample", "err", err)
+		return
+	}
+	l.reads = append(l.reads, s)
+}
+
+// summary sums up the samples; false with fewer than two (a sweep that
+// measured no point).
+func (l *loadSampler) summary() (hostload.Summary, bool) {
+	sum, err := hostload.Summarize(l.reads)
+	if err != nil {
+		if len(l.reads) >= 2 {
+			l.log.Debug("host load", "err", err)
+		}
+		return hostload.Summary{}, false
+	}
+	return sum, true
 }

@@ -71,6 +71,9 @@ func TestRunXferAcrossProcesses(t *testing.T) {
 				t.Errorf("bytes %d", p.Bytes)
 			}
 		}
+		if res.HostOthers == nil || res.HostOthers.Samples != 1+len(res.Points) {
+			t.Errorf("%v: host others %+v, want a sample before the sweep and after each point", op, res.HostOthers)
+		}
 		if res.Env.Backend != "ucx" || res.Config.Target != "process" || res.Env.Transport == "" {
 			t.Errorf("result does not describe itself: %+v %+v", res.Env, res.Config)
 		}
