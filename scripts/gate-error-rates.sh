@@ -23,7 +23,11 @@
 # one core busy for 5-30 s, then idle for 5-30 s, at random, so that the
 # host's state drifts during the trials as it does on a shared runner.
 #
-#   [AB=1] [NEIGHBOUR=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+# KEEP=1 leaves the work folder (every run's result and every gate's
+# verdict) and names it at the end, so that the same runs can be judged
+# again later, for example on their first few runs a side.
+#
+#   [AB=1] [NEIGHBOUR=1] [KEEP=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
 #
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
@@ -39,7 +43,8 @@ trials=${1:-20} slow=${2:-10us} repeat=${3:-3} reqs=${4:-128}
 proto=${PROTO:-push} model=${MODEL:-llama-3.2-1b} maxreg=${MAX_REGRESSION:-5%}
 base_repeat=${BASE_REPEAT:-$repeat} # runs of the baseline (docs/ci-gates.md: 5)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+cleanup_work() { if [ "${KEEP:-0}" = 1 ]; then log "kept: $work"; else rm -rf "$work"; fi; }
+trap cleanup_work EXIT
 bin=$work/nixlctl
 go build -o "$bin" ./cmd/nixlctl
 run=("$bin" bench "$proto" --model "$model" --isl 2048 --requests "$reqs" --concurrency 4 --xfer-reference)
@@ -106,7 +111,7 @@ if [ "${NEIGHBOUR:-0}" = 1 ]; then
     done
   ) &
   neighbour=$!
-  trap 'kill -STOP "$neighbour" 2>/dev/null; pkill -P "$neighbour" 2>/dev/null; kill "$neighbour" 2>/dev/null; kill -CONT "$neighbour" 2>/dev/null; rm -rf "$work"' EXIT
+  trap 'kill -STOP "$neighbour" 2>/dev/null; pkill -P "$neighbour" 2>/dev/null; kill "$neighbour" 2>/dev/null; kill -CONT "$neighbour" 2>/dev/null; cleanup_work' EXIT
   log "noisy neighbour: pid $neighbour, one core busy 5-30 s, then idle 5-30 s"
 fi
 verdict() { python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); print(g["metrics"][0]["verdict"] if g.get("metrics") else "refused")' "$1"; }
