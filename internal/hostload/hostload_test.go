@@ -12,33 +12,29 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/nixlctl/nixlctl/internal/testkit"
 )
 
 func TestParseStatBusy(t *testing.T) {
-	for _, tc := range []struct {
-		name string
+	type parsed struct {
+		Busy uint64
+		CPUs int
+	}
+	for name, tc := range map[string]struct {
 		in   string
-		busy uint64
-		cpus int
+		want parsed
 		err  string
 	}{
-		{"two cpus with steal", "cpu  100 5 20 900 7 3 2 4 0 0\ncpu0 50 2 10 450 3 1 1 2 0 0\ncpu1 50 3 10 450 4 2 1 2 0 0\nintr 1\n", 134, 2, ""},
-		{"an old kernel without steal", "cpu 10 0 5 100 1 1 1\ncpu0 10 0 5 100 1 1 1\n", 17, 1, ""},
-		{"no aggregate line", "cpu0 1 2 3 4 5 6 7 8\n", 0, 0, "no aggregate cpu line"},
-		{"too few fields", "cpu 1 2 3\n", 0, 0, "at least 8"},
-		{"a field that is no number", "cpu 1 2 x 4 5 6 7 8\n", 0, 0, "cpu field 3"},
+		"two cpus with steal":         {"cpu  100 5 20 900 7 3 2 4 0 0\ncpu0 50 2 10 450 3 1 1 2 0 0\ncpu1 50 3 10 450 4 2 1 2 0 0\nintr 1\n", parsed{134, 2}, ""},
+		"an old kernel without steal": {"cpu 10 0 5 100 1 1 1\ncpu0 10 0 5 100 1 1 1\n", parsed{17, 1}, ""},
+		"no aggregate line":           {"cpu0 1 2 3 4 5 6 7 8\n", parsed{}, "no aggregate cpu line"},
+		"too few fields":              {"cpu 1 2 3\n", parsed{}, "at least 8"},
+		"a field that is no number":   {"cpu 1 2 x 4 5 6 7 8\n", parsed{}, "cpu field 3"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(name, func(t *testing.T) {
 			busy, cpus, err := ParseStatBusy([]byte(tc.in))
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("err %v, want %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || busy != tc.busy || cpus != tc.cpus {
-				t.Fatalf("got %d ticks on %d CPUs (%v), want %d on %d", busy, cpus, err, tc.busy, tc.cpus)
-			}
+			testkit.WantResult(t, parsed{busy, cpus}, err, tc.want, tc.err)
 		})
 	}
 }
