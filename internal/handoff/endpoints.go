@@ -220,14 +220,15 @@ func (f *handoffFleet) sameHostPIDs() []int {
 		return nil
 	}
 	var pids []int
-	for i, setups := range [][]engine.SetupReply{f.psetups, f.dsetups} {
-		eps := [][]*Endpoint{f.pes, f.des}[i]
+	add := func(eps []*Endpoint, setups []engine.SetupReply) {
 		for j, s := range setups {
 			if j < len(eps) && eps[j] != nil && s.PID > 0 && clocksync.SameHost(me, eps[j].host.Identity) {
 				pids = append(pids, s.PID)
 			}
 		}
 	}
+	add(f.pes, f.psetups)
+	add(f.des, f.dsetups)
 	return pids
 }
 

@@ -195,7 +195,7 @@ func (h *handoff) runWatched(ctx, runCtx context.Context, stopRun context.Cancel
 	if o.XferRef && o.Rate == 0 && len(o.Trace) == 0 && (!o.remote() || o.XferTarget != "") {
 		h.rounds = &interleave{h: h, backend: backend, size: roundsFor(o.Requests, o.Concurrency, o.XferRounds)}
 	}
-	h.load = hostload.NewSampler(f.sameHostPIDs()...)
+	h.load = hostload.NewRecorder(f.sameHostPIDs()...)
 	h.readCPU()
 	runErr = h.run(runCtx)
 	h.readCPU()
@@ -442,15 +442,10 @@ func (h *handoff) judge(res *HandoffResult, f *handoffFleet) {
 			res.Warn(w)
 		}
 	}
-	if loads := h.loadSamples(); len(loads) >= 2 {
-		if others, err := hostload.Summarize(loads); err != nil {
-			o.Log.Debug("host load", "err", err)
-		} else {
-			res.HostOthers = &others
-			if w := others.Warning(); w != "" {
-				res.Warn(w)
-			}
-		}
+	if w, err := res.Field.Record(h.load); err != nil {
+		o.Log.Debug("host load", "err", err)
+	} else if w != "" {
+		res.Warn(w)
 	}
 }
 

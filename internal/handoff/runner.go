@@ -33,9 +33,8 @@ type handoff struct {
 	cpuMu  sync.Mutex
 	cpu    []cpuspeed.Reading
 	// load samples what other processes take of the host's CPUs at each
-	// CPU reading (nil: not sampled); loads are its samples.
-	load  *hostload.Sampler
-	loads []hostload.Sample
+	// CPU reading (nil: not sampled).
+	load *hostload.Recorder
 	// unstreamed holds the finished requests whose records wait for
 	// prefill's release before they are streamed (o.Records): their
 	// position in records, by router id.
@@ -51,12 +50,8 @@ type handoff struct {
 // request is in flight, and a sample of the host's load (hostload).
 func (h *handoff) readCPU() {
 	if h.load != nil {
-		if s, err := h.load.Read(); err != nil {
+		if err := h.load.Take(); err != nil {
 			h.o.Log.Debug("host load sample", "err", err)
-		} else {
-			h.cpuMu.Lock()
-			h.loads = append(h.loads, s)
-			h.cpuMu.Unlock()
 		}
 	}
 	r, err := cpuspeed.Measure()
@@ -67,12 +62,6 @@ func (h *handoff) readCPU() {
 	h.cpuMu.Lock()
 	h.cpu = append(h.cpu, r)
 	h.cpuMu.Unlock()
-}
-
-func (h *handoff) loadSamples() []hostload.Sample {
-	h.cpuMu.Lock()
-	defer h.cpuMu.Unlock()
-	return slices.Clone(h.loads)
 }
 
 func (h *handoff) cpuReadings() []cpuspeed.Reading {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -274,7 +275,7 @@ func (s Summary) Warning() string {
 		return ""
 	}
 	return fmt.Sprintf("other processes used %.2f of this host's %d CPUs during the run (%.2f at the most between two of %d readings): "+
-		"the run's processes waited for CPUs they did not have, and its rates, the reference's too, fall by up to 10x while that lasts; "+
+		"the run's processes waited for CPUs they did not have, and its rates, the reference's too, fell with it (by up to 10x on a 2-core host); "+
 		"compare runs made on a quiet host, or gate this build against the old one run in turns beside it (gate --baseline-binary)",
 		s.MeanCPUs, s.CPUs, s.MaxCPUs, s.Samples)
 }
@@ -295,4 +296,45 @@ func (f Field) SharedHost() string {
 		return ""
 	}
 	return f.HostOthers.Short()
+}
+
+// Recorder keeps a run's samples, taken in order; safe for concurrent
+// use.
+type Recorder struct {
+	s       *Sampler
+	mu      sync.Mutex
+	samples []Sample
+}
+
+// NewRecorder samples for this process, everything below it and extra.
+func NewRecorder(extra ...int) *Recorder { return &Recorder{s: NewSampler(extra...)} }
+
+// Take takes a sample and keeps it; an error (nothing kept) when /proc
+// cannot be read.
+func (r *Recorder) Take() error {
+	s, err := r.s.Read()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.samples = append(r.samples, s)
+	r.mu.Unlock()
+	return nil
+}
+
+// Record sums up rec's samples into f and returns the run's warning (""
+// when others took little); an error, f untouched, when they cannot be
+// summed (a nil rec, fewer than two samples).
+func (f *Field) Record(rec *Recorder) (string, error) {
+	if rec == nil {
+		return "", errors.New("no samples")
+	}
+	rec.mu.Lock()
+	sum, err := Summarize(rec.samples)
+	rec.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	f.HostOthers = &sum
+	return sum.Warning(), nil
 }

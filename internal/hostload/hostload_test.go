@@ -195,3 +195,23 @@ func FuzzParseStatBusy(f *testing.F) {
 		}
 	})
 }
+
+func TestRecorderIntoField(t *testing.T) {
+	var f Field
+	if _, err := f.Record(nil); err == nil || f.HostOthers != nil {
+		t.Fatalf("no recorder: err %v, field %+v", err, f.HostOthers)
+	}
+	rec := NewRecorder()
+	if err := rec.Take(); err != nil {
+		t.Skip("no /proc here:", err)
+	}
+	if _, err := f.Record(rec); err == nil || f.HostOthers != nil {
+		t.Fatalf("one sample: err %v, field %+v", err, f.HostOthers)
+	}
+	if err := rec.Take(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Record(rec); err != nil || f.HostOthers == nil || f.HostOthers.Samples != 2 || f.HostOthers.CPUs < 1 {
+		t.Fatalf("two samples: err %v, field %+v", err, f.HostOthers)
+	}
+}

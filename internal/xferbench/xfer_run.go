@@ -93,8 +93,15 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	path := runcore.WatchPath(ctx, o.Target.Addr != "", xferPathEnds(o.Op, r.target.Client)...)
 	snap := runcore.Snapshotter(o.Snapshot, res, o.Live)
 	snap()
-	load := newLoadSampler(o.Log)
-	load.read()
+	// What other processes take of the host, sampled between the points:
+	// the target this run started is below it.
+	load := hostload.NewRecorder()
+	sampleLoad := func() {
+		if err := load.Take(); err != nil {
+			o.Log.Debug("host load sample", "err", err)
+		}
+	}
+	sampleLoad()
 	for i, pt := range points {
 		if ctx.Err() != nil {
 			break
@@ -113,7 +120,7 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 			break
 		}
 		res.Points = append(res.Points, p)
-		load.read()
+		sampleLoad()
 		snap()
 		failed := strings.HasPrefix(p.Consistency, "FAILED")
 		live.Emit(o.Live, live.Point{Label: p.Series(), Bytes: p.Bytes, Elapsed: time.Duration(p.Seconds * 1e9),
@@ -126,12 +133,11 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	}
 	path.Stop(ctx)
 	res.NetPath = path.Verdicts(runcore.TwoEnds(xferPayload(&o, res.Points)), func(w string) { res.Warn(w); live.Emit(o.Live, live.Warning{Text: w}) })
-	if others, ok := load.summary(); ok {
-		res.HostOthers = &others
-		if w := others.Warning(); w != "" {
-			res.Warn(w)
-			live.Emit(o.Live, live.Warning{Text: w})
-		}
+	if w, err := res.Field.Record(load); err != nil {
+		o.Log.Debug("host load", "err", err)
+	} else if w != "" {
+		res.Warn(w)
+		live.Emit(o.Live, live.Warning{Text: w})
 	}
 	res.Finish()
 	if err := ctx.Err(); err != nil {
@@ -715,38 +721,4 @@ func xferPayload(o *XferOptions, points []XferPoint) int64 {
 		n += int64(p.BlockSize) * int64(p.BatchSize) * int64(iters+warm)
 	}
 	return n
-}
-
-// loadSampler samples what other processes take of the host between the
-// sweep's points (hostload): the target this run started is below it.
-type loadSampler struct {
-	s     *hostload.Sampler
-	log   *slog.Logger
-	reads []hostload.Sample
-}
-
-func newLoadSampler(log *slog.Logger) *loadSampler {
-	return &loadSampler{s: hostload.NewSampler(), log: log}
-}
-
-func (l *loadSampler) read() {
-	s, err := l.s.Read()
-	if err != nil {
-		l.log.Debug("host load sample", "err", err)
-		return
-	}
-	l.reads = append(l.reads, s)
-}
-
-// summary sums up the samples; false with fewer than two (a sweep that
-// measured no point).
-func (l *loadSampler) summary() (hostload.Summary, bool) {
-	sum, err := hostload.Summarize(l.reads)
-	if err != nil {
-		if len(l.reads) >= 2 {
-			l.log.Debug("host load", "err", err)
-		}
-		return hostload.Summary{}, false
-	}
-	return sum, true
 }
