@@ -79,3 +79,35 @@ func TestGateListsRunsThatSharedTheHost(t *testing.T) {
 		t.Errorf("a shared saved baseline: %q (%v)", g.SharedHost, err)
 	}
 }
+
+// A --repeat result names every one of its runs that shared the host,
+// not only its representative's: a saved baseline of five runs whose
+// second and fourth ran beside a neighbour says so, though its
+// representative (the median run, the third) ran alone.
+func TestGateListsTheRepeatedRunsThatSharedTheHost(t *testing.T) {
+	t.Parallel()
+	line := "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"
+	var runs []Result
+	for i, eff := range []float64{0.70, 0.95, 0.80, 0.90, 0.75} {
+		r := sharedResult{fake(eff, nil), ""}
+		if i == 1 || i == 3 {
+			r.line = line
+		}
+		runs = append(runs, r)
+	}
+	base, err := WithRepeats(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := base.Header().Repeats; rep.Representative != 3 || base.(HostSharer).SharedHost() != "" {
+		t.Fatalf("representative run %d with line %q: want the third, which ran alone", rep.Representative, base.(HostSharer).SharedHost())
+	}
+	g, err := Gate(base, []Result{fake(0.8, nil)}, GateOptions{MaxRegression: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"baseline: 2 of its 5 runs (run 2, 4); run 2: " + line}
+	if strings.Join(g.SharedHost, "|") != strings.Join(want, "|") {
+		t.Errorf("shared host %q, want %q", g.SharedHost, want)
+	}
+}

@@ -21,10 +21,14 @@ type Repeats struct {
 	Metrics        []RepeatMetric `json:"metrics"`
 }
 
-// RepeatRun is when one of the runs started and how long it took.
+// RepeatRun is when one of the runs started and how long it took, and
+// whether other processes took a share of the host's CPUs while it
+// measured (its HostSharer line): the result's own record of that is its
+// representative run's alone.
 type RepeatRun struct {
-	StartedAt time.Time `json:"started_at"`
-	Seconds   float64   `json:"duration_s"`
+	StartedAt  time.Time `json:"started_at"`
+	Seconds    float64   `json:"duration_s"`
+	SharedHost string    `json:"shared_host,omitempty"`
 }
 
 // RepeatMetric is one metric over the runs.
@@ -102,7 +106,7 @@ func WithRepeats(runs []Result) (Result, error) {
 	}
 	for _, r := range runs {
 		h := r.Header()
-		rep.Runs = append(rep.Runs, RepeatRun{StartedAt: h.StartedAt, Seconds: h.Seconds})
+		rep.Runs = append(rep.Runs, RepeatRun{StartedAt: h.StartedAt, Seconds: h.Seconds, SharedHost: ownSharedHost(r)})
 	}
 	for _, n := range names {
 		vs := values[n]
