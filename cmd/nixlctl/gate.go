@@ -120,124 +120,25 @@ func parseFraction(flag, s string) (float64, error) {
 }
 
 func (a *app) runGate(ctx context.Context, o gateOptions) error {
-	if a.format == report.FormatProm {
-		// Found before any --repeat run spends minutes.
-		return errkind.BadInput(report.FormatError("gate", a.format))
+	maxReg, ceiling, err := a.checkGate(o)
+	if err != nil {
+		return err
 	}
-	if len(o.Baselines) == 0 {
-		return errkind.BadInputf("--baseline is required")
+	in, err := loadGateInputs(o)
+	if err != nil {
+		return err
 	}
-	maxReg, err := parseFraction("max-regression", o.MaxRegression)
+	if err := a.rerunGate(ctx, o, in); err != nil {
+		return err
+	}
+	g, err := report.Gate(in.base.Result, in.runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling, BaselineRuns: in.baseRuns})
 	if err != nil {
 		return errkind.BadInput(err)
 	}
-	ceiling := max(report.DefaultNoiseCeiling, 2*maxReg)
-	if o.NoiseCeiling != "" {
-		if ceiling, err = parseFraction("noise-ceiling", o.NoiseCeiling); err != nil {
-			return errkind.BadInput(err)
-		}
+	if o.BaseBinary != "" {
+		g.BaselineReruns = len(in.baseRuns)
 	}
-	if ceiling <= maxReg {
-		return errkind.BadInputf("--noise-ceiling %s must be above --max-regression %s (a change between the two is what the noise tests judge)", o.NoiseCeiling, o.MaxRegression)
-	}
-	switch {
-	case len(o.Results) > 0 && o.Repeat > 0:
-		return errkind.BadInputf("use --result or --repeat, not both")
-	case len(o.Results) == 0 && o.Repeat <= 0:
-		return errkind.BadInputf("give --result FILE (repeatable) or --repeat N")
-	}
-	if (o.Binary != "" || o.BaseBinary != "") && o.Repeat <= 0 {
-		return errkind.BadInputf("--binary and --baseline-binary choose what --repeat runs: give --repeat N")
-	}
-	if o.BaseBinary != "" && len(o.Baselines) > 1 {
-		return errkind.BadInputf("--baseline-binary makes the baseline's runs: give one --baseline (whose command it re-runs), not %d", len(o.Baselines))
-	}
-	for _, b := range [][2]string{{"binary", o.Binary}, {"baseline-binary", o.BaseBinary}} {
-		if b[1] != "" {
-			if err := checkExecutable(b[0], b[1]); err != nil {
-				return err
-			}
-		}
-	}
-	this := rerunSide{exe: o.Binary, name: o.Binary}
-	if this.exe == "" {
-		if this.exe, err = ctl.SelfExe(); err != nil {
-			return err
-		}
-		this.name = "nixlctl"
-	}
-	old := rerunSide{exe: o.BaseBinary, name: o.BaseBinary, ofBaseline: true}
-	if o.HTML != "" {
-		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
-			return err
-		}
-	}
-	// A saved run edited since (its checksums differ) is not judged: a
-	// failed baseline edited to "failed": 0 passed as healthy.
-	var altered []string
-	var base *report.Loaded
-	var baseRuns []report.Result
-	for i, p := range o.Baselines {
-		l, err := loadResult(p)
-		if err != nil {
-			return err
-		}
-		what := "baseline"
-		if len(o.Baselines) > 1 {
-			what = fmt.Sprintf("baseline %d", i+1)
-			// Several baselines: their runs pooled, as --result's are.
-			baseRuns = append(baseRuns, l.Result)
-		}
-		for _, a := range l.Altered {
-			altered = append(altered, what+": "+a)
-		}
-		if base == nil {
-			base = l
-		}
-	}
-	var runs []report.Result
-	for i, p := range o.Results {
-		l, err := loadResult(p)
-		if err != nil {
-			return err
-		}
-		for _, a := range l.Altered {
-			altered = append(altered, fmt.Sprintf("result %d: %s", i+1, a))
-		}
-		runs = append(runs, l.Result)
-	}
-	for i := 0; i < o.Repeat; i++ {
-		// Alternating which side goes first (old, new, new, old, ...)
-		// keeps a drift of the host within a pair from favouring one.
-		// The sides are told apart by role, not by path: the same
-		// binary on both is a valid A/A check.
-		sides := []rerunSide{this}
-		if old.exe != "" {
-			sides = []rerunSide{old, this}
-			if i%2 == 1 {
-				sides = []rerunSide{this, old}
-			}
-		}
-		for _, side := range sides {
-			r, err := rerun(ctx, a, base.Result.Header(), side, i+1, o.Repeat)
-			if err != nil {
-				return err
-			}
-			if side.ofBaseline {
-				baseRuns = append(baseRuns, r)
-			} else {
-				runs = append(runs, r)
-			}
-		}
-	}
-	g, err := report.Gate(base.Result, runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling, BaselineRuns: baseRuns})
-	if err != nil {
-		return errkind.BadInput(err)
-	}
-	if old.exe != "" {
-		g.BaselineReruns = len(baseRuns)
-	}
-	for _, a := range altered {
+	for _, a := range in.altered {
 		g.Refuse(a)
 	}
 	if o.HTML != "" {
@@ -245,34 +146,14 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 		for i := 0; i < o.Repeat; i++ {
 			labels = append(labels, fmt.Sprintf("run %d", i+1))
 		}
-		page := htmlreport.BuildGate(g, "baseline "+strings.Join(runLabels(o.Baselines), ", "), base.Result, labels, runs, version)
+		page := htmlreport.BuildGate(g, "baseline "+strings.Join(runLabels(o.Baselines), ", "), in.base.Result, labels, in.runs, version)
 		if err := writePage("html", o.HTML, page); err != nil {
 			return err
 		}
 	}
-	var md bytes.Buffer
-	if err := g.WriteMarkdown(&md); err != nil {
-		return err
-	}
-	if path := os.Getenv("GITHUB_STEP_SUMMARY"); path != "" {
-		// userfile.CheckOutput: a FIFO there would block the gate's exit.
-		err := userfile.CheckOutput(path)
-		var f *os.File
-		if err == nil {
-			f, err = os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		}
-		if err == nil {
-			_, err = f.Write(append(md.Bytes(), '\n'))
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}
-		if err != nil {
-			a.log.Warn("GITHUB_STEP_SUMMARY", "err", err)
-		}
-	}
-	// -o prom is refused before the runs (runGate's first check), and by
-	// the report too.
+	a.appendStepSummary(g)
+	// -o prom is refused before the runs (checkGate), and by the report
+	// too.
 	if err := report.Write(a.io.Out, a.format, g); err != nil {
 		return err
 	}
@@ -289,6 +170,173 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 		return errkind.CheckFailedf("%d metric(s) regressed beyond %s", n, o.MaxRegression)
 	}
 	return nil
+}
+
+// checkGate validates the gate's flags, before any --repeat run spends
+// minutes, and returns its allowance and noise ceiling.
+func (a *app) checkGate(o gateOptions) (maxReg, ceiling float64, err error) {
+	if a.format == report.FormatProm {
+		return 0, 0, errkind.BadInput(report.FormatError("gate", a.format))
+	}
+	if len(o.Baselines) == 0 {
+		return 0, 0, errkind.BadInputf("--baseline is required")
+	}
+	if maxReg, err = parseFraction("max-regression", o.MaxRegression); err != nil {
+		return 0, 0, errkind.BadInput(err)
+	}
+	ceiling = max(report.DefaultNoiseCeiling, 2*maxReg)
+	if o.NoiseCeiling != "" {
+		if ceiling, err = parseFraction("noise-ceiling", o.NoiseCeiling); err != nil {
+			return 0, 0, errkind.BadInput(err)
+		}
+	}
+	if ceiling <= maxReg {
+		return 0, 0, errkind.BadInputf("--noise-ceiling %s must be above --max-regression %s (a change between the two is what the noise tests judge)", o.NoiseCeiling, o.MaxRegression)
+	}
+	switch {
+	case len(o.Results) > 0 && o.Repeat > 0:
+		return 0, 0, errkind.BadInputf("use --result or --repeat, not both")
+	case len(o.Results) == 0 && o.Repeat <= 0:
+		return 0, 0, errkind.BadInputf("give --result FILE (repeatable) or --repeat N")
+	}
+	if (o.Binary != "" || o.BaseBinary != "") && o.Repeat <= 0 {
+		return 0, 0, errkind.BadInputf("--binary and --baseline-binary choose what --repeat runs: give --repeat N")
+	}
+	if o.BaseBinary != "" && len(o.Baselines) > 1 {
+		return 0, 0, errkind.BadInputf("--baseline-binary makes the baseline's runs: give one --baseline (whose command it re-runs), not %d", len(o.Baselines))
+	}
+	for _, b := range [][2]string{{"binary", o.Binary}, {"baseline-binary", o.BaseBinary}} {
+		if b[1] != "" {
+			if err := checkExecutable(b[0], b[1]); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+	if o.HTML != "" {
+		if err := checkHTMLFile("html", o.HTML, ""); err != nil {
+			return 0, 0, err
+		}
+	}
+	return maxReg, ceiling, nil
+}
+
+// gateInputs are what the gate judges: the baseline (the first
+// --baseline), the baseline's runs (several --baseline files pooled, or
+// --baseline-binary's re-runs), the runs judged, and what was altered in
+// the saved files read.
+type gateInputs struct {
+	base     *report.Loaded
+	baseRuns []report.Result
+	runs     []report.Result
+	altered  []string
+}
+
+// loadGateInputs reads the --baseline and --result files. A saved run
+// edited since (its checksums differ) is not judged: a failed baseline
+// edited to "failed": 0 passed as healthy.
+func loadGateInputs(o gateOptions) (*gateInputs, error) {
+	in := &gateInputs{}
+	for i, p := range o.Baselines {
+		l, err := loadResult(p)
+		if err != nil {
+			return nil, err
+		}
+		what := "baseline"
+		if len(o.Baselines) > 1 {
+			what = fmt.Sprintf("baseline %d", i+1)
+			// Several baselines: their runs pooled, as --result's are.
+			in.baseRuns = append(in.baseRuns, l.Result)
+		}
+		for _, a := range l.Altered {
+			in.altered = append(in.altered, what+": "+a)
+		}
+		if in.base == nil {
+			in.base = l
+		}
+	}
+	for i, p := range o.Results {
+		l, err := loadResult(p)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range l.Altered {
+			in.altered = append(in.altered, fmt.Sprintf("result %d: %s", i+1, a))
+		}
+		in.runs = append(in.runs, l.Result)
+	}
+	return in, nil
+}
+
+// rerunGate makes --repeat's runs of the baseline's command: with
+// --binary's nixlctl (else this one) and, with --baseline-binary, as
+// many with that one, in turns.
+func (a *app) rerunGate(ctx context.Context, o gateOptions, in *gateInputs) error {
+	if o.Repeat <= 0 {
+		return nil
+	}
+	this := rerunSide{exe: o.Binary, name: o.Binary}
+	if this.exe == "" {
+		var err error
+		if this.exe, err = ctl.SelfExe(); err != nil {
+			return err
+		}
+		this.name = "nixlctl"
+	}
+	old := rerunSide{exe: o.BaseBinary, name: o.BaseBinary, ofBaseline: true}
+	for i := 0; i < o.Repeat; i++ {
+		// Alternating which side goes first (old, new, new, old, ...)
+		// keeps a drift of the host within a pair from favouring one.
+		// The sides are told apart by role, not by path: the same
+		// binary on both is a valid A/A check.
+		sides := []rerunSide{this}
+		if old.exe != "" {
+			sides = []rerunSide{old, this}
+			if i%2 == 1 {
+				sides = []rerunSide{this, old}
+			}
+		}
+		for _, side := range sides {
+			r, err := rerun(ctx, a, in.base.Result.Header(), side, i+1, o.Repeat)
+			if err != nil {
+				return err
+			}
+			if side.ofBaseline {
+				in.baseRuns = append(in.baseRuns, r)
+			} else {
+				in.runs = append(in.runs, r)
+			}
+		}
+	}
+	return nil
+}
+
+// appendStepSummary adds the verdict in Markdown to the file
+// GITHUB_STEP_SUMMARY names, as a GitHub Actions step's summary; a
+// failure to is logged, not fatal.
+func (a *app) appendStepSummary(g *report.GateReport) {
+	path := os.Getenv("GITHUB_STEP_SUMMARY")
+	if path == "" {
+		return
+	}
+	var md bytes.Buffer
+	err := g.WriteMarkdown(&md)
+	// userfile.CheckOutput: a FIFO there would block the gate's exit.
+	if err == nil {
+		err = userfile.CheckOutput(path)
+	}
+	var f *os.File
+	if err == nil {
+		f, err = os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	}
+	if err == nil {
+		_, err = f.Write(append(md.Bytes(), '\n'))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		a.log.Warn("GITHUB_STEP_SUMMARY", "err", err)
+	}
 }
 
 // flagsNotRerun are the baseline's flags a re-run drops: where it wrote
