@@ -23,11 +23,16 @@
 # one core busy for 5-30 s, then idle for 5-30 s, at random, so that the
 # host's state drifts during the trials as it does on a shared runner.
 #
+# RERUN=1 (with AB=1) makes a trial run again that a neighbour moved
+# (host_others_cpu's mean at 0.25 CPUs or more), up to REPEAT extra runs a
+# side, as `gate --repeat` does (--reruns); the gate then sets aside the
+# moved runs when both sides keep three quiet ones.
+#
 # KEEP=1 leaves the work folder (every run's result and every gate's
 # verdict) and names it at the end, so that the same runs can be judged
 # again later, for example on their first few runs a side.
 #
-#   [AB=1] [NEIGHBOUR=1] [KEEP=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
+#   [AB=1] [NEIGHBOUR=1] [RERUN=1] [KEEP=1] [BASE_REPEAT=N] [PROTO=push] [MODEL=...] [METRICS="..."] scripts/gate-error-rates.sh [TRIALS] [SLOW] [REPEAT] [REQUESTS]
 #
 # Defaults: 20 trials, 3 runs a side, 128 requests of MODEL (llama-3.2-1b:
 # 64 MiB a request, so a run takes seconds, not the half minute of
@@ -69,20 +74,40 @@ trial_runs() {
     side_res=("$work/$kind-$i.json")
     return
   fi
-  local r order
+  local r order f n left_base=0 left_res=0
+  if [ "${RERUN:-0}" = 1 ]; then left_base=$repeat left_res=$repeat; fi
   for r in $(seq 1 "$repeat"); do
     order="base res"
     [ $((r % 2)) = 0 ] && order="res base"
     for side in $order; do
-      if [ "$side" = base ]; then
-        "${run[@]}" -o json >"$work/$kind-$i-base$r.json" 2>"$work/$kind-$i-base$r.err"
-        side_base+=("$work/$kind-$i-base$r.json")
-      else
-        "${run[@]}" "${extra[@]}" -o json >"$work/$kind-$i-res$r.json" 2>"$work/$kind-$i-res$r.err"
-        side_res+=("$work/$kind-$i-res$r.json")
-      fi
+      n=0
+      while :; do
+        f=$work/$kind-$i-$side$r.json
+        [ "$n" = 0 ] || f=$work/$kind-$i-$side${r}r$n.json
+        if [ "$side" = base ]; then
+          "${run[@]}" -o json >"$f" 2>"${f%.json}.err"
+          side_base+=("$f")
+        else
+          "${run[@]}" "${extra[@]}" -o json >"$f" 2>"${f%.json}.err"
+          side_res+=("$f")
+        fi
+        moved "$f" || break
+        if [ "$side" = base ]; then
+          [ "$left_base" -gt 0 ] || break
+          left_base=$((left_base - 1))
+        else
+          [ "$left_res" -gt 0 ] || break
+          left_res=$((left_res - 1))
+        fi
+        n=$((n + 1))
+      done
     done
   done
+}
+# moved FILE: whether other processes took 0.25 CPUs or more on average
+# while the run measured (its host_others_cpu), as the gate reads it.
+moved() {
+  python3 -c 'import json,sys; o=json.load(open(sys.argv[1])).get("host_others_cpu") or {}; sys.exit(0 if o.get("mean_cpus", 0) >= 0.25 else 1)' "$1"
 }
 # judge KIND I [gate flags...]: the trial's gate against the saved
 # baseline (saved) and, with AB=1, against the runs beside it (ab); exit
@@ -151,6 +176,9 @@ echo "power: $pw of $trials (slowed build detected, against the saved baseline)"
 if [ "${AB:-0}" = 1 ]; then
   echo "A/B false alarms: $fa_ab of $trials (against the $repeat runs made beside)"
   echo "A/B power: $pw_ab of $trials"
+  reruns=$(find "$work" -name '*-base*r*.json' -o -name '*-res*r*.json' | wc -l)
+  aside=$(python3 -c 'import json,sys; print(sum(1 for f in sys.argv[1:] if json.load(open(f)).get("set_aside")))' "$work"/gate-ab-*.json)
+  echo "re-runs of runs a neighbour moved: $reruns; A/B gates that set moved runs aside: $aside of $((2 * trials))"
 fi
 # The same trials judged on other metrics (no new runs): which one a gate
 # on this machine should use.

@@ -30,6 +30,8 @@ type gateOptions struct {
 	HTML          string   `mapstructure:"html"`
 	Binary        string   `mapstructure:"binary"`
 	BaseBinary    string   `mapstructure:"baseline-binary"`
+	JudgeShared   bool     `mapstructure:"judge-shared"`
+	Reruns        int      `mapstructure:"reruns"`
 }
 
 const gateLong = `Compare a result with a baseline and fail on a regression, for CI.
@@ -71,6 +73,13 @@ meets only its own. --binary NEW runs this side with another nixlctl (default:
 this one), so one gate can compare two builds. docs/ci-gates.md gives the
 error rates of both ways on a noisy host.
 
+A neighbour: a run whose result says other processes took a quarter of a CPU
+or more on average while it measured (host_others_cpu) moved with their load,
+either way, by up to 10x on a 2-core host. Such runs are listed, and set aside
+when three or more runs of their side were not moved (--judge-shared judges
+them all); with --repeat the gate also runs such a run again, up to --reruns
+extra runs a side (default: as many as --repeat).
+
 The Markdown summary goes to stdout (-o markdown or table) and is appended to
 $GITHUB_STEP_SUMMARY when that is set. Exit codes: 0 pass, 1 regression,
 2 usage error (bad flags, unreadable or mismatched files).`
@@ -96,6 +105,8 @@ func newGateCmd(a *app) *cobra.Command {
 	f.String("noise-ceiling", "", "the largest change the noise tests may explain away; beyond it a change is a regression or an improvement by its size alone (default 50%, or twice --max-regression where that is more)")
 	f.String("baseline-binary", "", "with --repeat: also re-run the baseline's command with this nixlctl, interleaved with the runs, and judge against those runs (A/B on the same host state)")
 	f.String("binary", "", "with --repeat: the nixlctl that makes the runs (default: this one)")
+	f.Bool("judge-shared", false, "judge every run, also those a neighbour moved (other processes took a quarter of a CPU or more on average while they measured); by default they are set aside when three or more runs of their side were not")
+	f.Int("reruns", -1, "with --repeat: at most this many extra runs a side, each replacing a run a neighbour moved; -1: as many as --repeat, 0: none")
 	f.String("html", "", "also write the judgement as one self-contained HTML page (each metric's runs as points) to this .html file")
 	return cmd
 }
@@ -131,7 +142,7 @@ func (a *app) runGate(ctx context.Context, o gateOptions) error {
 	if err := a.rerunGate(ctx, o, in); err != nil {
 		return err
 	}
-	g, err := report.Gate(in.base.Result, in.runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling, BaselineRuns: in.baseRuns})
+	g, err := report.Gate(in.base.Result, in.runs, report.GateOptions{MaxRegression: maxReg, Metrics: o.Metrics, NoiseCeiling: ceiling, BaselineRuns: in.baseRuns, JudgeMoved: o.JudgeShared})
 	if err != nil {
 		return errkind.BadInput(err)
 	}
@@ -217,6 +228,9 @@ func (a *app) checkGate(o gateOptions) (maxReg, ceiling float64, err error) {
 			return 0, 0, err
 		}
 	}
+	if o.Reruns < -1 {
+		return 0, 0, errkind.BadInputf("--reruns %d: want 0 or more, or -1 for as many as --repeat", o.Reruns)
+	}
 	return maxReg, ceiling, nil
 }
 
@@ -269,10 +283,19 @@ func loadGateInputs(o gateOptions) (*gateInputs, error) {
 
 // rerunGate makes --repeat's runs of the baseline's command: with
 // --binary's nixlctl (else this one) and, with --baseline-binary, as
-// many with that one, in turns.
+// many with that one, in turns. A run a neighbour moved is made again,
+// up to --reruns extra runs a side; it stays with the others, and the
+// gate sets it aside when enough runs it did not move remain.
 func (a *app) rerunGate(ctx context.Context, o gateOptions, in *gateInputs) error {
 	if o.Repeat <= 0 {
 		return nil
+	}
+	left := map[bool]int{false: o.Reruns, true: o.Reruns} // by rerunSide.ofBaseline
+	if o.Reruns < 0 {
+		left[false], left[true] = o.Repeat, o.Repeat
+	}
+	if o.JudgeShared {
+		left[false], left[true] = 0, 0
 	}
 	this := rerunSide{exe: o.Binary, name: o.Binary}
 	if this.exe == "" {
@@ -296,14 +319,24 @@ func (a *app) rerunGate(ctx context.Context, o gateOptions, in *gateInputs) erro
 			}
 		}
 		for _, side := range sides {
-			r, err := rerun(ctx, a, in.base.Result.Header(), side, i+1, o.Repeat)
-			if err != nil {
-				return err
-			}
-			if side.ofBaseline {
-				in.baseRuns = append(in.baseRuns, r)
-			} else {
-				in.runs = append(in.runs, r)
+			for {
+				r, err := rerun(ctx, a, in.base.Result.Header(), side, i+1, o.Repeat)
+				if err != nil {
+					return err
+				}
+				if side.ofBaseline {
+					in.baseRuns = append(in.baseRuns, r)
+				} else {
+					in.runs = append(in.runs, r)
+				}
+				// A --repeat result (a baseline saved with it) is judged
+				// run by run instead: the gate sets aside its moved runs.
+				if r.Header().Repeats != nil || !report.NeighbourMoved(r) || left[side.ofBaseline] == 0 {
+					break
+				}
+				left[side.ofBaseline]--
+				fmt.Fprintf(a.io.ErrOut, "gate: a neighbour moved that run (%s): running it again (%d more re-run(s) allowed on its side)\n",
+					r.(report.HostSharer).SharedHost(), left[side.ofBaseline])
 			}
 		}
 	}

@@ -290,6 +290,13 @@ type HandoffResult struct {
 	Records      []HandoffRecord `json:"-"`
 }
 
+// The gate reads these through interfaces: a method lost would drop the
+// run's problems or its neighbour silently.
+var (
+	_ report.HealthReporter = (*HandoffResult)(nil)
+	_ report.HostSharer     = (*HandoffResult)(nil)
+)
+
 func mean(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0

@@ -298,6 +298,11 @@ func (f Field) SharedHost() string {
 	return f.HostOthers.Short()
 }
 
+// HostMoved reports whether others took WarnAtCPUs or more on average
+// over the run (a burst between two readings alone does not count): the
+// gate judges without such a run where enough others remain.
+func (f Field) HostMoved() bool { return f.HostOthers != nil && f.HostOthers.MeanCPUs >= WarnAtCPUs }
+
 // Recorder keeps a run's samples, taken in order; safe for concurrent
 // use.
 type Recorder struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/nixlctl/nixlctl/internal/stats"
@@ -43,6 +44,10 @@ type GateOptions struct {
 	// --baseline-binary), a slow spell of the host hits both sides alike,
 	// where a baseline saved on another day meets the results' noise alone.
 	BaselineRuns []Result
+	// JudgeMoved judges every run, also those a neighbour moved
+	// (HostSharer.HostMoved). By default the moved runs are set aside
+	// when both sides keep MinRuns or more runs it did not move.
+	JudgeMoved bool
 }
 
 // DefaultNoiseCeiling is GateOptions.NoiseCeiling's default: no run of
@@ -86,7 +91,10 @@ type GateReport struct {
 	// numbers moved with the neighbour's load, not only with the build.
 	// It fails nothing by itself.
 	SharedHost []string `json:"shared_host,omitempty"`
-	Passed     bool     `json:"passed"`
+	// SetAside lists the runs not judged because a neighbour moved them
+	// (GateOptions.JudgeMoved), both sides' quiet runs being enough.
+	SetAside []string `json:"set_aside,omitempty"`
+	Passed   bool     `json:"passed"`
 	// BaselineReruns is how many runs of the baseline's command the gate
 	// made beside the results' (gate --baseline-binary; Gate leaves it to
 	// its caller, since GateOptions.BaselineRuns may also be saved runs).
@@ -137,6 +145,14 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 	}
 	results := newGateSide("result", runs, rep)
 	reruns := newGateSide("baseline run", o.BaselineRuns, rep)
+	saved := &gateSide{what: "baseline", runs: []Result{base}, metrics: []map[string]Metric{metricsByName(base)}, refused: []bool{false}}
+	if !o.JudgeMoved {
+		other := saved
+		if len(o.BaselineRuns) > 0 {
+			other = reruns
+		}
+		setAside(rep, results, other)
+	}
 	if len(rep.Refused) > 0 {
 		rep.Passed = false
 	}
@@ -152,7 +168,11 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 				continue
 			}
 			row.BaselineRuns, row.Baseline, baseDist = vs, stats.Median(vs), dist
-		} else if vs, ok := bh.Repeats.values(bm.Name()); ok {
+		} else if _, ok := bh.Repeats.values(bm.Name()); ok {
+			vs, _, _, err := saved.values(bm.Name())
+			if err != nil {
+				return nil, err
+			}
 			row.BaselineRuns = vs
 			row.Baseline = stats.Median(vs)
 		}
@@ -192,12 +212,94 @@ func Gate(base Result, runs []Result, o GateOptions) (*GateReport, error) {
 }
 
 // gateSide is one side's runs (the results, or the baseline's re-runs)
-// with their metrics by name, and which of them the gate refused.
+// with their metrics by name, which of them the gate refused, and which
+// of their values it sets aside.
 type gateSide struct {
 	what    string // "result" or "baseline run", for messages
 	runs    []Result
 	metrics []map[string]Metric
 	refused []bool
+	// aside[i][k] sets aside the k-th value of run i (its k-th repeat,
+	// or k = 0 its own); nil: none is (setAside).
+	aside [][]bool
+}
+
+// metricsByName indexes r's metrics.
+func metricsByName(r Result) map[string]Metric {
+	m := map[string]Metric{}
+	for _, x := range r.Metrics() {
+		m[x.Name()] = x
+	}
+	return m
+}
+
+// setAside leaves out the runs a neighbour moved (a repeated result's
+// run by run), on both sides, when each side keeps MinRuns or more that
+// it did not move, and lists them in rep. Set aside on one side alone,
+// quiet runs would be judged against moved ones, whose numbers a
+// neighbour pushed either way; with too few quiet runs on a side, every
+// run of both is judged.
+func setAside(rep *GateReport, sides ...*gateSide) {
+	moved := make([][][]bool, len(sides))
+	anyMoved := false
+	for j, s := range sides {
+		var quiet int
+		moved[j], quiet = s.movedRuns()
+		if quiet < MinRuns {
+			return
+		}
+		for _, ms := range moved[j] {
+			anyMoved = anyMoved || slices.Contains(ms, true)
+		}
+	}
+	if !anyMoved {
+		return
+	}
+	for j, s := range sides {
+		s.aside = moved[j]
+		for i, ms := range moved[j] {
+			for k, m := range ms {
+				if !m {
+					continue
+				}
+				label := fmt.Sprintf("%s %d", s.what, i+1)
+				if len(s.runs) == 1 && s.what == "baseline" {
+					label = s.what
+				}
+				if len(ms) > 1 {
+					label += fmt.Sprintf(", run %d of %d", k+1, len(ms))
+				}
+				rep.SetAside = append(rep.SetAside, label)
+			}
+		}
+	}
+}
+
+// movedRuns says, per run and per value it brings (a repeated result's
+// runs, else itself), whether a neighbour moved it, and how many values
+// it did not move.
+func (s *gateSide) movedRuns() (moved [][]bool, quiet int) {
+	moved = make([][]bool, len(s.runs))
+	for i, r := range s.runs {
+		if rr := r.Header().Repeats; rr != nil && len(rr.Runs) == rr.N {
+			for _, run := range rr.Runs {
+				moved[i] = append(moved[i], run.HostMoved)
+			}
+		} else {
+			moved[i] = []bool{NeighbourMoved(r)}
+		}
+		for _, m := range moved[i] {
+			if !m {
+				quiet++
+			}
+		}
+	}
+	return moved, quiet
+}
+
+// kept says whether the k-th value of run i is judged.
+func (s *gateSide) kept(i, k int) bool {
+	return s.aside == nil || k >= len(s.aside[i]) || !s.aside[i][k]
 }
 
 // newGateSide indexes runs' metrics and records their problems in rep.
@@ -211,10 +313,7 @@ func newGateSide(what string, runs []Result, rep *GateReport) *gateSide {
 		if sh := sharedHost(r); sh != "" {
 			rep.SharedHost = append(rep.SharedHost, fmt.Sprintf("%s %d: %s", what, i+1, sh))
 		}
-		s.metrics[i] = map[string]Metric{}
-		for _, m := range r.Metrics() {
-			s.metrics[i][m.Name()] = m
-		}
+		s.metrics[i] = metricsByName(r)
 	}
 	return s
 }
@@ -232,12 +331,17 @@ func (s *gateSide) values(name string) (vs []float64, dist *Histogram, skip bool
 		if !ok {
 			return nil, nil, false, fmt.Errorf("%s %d has no %s (is it the same sweep as the baseline?)", s.what, i+1, name)
 		}
+		judged := false
 		if rv, ok := r.Header().Repeats.values(name); ok {
-			vs = append(vs, rv...)
-		} else {
-			vs = append(vs, m.Value)
+			for k, v := range rv {
+				if s.kept(i, k) {
+					vs, judged = append(vs, v), true
+				}
+			}
+		} else if s.kept(i, 0) {
+			vs, judged = append(vs, m.Value), true
 		}
-		if m.Dist != nil {
+		if m.Dist != nil && judged {
 			if dist == nil {
 				dist = NewHistogram()
 			}
@@ -411,6 +515,9 @@ func (g *GateReport) Headline() string {
 	}
 	if len(g.SharedHost) > 0 {
 		line += fmt.Sprintf("; %d run(s) shared the host with other processes, whose load moved their numbers: %s", len(g.SharedHost), strings.Join(g.SharedHost, "; "))
+	}
+	if len(g.SetAside) > 0 {
+		line += fmt.Sprintf("; set aside, judged without them (a neighbour moved them, and enough runs it did not remained): %s", strings.Join(g.SetAside, ", "))
 	}
 	return line
 }

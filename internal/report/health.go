@@ -38,6 +38,18 @@ type HostSharer interface {
 	// SharedHost is one short line when they did ("other processes used
 	// 0.79 of the host's 2 CPUs (0.86 at the most)"), "" otherwise.
 	SharedHost() string
+	// HostMoved reports whether they took that much on average over the
+	// run, not in one burst: then the run's rates (and on a small host
+	// its ratios too) moved with the neighbour, and the gate judges
+	// without it where enough runs that did not remain.
+	HostMoved() bool
+}
+
+// NeighbourMoved is r's own HostMoved (a --repeat result's: its
+// representative run's); false when it cannot say.
+func NeighbourMoved(r Result) bool {
+	h, ok := r.(HostSharer)
+	return ok && h.HostMoved()
 }
 
 // sharedHost is r's SharedHost line, "" when it has none or cannot say.

@@ -56,6 +56,7 @@ type sharedResult struct {
 }
 
 func (s sharedResult) SharedHost() string { return s.line }
+func (s sharedResult) HostMoved() bool    { return s.line != "" }
 
 // A run that shared its host is listed beside the verdict, on either
 // side, and fails nothing by itself.
@@ -109,5 +110,104 @@ func TestGateListsTheRepeatedRunsThatSharedTheHost(t *testing.T) {
 	want := []string{"baseline: 2 of its 5 runs (run 2, 4); run 2: " + line}
 	if strings.Join(g.SharedHost, "|") != strings.Join(want, "|") {
 		t.Errorf("shared host %q, want %q", g.SharedHost, want)
+	}
+}
+
+// A neighbour moves a run's numbers either way (beside one, the handoff
+// and its reference lose CPUs unequally): the gate judges without the
+// runs it moved where each side keeps MinRuns quiet ones, and says so.
+// Here a real 20% regression hides behind two results a neighbour
+// inflated: judged with them it is noise, without them a regression.
+func TestGateSetsAsideTheRunsANeighbourMoved(t *testing.T) {
+	t.Parallel()
+	line := "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"
+	runs := func(line string, effs ...float64) []Result {
+		var out []Result
+		for _, e := range effs {
+			out = append(out, sharedResult{fake(e, nil), ""})
+		}
+		if line != "" {
+			out = append(out, sharedResult{fake(1.10, nil), line}, sharedResult{fake(1.05, nil), line})
+		}
+		return out
+	}
+	base := runs("", 0.80, 0.82, 0.79, 0.81, 0.80)
+	for _, tc := range []struct {
+		name       string
+		base       []Result // nil: base
+		results    []Result
+		judgeMoved bool
+		verdict    Verdict
+		setAside   []string
+	}{
+		{"moved runs set aside", nil, runs(line, 0.64, 0.65, 0.66), false, Regression, []string{"result 4", "result 5"}},
+		{"moved runs judged (--judge-shared)", nil, runs(line, 0.64, 0.65, 0.66), true, Noise, nil},
+		{"too few quiet runs to set any aside", nil, runs(line, 0.64, 0.65), false, Noise, nil},
+		{"too few quiet baseline runs", runs(line, 0.80, 0.81), runs(line, 0.64, 0.65, 0.66), false, Noise, nil},
+		{"nothing moved", nil, runs("", 0.64, 0.65, 0.66), false, Regression, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := base
+			if tc.base != nil {
+				b = tc.base
+			}
+			g, err := Gate(b[0], tc.results, GateOptions{MaxRegression: 0.05, BaselineRuns: b, JudgeMoved: tc.judgeMoved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(g.Rows) != 1 || g.Rows[0].Verdict != tc.verdict {
+				t.Fatalf("rows %+v: want one %s", g.Rows, tc.verdict)
+			}
+			if strings.Join(g.SetAside, "|") != strings.Join(tc.setAside, "|") {
+				t.Errorf("set aside %q, want %q", g.SetAside, tc.setAside)
+			}
+			if len(tc.setAside) > 0 && (len(g.Rows[0].Runs) != 3 || !strings.Contains(g.Headline(), "set aside, judged without them")) {
+				t.Errorf("runs judged %v, headline %q: want the three quiet ones, and the headline to say so", g.Rows[0].Runs, g.Headline())
+			}
+		})
+	}
+}
+
+// A saved --repeat baseline sets aside its own runs a neighbour moved,
+// by the flag each run recorded, when the results bring three quiet runs
+// too.
+func TestGateSetsAsideTheSavedBaselinesMovedRuns(t *testing.T) {
+	t.Parallel()
+	line := "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"
+	var runs []Result
+	for i, eff := range []float64{0.70, 0.95, 0.80, 0.90, 0.75} {
+		r := sharedResult{fake(eff, nil), ""}
+		if i == 1 || i == 3 {
+			r.line = line
+		}
+		runs = append(runs, r)
+	}
+	base, err := WithRepeats(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr := base.Header().Repeats.Runs; !rr[1].HostMoved || !rr[3].HostMoved || rr[0].HostMoved {
+		t.Fatalf("runs %+v: want the second and fourth marked moved", rr)
+	}
+	// One result run: too few quiet runs on its side, so every run of
+	// both sides is judged.
+	g, err := Gate(base, []Result{fake(0.75, nil)}, GateOptions{MaxRegression: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.SetAside) > 0 || len(g.Rows[0].BaselineRuns) != 5 {
+		t.Errorf("set aside %q, baseline runs %v: want none set aside against one result", g.SetAside, g.Rows[0].BaselineRuns)
+	}
+	g, err = Gate(base, []Result{repeated(t, 0.74, 0.75, 0.76)}, GateOptions{MaxRegression: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"baseline, run 2 of 5", "baseline, run 4 of 5"}
+	if strings.Join(g.SetAside, "|") != strings.Join(want, "|") {
+		t.Errorf("set aside %q, want %q", g.SetAside, want)
+	}
+	if row := g.Rows[0]; len(row.BaselineRuns) != 3 || row.Baseline != 0.75 || row.Verdict != Pass {
+		t.Errorf("baseline runs %v (median %v), verdict %s: want 0.70, 0.80, 0.75, median 0.75, pass", row.BaselineRuns, row.Baseline, row.Verdict)
 	}
 }

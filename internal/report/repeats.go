@@ -29,6 +29,9 @@ type RepeatRun struct {
 	StartedAt  time.Time `json:"started_at"`
 	Seconds    float64   `json:"duration_s"`
 	SharedHost string    `json:"shared_host,omitempty"`
+	// HostMoved: others took enough of the host on average over the run
+	// that the gate sets it aside where it can (HostSharer.HostMoved).
+	HostMoved bool `json:"host_moved,omitempty"`
 }
 
 // RepeatMetric is one metric over the runs.
@@ -106,7 +109,7 @@ func WithRepeats(runs []Result) (Result, error) {
 	}
 	for _, r := range runs {
 		h := r.Header()
-		rep.Runs = append(rep.Runs, RepeatRun{StartedAt: h.StartedAt, Seconds: h.Seconds, SharedHost: ownSharedHost(r)})
+		rep.Runs = append(rep.Runs, RepeatRun{StartedAt: h.StartedAt, Seconds: h.Seconds, SharedHost: ownSharedHost(r), HostMoved: NeighbourMoved(r)})
 	}
 	for _, n := range names {
 		vs := values[n]

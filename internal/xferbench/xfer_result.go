@@ -33,6 +33,13 @@ type XferResult struct {
 	hostload.Field
 }
 
+// The gate reads these through interfaces: a method lost would drop the
+// run's problems or its neighbour silently.
+var (
+	_ report.HealthReporter = (*XferResult)(nil)
+	_ report.HostSharer     = (*XferResult)(nil)
+)
+
 // XferConfig echoes what was asked, so a result describes itself.
 type XferConfig struct {
 	Op              string `json:"op"`
