@@ -81,12 +81,11 @@ func TestGateListsRunsThatSharedTheHost(t *testing.T) {
 	}
 }
 
-// A --repeat result names every one of its runs that shared the host,
-// not only its representative's: a saved baseline of five runs whose
-// second and fourth ran beside a neighbour says so, though its
-// representative (the median run, the third) ran alone.
-func TestGateListsTheRepeatedRunsThatSharedTheHost(t *testing.T) {
-	t.Parallel()
+// neighbouredBaseline is a saved --repeat baseline of five runs whose
+// second and fourth (0.95 and 0.90, a neighbour's push) shared the host,
+// with their line.
+func neighbouredBaseline(t *testing.T) (Result, string) {
+	t.Helper()
 	line := "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"
 	var runs []Result
 	for i, eff := range []float64{0.70, 0.95, 0.80, 0.90, 0.75} {
@@ -100,6 +99,16 @@ func TestGateListsTheRepeatedRunsThatSharedTheHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return base, line
+}
+
+// A --repeat result names every one of its runs that shared the host,
+// not only its representative's: a saved baseline of five runs whose
+// second and fourth ran beside a neighbour says so, though its
+// representative (the median run, the third) ran alone.
+func TestGateListsTheRepeatedRunsThatSharedTheHost(t *testing.T) {
+	t.Parallel()
+	base, line := neighbouredBaseline(t)
 	if rep := base.Header().Repeats; rep.Representative != 3 || base.(HostSharer).SharedHost() != "" {
 		t.Fatalf("representative run %d with line %q: want the third, which ran alone", rep.Representative, base.(HostSharer).SharedHost())
 	}
@@ -174,19 +183,7 @@ func TestGateSetsAsideTheRunsANeighbourMoved(t *testing.T) {
 // too.
 func TestGateSetsAsideTheSavedBaselinesMovedRuns(t *testing.T) {
 	t.Parallel()
-	line := "other processes used 0.79 of the host's 2 CPUs (0.86 at the most)"
-	var runs []Result
-	for i, eff := range []float64{0.70, 0.95, 0.80, 0.90, 0.75} {
-		r := sharedResult{fake(eff, nil), ""}
-		if i == 1 || i == 3 {
-			r.line = line
-		}
-		runs = append(runs, r)
-	}
-	base, err := WithRepeats(runs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, _ := neighbouredBaseline(t)
 	if rr := base.Header().Repeats.Runs; !rr[1].HostMoved || !rr[3].HostMoved || rr[0].HostMoved {
 		t.Fatalf("runs %+v: want the second and fourth marked moved", rr)
 	}
