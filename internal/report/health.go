@@ -1,11 +1,5 @@
 package report
 
-import (
-	"fmt"
-	"strconv"
-	"strings"
-)
-
 // HealthReporter results say what went wrong in the run itself, apart
 // from how fast it was: requests that failed, blocks leaked or corrupted,
 // an interruption. A run with problems is a failed check (exit 1) unless
@@ -50,32 +44,6 @@ type HostSharer interface {
 func NeighbourMoved(r Result) bool {
 	h, ok := r.(HostSharer)
 	return ok && h.HostMoved()
-}
-
-// sharedHost is r's SharedHost line, "" when it has none or cannot say.
-// A --repeat result speaks for all its runs, not for its representative
-// alone: it names those of its runs that shared the host. (One saved
-// before runs recorded it has only the representative's line.)
-func sharedHost(r Result) string {
-	rep := r.Header().Repeats
-	if rep == nil {
-		return ownSharedHost(r)
-	}
-	var which []string
-	first := ""
-	for i, run := range rep.Runs {
-		if run.SharedHost == "" {
-			continue
-		}
-		which = append(which, strconv.Itoa(i+1))
-		if first == "" {
-			first = run.SharedHost
-		}
-	}
-	if len(which) == 0 {
-		return ownSharedHost(r)
-	}
-	return fmt.Sprintf("%d of its %d runs (run %s); run %s: %s", len(which), len(rep.Runs), strings.Join(which, ", "), which[0], first)
 }
 
 // ownSharedHost is the line of r's own run.

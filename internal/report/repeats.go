@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -190,4 +192,30 @@ func WriteRepeats(w io.Writer, r Result, f Format) error {
 		return t.WriteMarkdown(w)
 	}
 	return nil
+}
+
+// sharedHost is r's SharedHost line, "" when it has none or cannot say.
+// A --repeat result speaks for all its runs, not for its representative
+// alone: it names those of its runs that shared the host. (One saved
+// before runs recorded it has only the representative's line.)
+func sharedHost(r Result) string {
+	rep := r.Header().Repeats
+	if rep == nil {
+		return ownSharedHost(r)
+	}
+	var which []string
+	first := ""
+	for i, run := range rep.Runs {
+		if run.SharedHost == "" {
+			continue
+		}
+		which = append(which, strconv.Itoa(i+1))
+		if first == "" {
+			first = run.SharedHost
+		}
+	}
+	if len(which) == 0 {
+		return ownSharedHost(r)
+	}
+	return fmt.Sprintf("%d of its %d runs (run %s); run %s: %s", len(which), len(rep.Runs), strings.Join(which, ", "), which[0], first)
 }
