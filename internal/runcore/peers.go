@@ -22,6 +22,9 @@ type EndpointInfo struct {
 	Clock ClockOffset `json:"clock"`
 	// SideChannel is the address it advertised to its peer.
 	SideChannel string `json:"side_channel,omitempty"`
+	// PID is its process id, where it said: on the driver's host, its CPU
+	// time is the run's own, not a neighbour's (hostload).
+	PID int `json:"pid,omitempty"`
 }
 
 // ClockOffset is clocksync.Offset as a result records it.

@@ -41,9 +41,12 @@ type xferRun struct {
 	remote     string
 	raddr      uint64
 	rlen       int
-	backend    string
-	transp     string
-	notifSeq   int
+	// ownPIDs are processes of the run's that are not below this one: a
+	// target it dialed on this host (hostload).
+	ownPIDs  []int
+	backend  string
+	transp   string
+	notifSeq int
 }
 
 // RunXfer runs the sweep. It returns the points finished so far when ctx
@@ -94,8 +97,9 @@ func RunXfer(ctx context.Context, o XferOptions) (*XferResult, error) {
 	snap := runcore.Snapshotter(o.Snapshot, res, o.Live)
 	snap()
 	// What other processes take of the host, sampled between the points:
-	// the target this run started is below it.
-	load := hostload.NewRecorder()
+	// the target this run started is below it, one it dialed here is
+	// named.
+	load := hostload.NewRecorder(r.ownPIDs...)
 	sampleLoad := func() {
 		if err := load.Take(); err != nil {
 			o.Log.Debug("host load sample", "err", err)
@@ -225,6 +229,12 @@ func setupXfer(ctx context.Context, o *XferOptions, res *XferResult, size int) (
 		return nil, err
 	}
 	r.raddr, r.rlen = rep.Addr, rep.Len
+	if len(res.Endpoints) == 2 && rep.PID > 0 {
+		res.Endpoints[1].PID = rep.PID
+		if res.Placement == runcore.PlacementOneHost {
+			r.ownPIDs = append(r.ownPIDs, rep.PID)
+		}
+	}
 	res.Config.TargetAlloc = rep.Alloc
 	res.Config.Reference = r.ref
 	if r.remote, err = r.agent.LoadRemoteMD(rep.MD); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/nixlctl/nixlctl/internal/blocktag"
@@ -66,6 +67,9 @@ type Reply struct {
 	Remote  string    `json:"remote,omitempty"`
 	Corrupt int       `json:"corrupt,omitempty"`
 	First   string    `json:"first,omitempty"`
+	// PID is the target's process id (setup): a driver that dialed it on
+	// its own host counts its CPU time as the run's, not a neighbour's.
+	PID int `json:"pid,omitempty"`
 
 	Notifs map[string][]string `json:"notifs,omitempty"`
 }
@@ -148,7 +152,7 @@ func (t *Target) setup(req Request) (Reply, error) {
 		return Reply{}, err
 	}
 	t.agent, t.buf = a, buf
-	return Reply{MD: md, Addr: buf.Addr, Len: buf.Len, Alloc: buf.Alloc, Info: a.Info(), Name: a.Name()}, nil
+	return Reply{MD: md, Addr: buf.Addr, Len: buf.Len, Alloc: buf.Alloc, Info: a.Info(), Name: a.Name(), PID: os.Getpid()}, nil
 }
 
 func (t *Target) tags(req Request) (Reply, error) {
