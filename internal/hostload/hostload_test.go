@@ -215,3 +215,15 @@ func TestRecorderIntoField(t *testing.T) {
 		t.Fatalf("two samples: err %v, field %+v", err, f.HostOthers)
 	}
 }
+
+// BenchmarkSamplerRead is what one sample costs: /proc/stat and every
+// process's stat, taken between a handoff's rounds and after each bench
+// xfer point, outside the timed work.
+func BenchmarkSamplerRead(b *testing.B) {
+	s := NewSampler()
+	for b.Loop() {
+		if _, err := s.Read(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
