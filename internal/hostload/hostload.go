@@ -44,7 +44,7 @@ func ParseStatBusy(b []byte) (busyTicks uint64, cpus int, err error) {
 				return 0, 0, fmt.Errorf("/proc/stat: cpu line has %d fields, want at least 8", len(f))
 			}
 			var v [8]uint64
-			for i := 1; i < 8 && i < len(f); i++ {
+			for i := 1; i < 8; i++ {
 				if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
 					return 0, 0, fmt.Errorf("/proc/stat: cpu field %d: %w", i, err)
 				}

@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"iter"
 	"slices"
@@ -292,6 +293,9 @@ func (b *Book[P, R, H]) AddReqLocked(r R, p P) {
 	b.reqs[r] = p
 }
 
+// errReleased is a request used after its release.
+var errReleased = errors.New("request already released")
+
 // Req is x as this agent's request: one it made and has not released.
 func (b *Book[P, R, H]) Req(x XferReq) (R, error) {
 	r, ok := x.(R)
@@ -301,7 +305,7 @@ func (b *Book[P, R, H]) Req(x XferReq) (R, error) {
 	}
 	if r.Released() {
 		var none R
-		return none, fmt.Errorf("request already released")
+		return none, errReleased
 	}
 	return r, nil
 }
@@ -331,7 +335,7 @@ func (b *Book[P, R, H]) LockReq(x XferReq) (R, error) {
 	if r.Released() {
 		b.mu.Unlock()
 		var none R
-		return none, fmt.Errorf("request already released")
+		return none, errReleased
 	}
 	return r, nil
 }
