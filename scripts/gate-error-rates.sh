@@ -74,32 +74,22 @@ trial_runs() {
     side_res=("$work/$kind-$i.json")
     return
   fi
-  local r order f n left_base=0 left_res=0
-  if [ "${RERUN:-0}" = 1 ]; then left_base=$repeat left_res=$repeat; fi
+  local r order f n args
+  local -A left=([base]=0 [res]=0) # re-runs left a side (RERUN=1)
+  if [ "${RERUN:-0}" = 1 ]; then left=([base]=$repeat [res]=$repeat); fi
   for r in $(seq 1 "$repeat"); do
     order="base res"
     [ $((r % 2)) = 0 ] && order="res base"
     for side in $order; do
-      n=0
-      while :; do
+      args=("${run[@]}")
+      [ "$side" = res ] && args+=("${extra[@]}")
+      for ((n = 0; ; n++)); do
         f=$work/$kind-$i-$side$r.json
         [ "$n" = 0 ] || f=$work/$kind-$i-$side${r}r$n.json
-        if [ "$side" = base ]; then
-          "${run[@]}" -o json >"$f" 2>"${f%.json}.err"
-          side_base+=("$f")
-        else
-          "${run[@]}" "${extra[@]}" -o json >"$f" 2>"${f%.json}.err"
-          side_res+=("$f")
-        fi
-        moved "$f" || break
-        if [ "$side" = base ]; then
-          [ "$left_base" -gt 0 ] || break
-          left_base=$((left_base - 1))
-        else
-          [ "$left_res" -gt 0 ] || break
-          left_res=$((left_res - 1))
-        fi
-        n=$((n + 1))
+        "${args[@]}" -o json >"$f" 2>"${f%.json}.err"
+        if [ "$side" = base ]; then side_base+=("$f"); else side_res+=("$f"); fi
+        moved "$f" && [ "${left[$side]}" -gt 0 ] || break
+        left[$side]=$((left[$side] - 1))
       done
     done
   done
@@ -174,7 +164,7 @@ echo "slowdown made by --prefill-time $slow: $slowdown (median ratio of the slow
 echo "false alarms: $fa of $trials (same build, against the saved baseline)"
 echo "power: $pw of $trials (slowed build detected, against the saved baseline)"
 if [ "${AB:-0}" = 1 ]; then
-  echo "A/B false alarms: $fa_ab of $trials (against the $repeat runs made beside)"
+  echo "A/B false alarms: $fa_ab of $trials (against the runs made beside)"
   echo "A/B power: $pw_ab of $trials"
   reruns=$(find "$work" -name '*-base*r*.json' -o -name '*-res*r*.json' | wc -l)
   aside=$(python3 -c 'import json,sys; print(sum(1 for f in sys.argv[1:] if json.load(open(f)).get("set_aside")))' "$work"/gate-ab-*.json)
